@@ -1,0 +1,14 @@
+// Subcommands of the `tetra` binary. Each takes the arguments after its own name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tetra::cli {
+
+using Args = std::vector<std::string>;
+
+int train_main(const Args& args);
+int plan_main(const Args& args);
+
+}  // namespace tetra::cli

@@ -1,0 +1,51 @@
+// tetra: thin dispatcher over the subcommands. Errors become one clear line and exit code 2.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(const tetra::cli::Args&);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"train", tetra::cli::train_main, "train a GPT model: tetra train --config FILE.toml [--s.k=v]"},
+    {"plan", tetra::cli::plan_main, "memory/compute/communication plan: tetra plan --config FILE"},
+};
+
+void usage() {
+  std::fprintf(stderr, "usage: tetra <command> [args]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    try {
+      return c.run(args);
+    } catch (const tetra::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: unexpected: %s\n", e.what());
+      return 3;
+    }
+  }
+  std::fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
+  usage();
+  return 2;
+}
