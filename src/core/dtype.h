@@ -8,7 +8,7 @@
 
 namespace tetra {
 
-enum class DType : uint8_t { f32, bf16, i32, u16, u32 };
+enum class DType : uint8_t { f32, bf16, i32, u16, u32, f64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -17,6 +17,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::u16: return 2;
     case DType::u32: return 4;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -28,6 +29,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::u16: return "u16";
     case DType::u32: return "u32";
+    case DType::f64: return "f64";
   }
   return "?";
 }

@@ -19,12 +19,12 @@ inline int64_t shape_numel(const Shape& s) {
 
 std::string shape_str(const Shape& s);  // "(768, 2304)"
 
-/** A named f32 tensor living inside a flat buffer at `offset` elements. */
+/** A named tensor living inside a flat buffer at `offset` elements; the owner of the buffer
+ * turns it into a pointer (one layout serves parameters, gradients and optimizer state). */
 struct TensorView {
   std::string name;
   Shape shape;
   size_t offset = 0;  // elements from the start of the owning flat buffer
-  float* data = nullptr;
 
   int64_t numel() const { return shape_numel(shape); }
 };

@@ -1,0 +1,24 @@
+// AdamW over a flat range (torch.optim.AdamW semantics: bias correction, decoupled decay).
+#pragma once
+
+#include <cstdint>
+
+namespace tetra::cpu {
+
+struct AdamWStep {
+  float lr;
+  float beta1, beta2, eps;
+  float weight_decay;  // applied only where the caller passes decay = true
+  int64_t t;           // 1-based step count for bias correction
+};
+
+// params, grads, m, v are (N); grads are read-only.
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t N,
+                  const AdamWStep& s, bool decay);
+
+// Sum of squares of x (N) in double, deterministic for a given thread count.
+double sum_squares(const float* x, int64_t N);
+// x (N) *= s.
+void scale_inplace(float* x, int64_t N, float s);
+
+}  // namespace tetra::cpu

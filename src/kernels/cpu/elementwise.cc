@@ -1,0 +1,66 @@
+#include "kernels/cpu/elementwise.h"
+
+#include "kernels/cpu/vec_math.h"
+
+namespace tetra::cpu {
+
+namespace {
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
+}
+
+template <typename F>
+void gelu_forward(F* out, const F* inp, int64_t N) {
+  const F k = F(kGeluScale), a = F(0.044715);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    F x = inp[i];
+    F u = k * (x + a * x * x * x);
+    // 0.5 (1 + tanh(u)) == sigmoid(2u): the sigmoid form has no cancellation for x << 0.
+    out[i] = x / (F(1) + exp_approx(F(-2) * u));
+  }
+}
+
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
+  const F k = F(kGeluScale), a = F(0.044715);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    F x = inp[i];
+    F u = k * (x + a * x * x * x);
+    F s = F(1) / (F(1) + exp_approx(F(-2) * u));  // sigmoid(2u) = 0.5 (1 + tanh(u))
+    F du = k * (F(1) + F(3) * a * x * x);
+    dinp[i] = (s + F(2) * x * s * (F(1) - s) * du) * dout[i];
+  }
+}
+
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, int64_t N) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename F>
+void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
+  // Split columns across threads: each column's sum runs over rows in order (deterministic).
+#pragma omp parallel for schedule(static)
+  for (int o0 = 0; o0 < OC; o0 += 64) {
+    int o1 = o0 + 64 < OC ? o0 + 64 : OC;
+    F acc[64] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      const F* d = dout + i * OC;
+      for (int o = o0; o < o1; ++o) acc[o - o0] += d[o];
+    }
+    for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+  }
+}
+
+#define TETRA_INSTANTIATE(F)                                                \
+  template void gelu_forward<F>(F*, const F*, int64_t);                    \
+  template void gelu_backward<F>(F*, const F*, const F*, int64_t);         \
+  template void residual_forward<F>(F*, const F*, const F*, int64_t);      \
+  template void bias_backward<F>(F*, const F*, int64_t, int);
+TETRA_INSTANTIATE(float)
+TETRA_INSTANTIATE(double)
+#undef TETRA_INSTANTIATE
+
+}  // namespace tetra::cpu

@@ -1,0 +1,84 @@
+#include "kernels/cpu/layernorm.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+namespace tetra::cpu {
+
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias,
+                       int64_t N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const F* x = inp + i * C;
+    F m = 0;
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    F v = 0;
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    F s = F(1) / std::sqrt(v + F(kLayerNormEps));
+    F* o = out + i * C;
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = s;
+  }
+}
+
+template <typename F>
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
+                        const F* weight, const F* mean, const F* rstd, int64_t N, int C) {
+  // Rows are independent for dinp; the parameter gradients are reduced per thread into private
+  // partials and summed in thread order, which keeps results deterministic for a thread count.
+  int nthreads = omp_get_max_threads();
+  std::vector<F> partial(size_t(nthreads) * 2 * C, F(0));
+#pragma omp parallel
+  {
+    int tid = omp_get_thread_num();
+    F* pw = partial.data() + size_t(tid) * 2 * C;
+    F* pb = pw + C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const F* x = inp + i * C;
+      const F* dy = dout + i * C;
+      F* dx = dinp + i * C;
+      F m = mean[i], s = rstd[i];
+      F dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (int c = 0; c < C; ++c) {
+        F norm = (x[c] - m) * s;
+        F dnorm = weight[c] * dy[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      for (int c = 0; c < C; ++c) {
+        F norm = (x[c] - m) * s;
+        F dnorm = weight[c] * dy[c];
+        pb[c] += dy[c];
+        pw[c] += norm * dy[c];
+        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      }
+    }
+  }
+  for (int t = 0; t < nthreads; ++t) {
+    const F* pw = partial.data() + size_t(t) * 2 * C;
+    const F* pb = pw + C;
+    for (int c = 0; c < C; ++c) {
+      dweight[c] += pw[c];
+      dbias[c] += pb[c];
+    }
+  }
+}
+
+#define TETRA_INSTANTIATE(F)                                                                 \
+  template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int64_t, int); \
+  template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,    \
+                                      const F*, int64_t, int);
+TETRA_INSTANTIATE(float)
+TETRA_INSTANTIATE(double)
+#undef TETRA_INSTANTIATE
+
+}  // namespace tetra::cpu

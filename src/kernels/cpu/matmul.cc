@@ -1,0 +1,178 @@
+#include "kernels/cpu/matmul.h"
+
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tetra::cpu {
+
+namespace {
+
+using Key = std::vector<int64_t>;
+
+struct Cached {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
+struct Engine {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<Key, Cached> cache;
+};
+
+// The engine and its primitive cache are created on first use and live for the process: oneDNN
+// primitives are expensive to build (JIT) and cheap to reuse.
+Engine& engine() {
+  static Engine e;
+  return e;
+}
+
+dnnl::memory::data_type to_dnnl(DType t) {
+  switch (t) {
+    case DType::f32: return dnnl::memory::data_type::f32;
+    case DType::bf16: return dnnl::memory::data_type::bf16;
+    default: fail("[matmul] unsupported operand dtype {}", dtype_name(t));
+  }
+}
+
+dnnl::memory::desc md(int64_t b0, int64_t b1, int64_t r, int64_t c, DType t,
+                      const std::array<int64_t, 4>& s) {
+  return dnnl::memory::desc({b0, b1, r, c}, to_dnnl(t), {s[0], s[1], s[2], s[3]});
+}
+
+template <typename T>
+void reference_loop(const MatmulArgs& x) {
+  const T* A = static_cast<const T*>(x.a.data);
+  const T* B = static_cast<const T*>(x.b.data);
+  const T* bias = static_cast<const T*>(x.bias);
+  T* C = static_cast<T*>(x.c);
+  const auto &sa = x.a.strides, &sb = x.b.strides, &sc = x.c_strides;
+  for (int64_t i0 = 0; i0 < x.b0; ++i0)
+    for (int64_t i1 = 0; i1 < x.b1; ++i1)
+      for (int64_t m = 0; m < x.M; ++m)
+        for (int64_t n = 0; n < x.N; ++n) {
+          T acc = bias ? bias[n] : T(0);
+          for (int64_t k = 0; k < x.K; ++k) {
+            acc += A[i0 * sa[0] + i1 * sa[1] + m * sa[2] + k * sa[3]] *
+                   B[i0 * sb[0] + i1 * sb[1] + k * sb[2] + n * sb[3]];
+          }
+          T& c = C[i0 * sc[0] + i1 * sc[1] + m * sc[2] + n * sc[3]];
+          c = x.accumulate ? c + acc : acc;
+        }
+}
+
+}  // namespace
+
+void matmul_reference(const MatmulArgs& x) {
+  TETRA_CHECK(x.a.dtype == x.b.dtype && (x.a.dtype == DType::f32 || x.a.dtype == DType::f64),
+              "[matmul] the reference path takes f32 or f64 operands of one dtype");
+  if (x.a.dtype == DType::f64) {
+    reference_loop<double>(x);
+  } else {
+    reference_loop<float>(x);
+  }
+}
+
+void matmul(const MatmulArgs& x) {
+  if (x.M == 0 || x.N == 0) return;
+  TETRA_CHECK(x.K > 0, "[matmul] K must be positive (got {})", x.K);
+  TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
+  if (x.a.dtype == DType::f64) return matmul_reference(x);
+
+  Key key = {x.b0, x.b1, x.M, x.N, x.K, int64_t(x.a.dtype), int64_t(x.b.dtype), x.bias != nullptr,
+             x.accumulate};
+  for (auto s : x.a.strides) key.push_back(s);
+  for (auto s : x.b.strides) key.push_back(s);
+  for (auto s : x.c_strides) key.push_back(s);
+
+  Engine& e = engine();
+  auto it = e.cache.find(key);
+  if (it == e.cache.end()) {
+    auto a_md = md(x.b0, x.b1, x.M, x.K, x.a.dtype, x.a.strides);
+    auto b_md = md(x.b0, x.b1, x.K, x.N, x.b.dtype, x.b.strides);
+    auto c_md = md(x.b0, x.b1, x.M, x.N, DType::f32, x.c_strides);
+    dnnl::memory::desc bias_md;
+    if (x.bias) {
+      bias_md = dnnl::memory::desc({1, 1, 1, x.N}, dnnl::memory::data_type::f32,
+                                   dnnl::memory::format_tag::abcd);
+    }
+    dnnl::primitive_attr attr;
+    if (x.accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    dnnl::matmul::desc desc = x.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                     : dnnl::matmul::desc(a_md, b_md, c_md);
+    dnnl::matmul::primitive_desc pd(desc, attr, e.engine);
+    it = e.cache.emplace(key, Cached{pd, dnnl::matmul(pd)}).first;
+  }
+
+  const auto& pd = it->second.pd;
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(pd.src_desc(), e.engine, const_cast<void*>(x.a.data))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(pd.weights_desc(), e.engine, const_cast<void*>(x.b.data))},
+      {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), e.engine, x.c)},
+  };
+  if (x.bias) {
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(pd.bias_desc(), e.engine, const_cast<void*>(x.bias)));
+  }
+  it->second.prim.execute(e.stream, args);
+  e.stream.wait();
+}
+
+namespace {
+
+template <typename T>
+MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate) {
+  MatmulArgs x;
+  x.M = M, x.N = N, x.K = K;
+  x.a.dtype = x.b.dtype = dtype_of<T>();
+  x.c = out;
+  x.c_strides = {M * N, M * N, N, 1};
+  x.accumulate = accumulate;
+  return x;
+}
+
+}  // namespace
+
+template <typename T>
+void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
+               bool accumulate) {
+  MatmulArgs x = plain(out, M, N, K, accumulate);
+  x.a.data = inp, x.a.strides = {M * K, M * K, K, 1};
+  x.b.data = w, x.b.strides = {N * K, N * K, 1, K};  // B(k, n) = W[n, k]
+  x.bias = bias;
+  matmul(x);
+}
+
+template <typename T>
+void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
+  MatmulArgs x = plain(out, M, N, K, accumulate);
+  x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
+  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
+  matmul(x);
+}
+
+template <typename T>
+void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
+  MatmulArgs x = plain(out, M, N, K, accumulate);
+  x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
+  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
+  matmul(x);
+}
+
+#define TETRA_INSTANTIATE(T)                                                                     \
+  template void matmul_nt<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool); \
+  template void matmul_nn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool);           \
+  template void matmul_tn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+TETRA_INSTANTIATE(float)
+TETRA_INSTANTIATE(double)
+#undef TETRA_INSTANTIATE
+
+size_t matmul_cache_size() { return engine().cache.size(); }
+
+}  // namespace tetra::cpu

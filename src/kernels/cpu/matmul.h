@@ -1,0 +1,63 @@
+// The one seam for matrix products on CPU: oneDNN's matmul primitive, cached per shape.
+// Operands are described by sizes and element strides, so transposes and the strided views of
+// attention (q, k, v inside the fused qkv buffer) need no copies. A and B may be f32 or bf16
+// (bf16 runs on AMX where the CPU has it) with f32 C and bias. f64 operands (all of A, B, C)
+// take a plain reference loop: it exists for double-precision gradient checks and for testing
+// the oneDNN path against, never for training.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tetra::cpu {
+
+/** A batched 2-D operand: dims (b0, b1, rows, cols) with element strides for each dim. */
+struct MatOperand {
+  const void* data = nullptr;
+  std::array<int64_t, 4> strides{};  // (b0, b1, row, col)
+  DType dtype = DType::f32;
+};
+
+struct MatmulArgs {
+  int64_t b0 = 1, b1 = 1;  // batch dims
+  int64_t M = 0, N = 0, K = 0;
+  MatOperand a;  // (b0, b1, M, K)
+  MatOperand b;  // (b0, b1, K, N)
+  void* c = nullptr;  // (b0, b1, M, N), f32 (f64 with f64 operands)
+  std::array<int64_t, 4> c_strides{};
+  const void* bias = nullptr;  // (N), same dtype as C; only with b0 == b1 == 1
+  bool accumulate = false;     // C += A·B instead of C = A·B
+};
+
+/** C = A·B (+ bias) (+ C). oneDNN primitives are created once per shape/stride/dtype. */
+void matmul(const MatmulArgs& args);
+/** The reference loop (f32 or f64, all operands alike), for tests. */
+void matmul_reference(const MatmulArgs& args);
+
+// Row-major 2-D helpers for the common cases, in f32 (oneDNN) or f64 (reference). Weights are
+// stored (out, in) as in PyTorch Linear.
+
+/** out (M, N) = inp (M, K) · W^T, W (N, K), plus bias (N) if given; accumulate adds to out. */
+template <typename T>
+void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
+               bool accumulate = false);
+/** out (M, N) = a (M, K) · b (K, N). */
+template <typename T>
+void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
+               bool accumulate = false);
+/** out (M, N) = a^T · b with a (K, M), b (K, N): the weight-gradient product. */
+template <typename T>
+void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
+               bool accumulate = false);
+
+template <typename T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 8 ? DType::f64 : DType::f32;
+}
+
+/** Number of cached oneDNN primitives (for tests and diagnostics). */
+size_t matmul_cache_size();
+
+}  // namespace tetra::cpu

@@ -1,0 +1,53 @@
+#include "model/gpt_config.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace tetra {
+
+GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, int max_seq,
+                          int vocab_multiple) {
+  TETRA_CHECK(vocab_size > 0, "[model] model.vocab_size must be positive (got {})", vocab_size);
+  TETRA_CHECK(n_layer > 0, "[model] model.n_layer must be positive (got {})", n_layer);
+  TETRA_CHECK(n_head > 0, "[model] model.n_head must be positive (got {})", n_head);
+  TETRA_CHECK(d_model > 0, "[model] model.d_model must be positive (got {})", d_model);
+  TETRA_CHECK(max_seq > 0, "[model] model.max_seq must be positive (got {})", max_seq);
+  TETRA_CHECK(vocab_multiple > 0, "[model] model.vocab_multiple must be positive (got {})",
+              vocab_multiple);
+  if (d_model % n_head != 0) {
+    int lo = n_head, hi = n_head;
+    while (lo > 1 && d_model % lo) --lo;
+    while (d_model % hi) ++hi;
+    fail("[model] model.n_head={} does not divide model.d_model={}; use n_head={} or {}, or a "
+         "d_model that is a multiple of {}",
+         n_head, d_model, lo, hi, n_head);
+  }
+  GptConfig c;
+  c.vocab_size = vocab_size;
+  c.padded_vocab = (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.d_model = d_model;
+  c.max_seq = max_seq;
+  return c;
+}
+
+int64_t GptConfig::num_params() const {
+  int64_t C = d_model, L = n_layer;
+  int64_t per_layer = 12 * C * C + 13 * C;  // qkv 3C²+3C, proj C²+C, fc 4C²+4C, fcproj 4C²+C, 2 LN 4C
+  return int64_t(vocab_size) * C + int64_t(max_seq) * C + L * per_layer + 2 * C;
+}
+
+double GptConfig::flops_per_token(int seq_len) const {
+  double C = d_model, L = n_layer;
+  double matmul_params = L * 12.0 * C * C + double(vocab_size) * C;  // weights used in products
+  return 6.0 * matmul_params + 12.0 * L * C * seq_len;
+}
+
+std::string GptConfig::describe() const {
+  return fmt::format("GPT-2: L={} C={} NH={} V={} (padded {}) maxT={}, {:.2f}M params", n_layer,
+                     d_model, n_head, vocab_size, padded_vocab, max_seq, num_params() / 1e6);
+}
+
+}  // namespace tetra

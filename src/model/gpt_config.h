@@ -1,0 +1,30 @@
+// GPT-2 model shape. Validated on construction: every fault is reported before any compute.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tetra {
+
+struct GptConfig {
+  int vocab_size = 0;    // V: real vocabulary
+  int padded_vocab = 0;  // Vp: V rounded up to vocab_multiple (rows of wte; padding never wins)
+  int n_layer = 0;       // L
+  int n_head = 0;        // NH
+  int d_model = 0;       // C
+  int max_seq = 0;       // maxT: rows of wpe
+
+  /** Checks the shape and pads the vocab; throws tetra::Error saying what to change. */
+  static GptConfig make(int vocab_size, int n_layer, int n_head, int d_model, int max_seq,
+                        int vocab_multiple);
+
+  int head_size() const { return d_model / n_head; }
+  /** Parameters with the real (unpadded) vocab, wte counted once (tied LM head). */
+  int64_t num_params() const;
+  /** Model FLOPs per trained token: 6 * (params in matmuls) + 12 * L * C * T (attention, no
+   * causal discount), fwd + bwd. See docs/training.md. */
+  double flops_per_token(int seq_len) const;
+  std::string describe() const;
+};
+
+}  // namespace tetra

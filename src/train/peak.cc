@@ -1,0 +1,67 @@
+#include "train/peak.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/arena.h"
+#include "core/timer.h"
+#include "kernels/cpu/matmul.h"
+
+namespace tetra {
+
+namespace {
+
+std::filesystem::path cache_path() {
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home ? home : "/tmp") / ".cache" / "tetra" / "peak.json";
+}
+
+double measure(int threads) {
+  int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const int64_t n = 2048;
+  Buffer<float> a(n * n), b(n * n), c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) a[i] = b[i] = float(i % 7) * 0.1f;
+  cpu::matmul_nn(c.data(), a.data(), b.data(), n, n, n);  // warm-up (JIT, page faults)
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    Stopwatch sw;
+    cpu::matmul_nn(c.data(), a.data(), b.data(), n, n, n);
+    best = std::min(best, sw.elapsed_s());
+  }
+  omp_set_num_threads(saved);
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+}  // namespace
+
+double fp32_peak_gflops(int threads, bool* from_cache) {
+  std::string key = "fp32_gflops_" + std::to_string(threads) + "t";
+  nlohmann::json cache = nlohmann::json::object();
+  auto path = cache_path();
+  if (std::ifstream in(path); in) {
+    try {
+      in >> cache;
+    } catch (const std::exception&) {
+      cache = nlohmann::json::object();  // a damaged cache is remeasured, not fatal
+    }
+  }
+  if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0) {
+    if (from_cache) *from_cache = true;
+    return cache[key].get<double>();
+  }
+  double g = measure(threads);
+  cache[key] = g;
+  if (threads == omp_get_num_procs()) cache["fp32_gflops"] = g;
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (std::ofstream out(path); out) out << cache.dump(2) << "\n";
+  if (from_cache) *from_cache = false;
+  return g;
+}
+
+}  // namespace tetra

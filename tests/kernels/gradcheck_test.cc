@@ -1,0 +1,169 @@
+// Finite-difference checks of every kernel's backward, in double precision.
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "tests/kernels/gradcheck.h"
+
+namespace tetra::cpu {
+namespace {
+
+using testing::dot;
+using testing::kGradTolerance;
+using testing::max_grad_error;
+using testing::random_vector;
+using Vec = std::vector<double>;
+
+TEST(GradCheck, LayerNorm) {
+  const int N = 6, C = 10;
+  Vec x = random_vector(N * C, 1, 2.0), w = random_vector(C, 2), b = random_vector(C, 3);
+  Vec r = random_vector(N * C, 4);
+  Vec out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    return dot(out, r);
+  };
+  loss();
+  Vec dx(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
+  layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  EXPECT_LT(max_grad_error(x, dx, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(w, dw, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
+}
+
+TEST(GradCheck, LayerNormBackwardAccumulates) {
+  const int N = 3, C = 8;
+  Vec x = random_vector(N * C, 1), w = random_vector(C, 2), b = random_vector(C, 3);
+  Vec r = random_vector(N * C, 4), out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  Vec dx1(N * C, 0.0), dw1(C, 0.0), db1(C, 0.0), dx2(N * C, 0.0), dw2(C, 0.0), db2(C, 0.0);
+  layernorm_backward(dx1.data(), dw1.data(), db1.data(), r.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+  for (int k = 0; k < 2; ++k) {
+    layernorm_backward(dx2.data(), dw2.data(), db2.data(), r.data(), x.data(), w.data(),
+                       mean.data(), rstd.data(), N, C);
+  }
+  for (int i = 0; i < N * C; ++i) EXPECT_NEAR(dx2[i], 2 * dx1[i], 1e-12);
+  for (int i = 0; i < C; ++i) EXPECT_NEAR(dw2[i], 2 * dw1[i], 1e-12);
+}
+
+TEST(GradCheck, Gelu) {
+  const int N = 50;
+  Vec x = random_vector(N, 5, 3.0), r = random_vector(N, 6), out(N);
+  auto loss = [&] {
+    gelu_forward(out.data(), x.data(), N);
+    return dot(out, r);
+  };
+  Vec dx(N);
+  gelu_backward(dx.data(), x.data(), r.data(), N);
+  EXPECT_LT(max_grad_error(x, dx, loss), kGradTolerance);
+}
+
+TEST(GradCheck, GeluMatchesTheTanhFormulaInFloat) {
+  for (float x = -8.0f; x <= 8.0f; x += 0.01f) {
+    float out;
+    gelu_forward(&out, &x, 1);
+    double ref = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(out, ref, 2e-7 * std::max(1.0, std::abs(ref))) << x;
+  }
+}
+
+TEST(GradCheck, LinearWithBias) {
+  const int M = 5, K = 7, N = 4;
+  Vec x = random_vector(M * K, 7), w = random_vector(N * K, 8), b = random_vector(N, 9);
+  Vec r = random_vector(M * N, 10), out(M * N);
+  auto loss = [&] {
+    matmul_nt(out.data(), x.data(), w.data(), b.data(), M, N, K);
+    return dot(out, r);
+  };
+  Vec dx(M * K, 0.0), dw(N * K, 0.0), db(N, 0.0);
+  matmul_nn(dx.data(), r.data(), w.data(), M, K, N);
+  matmul_tn(dw.data(), r.data(), x.data(), N, K, M, true);
+  bias_backward(db.data(), r.data(), M, N);
+  EXPECT_LT(max_grad_error(x, dx, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(w, dw, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
+}
+
+TEST(GradCheck, Embedding) {
+  const int B = 2, T = 5, C = 6, V = 7;
+  std::vector<int32_t> tok = {1, 3, 3, 0, 6, 3, 2, 1, 1, 5};  // repeats on purpose
+  Vec wte = random_vector(V * C, 11), wpe = random_vector(T * C, 12);
+  Vec r = random_vector(B * T * C, 13), out(B * T * C);
+  auto loss = [&] {
+    embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    return dot(out, r);
+  };
+  Vec dwte(V * C, 0.0), dwpe(T * C, 0.0);
+  embedding_backward(dwte.data(), dwpe.data(), r.data(), tok.data(), B, T, C);
+  EXPECT_LT(max_grad_error(wte, dwte, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(wpe, dwpe, loss), kGradTolerance);
+}
+
+TEST(GradCheck, CausalAttention) {
+  const int B = 2, T = 5, C = 8, NH = 2;
+  Vec qkv = random_vector(B * T * 3 * C, 14), r = random_vector(B * T * C, 15);
+  Vec out(B * T * C), att(B * NH * T * T);
+  auto loss = [&] {
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    return dot(out, r);
+  };
+  loss();
+  Vec dqkv(qkv.size()), datt(att.size());
+  attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+  EXPECT_LT(max_grad_error(qkv, dqkv, loss), kGradTolerance);
+}
+
+TEST(GradCheck, AttentionIsCausal) {
+  // Changing the last position's k and v must not change any earlier output.
+  const int B = 1, T = 4, C = 4, NH = 1;
+  Vec qkv = random_vector(T * 3 * C, 16), out(T * C), out2(T * C), att(T * T);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int c = C; c < 3 * C; ++c) qkv[(T - 1) * 3 * C + c] += 1.0;
+  attention_forward(out2.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int i = 0; i < (T - 1) * C; ++i) EXPECT_DOUBLE_EQ(out[i], out2[i]);
+  for (int t = 0; t < T; ++t)
+    for (int j = t + 1; j < T; ++j) EXPECT_EQ(att[t * T + j], 0.0);
+}
+
+TEST(GradCheck, SoftmaxCrossEntropyOverPaddedVocab) {
+  const int N = 4, V = 5, Vp = 8;
+  Vec logits = random_vector(N * Vp, 17, 2.0);
+  for (int i = 0; i < N; ++i)
+    for (int v = V; v < Vp; ++v) logits[i * Vp + v] = 1e3;  // padding must never win
+  std::vector<int32_t> y = {0, 4, 2, 2};
+  Vec losses(N);
+  const double dloss = 0.25;
+  auto loss = [&] { return dloss * softmax_xent_forward(losses.data(), logits.data(), y.data(), N, V, Vp); };
+  double fwd = loss();
+  EXPECT_LT(fwd, 10.0);  // the 1e3 padded logits did not enter the softmax
+  Vec grad = logits;
+  double fused = softmax_xent_forward_backward(losses.data(), grad.data(), y.data(), N, V, Vp, dloss);
+  EXPECT_NEAR(dloss * fused, fwd, 1e-12);
+  for (int i = 0; i < N; ++i)
+    for (int v = V; v < Vp; ++v) EXPECT_EQ(grad[i * Vp + v], 0.0);
+  EXPECT_LT(max_grad_error(logits, grad, loss), kGradTolerance);
+}
+
+TEST(GradCheck, FloatKernelsTrackDouble) {
+  // The f32 instantiation (vectorised exp/tanh) stays close to the f64 one.
+  const int N = 64, V = 50, Vp = 64;
+  Vec logits = random_vector(N * Vp, 18, 3.0);
+  std::vector<float> lf(logits.begin(), logits.end());
+  std::vector<int32_t> y(N);
+  for (int i = 0; i < N; ++i) y[i] = (i * 7) % V;
+  Vec ld(N);
+  std::vector<float> lossf(N);
+  double d = softmax_xent_forward_backward(ld.data(), logits.data(), y.data(), N, V, Vp, 1.0);
+  double f = softmax_xent_forward_backward(lossf.data(), lf.data(), y.data(), N, V, Vp, 1.0f);
+  EXPECT_NEAR(f, d, 1e-5 * std::abs(d));
+  for (int i = 0; i < N * Vp; ++i) EXPECT_NEAR(lf[i], logits[i], 1e-6);
+}
+
+}  // namespace
+}  // namespace tetra::cpu

@@ -1,0 +1,106 @@
+// oneDNN products against the reference loop: plain, transposed, strided-batched (as attention
+// uses them), with bias and accumulation, and bf16 operands.
+#include "kernels/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace tetra::cpu {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+TEST(Matmul, TwoDimensionalHelpersMatchReference) {
+  const int64_t M = 33, N = 17, K = 65;
+  auto a = random_floats(M * K, 1), w = random_floats(N * K, 2), bias = random_floats(N, 3);
+  std::vector<float> out(M * N, 0.5f), ref(M * N, 0.5f);
+  matmul_nt(out.data(), a.data(), w.data(), bias.data(), M, N, K, /*accumulate=*/true);
+  MatmulArgs x;
+  x.M = M, x.N = N, x.K = K;
+  x.a = {a.data(), {M * K, M * K, K, 1}};
+  x.b = {w.data(), {N * K, N * K, 1, K}};
+  x.c = ref.data();
+  x.c_strides = {M * N, M * N, N, 1};
+  x.bias = bias.data();
+  x.accumulate = true;
+  matmul_reference(x);
+  EXPECT_LT(max_abs_diff(out, ref), 1e-4f);
+
+  // a^T b with a (K, M)
+  auto at = random_floats(K * M, 4), b = random_floats(K * N, 5);
+  std::vector<float> tn(M * N), tn_ref(M * N, 0.0f);
+  matmul_tn(tn.data(), at.data(), b.data(), M, N, K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) tn_ref[m * N + n] += at[k * M + m] * b[k * N + n];
+  EXPECT_LT(max_abs_diff(tn, tn_ref), 1e-4f);
+}
+
+TEST(Matmul, StridedBatchesAsAttentionUsesThem) {
+  const int64_t B = 2, NH = 3, T = 7, hs = 4, C = NH * hs;
+  auto qkv = random_floats(B * T * 3 * C, 6);
+  MatmulArgs x;
+  x.b0 = B, x.b1 = NH, x.M = T, x.N = T, x.K = hs;
+  x.a = {qkv.data(), {T * 3 * C, hs, 3 * C, 1}};      // q
+  x.b = {qkv.data() + C, {T * 3 * C, hs, 1, 3 * C}};  // k^T
+  std::vector<float> out(B * NH * T * T), ref(out.size());
+  x.c = out.data();
+  x.c_strides = {NH * T * T, T * T, T, 1};
+  matmul(x);
+  x.c = ref.data();
+  matmul_reference(x);
+  EXPECT_LT(max_abs_diff(out, ref), 1e-5f);
+}
+
+TEST(Matmul, Bf16OperandsOnTheSameSeam) {
+  const int64_t M = 16, N = 32, K = 64;
+  auto a = random_floats(M * K, 7), b = random_floats(K * N, 8);
+  std::vector<bf16> a16(a.size()), b16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = bf16::from_float(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = bf16::from_float(b[i]);
+  std::vector<float> out(M * N), ref(M * N, 0.0f);
+  MatmulArgs x;
+  x.M = M, x.N = N, x.K = K;
+  x.a = {a16.data(), {M * K, M * K, K, 1}, DType::bf16};
+  x.b = {b16.data(), {K * N, K * N, N, 1}, DType::bf16};
+  x.c = out.data();
+  x.c_strides = {M * N, M * N, N, 1};
+  matmul(x);
+  // Reference on the bf16-rounded inputs: only accumulation order differs.
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        ref[m * N + n] += a16[m * K + k].to_float() * b16[k * N + n].to_float();
+  EXPECT_LT(max_abs_diff(out, ref), 1e-3f);
+}
+
+TEST(Matmul, PrimitivesAreCachedPerShape) {
+  const int64_t M = 8, N = 8, K = 8;
+  auto a = random_floats(M * K, 9), b = random_floats(K * N, 10);
+  std::vector<float> c(M * N);
+  matmul_nn(c.data(), a.data(), b.data(), M, N, K);
+  size_t n = matmul_cache_size();
+  for (int i = 0; i < 3; ++i) matmul_nn(c.data(), a.data(), b.data(), M, N, K);
+  EXPECT_EQ(matmul_cache_size(), n);
+  matmul_nn(c.data(), a.data(), b.data(), M, N - 1, K);
+  EXPECT_EQ(matmul_cache_size(), n + 1);
+}
+
+}  // namespace
+}  // namespace tetra::cpu
