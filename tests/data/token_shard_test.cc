@@ -1,0 +1,218 @@
+#include "data/token_shard.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tetra {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class TokenShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) /
+           fmt::format("tetra_token_shard_{}_{}", ::getpid(), info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+
+  /** A shard written byte by byte, bypassing write_token_shard: the way to build bad files. */
+  std::string write_raw(int32_t magic, int32_t version, int32_t count, size_t payload_bytes) {
+    std::string path = file("raw.bin");
+    std::vector<int32_t> header(kShardHeaderInts, 0);
+    header[0] = magic, header[1] = version, header[2] = count;
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+    out << std::string(payload_bytes, '\x01');
+    return path;
+  }
+
+  /** The error message opening a shard gives, or "" when it opens fine. */
+  static std::string open_error(const std::string& path) {
+    try {
+      TokenShard shard(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TokenShardTest, RoundTripVersion1) {
+  std::vector<uint32_t> tokens = {50256, 0, 1, 65535, 464, 2068};
+  std::string path = file("v1.bin");
+  write_token_shard(path, tokens);
+  EXPECT_EQ(fs::file_size(path), 1024 + tokens.size() * 2);
+
+  TokenShard shard(path);
+  EXPECT_EQ(shard.version(), 1);
+  EXPECT_EQ(shard.path(), path);
+  ASSERT_EQ(shard.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(shard[i], tokens[i]);
+  std::vector<int32_t> out(3);
+  shard.read(2, 3, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 65535, 464}));
+  EXPECT_EQ(shard.max_token(), 65535u);
+}
+
+TEST_F(TokenShardTest, RoundTripVersion2) {
+  std::vector<uint32_t> tokens = {128000, 9906, 65536, 0, 128255};
+  std::string path = file("v2.bin");
+  write_token_shard(path, tokens);
+  EXPECT_EQ(fs::file_size(path), 1024 + tokens.size() * 4);
+
+  TokenShard shard(path);
+  EXPECT_EQ(shard.version(), 2);
+  ASSERT_EQ(shard.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(shard[i], tokens[i]);
+  std::vector<int32_t> out(5);
+  shard.read(0, 5, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{128000, 9906, 65536, 0, 128255}));
+  EXPECT_EQ(shard.max_token(), 128255u);
+}
+
+TEST_F(TokenShardTest, EmptyShardIsValid) {
+  std::string path = file("empty.bin");
+  write_token_shard(path, {});
+  TokenShard shard(path);
+  EXPECT_EQ(shard.size(), 0u);
+  EXPECT_EQ(shard.version(), 1);
+  EXPECT_EQ(shard.max_token(), 0u);
+}
+
+TEST_F(TokenShardTest, MaxTokenOverManyTokens) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> tokens(1 << 20);
+  for (auto& t : tokens) t = rng() % 50000;
+  tokens[777777] = 50256;
+  std::string path = file("big.bin");
+  write_token_shard(path, tokens);
+  TokenShard shard(path);
+  EXPECT_EQ(shard.max_token(), 50256u);
+  EXPECT_EQ(shard[777777], 50256u);
+}
+
+TEST_F(TokenShardTest, MoveKeepsTheMapping) {
+  std::vector<uint32_t> tokens = {5, 6, 7};
+  std::string path = file("m.bin");
+  write_token_shard(path, tokens);
+  TokenShard a(path);
+  TokenShard b(std::move(a));
+  EXPECT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[2], 7u);
+  EXPECT_EQ(b.path(), path);
+}
+
+TEST_F(TokenShardTest, ReadPastEndIsRefused) {
+  std::vector<uint32_t> tokens = {1, 2, 3};
+  std::string path = file("r.bin");
+  write_token_shard(path, tokens);
+  TokenShard shard(path);
+  std::vector<int32_t> out(4);
+  try {
+    shard.read(1, 3, out.data());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("read of tokens [1, 4) is past the end of the shard (3"));
+  }
+}
+
+TEST_F(TokenShardTest, WriteReplacesWithoutTemporaries) {
+  std::string path = file("w.bin");
+  write_token_shard(path, std::vector<uint32_t>{1, 2, 3});
+  write_token_shard(path, std::vector<uint32_t>{9});
+  TokenShard shard(path);
+  EXPECT_EQ(shard.size(), 1u);
+  EXPECT_EQ(shard[0], 9u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1)
+      << "a temporary file was left behind";
+}
+
+TEST_F(TokenShardTest, RefusesWrongMagic) {
+  std::string err = open_error(write_raw(12345, 1, 0, 0));
+  EXPECT_THAT(err, HasSubstr("[data] " + file("raw.bin")));
+  EXPECT_THAT(err, HasSubstr("not a token shard: magic 0x00003039 (expected 20240520); is this "
+                             "an llm.c .bin file?"));
+}
+
+TEST_F(TokenShardTest, RefusesWrongVersion) {
+  EXPECT_THAT(open_error(write_raw(kShardMagic, 3, 0, 0)),
+              HasSubstr("unsupported shard version 3"));
+}
+
+TEST_F(TokenShardTest, RefusesTruncated) {
+  EXPECT_THAT(open_error(write_raw(kShardMagic, 1, 10, 18)),
+              HasSubstr("truncated: header says 10 tokens (20 bytes) but file has 1042 bytes "
+                        "(expected 1044"));
+  EXPECT_THAT(open_error(write_raw(kShardMagic, 2, 10, 20)),
+              HasSubstr("truncated: header says 10 tokens (40 bytes) but file has 1044 bytes"));
+}
+
+TEST_F(TokenShardTest, RefusesExtraBytes) {
+  EXPECT_THAT(open_error(write_raw(kShardMagic, 1, 10, 21)),
+              HasSubstr("1 extra bytes: header says 10 tokens (20 bytes) but file has 1045 "
+                        "bytes (expected 1044"));
+}
+
+TEST_F(TokenShardTest, RefusesNegativeCount) {
+  EXPECT_THAT(open_error(write_raw(kShardMagic, 1, -5, 0)), HasSubstr("negative token count -5"));
+}
+
+TEST_F(TokenShardTest, RefusesEmptyFile) {
+  std::string path = file("empty_file.bin");
+  std::ofstream(path, std::ios::binary).flush();
+  EXPECT_THAT(open_error(path),
+              HasSubstr("file has 0 bytes, shorter than the 1024-byte shard header"));
+}
+
+TEST_F(TokenShardTest, RefusesMissingFile) {
+  std::string err = open_error(file("missing.bin"));
+  EXPECT_THAT(err, HasSubstr("missing.bin: cannot open token shard (No such file or directory)"));
+}
+
+// llm.c writes shards with numpy (dev/data/data_common.py); read one written the same way.
+TEST_F(TokenShardTest, ReadsShardWrittenLikeLlmC) {
+  const char* python = "/usr/bin/python3";
+  if (std::system(fmt::format("{} -c 'import numpy' >/dev/null 2>&1", python).c_str()) != 0) {
+    GTEST_SKIP() << python << " lacks numpy";
+  }
+  std::string script = file("write.py");
+  std::ofstream(script) << R"PY(
+import sys, numpy as np
+toks = [50256, 464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]
+header = np.zeros(256, dtype=np.int32)
+header[0], header[1], header[2] = 20240520, 1, len(toks)
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes())
+    f.write(np.array(toks, dtype=np.uint16).tobytes())
+)PY";
+  std::string path = file("llmc.bin");
+  ASSERT_EQ(std::system(fmt::format("{} {} {}", python, script, path).c_str()), 0);
+  TokenShard shard(path);
+  EXPECT_EQ(shard.version(), 1);
+  ASSERT_EQ(shard.size(), 11u);
+  EXPECT_EQ(shard[0], 50256u);
+  EXPECT_EQ(shard[10], 13u);
+  EXPECT_EQ(shard.max_token(), 50256u);
+}
+
+}  // namespace
+}  // namespace tetra
