@@ -1,0 +1,29 @@
+#include "plan/bubble.h"
+
+#include <algorithm>
+
+namespace tetra::plan {
+
+namespace {
+int64_t chunks(Schedule s, int64_t v) {
+  return s == Schedule::Interleaved ? std::max<int64_t>(v, 1) : 1;
+}
+}  // namespace
+
+double bubble_fraction(Schedule s, int64_t p, int64_t m, int64_t v) {
+  const double idle = double(p - 1);
+  return idle / (double(chunks(s, v) * m) + idle);
+}
+
+double bubble_ratio(Schedule s, int64_t p, int64_t m, int64_t v) {
+  return double(p - 1) / double(chunks(s, v) * m);
+}
+
+double inflight_microbatches(Schedule s, int64_t p, int64_t m, int64_t v) {
+  if (s == Schedule::GPipe) return double(m);
+  const double warm = double(std::min(m, p));
+  if (s == Schedule::OneFOneB) return warm;
+  return warm * (1.0 + double(p - 1) / double(p * chunks(s, v)));
+}
+
+}  // namespace tetra::plan

@@ -1,0 +1,78 @@
+// Layout validation, the step-time estimate of one layout, and the search over all layouts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/comm_cost.h"
+#include "plan/layout.h"
+#include "plan/ledger.h"
+#include "plan/presets.h"
+#include "plan/training_spec.h"
+
+namespace tetra::plan {
+
+/** What one layout costs: memory per device, and time per step by the audit order. */
+struct LayoutEstimate {
+  Layout layout;
+  MemoryBreakdown memory;
+  double usable_bytes = 0;  // memory_bytes * usable_fraction
+  bool fits = false;
+  std::vector<DimComm> comm;
+  double microbatch_seconds = 0;  // compute of one micro-batch on one device
+  double compute_seconds = 0;     // m micro-batches, no bubble, no communication
+  double bubble_seconds = 0;
+  double exposed_comm_seconds = 0;
+  double step_seconds = 0;
+  double bubble = 0;  // idle share (bubble_fraction)
+  double mfu = 0;     // model FLOPs / (devices * peak * step)
+};
+
+/** Why `l` cannot run this model on this cluster, or "" when it can (fitting memory aside). */
+std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
+                           const Layout& l);
+/** Throws tetra::Error with layout_problem()'s message. */
+void validate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
+                     const Layout& l);
+
+LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
+                               const Layout& l);
+
+/** Layout keys fixed by the user; unset ones (0, -1, nullopt) are searched. */
+struct LayoutConstraints {
+  int64_t tp = 0, pp = 0, dp = 0, ep = 0;
+  int zero = -1;
+  std::optional<Schedule> schedule;
+  int64_t v = 0;
+  int64_t microbatches = 0;
+  /** True when every dimension is fixed: the layout is given, not searched. */
+  bool complete() const { return tp && pp && dp && zero >= 0; }
+};
+
+struct SearchResult {
+  std::vector<LayoutEstimate> ranked;     // fitting layouts, fastest first, one per tp/pp/dp/ep
+  int64_t considered = 0;                 // layouts that divide the model and the GPUs
+  int64_t too_big = 0;                    // of those, discarded for memory
+  std::optional<LayoutEstimate> closest;  // the smallest-memory layout when none fits
+};
+
+/** Enumerates tp (a divisor of gpus_per_node), pp, dp, ep, ZeRO stage, schedule and micro-batch
+ *  size; discards what does not divide or fit; ranks by estimated step time. */
+SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
+                            const LayoutConstraints& k);
+
+/** Completes a fully constrained layout (micro-batch count and size from the batch). */
+Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
+                               const LayoutConstraints& k);
+
+/** The seeds' common mistakes this layout makes (001 よくある間違い, 004 崩壊). */
+std::vector<std::string> layout_warnings(const ModelSpec& m, const ClusterSpec& c,
+                                         const TrainingSpec& t, const LayoutEstimate& e);
+
+/** Why this layout, in the seeds' terms: TP/EP inside the node, PP across, DP outermost. */
+std::vector<std::string> explain_layout(const ModelSpec& m, const ClusterSpec& c,
+                                        const TrainingSpec& t, const LayoutEstimate& e);
+
+}  // namespace tetra::plan

@@ -1,0 +1,143 @@
+#include "plan/ledger.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan/bubble.h"
+
+namespace tetra::plan {
+
+namespace {
+
+// Bytes of one activation element: bf16 under mixed precision, fp32 otherwise.
+double act_bytes(Precision p) { return p == Precision::Fp32 ? 4.0 : 2.0; }
+
+}  // namespace
+
+StateBytes state_bytes_per_param(Precision p) {
+  if (p == Precision::Fp32) return StateBytes{4, 4, 0, 4, 4};
+  return StateBytes{2, 2, 4, 4, 4};
+}
+
+StateMemory zero_state_memory(double params, int64_t n, int stage, Precision p) {
+  const StateBytes b = state_bytes_per_param(p);
+  const double N = double(std::max<int64_t>(n, 1));
+  StateMemory s;
+  s.optimizer = b.optimizer() * params / (stage >= 1 ? N : 1.0);
+  s.grads = b.grads * params / (stage >= 2 ? N : 1.0);
+  s.params = b.weights * params / (stage >= 3 ? N : 1.0);
+  return s;
+}
+
+int64_t min_devices_for_state(double params, double device_bytes, Precision p) {
+  return int64_t(std::ceil(params * state_bytes_per_param(p).total() / device_bytes));
+}
+
+double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp) {
+  // Element counts per token, each stored in 2 bytes (bf16) except dropout masks (1 byte);
+  // Korthikanti et al. Table 2 gives 34*C + 5*NH*T bytes for GPT with ffn = 4C.
+  const double C = double(m.d_model), kvd = double(m.d_model / m.heads * m.kv_heads);
+  const double ffn = double(m.ffn), NH = double(m.heads), T = double(m.seq);
+  const double k = double(m.top_k);
+  const double e = act_bytes(p) / 2.0;                        // scale the bf16 counts for fp32
+  if (r == Recompute::Full) return 2.0 * C * e / double(tp);  // the layer input only
+  double attn, scores, mlp;
+  const double norms = 4.0 * C;  // inputs of the two norms
+  if (m.gpt2_style) {
+    attn = 2 * C + 2 * C + 4 * kvd + 2 * C + C;  // qkv in, q, k+v, proj in, dropout mask
+    scores = 5.0 * NH * T;                       // softmax out, dropout mask, dropout out
+    mlp = 2 * C + k * 4 * ffn + C;               // fc in, fc out, gelu out, dropout mask
+  } else {
+    attn = 2 * C + 2 * C + 4 * kvd + 2 * C;  // no dropout in Llama-style blocks
+    scores = 2.0 * NH * T;                   // softmax out
+    mlp = 2 * C + k * 6 * ffn;               // in, gate, up, gate*up
+  }
+  const double bytes = attn + mlp + norms + (r == Recompute::None ? scores : 0.0);
+  return bytes * e / double(tp);
+}
+
+LocalParams local_params(const ModelSpec& m, const Layout& l) {
+  const ParamCounts pc = count_params(m);
+  const double layers = double(m.layers / l.pp);
+  double extra;
+  if (l.pp == 1) {
+    extra = double(pc.embedding + pc.head + pc.final_norm);
+  } else {
+    // First stage: the embedding; last stage: the head (a copy of the embedding when tied).
+    const double head = double(pc.head > 0 ? pc.head : m.vocab * m.d_model);
+    extra = std::max(double(pc.embedding), head + double(pc.final_norm));
+  }
+  LocalParams lp;
+  lp.dense = (layers * double(pc.attention + pc.norms + pc.router) + extra) / double(l.tp);
+  lp.expert = layers * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
+  return lp;
+}
+
+MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, const Layout& l) {
+  const LocalParams lp = local_params(m, l);
+  const StateMemory dense = zero_state_memory(lp.dense, l.dp, l.zero, t.precision);
+  const StateMemory expert =
+      zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp / l.ep), l.zero, t.precision);
+  MemoryBreakdown mem;
+  mem.params = dense.params + expert.params;
+  mem.grads = dense.grads + expert.grads;
+  mem.optimizer = dense.optimizer + expert.optimizer;
+
+  const double tokens = double(l.micro_batch * m.seq);
+  const double layers = double(m.layers / l.pp);
+  const double inflight = inflight_microbatches(l.schedule, l.pp, l.microbatches, l.v);
+  const double per_layer = activation_bytes_per_token_layer(m, t.recompute, t.precision, l.tp);
+  mem.activations = per_layer * tokens * layers * inflight;
+  if (t.recompute == Recompute::Full) {
+    // The layer being recomputed materialises its activations once more.
+    mem.activations +=
+        activation_bytes_per_token_layer(m, Recompute::Selective, t.precision, l.tp) * tokens;
+  }
+  const double ab = act_bytes(t.precision);
+  if (l.pp == 1) mem.activations += tokens * double(m.vocab) / double(l.tp) * 4.0;  // fp32 logits
+
+  const ParamCounts pc = count_params(m);
+  mem.comm_buffers = 2.0 * t.bucket_bytes;
+  if (l.zero >= 3) {
+    // Prefetch: the next layer's parameters gathered while this one computes.
+    mem.comm_buffers += 2.0 * double(pc.per_layer()) / double(l.tp * l.ep) *
+                        state_bytes_per_param(t.precision).weights;
+  }
+  if (l.tp > 1) mem.comm_buffers += 2.0 * tokens * double(m.d_model) * ab;
+  if (l.pp > 1) mem.comm_buffers += 2.0 * tokens * double(m.d_model) * ab / double(l.tp);
+  if (l.ep > 1) {
+    // Dispatch and combine buffers at capacity factor 1.25.
+    mem.comm_buffers +=
+        2.0 * 1.25 * tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
+  }
+  return mem;
+}
+
+FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r) {
+  const double P = double(count_params(m).active());
+  const double attn_fwd = 4.0 * double(m.layers) * double(m.d_model) * double(m.seq);
+  FlopsPerToken f;
+  f.dense = 6.0 * P;
+  f.attention = 3.0 * attn_fwd;
+  if (r == Recompute::Selective) f.recompute = attn_fwd;
+  if (r == Recompute::Full) f.recompute = 2.0 * P + attn_fwd;
+  return f;
+}
+
+double gpu_seconds(double flops, double peak_flops, double mfu) {
+  return flops / (peak_flops * mfu);
+}
+
+ComputeLedger compute_ledger(const ModelSpec& m, double tokens, int64_t devices, double peak_flops,
+                             double mfu) {
+  const FlopsPerToken f = flops_per_token(m, Recompute::None);
+  ComputeLedger c;
+  c.flops_6pt = f.dense * tokens;
+  c.flops_total = f.model() * tokens;
+  c.gpu_seconds = gpu_seconds(c.flops_total, peak_flops, mfu);
+  c.gpu_years = c.gpu_seconds / kSecondsPerYear;
+  c.wall_seconds = c.gpu_seconds / double(std::max<int64_t>(devices, 1));
+  return c;
+}
+
+}  // namespace tetra::plan

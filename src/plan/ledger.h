@@ -1,0 +1,75 @@
+// The two ledgers of the seeds: memory (training-state bytes, ZeRO sharding, activations, buffers)
+// and compute (6*P*T plus attention).
+#pragma once
+
+#include <cstdint>
+
+#include "plan/layout.h"
+#include "plan/presets.h"
+#include "plan/training_spec.h"
+
+namespace tetra::plan {
+
+/** Training-state bytes per parameter by part. bf16 mixed: 2+2+4+4+4 = 16; fp32: 4+4+0+4+4 = 16. */
+struct StateBytes {
+  double weights = 0, grads = 0, master = 0, adam_m = 0, adam_v = 0;
+  double optimizer() const { return master + adam_m + adam_v; }
+  double total() const { return weights + grads + optimizer(); }
+};
+StateBytes state_bytes_per_param(Precision p);
+
+/** Per-rank training state for `params` parameters, ZeRO `stage` over `n` data-parallel ranks:
+ *  plain 16P; ZeRO-1 4P + 12P/N; ZeRO-2 2P + 14P/N; ZeRO-3 16P/N (bf16 mixed). */
+struct StateMemory {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+StateMemory zero_state_memory(double params, int64_t n, int stage, Precision p);
+
+/** Devices needed to hold the unsharded training state before one token is processed. */
+int64_t min_devices_for_state(double params, double device_bytes, Precision p);
+
+/** Activation bytes one token leaves behind in one layer (Korthikanti et al. 2022, generalised to
+ *  GQA, SwiGLU and top-k experts), split over `tp` ranks by tensor + sequence parallelism. */
+double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp);
+
+/** Memory of one device under a layout, by category; the tightest pipeline stage (the first). */
+struct MemoryBreakdown {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0;
+  double total() const { return params + grads + optimizer + activations + comm_buffers; }
+};
+MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, const Layout& l);
+
+/** Parameters one device holds before ZeRO (dense and expert parts), tightest stage. */
+struct LocalParams {
+  double dense = 0;   // sharded over tp, ZeRO over dp
+  double expert = 0;  // sharded over tp*ep, ZeRO over dp/ep
+};
+LocalParams local_params(const ModelSpec& m, const Layout& l);
+
+/** FLOPs per trained token. Model FLOPs = 6*P_active + 12*L*d*T (attention scores, forward and
+ *  backward, the causal half NOT applied, as in PaLM's MFU). Hardware FLOPs add recomputation. */
+struct FlopsPerToken {
+  double dense = 0;      // 6 * P_active
+  double attention = 0;  // 12 * L * d * T
+  double recompute = 0;  // extra forward work recomputation costs
+  double model() const { return dense + attention; }
+  double hardware() const { return model() + recompute; }
+};
+FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r);
+
+struct ComputeLedger {
+  double flops_6pt = 0;    // 6 * P * T, the seeds' convention
+  double flops_total = 0;  // 6 * P * T + attention
+  double gpu_seconds = 0;  // flops_total / (peak * mfu)
+  double gpu_years = 0;
+  double wall_seconds = 0;  // on `devices` devices
+};
+ComputeLedger compute_ledger(const ModelSpec& m, double tokens, int64_t devices, double peak_flops,
+                             double mfu);
+
+/** GPU-seconds for `flops` at `mfu` of `peak_flops`. */
+double gpu_seconds(double flops, double peak_flops, double mfu);
+inline constexpr double kSecondsPerYear = 365.25 * 24 * 3600;
+
+}  // namespace tetra::plan

@@ -1,0 +1,207 @@
+#include "plan/plan_config.h"
+
+#include "core/error.h"
+
+namespace tetra::plan {
+
+const ConfigSchema& plan_schema() {
+  static const ConfigSchema schema = {
+      {"model.preset", ValueKind::String, "\"\"",
+       "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b"},
+      {"model.arch", ValueKind::String, "\"llama\"",
+       "explicit models: gpt2 (LayerNorm, GELU, tied) or llama (RMSNorm, SwiGLU, untied)"},
+      {"model.layers", ValueKind::Int, "0", "transformer blocks L"},
+      {"model.d_model", ValueKind::Int, "0", "hidden width C"},
+      {"model.heads", ValueKind::Int, "0", "attention heads"},
+      {"model.kv_heads", ValueKind::Int, "0", "key/value heads (0 = heads)"},
+      {"model.ffn", ValueKind::Int, "0", "MLP width per expert (0 = 4 * d_model)"},
+      {"model.vocab", ValueKind::Int, "0", "vocabulary size"},
+      {"model.seq", ValueKind::Int, "0", "training sequence length"},
+      {"model.experts", ValueKind::Int, "0", "MoE experts (0/1 = dense)"},
+      {"model.top_k", ValueKind::Int, "0", "experts per token"},
+      {"cluster.preset", ValueKind::String, "\"\"", "h100, h200, a100-80g or cpu"},
+      {"cluster.gpus", ValueKind::Int, "0", "devices in the job"},
+      {"cluster.gpus_per_node", ValueKind::Int, "0", "devices behind one intra-node link"},
+      {"cluster.peak_tflops", ValueKind::Float, "0", "dense peak TFLOP/s per device"},
+      {"cluster.memory_gb", ValueKind::Float, "0", "memory per device, GB"},
+      {"cluster.intra_bw_gbs", ValueKind::Float, "0", "intra-node GB/s per device per direction"},
+      {"cluster.inter_bw_gbs", ValueKind::Float, "0", "inter-node GB/s per device per direction"},
+      {"cluster.intra_latency_us", ValueKind::Float, "0", "intra-node latency per hop, us"},
+      {"cluster.inter_latency_us", ValueKind::Float, "0", "inter-node latency per hop, us"},
+      {"cluster.gpu_mtbf_years", ValueKind::Float, "0", "MTBF of one device, years"},
+      {"cluster.storage_bw_gbs", ValueKind::Float, "0", "aggregate checkpoint write GB/s"},
+      {"cluster.usable_fraction", ValueKind::Float, "0",
+       "share of device memory the ledger may fill (default 0.8)"},
+      {"training.tokens", ValueKind::Float, "0", "total training tokens"},
+      {"training.global_batch", ValueKind::Int, "0", "tokens per optimizer step"},
+      {"training.micro_batch", ValueKind::Int, "0", "sequences per micro-batch (0 = search)"},
+      {"training.precision", ValueKind::String, "\"bf16\"", "bf16 (mixed) or fp32"},
+      {"training.recompute", ValueKind::String, "\"selective\"", "none, selective or full"},
+      {"training.target_mfu", ValueKind::Float, "0.4", "MFU for the compute ledger"},
+      {"training.kernel_efficiency", ValueKind::Float, "0.6",
+       "fraction of peak large matmuls reach; sets estimated step times"},
+      {"training.restart_minutes", ValueKind::Float, "10", "time to restart after a failure"},
+      {"layout.tp", ValueKind::Int, "0", "tensor parallel (0 = search)"},
+      {"layout.pp", ValueKind::Int, "0", "pipeline stages (0 = search)"},
+      {"layout.dp", ValueKind::Int, "0", "data parallel (0 = search)"},
+      {"layout.ep", ValueKind::Int, "0", "expert parallel, within dp (0 = search)"},
+      {"layout.zero", ValueKind::Int, "-1", "ZeRO stage 0-3 (-1 = search)"},
+      {"layout.schedule", ValueKind::String, "\"\"", "gpipe, 1f1b or interleaved (\"\" = search)"},
+      {"layout.v", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)"},
+      {"layout.microbatches", ValueKind::Int, "0", "micro-batches per step (0 = from the batch)"},
+  };
+  return schema;
+}
+
+namespace {
+
+void positive(double value, const char* key, const char* hint) {
+  TETRA_CHECK(value > 0, "[plan] {} must be > 0 (got {}); {}", key, value, hint);
+}
+
+ModelSpec model_from(const Config& cfg) {
+  ModelSpec m;
+  const std::string& preset = cfg.s("model.preset");
+  if (!preset.empty()) {
+    m = model_preset(preset);
+  } else {
+    const std::string& arch = cfg.s("model.arch");
+    TETRA_CHECK(arch == "gpt2" || arch == "llama",
+                "[plan] unknown model.arch '{}'; use gpt2 or llama", arch);
+    m.name = "custom";
+    m.gpt2_style = arch == "gpt2";
+  }
+  auto take = [&](const char* key, int64_t& field) {
+    if (cfg.is_set(key)) field = cfg.i(key);
+  };
+  take("model.layers", m.layers);
+  take("model.d_model", m.d_model);
+  take("model.heads", m.heads);
+  take("model.kv_heads", m.kv_heads);
+  take("model.ffn", m.ffn);
+  take("model.vocab", m.vocab);
+  take("model.seq", m.seq);
+  take("model.experts", m.experts);
+  take("model.top_k", m.top_k);
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.ffn == 0) m.ffn = 4 * m.d_model;
+  if (m.experts == 0) m.experts = 1;
+  if (m.top_k == 0) m.top_k = m.experts > 1 ? 2 : 1;
+  validate_model(m);
+  return m;
+}
+
+ClusterSpec cluster_from(const Config& cfg) {
+  ClusterSpec c;
+  const std::string& preset = cfg.s("cluster.preset");
+  if (!preset.empty()) c = cluster_preset(preset);
+  if (c.name.empty()) c.name = "custom";
+  auto take_i = [&](const char* key, int64_t& field) {
+    if (cfg.is_set(key)) field = cfg.i(key);
+  };
+  auto take_f = [&](const char* key, double& field, double scale) {
+    if (cfg.is_set(key)) field = cfg.f(key) * scale;
+  };
+  take_i("cluster.gpus", c.gpus);
+  take_i("cluster.gpus_per_node", c.gpus_per_node);
+  take_f("cluster.peak_tflops", c.peak_flops, 1e12);
+  take_f("cluster.memory_gb", c.memory_bytes, 1e9);
+  take_f("cluster.intra_bw_gbs", c.intra_bw, 1e9);
+  take_f("cluster.inter_bw_gbs", c.inter_bw, 1e9);
+  take_f("cluster.intra_latency_us", c.intra_latency, 1e-6);
+  take_f("cluster.inter_latency_us", c.inter_latency, 1e-6);
+  take_f("cluster.gpu_mtbf_years", c.gpu_mtbf_hours, 365.25 * 24);
+  take_f("cluster.storage_bw_gbs", c.storage_bw, 1e9);
+  take_f("cluster.usable_fraction", c.usable_fraction, 1.0);
+  if (c.usable_fraction == 0) c.usable_fraction = 0.8;
+  if (c.gpu_mtbf_hours == 0) c.gpu_mtbf_hours = 5 * 365.25 * 24;
+  const char* hint = "set it in [cluster] or pick cluster.preset (h100, h200, a100-80g, cpu)";
+  positive(double(c.gpus), "cluster.gpus", "the GPU count of the job to plan");
+  positive(double(c.gpus_per_node), "cluster.gpus_per_node", hint);
+  positive(c.peak_flops, "cluster.peak_tflops", hint);
+  positive(c.memory_bytes, "cluster.memory_gb", hint);
+  positive(c.intra_bw, "cluster.intra_bw_gbs", hint);
+  positive(c.inter_bw, "cluster.inter_bw_gbs", hint);
+  positive(c.storage_bw, "cluster.storage_bw_gbs", hint);
+  TETRA_CHECK(c.usable_fraction > 0 && c.usable_fraction <= 1,
+              "[plan] cluster.usable_fraction={} must be in (0, 1]", c.usable_fraction);
+  TETRA_CHECK(c.gpus <= c.gpus_per_node || c.gpus % c.gpus_per_node == 0,
+              "[plan] cluster.gpus={} is not a whole number of nodes of {}; use a multiple of {}",
+              c.gpus, c.gpus_per_node, c.gpus_per_node);
+  return c;
+}
+
+TrainingSpec training_from(const Config& cfg) {
+  TrainingSpec t;
+  t.tokens = cfg.f("training.tokens");
+  t.global_batch_tokens = cfg.i("training.global_batch");
+  t.micro_batch = cfg.i("training.micro_batch");
+  t.precision = parse_precision(cfg.s("training.precision"));
+  t.recompute = parse_recompute(cfg.s("training.recompute"));
+  t.target_mfu = cfg.f("training.target_mfu");
+  t.kernel_efficiency = cfg.f("training.kernel_efficiency");
+  t.restart_seconds = cfg.f("training.restart_minutes") * 60;
+  positive(t.tokens, "training.tokens", "the total tokens to train on, e.g. 15e12");
+  positive(double(t.global_batch_tokens), "training.global_batch",
+           "the tokens per optimizer step, e.g. 4194304");
+  TETRA_CHECK(t.micro_batch >= 0, "[plan] training.micro_batch={} must be >= 0 (0 = search)",
+              t.micro_batch);
+  TETRA_CHECK(t.target_mfu > 0 && t.target_mfu <= 1,
+              "[plan] training.target_mfu={} must be in (0, 1]; 0.4 is typical (000 MFU)",
+              t.target_mfu);
+  TETRA_CHECK(t.kernel_efficiency > 0 && t.kernel_efficiency <= 1,
+              "[plan] training.kernel_efficiency={} must be in (0, 1]", t.kernel_efficiency);
+  return t;
+}
+
+LayoutConstraints layout_from(const Config& cfg) {
+  LayoutConstraints k;
+  k.tp = cfg.i("layout.tp");
+  k.pp = cfg.i("layout.pp");
+  k.dp = cfg.i("layout.dp");
+  k.ep = cfg.i("layout.ep");
+  k.zero = int(cfg.i("layout.zero"));
+  k.v = cfg.i("layout.v");
+  k.microbatches = cfg.i("layout.microbatches");
+  TETRA_CHECK(k.tp >= 0 && k.pp >= 0 && k.dp >= 0 && k.ep >= 0 && k.v >= 0 && k.microbatches >= 0,
+              "[plan] layout sizes must be >= 0 (0 = search); got tp={} pp={} dp={} ep={}", k.tp,
+              k.pp, k.dp, k.ep);
+  TETRA_CHECK(k.zero >= -1 && k.zero <= 3,
+              "[plan] layout.zero={} is not a ZeRO stage; use 0, 1, 2 or 3 (-1 = search)", k.zero);
+  if (!cfg.s("layout.schedule").empty()) k.schedule = parse_schedule(cfg.s("layout.schedule"));
+  return k;
+}
+
+}  // namespace
+
+PlanInputs plan_inputs(const Config& config) {
+  PlanInputs in;
+  in.model = model_from(config);
+  in.cluster = cluster_from(config);
+  in.training = training_from(config);
+  in.layout = layout_from(config);
+  // Fixed dimensions are checked on their own, so the message names the real culprit.
+  const LayoutConstraints& k = in.layout;
+  const ClusterSpec& c = in.cluster;
+  if (k.tp) {
+    TETRA_CHECK(k.tp <= c.gpus_per_node,
+                "[plan] tp={} exceeds gpus_per_node={}; TP must stay inside a node, use tp<={}",
+                k.tp, c.gpus_per_node, c.gpus_per_node);
+    TETRA_CHECK(in.model.heads % k.tp == 0,
+                "[plan] heads={} is not divisible by tp={}; use a tp that divides heads",
+                in.model.heads, k.tp);
+  }
+  if (k.pp) {
+    TETRA_CHECK(in.model.layers % k.pp == 0,
+                "[plan] layers={} is not divisible by pp={}; use pp dividing {}", in.model.layers,
+                k.pp, in.model.layers);
+  }
+  const int64_t fixed = (k.tp ? k.tp : 1) * (k.pp ? k.pp : 1) * (k.dp ? k.dp : 1);
+  TETRA_CHECK(c.gpus % fixed == 0,
+              "[plan] the fixed layout dimensions (tp={} pp={} dp={}) multiply to {}, which does "
+              "not divide cluster.gpus={}; choose degrees whose product divides the GPU count",
+              k.tp, k.pp, k.dp, fixed, c.gpus);
+  return in;
+}
+
+}  // namespace tetra::plan

@@ -1,0 +1,185 @@
+#include "plan/presets.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+
+namespace tetra::plan {
+
+namespace {
+
+constexpr double kHoursPerYear = 365.25 * 24;
+// 000 "故障の数学とチェックポインティング": one GPU fails on average every ~5 years.
+constexpr double kGpuMtbfHours = 5 * kHoursPerYear;
+// 004 症状5: context, library workspaces and allocator fragmentation turn "enough" into "not
+// enough"; the ledger may fill 80% of a device.
+constexpr double kUsableFraction = 0.8;
+
+ModelSpec gpt2(const char* name, int64_t L, int64_t C, int64_t NH) {
+  return ModelSpec{name, L, C, NH, NH, 4 * C, 50257, 1024, 1, 1, true};
+}
+
+ModelSpec llama(const char* name, int64_t L, int64_t C, int64_t NH, int64_t kv, int64_t ffn,
+                int64_t V, int64_t T, int64_t experts = 1, int64_t top_k = 1) {
+  return ModelSpec{name, L, C, NH, kv, ffn, V, T, experts, top_k, false};
+}
+
+const std::vector<ModelSpec>& model_presets() {
+  static const std::vector<ModelSpec> presets = {
+      gpt2("gpt2-124m", 12, 768, 12),
+      gpt2("gpt2-1.5b", 48, 1600, 25),
+      [] {
+        ModelSpec m = gpt2("gpt3-175b", 96, 12288, 96);
+        m.seq = 2048;
+        return m;
+      }(),
+      llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+      llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+      llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+      llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, 8, 2),
+  };
+  return presets;
+}
+
+ClusterSpec gpu(const char* name, double tflops, double mem_gb, double nvlink_gbs, double ib_gbs) {
+  ClusterSpec c;
+  c.name = name;
+  c.gpus_per_node = 8;
+  c.peak_flops = tflops * 1e12;
+  c.memory_bytes = mem_gb * 1e9;
+  c.intra_bw = nvlink_gbs * 1e9;
+  c.inter_bw = ib_gbs * 1e9;
+  c.intra_latency = 5e-6;
+  c.inter_latency = 10e-6;
+  c.gpu_mtbf_hours = kGpuMtbfHours;
+  c.storage_bw = 20e9;
+  c.usable_fraction = kUsableFraction;
+  return c;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+ParamCounts count_params(const ModelSpec& m) {
+  const int64_t C = m.d_model, kvd = m.d_model / m.heads * m.kv_heads;
+  ParamCounts p;
+  p.layers = m.layers;
+  p.experts = m.experts;
+  p.top_k = m.top_k;
+  p.router = m.experts > 1 ? C * m.experts : 0;
+  if (m.gpt2_style) {
+    p.embedding = m.vocab * C + m.seq * C;
+    p.attention = C * (C + 2 * kvd) + (C + 2 * kvd) + C * C + C;
+    p.expert_mlp = C * m.ffn + m.ffn + m.ffn * C + C;
+    p.norms = 2 * 2 * C;
+    p.final_norm = 2 * C;
+  } else {
+    p.embedding = m.vocab * C;
+    p.head = m.vocab * C;
+    p.attention = C * (C + 2 * kvd) + C * C;
+    p.expert_mlp = 3 * C * m.ffn;
+    p.norms = 2 * C;
+    p.final_norm = C;
+  }
+  return p;
+}
+
+void validate_model(const ModelSpec& m) {
+  TETRA_CHECK(m.layers > 0 && m.d_model > 0 && m.heads > 0 && m.ffn > 0 && m.vocab > 0 && m.seq > 0,
+              "[plan] model '{}' needs positive layers, d_model, heads, ffn, vocab and seq (got "
+              "{}, {}, {}, {}, {}, {}); set model.preset or every one of these keys",
+              m.name, m.layers, m.d_model, m.heads, m.ffn, m.vocab, m.seq);
+  TETRA_CHECK(m.d_model % m.heads == 0,
+              "[plan] d_model={} is not divisible by heads={}; choose heads that divide d_model",
+              m.d_model, m.heads);
+  TETRA_CHECK(m.kv_heads > 0 && m.heads % m.kv_heads == 0,
+              "[plan] kv_heads={} must divide heads={}; use kv_heads=heads for multi-head "
+              "attention",
+              m.kv_heads, m.heads);
+  TETRA_CHECK(m.experts >= 1 && m.top_k >= 1 && m.top_k <= m.experts,
+              "[plan] top_k={} must be between 1 and experts={}", m.top_k, m.experts);
+}
+
+ModelSpec model_preset(const std::string& name) {
+  for (const auto& m : model_presets()) {
+    if (m.name == name) return m;
+  }
+  fail(
+      "[plan] unknown model preset '{}'; use one of: {}, or leave model.preset empty and set "
+      "model.layers, d_model, heads, ffn, vocab and seq",
+      name, joined(model_preset_names()));
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& m : model_presets()) names.push_back(m.name);
+  return names;
+}
+
+ClusterSpec cluster_preset(const std::string& name) {
+  // Bandwidths are per device and per direction: NVLink 4 is 900 GB/s counted both ways (the
+  // seeds' "~900 GB/s"), one 400 Gb/s NDR NIC per GPU is the seeds' "~50 GB/s" inter-node link.
+  if (name == "h100") return gpu("h100", 989, 80, 450, 50);
+  if (name == "h200") return gpu("h200", 989, 141, 450, 50);
+  if (name == "a100-80g") return gpu("a100-80g", 312, 80, 300, 25);
+  if (name == "cpu") {
+    // One device is a pair of cores; a node is this machine.
+    ClusterSpec c;
+    c.name = "cpu";
+    const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+    c.gpus_per_node = std::max<int64_t>(1, cores / 2);
+    c.gpus = c.gpus_per_node;
+    c.peak_flops = cpu_peak_flops(default_peak_path());
+    const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    c.memory_bytes = ram / double(c.gpus_per_node);
+    c.intra_bw = 10e9;
+    c.inter_bw = 1.25e9;
+    c.intra_latency = 2e-6;
+    c.inter_latency = 50e-6;
+    c.gpu_mtbf_hours = kGpuMtbfHours;
+    c.storage_bw = 1e9;
+    c.usable_fraction = kUsableFraction;
+    return c;
+  }
+  fail(
+      "[plan] unknown cluster preset '{}'; use one of: {}, or leave cluster.preset empty and "
+      "set cluster.gpus_per_node, peak_tflops, memory_gb, intra_bw_gbs and inter_bw_gbs",
+      name, joined(cluster_preset_names()));
+}
+
+std::vector<std::string> cluster_preset_names() { return {"h100", "h200", "a100-80g", "cpu"}; }
+
+double cpu_peak_flops(const std::string& peak_json_path) {
+  std::ifstream in(peak_json_path);
+  if (!in) return kDefaultCpuGflops * 1e9;
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    fail("[plan] {} is not valid JSON ({}); delete it so the trainer measures the peak again",
+         peak_json_path, e.what());
+  }
+  TETRA_CHECK(j.contains("fp32_gflops") && j["fp32_gflops"].is_number() &&
+                  j["fp32_gflops"].get<double>() > 0,
+              "[plan] {} has no positive number 'fp32_gflops'; delete it so the trainer measures "
+              "the peak again",
+              peak_json_path);
+  return j["fp32_gflops"].get<double>() * 1e9;
+}
+
+std::string default_peak_path() {
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/tetra/peak.json";
+}
+
+}  // namespace tetra::plan

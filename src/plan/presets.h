@@ -1,0 +1,85 @@
+// Model and cluster descriptions for the planner, with the named presets of `tetra plan`.
+// Parameter counts are computed from the shape, never typed in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tetra::plan {
+
+/** Transformer shape. gpt2_style: LayerNorm with bias, GELU MLP, learned positions, tied
+ *  embeddings; otherwise Llama style: RMSNorm, SwiGLU MLP, rotary positions, untied head. */
+struct ModelSpec {
+  std::string name;
+  int64_t layers = 0;    // L
+  int64_t d_model = 0;   // C
+  int64_t heads = 0;     // NH
+  int64_t kv_heads = 0;  // grouped-query heads; == heads for multi-head attention
+  int64_t ffn = 0;       // MLP hidden width (per expert)
+  int64_t vocab = 0;     // V
+  int64_t seq = 0;       // T, training sequence length
+  int64_t experts = 1;   // 1 = dense
+  int64_t top_k = 1;     // experts per token
+  bool gpt2_style = false;
+};
+
+/** Parameter count by part; per-layer parts are for one layer. */
+struct ParamCounts {
+  int64_t embedding = 0;   // token (+ learned position) embedding
+  int64_t head = 0;        // output projection; 0 when tied to the embedding
+  int64_t attention = 0;   // per layer: q, k, v, o (+ biases)
+  int64_t expert_mlp = 0;  // per layer, ONE expert's MLP (the MLP of a dense model)
+  int64_t router = 0;      // per layer
+  int64_t norms = 0;       // per layer
+  int64_t final_norm = 0;
+  int64_t layers = 0;
+  int64_t experts = 1;
+  int64_t top_k = 1;
+
+  /** Parameters of one layer (all experts). */
+  int64_t per_layer() const { return attention + experts * expert_mlp + router + norms; }
+  /** Every parameter of the model. */
+  int64_t total() const { return embedding + head + final_norm + layers * per_layer(); }
+  /** Parameters one token passes through (MoE: top_k of the experts). */
+  int64_t active() const {
+    return embedding + head + final_norm +
+           layers * (attention + top_k * expert_mlp + router + norms);
+  }
+};
+
+ParamCounts count_params(const ModelSpec& m);
+
+/** Checks shape sanity (positive sizes, heads divide d_model, ...); throws tetra::Error. */
+void validate_model(const ModelSpec& m);
+
+ModelSpec model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+/** One cluster: identical devices, `gpus_per_node` of them behind the fast intra-node link. */
+struct ClusterSpec {
+  std::string name;
+  int64_t gpus = 0;
+  int64_t gpus_per_node = 0;
+  double peak_flops = 0;       // dense FLOP/s per device at the training precision
+  double memory_bytes = 0;     // per device
+  double intra_bw = 0;         // bytes/s per device per direction inside a node
+  double inter_bw = 0;         // bytes/s per device per direction between nodes
+  double intra_latency = 0;    // seconds per message hop inside a node
+  double inter_latency = 0;    // seconds per message hop between nodes
+  double gpu_mtbf_hours = 0;   // mean time between failures of ONE device
+  double storage_bw = 0;       // aggregate checkpoint write bytes/s
+  double usable_fraction = 0;  // share of memory the ledger may fill (rest: fragmentation)
+};
+
+ClusterSpec cluster_preset(const std::string& name);
+std::vector<std::string> cluster_preset_names();
+
+/** The CPU device's fp32 peak: "fp32_gflops" from `peak_json_path` when the file exists (the
+ *  trainer measures it), else kDefaultCpuGflops per core-pair device. */
+double cpu_peak_flops(const std::string& peak_json_path);
+/** ~/.cache/tetra/peak.json */
+std::string default_peak_path();
+inline constexpr double kDefaultCpuGflops = 127.0;
+
+}  // namespace tetra::plan

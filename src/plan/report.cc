@@ -1,0 +1,330 @@
+#include "plan/report.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "plan/bubble.h"
+#include "plan/checkpoint_math.h"
+#include "plan/units.h"
+
+namespace tetra::plan {
+
+namespace {
+
+using nlohmann::json;
+
+json memory_json(const MemoryBreakdown& m, double usable) {
+  return {{"params", m.params},
+          {"grads", m.grads},
+          {"optimizer", m.optimizer},
+          {"activations", m.activations},
+          {"comm_buffers", m.comm_buffers},
+          {"total", m.total()},
+          {"usable", usable},
+          {"fits", m.total() <= usable}};
+}
+
+json layout_json(const LayoutEstimate& e) {
+  const Layout& l = e.layout;
+  return {{"tp", l.tp},
+          {"pp", l.pp},
+          {"dp", l.dp},
+          {"ep", l.ep},
+          {"zero", l.zero},
+          {"schedule", to_string(l.schedule)},
+          {"v", l.v},
+          {"micro_batch", l.micro_batch},
+          {"microbatches", l.microbatches},
+          {"memory_per_device", e.memory.total()},
+          {"fits", e.fits},
+          {"bubble", e.bubble},
+          {"compute_seconds", e.compute_seconds},
+          {"bubble_seconds", e.bubble_seconds},
+          {"exposed_comm_seconds", e.exposed_comm_seconds},
+          {"step_seconds", e.step_seconds},
+          {"mfu", e.mfu},
+          {"describe", describe(l)}};
+}
+
+}  // namespace
+
+json plan_report(const PlanInputs& in, int top) {
+  const ModelSpec& m = in.model;
+  const ClusterSpec& c = in.cluster;
+  const TrainingSpec& t = in.training;
+  const ParamCounts pc = count_params(m);
+  const double P = double(pc.total());
+
+  // The layout: given in full, or the best of the (constrained) search.
+  // A fully given layout is compared against the unconstrained search.
+  const SearchResult search =
+      search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
+  LayoutEstimate chosen;
+  std::string source;
+  if (in.layout.complete()) {
+    const Layout l = layout_from_constraints(m, t, in.layout);
+    validate_layout(m, c, t, l);
+    chosen = evaluate_layout(m, c, t, l);
+    source = "given";
+  } else if (!search.ranked.empty()) {
+    chosen = search.ranked.front();
+    source = "search";
+  } else if (search.closest) {
+    chosen = *search.closest;
+    source = "search (nothing fits; smallest shown)";
+  } else {
+    fail(
+        "[plan] no layout of {} GPUs ({} per node) divides model '{}' (layers={}, heads={}) and "
+        "the global batch of {} sequences; change cluster.gpus, training.global_batch or the "
+        "[layout] constraints",
+        c.gpus, c.gpus_per_node, m.name, m.layers, m.heads, t.global_batch_tokens / m.seq);
+  }
+  const Layout& l = chosen.layout;
+
+  json r;
+  r["model"] = {{"name", m.name},   {"layers", m.layers},     {"d_model", m.d_model},
+                {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
+                {"vocab", m.vocab}, {"seq", m.seq},           {"experts", m.experts},
+                {"top_k", m.top_k}, {"params", pc.total()},   {"active_params", pc.active()}};
+  r["cluster"] = {{"name", c.name},
+                  {"gpus", c.gpus},
+                  {"gpus_per_node", c.gpus_per_node},
+                  {"nodes", (c.gpus + c.gpus_per_node - 1) / c.gpus_per_node},
+                  {"peak_tflops", c.peak_flops / 1e12},
+                  {"memory_gb", c.memory_bytes / 1e9},
+                  {"intra_bw_gbs", c.intra_bw / 1e9},
+                  {"inter_bw_gbs", c.inter_bw / 1e9},
+                  {"storage_bw_gbs", c.storage_bw / 1e9}};
+  const double steps = t.tokens / double(t.global_batch_tokens);
+  r["training"] = {{"tokens", t.tokens},
+                   {"global_batch", t.global_batch_tokens},
+                   {"steps", steps},
+                   {"precision", to_string(t.precision)},
+                   {"recompute", to_string(t.recompute)},
+                   {"target_mfu", t.target_mfu}};
+
+  // 1. Memory.
+  const StateBytes sb = state_bytes_per_param(t.precision);
+  json stages = json::array();
+  for (int z = 0; z <= 3; ++z) {
+    Layout lz = l;
+    lz.zero = z;
+    json s = memory_json(memory_per_device(m, t, lz), chosen.usable_bytes);
+    s["stage"] = z;
+    stages.push_back(s);
+  }
+  r["memory"] = {{"state_bytes_per_param",
+                  {{"weights", sb.weights},
+                   {"grads", sb.grads},
+                   {"master", sb.master},
+                   {"adam_m", sb.adam_m},
+                   {"adam_v", sb.adam_v},
+                   {"total", sb.total()}}},
+                 {"unsharded_state", P * sb.total()},
+                 {"min_devices_for_state", min_devices_for_state(P, c.memory_bytes, t.precision)},
+                 {"layout", memory_json(chosen.memory, chosen.usable_bytes)},
+                 {"zero_stages", stages}};
+
+  // 2. Compute.
+  const FlopsPerToken f = flops_per_token(m, t.recompute);
+  const ComputeLedger cl = compute_ledger(m, t.tokens, c.gpus, c.peak_flops, t.target_mfu);
+  r["compute"] = {
+      {"convention",
+       "model FLOPs = 6*P_active*T + 12*L*d*seq*T (attention, causal half not applied); "
+       "hardware FLOPs add recomputation"},
+      {"flops_per_token", f.model()},
+      {"flops_6pt", cl.flops_6pt},
+      {"flops_attention", cl.flops_total - cl.flops_6pt},
+      {"flops_total", cl.flops_total},
+      {"flops_hardware", f.hardware() * t.tokens},
+      {"gpu_seconds", cl.gpu_seconds},
+      {"gpu_years", cl.gpu_years},
+      {"wall_seconds_at_target_mfu", cl.wall_seconds},
+      {"estimated_step_seconds", chosen.step_seconds},
+      {"estimated_mfu", chosen.mfu},
+      {"estimated_wall_seconds", chosen.step_seconds * steps}};
+
+  // 3. Communication.
+  json comm = json::array();
+  for (const auto& d : chosen.comm) {
+    comm.push_back({{"dim", d.dim},
+                    {"what", d.what},
+                    {"group", d.group},
+                    {"link", d.intra_node ? "intra-node" : "inter-node"},
+                    {"calls", d.calls},
+                    {"bytes", d.bytes},
+                    {"seconds", d.seconds},
+                    {"overlap", d.overlap},
+                    {"exposed_seconds", d.exposed()}});
+  }
+  r["communication"] = comm;
+
+  // 4. Bubble.
+  r["bubble"] = {
+      {"schedule", to_string(l.schedule)},
+      {"p", l.pp},
+      {"m", l.microbatches},
+      {"v", l.v},
+      {"fraction", l.pp > 1 ? bubble_fraction(l.schedule, l.pp, l.microbatches, l.v) : 0.0},
+      {"ratio", l.pp > 1 ? bubble_ratio(l.schedule, l.pp, l.microbatches, l.v) : 0.0},
+      {"seconds", chosen.bubble_seconds}};
+
+  // 5. Checkpoint.
+  const CheckpointPlan cp =
+      checkpoint_plan(P, t.precision, c.storage_bw, c.gpu_mtbf_hours, c.gpus, t.restart_seconds);
+  r["checkpoint"] = {{"bytes", cp.bytes},
+                     {"bytes_per_param", checkpoint_bytes_per_param(t.precision)},
+                     {"write_seconds", cp.write_seconds},
+                     {"gpu_mtbf_hours", c.gpu_mtbf_hours},
+                     {"cluster_mtbf_hours", cp.mtbf_seconds / 3600},
+                     {"interval_seconds", cp.interval_seconds},
+                     {"restart_seconds", t.restart_seconds},
+                     {"loss_per_failure_seconds", cp.loss_per_failure_s},
+                     {"loss_per_failure_gpu_hours", cp.loss_per_failure_gpu_h},
+                     {"goodput", cp.goodput}};
+
+  // 6. Layout and search.
+  json lj = layout_json(chosen);
+  lj["source"] = source;
+  lj["explanation"] = explain_layout(m, c, t, chosen);
+  lj["warnings"] = layout_warnings(m, c, t, chosen);
+  r["layout"] = lj;
+  json ranked = json::array();
+  for (size_t i = 0; i < search.ranked.size() && int(i) < top; ++i) {
+    json e = layout_json(search.ranked[i]);
+    e["rank"] = i + 1;
+    e["warnings"] = layout_warnings(m, c, t, search.ranked[i]);
+    ranked.push_back(e);
+  }
+  r["search"] = {{"considered", search.considered},
+                 {"discarded_memory", search.too_big},
+                 {"fitting_grids", search.ranked.size()},
+                 {"top", ranked}};
+  return r;
+}
+
+std::string format_report(const json& r) {
+  std::string o;
+  auto line = [&o](const std::string& s) { o += s + "\n"; };
+  auto hb = [](const json& v) { return human_bytes(v.get<double>()); };
+  auto hs = [](const json& v) { return human_seconds(v.get<double>()); };
+  const json& m = r["model"];
+  const json& c = r["cluster"];
+  const json& t = r["training"];
+  line(fmt::format("tetra plan: {} ({:.4g} params, {:.4g} active) on {} x {} ({} nodes of {})",
+                   m["name"].get<std::string>(), m["params"].get<double>(),
+                   m["active_params"].get<double>(), c["gpus"].get<int64_t>(),
+                   c["name"].get<std::string>(), c["nodes"].get<int64_t>(),
+                   c["gpus_per_node"].get<int64_t>()));
+  line(fmt::format("  L={} d={} heads={}/{} ffn={} vocab={} seq={} experts={} top_k={}",
+                   m["layers"].get<int64_t>(), m["d_model"].get<int64_t>(),
+                   m["heads"].get<int64_t>(), m["kv_heads"].get<int64_t>(), m["ffn"].get<int64_t>(),
+                   m["vocab"].get<int64_t>(), m["seq"].get<int64_t>(), m["experts"].get<int64_t>(),
+                   m["top_k"].get<int64_t>()));
+  line(fmt::format("  {:.3g} tokens, global batch {} tokens ({:.0f} steps), {}, recompute={}",
+                   t["tokens"].get<double>(), t["global_batch"].get<int64_t>(),
+                   t["steps"].get<double>(), t["precision"].get<std::string>(),
+                   t["recompute"].get<std::string>()));
+
+  const json& mem = r["memory"];
+  const json& sbp = mem["state_bytes_per_param"];
+  line("");
+  line("1. Memory per device");
+  line(fmt::format(
+      "  training state {} B/param = {} weights + {} grads + {} master + {} m + {} v;"
+      " unsharded {} -> >= {} devices before one token",
+      sbp["total"].get<double>(), sbp["weights"].get<double>(), sbp["grads"].get<double>(),
+      sbp["master"].get<double>(), sbp["adam_m"].get<double>(), sbp["adam_v"].get<double>(),
+      hb(mem["unsharded_state"]), mem["min_devices_for_state"].get<int64_t>()));
+  line(fmt::format("  {:<14}{:>11}{:>11}{:>11}{:>12}{:>11}{:>11}  {}", "", "params", "grads",
+                   "optimizer", "activations", "comm buf", "total", "fits"));
+  auto mem_row = [&](const std::string& name, const json& x) {
+    line(fmt::format("  {:<14}{:>11}{:>11}{:>11}{:>12}{:>11}{:>11}  {}", name, hb(x["params"]),
+                     hb(x["grads"]), hb(x["optimizer"]), hb(x["activations"]),
+                     hb(x["comm_buffers"]), hb(x["total"]),
+                     x["fits"].get<bool>() ? "yes" : "NO - does not fit"));
+  };
+  mem_row("this layout", mem["layout"]);
+  for (const auto& s : mem["zero_stages"]) {
+    mem_row(
+        s["stage"].get<int>() == 0 ? "  no ZeRO" : fmt::format("  ZeRO-{}", s["stage"].get<int>()),
+        s);
+  }
+  line(fmt::format("  usable per device: {}", hb(mem["layout"]["usable"])));
+
+  const json& cp = r["compute"];
+  line("");
+  line("2. Compute");
+  line(fmt::format("  convention: {}", cp["convention"].get<std::string>()));
+  line(fmt::format("  6PT {:.3g} + attention {:.3g} = {:.3g} FLOPs ({:.3g} with recompute)",
+                   cp["flops_6pt"].get<double>(), cp["flops_attention"].get<double>(),
+                   cp["flops_total"].get<double>(), cp["flops_hardware"].get<double>()));
+  line(
+      fmt::format("  at {:.0f}% MFU: {:.3g} GPU-seconds = {:.3g} GPU-years; wall-clock {} on {} "
+                  "devices",
+                  t["target_mfu"].get<double>() * 100, cp["gpu_seconds"].get<double>(),
+                  cp["gpu_years"].get<double>(), hs(cp["wall_seconds_at_target_mfu"]),
+                  c["gpus"].get<int64_t>()));
+  line(fmt::format("  this layout's estimate: step {}, MFU {:.0f}%, wall-clock {}",
+                   hs(cp["estimated_step_seconds"]), cp["estimated_mfu"].get<double>() * 100,
+                   hs(cp["estimated_wall_seconds"])));
+
+  line("");
+  line("3. Communication per step (per device)");
+  line(fmt::format("  {:<4}{:>6} {:<11}{:>8}{:>11}{:>11}{:>9}{:>11}  {}", "dim", "group", "link",
+                   "calls", "bytes", "time", "overlap", "exposed", "what"));
+  for (const auto& d : r["communication"]) {
+    line(fmt::format("  {:<4}{:>6} {:<11}{:>8}{:>11}{:>11}{:>8.0f}%{:>11}  {}",
+                     d["dim"].get<std::string>(), d["group"].get<int64_t>(),
+                     d["link"].get<std::string>(), d["calls"].get<int64_t>(), hb(d["bytes"]),
+                     hs(d["seconds"]), d["overlap"].get<double>() * 100, hs(d["exposed_seconds"]),
+                     d["what"].get<std::string>()));
+  }
+  if (r["communication"].empty()) line("  none: a single device");
+
+  const json& b = r["bubble"];
+  line("");
+  line(fmt::format(
+      "4. Pipeline bubble: {} p={} m={}{}: {:.1f}% of the step idle ({})",
+      b["schedule"].get<std::string>(), b["p"].get<int64_t>(), b["m"].get<int64_t>(),
+      b["schedule"] == "interleaved" ? fmt::format(" v={}", b["v"].get<int64_t>()) : std::string(),
+      b["fraction"].get<double>() * 100, hs(b["seconds"])));
+
+  const json& k = r["checkpoint"];
+  line("");
+  line("5. Checkpoint");
+  line(fmt::format("  size {} ({} B/param), write time {}; device MTBF {:.3g} h -> cluster MTBF {}",
+                   hb(k["bytes"]), k["bytes_per_param"].get<double>(), hs(k["write_seconds"]),
+                   k["gpu_mtbf_hours"].get<double>(),
+                   hs(k["cluster_mtbf_hours"].get<double>() * 3600)));
+  line(
+      fmt::format("  Young/Daly interval sqrt(2*delta*MTBF) = {}; loss per failure {} ({:.3g} "
+                  "GPU-hours); goodput {:.1f}%",
+                  hs(k["interval_seconds"]), hs(k["loss_per_failure_seconds"]),
+                  k["loss_per_failure_gpu_hours"].get<double>(), k["goodput"].get<double>() * 100));
+
+  const json& l = r["layout"];
+  const json& s = r["search"];
+  line("");
+  line(fmt::format("6. Layout ({}): {}", l["source"].get<std::string>(),
+                   l["describe"].get<std::string>()));
+  for (const auto& x : l["explanation"]) line("  - " + x.get<std::string>());
+  for (const auto& w : l["warnings"]) line("  ! " + w.get<std::string>());
+  line(
+      fmt::format("  search: {} layouts divide the model and GPUs, {} discarded for memory, {} "
+                  "fitting grids",
+                  s["considered"].get<int64_t>(), s["discarded_memory"].get<int64_t>(),
+                  s["fitting_grids"].get<size_t>()));
+  line(fmt::format("  {:>4} {:<58}{:>10}{:>10}{:>8}{:>7}", "rank", "layout", "mem/dev", "step",
+                   "bubble", "MFU"));
+  for (const auto& e : s["top"]) {
+    line(fmt::format("  {:>4} {:<58}{:>10}{:>10}{:>7.1f}%{:>6.0f}%", e["rank"].get<int>(),
+                     e["describe"].get<std::string>(), hb(e["memory_per_device"]),
+                     hs(e["step_seconds"]), e["bubble"].get<double>() * 100,
+                     e["mfu"].get<double>() * 100));
+    for (const auto& w : e["warnings"]) line("         ! " + w.get<std::string>());
+  }
+  return o;
+}
+
+}  // namespace tetra::plan

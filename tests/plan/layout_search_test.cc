@@ -1,0 +1,143 @@
+// Layout validation, search and the seeds' common mistakes (000 3D並列, 001 よくある間違い).
+#include "plan/layout_search.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace tetra::plan {
+namespace {
+
+struct Case {
+  ModelSpec m = model_preset("llama3-70b");
+  ClusterSpec c = [] {
+    ClusterSpec c = cluster_preset("h100");
+    c.gpus = 512;
+    return c;
+  }();
+  TrainingSpec t = [] {
+    TrainingSpec t;
+    t.tokens = 15e12;
+    t.global_batch_tokens = 2048 * 8192;
+    t.micro_batch = 1;
+    return t;
+  }();
+};
+
+Layout layout(int64_t tp, int64_t pp, int64_t dp, int64_t m) {
+  return Layout{tp, pp, dp, 1, 1, Schedule::OneFOneB, 1, 1, m};
+}
+
+std::string problem(const Case& s, const Layout& l) { return layout_problem(s.m, s.c, s.t, l); }
+
+TEST(LayoutSearch, SeedsLayoutIsValidAndFits) {
+  Case s;
+  const Layout l = layout(8, 4, 16, 128);
+  EXPECT_EQ(problem(s, l), "");
+  const LayoutEstimate e = evaluate_layout(s.m, s.c, s.t, l);
+  EXPECT_TRUE(e.fits);
+  EXPECT_GT(e.mfu, 0.3);
+  EXPECT_LT(e.mfu, 0.6);
+  EXPECT_NEAR(e.step_seconds, e.compute_seconds + e.bubble_seconds + e.exposed_comm_seconds, 1e-9);
+}
+
+TEST(LayoutSearch, SeedsLayoutIsAmongTheTopChoices) {
+  Case s;
+  const SearchResult r = search_layouts(s.m, s.c, s.t, LayoutConstraints{});
+  ASSERT_GE(r.ranked.size(), 5u);
+  bool found = false;
+  for (size_t i = 0; i < 5; ++i) {
+    const Layout& l = r.ranked[i].layout;
+    found |= l.tp == 8 && l.pp == 4 && l.dp == 16;
+    EXPECT_LE(l.tp, 8);
+    EXPECT_TRUE(r.ranked[i].fits);
+    if (i > 0) {
+      EXPECT_LE(r.ranked[i - 1].step_seconds, r.ranked[i].step_seconds);
+    }
+  }
+  EXPECT_TRUE(found) << "TP 8 x PP 4 x DP 16 not in the top 5";
+  EXPECT_GT(r.too_big, 0);  // TP 1 / PP 1 with no ZeRO cannot hold 70B
+}
+
+TEST(LayoutSearch, ConstraintsAreRespected) {
+  Case s;
+  LayoutConstraints k;
+  k.tp = 8;
+  k.pp = 4;
+  const SearchResult r = search_layouts(s.m, s.c, s.t, k);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_EQ(r.ranked[0].layout.tp, 8);
+  EXPECT_EQ(r.ranked[0].layout.pp, 4);
+  EXPECT_EQ(r.ranked[0].layout.dp, 16);
+}
+
+TEST(LayoutSearch, RefusesTpLargerThanANode) {
+  Case s;
+  const std::string p = problem(s, layout(16, 2, 16, 64));
+  EXPECT_NE(p.find("tp=16 exceeds gpus_per_node=8"), std::string::npos) << p;
+  EXPECT_NE(p.find("use tp<=8"), std::string::npos) << p;
+  EXPECT_THROW(validate_layout(s.m, s.c, s.t, layout(16, 2, 16, 64)), Error);
+}
+
+TEST(LayoutSearch, RefusesLayoutsThatDoNotDivideTheModel) {
+  Case s;
+  s.c.gpus = 8 * 3 * 16;
+  EXPECT_NE(problem(s, layout(8, 3, 16, 128)).find("layers=80 is not divisible by pp=3"),
+            std::string::npos);
+  ModelSpec odd = s.m;
+  odd.heads = 60;
+  odd.kv_heads = 60;
+  odd.d_model = 7680;
+  s.c.gpus = 512;
+  EXPECT_NE(layout_problem(odd, s.c, s.t, layout(8, 4, 16, 128)).find("heads=60"),
+            std::string::npos);
+}
+
+TEST(LayoutSearch, RefusesLayoutsThatDoNotDivideTheGpus) {
+  Case s;
+  const std::string p = problem(s, layout(8, 4, 8, 256));
+  EXPECT_NE(p.find("= 256 but cluster.gpus = 512; set dp = gpus/(tp*pp) = 16"), std::string::npos)
+      << p;
+  EXPECT_NE(problem(s, layout(8, 4, 16, 100)).find("does not split"), std::string::npos);
+}
+
+TEST(LayoutSearch, RefusesBadExpertParallelism) {
+  Case s;
+  Layout l = layout(8, 4, 16, 128);
+  l.ep = 2;
+  EXPECT_NE(problem(s, l).find("is dense"), std::string::npos);
+}
+
+TEST(LayoutSearch, WarnsAboutDeepPipelinesWithFewMicrobatches) {
+  Case s;
+  s.t.global_batch_tokens = 128 * 8192;  // 128 sequences over dp=16: m = 8 for p = 8
+  const LayoutEstimate e = evaluate_layout(s.m, s.c, s.t, layout(4, 8, 16, 8));
+  EXPECT_NEAR(e.bubble, 7.0 / 15.0, 1e-12);
+  const auto w = layout_warnings(s.m, s.c, s.t, e);
+  ASSERT_FALSE(w.empty());
+  EXPECT_NE(w[0].find("deep PP with few micro-batches"), std::string::npos);
+}
+
+TEST(LayoutSearch, WarnsAbout3DOnAModelThatFitsOneNode) {
+  Case s;
+  s.m = model_preset("llama3-8b");  // 128 GB of state: fits a node of 8 x 80 GB
+  s.c.gpus = 64;
+  s.t.global_batch_tokens = 512 * 8192;
+  const LayoutEstimate e = evaluate_layout(s.m, s.c, s.t, layout(2, 2, 16, 32));
+  bool found = false;
+  for (const auto& w : layout_warnings(s.m, s.c, s.t, e))
+    found |= w.find("3D") != std::string::npos;
+  EXPECT_TRUE(found);
+}
+
+TEST(LayoutSearch, NoZeroOn70BDoesNotFit) {
+  Case s;
+  Layout l = layout(1, 1, 512, 4);
+  l.zero = 0;
+  const LayoutEstimate e = evaluate_layout(s.m, s.c, s.t, l);
+  EXPECT_FALSE(e.fits);
+  EXPECT_NE(layout_warnings(s.m, s.c, s.t, e)[0].find("does not fit"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tetra::plan

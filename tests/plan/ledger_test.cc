@@ -1,0 +1,107 @@
+// The memory and compute ledgers against the seeds' worked figures (000 なぜ分散するか, ZeRO).
+#include "plan/ledger.h"
+
+#include <gtest/gtest.h>
+
+#include "plan/presets.h"
+
+namespace tetra::plan {
+namespace {
+
+TEST(Ledger, SixteenBytesPerParam) {
+  const StateBytes b = state_bytes_per_param(Precision::Bf16Mixed);
+  EXPECT_EQ(b.weights, 2);
+  EXPECT_EQ(b.grads, 2);
+  EXPECT_EQ(b.master, 4);
+  EXPECT_EQ(b.adam_m, 4);
+  EXPECT_EQ(b.adam_v, 4);
+  EXPECT_EQ(b.total(), 16);
+  EXPECT_EQ(state_bytes_per_param(Precision::Fp32).total(), 16);
+}
+
+TEST(Ledger, StateOfSevenSeventyAndFourHundredFiveB) {
+  EXPECT_DOUBLE_EQ(zero_state_memory(7e9, 1, 0, Precision::Bf16Mixed).total(), 112e9);
+  EXPECT_DOUBLE_EQ(zero_state_memory(70e9, 1, 0, Precision::Bf16Mixed).total(), 1.12e12);
+  EXPECT_DOUBLE_EQ(zero_state_memory(405e9, 1, 0, Precision::Bf16Mixed).total(), 6.48e12);
+  // 112 GB does not fit an 80 GB H100; 1.12 TB does not fit a node of 8 (640 GB).
+  EXPECT_GT(112e9, 80e9);
+  EXPECT_GT(1.12e12, 8 * 80e9);
+}
+
+TEST(Ledger, FourOFiveBNeedsEightyTwoH100sBeforeOneToken) {
+  // The computed Llama 3 405B (405.8e9 parameters) needs ceil(6.49 TB / 80 GB) = 82.
+  const double P = double(count_params(model_preset("llama3-405b")).total());
+  EXPECT_EQ(min_devices_for_state(P, 80e9, Precision::Bf16Mixed), 82);
+}
+
+TEST(Ledger, ZeroStageFormulas) {
+  const double P = 1e9;
+  const int64_t N = 8;
+  auto total = [&](int stage) {
+    return zero_state_memory(P, N, stage, Precision::Bf16Mixed).total();
+  };
+  EXPECT_DOUBLE_EQ(total(0), 16 * P);
+  EXPECT_DOUBLE_EQ(total(1), 4 * P + 12 * P / N);
+  EXPECT_DOUBLE_EQ(total(2), 2 * P + 14 * P / N);
+  EXPECT_DOUBLE_EQ(total(3), 16 * P / N);
+  const StateMemory z2 = zero_state_memory(P, N, 2, Precision::Bf16Mixed);
+  EXPECT_DOUBLE_EQ(z2.params, 2 * P);
+  EXPECT_DOUBLE_EQ(z2.grads, 2 * P / N);
+  EXPECT_DOUBLE_EQ(z2.optimizer, 12 * P / N);
+}
+
+TEST(Ledger, SeventyBWithZero3On64GpusIs17Point5GB) {
+  EXPECT_DOUBLE_EQ(zero_state_memory(70e9, 64, 3, Precision::Bf16Mixed).total(), 17.5e9);
+}
+
+TEST(Ledger, SeventyBOnFifteenTTokens) {
+  // 6.3e24 FLOPs; ~500 GPU-years at 40% of 990 TFLOP/s; ~22 days on 8,192 GPUs.
+  const double flops = 6.0 * 70e9 * 15e12;
+  EXPECT_DOUBLE_EQ(flops, 6.3e24);
+  const double s = gpu_seconds(flops, 990e12, 0.4);
+  EXPECT_NEAR(s, 1.6e10, 0.05e10);
+  EXPECT_NEAR(s / kSecondsPerYear, 500, 10);
+  EXPECT_NEAR(s / 8192 / 86400, 22, 1);
+  EXPECT_NEAR(s / 8 / kSecondsPerYear, 63, 1);
+}
+
+TEST(Ledger, ComputeLedgerUsesSixPTPlusAttention) {
+  const ModelSpec m = model_preset("llama3-70b");
+  const ComputeLedger c = compute_ledger(m, 15e12, 8192, 990e12, 0.4);
+  const double P = double(count_params(m).total());
+  EXPECT_DOUBLE_EQ(c.flops_6pt, 6 * P * 15e12);
+  EXPECT_DOUBLE_EQ(c.flops_total - c.flops_6pt, 12.0 * 80 * 8192 * 8192 * 15e12);
+  EXPECT_NEAR(c.gpu_years, c.flops_total / (990e12 * 0.4) / kSecondsPerYear, 1e-9);
+  const FlopsPerToken full = flops_per_token(m, Recompute::Full);
+  EXPECT_NEAR(full.recompute / full.model(), 1.0 / 3.0, 1e-12);  // one more forward: 1/3 more
+}
+
+TEST(Ledger, ActivationsMatchKorthikantiForGpt) {
+  // GPT (ffn = 4C, multi-head): 34*C + 5*NH*T bytes per token per layer, /t with SP.
+  ModelSpec m = model_preset("gpt3-175b");
+  const double C = 12288, NH = 96, T = 2048;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::None, Precision::Bf16Mixed, 1),
+                   34 * C + 5 * NH * T);
+  EXPECT_DOUBLE_EQ(
+      activation_bytes_per_token_layer(m, Recompute::Selective, Precision::Bf16Mixed, 8),
+      34 * C / 8);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::Full, Precision::Bf16Mixed, 8),
+                   2 * C / 8);
+}
+
+TEST(Ledger, LayoutMemorySplitsStateOverModelParallelRanks) {
+  const ModelSpec m = model_preset("llama3-70b");
+  TrainingSpec t;
+  Layout l{8, 4, 16, 1, 1, Schedule::OneFOneB, 1, 1, 128};
+  const MemoryBreakdown mem = memory_per_device(m, t, l);
+  const LocalParams lp = local_params(m, l);
+  const double local = lp.dense + lp.expert;
+  EXPECT_NEAR(local, double(count_params(m).total()) / 32, 0.05 * local);  // ~1/32 of the model
+  EXPECT_DOUBLE_EQ(mem.params, 2 * local);
+  EXPECT_DOUBLE_EQ(mem.optimizer, 12 * local / 16);
+  EXPECT_GT(mem.activations, 0);
+  EXPECT_LT(mem.total(), 80e9);
+}
+
+}  // namespace
+}  // namespace tetra::plan

@@ -1,0 +1,116 @@
+// `tetra plan` end to end: the example configs run, --json is one object, bad input is refused.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CliResult {
+  int code = -1;
+  std::string out;
+};
+
+CliResult tetra_plan(const std::string& args) {
+  const std::string cmd =
+      std::string("cd ") + TETRA_SOURCE_DIR + " && " + TETRA_BINARY + " plan " + args + " 2>&1";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const CliResult& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
+
+TEST(PlanCli, SeventyBOn512H100) {
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"1. Memory per device", "2. Compute", "3. Communication", "4. Pipeline",
+                        "5. Checkpoint", "6. Layout", "TP 8 x PP 4 x DP 16"}) {
+    EXPECT_TRUE(has(r, s)) << s << "\n" << r.out;
+  }
+}
+
+TEST(PlanCli, JsonIsOneObjectWithEverySection) {
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100-given.toml --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"model", "cluster", "training", "memory", "compute", "communication",
+                        "bubble", "checkpoint", "layout", "search"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["memory"]["state_bytes_per_param"]["total"], 16);
+  EXPECT_EQ(j["layout"]["source"], "given");
+  EXPECT_EQ(j["layout"]["tp"], 8);
+  EXPECT_EQ(j["layout"]["pp"], 4);
+  EXPECT_EQ(j["layout"]["dp"], 16);
+  EXPECT_EQ(j["memory"]["zero_stages"].size(), 4u);
+}
+
+TEST(PlanCli, OtherConfigsRun) {
+  for (const char* c : {"gpt2-124m-cpu", "405b-16k-h100", "mixtral-8x7b-64-h100"}) {
+    const CliResult r = tetra_plan(std::string("--config configs/plan/") + c + ".toml");
+    EXPECT_EQ(r.code, 0) << c << "\n" << r.out;
+  }
+}
+
+TEST(PlanCli, OverridesApply) {
+  const CliResult r =
+      tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tp=8 --layout.pp=4 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["tp"], 8);
+  EXPECT_EQ(j["layout"]["dp"], 16);
+}
+
+TEST(PlanCli, UnknownPresetIsRefused) {
+  const CliResult r =
+      tetra_plan("--config configs/plan/70b-512-h100.toml --model.preset=llama3-7b");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "unknown model preset 'llama3-7b'")) << r.out;
+  EXPECT_TRUE(has(r, "llama3-8b")) << r.out;
+}
+
+TEST(PlanCli, TpLargerThanANodeIsRefused) {
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tp=16");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "tp=16 exceeds gpus_per_node=8; TP must stay inside a node, use tp<=8"))
+      << r.out;
+}
+
+TEST(PlanCli, LayoutNotDividingTheModelIsRefused) {
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.pp=3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "layers=80 is not divisible by pp=3")) << r.out;
+}
+
+TEST(PlanCli, LayoutNotDividingTheGpusIsRefused) {
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100-given.toml --layout.dp=8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "but cluster.gpus = 512; set dp = gpus/(tp*pp) = 16")) << r.out;
+}
+
+TEST(PlanCli, UnknownKeyGetsASuggestion) {
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tpp=8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "layout.tp")) << r.out;
+}
+
+TEST(PlanCli, MissingConfigIsRefused) {
+  EXPECT_EQ(tetra_plan("").code, 2);
+  EXPECT_EQ(tetra_plan("--config configs/plan/missing.toml").code, 2);
+}
+
+TEST(PlanCli, HelpListsKeys) {
+  const CliResult r = tetra_plan("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(has(r, "--layout.zero")) << r.out;
+}
+
+}  // namespace
