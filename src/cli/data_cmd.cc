@@ -1,0 +1,107 @@
+// tetra data prepare: text files to token shards (see docs/data.md).
+#include <cstdio>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/prepare.h"
+
+namespace tetra::cli {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: tetra data prepare --input PATH [--input PATH ...] --out DIR\n"
+    "                          [--tokenizer byte|train:N|FILE.json] [--shard-tokens N]\n"
+    "                          [--val-fraction F] [--threads N] [--no-progress]\n"
+    "\n"
+    "Tokenizes text files (folders are searched recursively; each file is one document) into\n"
+    "llm.c token shards train_NNNNNN.bin / val_NNNNNN.bin, plus tokenizer.json and\n"
+    "manifest.json, in DIR.\n"
+    "\n"
+    "  --input PATH        a text file or a folder of them (repeatable)\n"
+    "  --out DIR           output folder (created; earlier shards in it are removed)\n"
+    "  --tokenizer SPEC    byte (default): 256 bytes + <|endoftext|>;\n"
+    "                      train:N: train a byte-level BPE of N tokens on the inputs;\n"
+    "                      FILE.json: a Hugging Face GPT-2-style tokenizer.json\n"
+    "  --shard-tokens N    tokens per shard (default 100000000)\n"
+    "  --val-fraction F    the last F of the input bytes becomes validation (default 0.05)\n"
+    "  --threads N         encoding threads (default: all cores)\n"
+    "  --no-progress       no progress line\n";
+
+size_t parse_size(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used == v.size() && n >= 0) return static_cast<size_t>(n);
+  } catch (const std::exception&) {
+  }
+  fail("[data] {} {}: expected a non-negative integer", flag, v);
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size()) return d;
+  } catch (const std::exception&) {
+  }
+  fail("[data] {} {}: expected a number, e.g. 0.05", flag, v);
+}
+
+int prepare_main(const Args& args) {
+  PrepareOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a == "--no-progress") {
+      o.progress = false;
+      continue;
+    }
+    std::string key = a, value;
+    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else {
+      TETRA_CHECK(i + 1 < args.size(), "[data] {} needs a value; see tetra data prepare --help", a);
+      value = args[++i];
+    }
+    if (key == "--input") {
+      o.inputs.push_back(value);
+    } else if (key == "--out") {
+      o.out_dir = value;
+    } else if (key == "--tokenizer") {
+      o.tokenizer = value;
+    } else if (key == "--shard-tokens") {
+      o.shard_tokens = parse_size(key, value);
+    } else if (key == "--val-fraction") {
+      o.val_fraction = parse_double(key, value);
+    } else if (key == "--threads") {
+      o.threads = static_cast<int>(parse_size(key, value));
+    } else {
+      fail("[data] unknown option {}; see tetra data prepare --help", key);
+    }
+  }
+  TETRA_CHECK(!o.inputs.empty(), "[data] no --input given; see tetra data prepare --help");
+  TETRA_CHECK(!o.out_dir.empty(), "[data] no --out given; see tetra data prepare --help");
+  prepare_dataset(o);
+  return 0;
+}
+
+}  // namespace
+
+int data_main(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fputs("usage: tetra data <subcommand>\n\n  prepare   text files to token shards\n\n",
+               args.empty() ? stderr : stdout);
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "prepare") return prepare_main(Args(args.begin() + 1, args.end()));
+  fail("[data] unknown subcommand '{}'; the data subcommand is: prepare", args[0]);
+}
+
+}  // namespace tetra::cli

@@ -1,0 +1,34 @@
+// Training a byte-level BPE (GPT-2 style) on text. Deterministic: the same texts and vocabulary
+// size give the same merges, whatever the thread count or the order texts are added in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "data/tokenizer.h"
+
+namespace tetra {
+
+class BpeTrainer {
+ public:
+  explicit BpeTrainer(int threads = 1) : threads_(threads < 1 ? 1 : threads) {}
+
+  /** Pre-tokenizes text and counts its pieces; the text may be freed afterwards. */
+  void add_text(std::string_view text);
+  /** Reads and adds a file; throws tetra::Error naming it when it cannot be read. */
+  void add_file(const std::string& path);
+  size_t num_words() const { return counts_.size(); }
+
+  /** Learns merges until the vocabulary (256 bytes + merges + "<|endoftext|>" as the last id)
+   * reaches vocab_size, or no pair is left to merge. Ties in pair frequency go to the pair whose
+   * bytes (first token, then second) sort first. */
+  BpeTokenizer train(size_t vocab_size) const;
+
+ private:
+  int threads_;
+  std::unordered_map<std::string, int64_t> counts_;
+};
+
+}  // namespace tetra

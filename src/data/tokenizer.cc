@@ -1,0 +1,220 @@
+// What every tokenizer shares: hashing, saving, the byte-level alphabet, the tokenizer.json
+// writer, parallel encoding, and the byte tokenizer.
+#include "data/tokenizer.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "data/byte_level.h"
+#include "data/pretokenize.h"
+
+namespace tetra {
+
+namespace detail {
+
+namespace {
+void append_utf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2's bytes_to_unicode as code points: printable Latin-1 bytes stand for themselves, the
+// other 68 bytes take 256, 257, ... in byte order.
+std::array<uint32_t, 256> byte_level_code_points() {
+  std::array<uint32_t, 256> cps{};
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    cps[b] = printable ? b : next++;
+  }
+  return cps;
+}
+
+std::string json_string(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
+}  // namespace
+
+const std::array<std::string, 256>& byte_level_chars() {
+  static const std::array<std::string, 256> chars = [] {
+    std::array<std::string, 256> out;
+    const auto cps = byte_level_code_points();
+    for (int b = 0; b < 256; ++b) append_utf8(cps[b], out[b]);
+    return out;
+  }();
+  return chars;
+}
+
+std::string byte_level_encode(std::string_view bytes) {
+  const auto& chars = byte_level_chars();
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) out += chars[b];
+  return out;
+}
+
+bool byte_level_decode(std::string_view text, std::string& bytes) {
+  static const std::array<int16_t, 324> byte_of = [] {
+    std::array<int16_t, 324> t;
+    t.fill(-1);
+    const auto cps = byte_level_code_points();
+    for (int b = 0; b < 256; ++b) t[cps[b]] = static_cast<int16_t>(b);
+    return t;
+  }();
+  bytes.clear();
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  for (size_t i = 0; i < text.size();) {
+    const Utf8Char c = utf8_char_at(s, text.size(), i);
+    if (c.cp >= byte_of.size() || byte_of[c.cp] < 0) return false;
+    bytes += static_cast<char>(byte_of[c.cp]);
+    i += c.len;
+  }
+  return true;
+}
+
+std::string hf_tokenizer_json(const std::vector<std::string>& tokens,
+                              const std::vector<BpeTokenizer::Merge>& merges,
+                              const std::vector<BpeTokenizer::AddedToken>& added, int indent) {
+  const bool pretty = indent >= 0;
+  const std::string nl = pretty ? "\n" : "";
+  const std::string sp = pretty ? " " : "";
+  const std::string i1 = pretty ? std::string(indent, ' ') : "";
+  const std::string i2 = i1 + i1, i3 = i2 + i1;
+  std::string out = "{" + nl;
+  out += i1 + "\"version\":" + sp + "\"1.0\"," + nl;
+  out += i1 + "\"truncation\":" + sp + "null," + nl;
+  out += i1 + "\"padding\":" + sp + "null," + nl;
+  out += i1 + "\"added_tokens\":" + sp + "[";
+  for (size_t k = 0; k < added.size(); ++k) {
+    const auto& a = added[k];
+    out += (k ? "," : "") + nl + i2 +
+           fmt::format(
+               "{{\"id\":{0}{1},\"content\":{0}{2},\"single_word\":{0}false,\"lstrip\":{0}false,"
+               "\"rstrip\":{0}false,\"normalized\":{0}false,\"special\":{0}{3}}}",
+               sp, a.id, json_string(a.content), a.special ? "true" : "false");
+  }
+  out += (added.empty() ? "" : nl + i1) + "]," + nl;
+  out += i1 + "\"normalizer\":" + sp + "null," + nl;
+  const std::string byte_level = fmt::format(
+      "{{\"type\":{0}\"ByteLevel\",\"add_prefix_space\":{0}false,\"trim_offsets\":{0}true,"
+      "\"use_regex\":{0}true}}",
+      sp);
+  out += i1 + "\"pre_tokenizer\":" + sp + byte_level + "," + nl;
+  out += i1 + "\"post_processor\":" + sp + "null," + nl;
+  out += i1 + "\"decoder\":" + sp + byte_level + "," + nl;
+  out += i1 + "\"model\":" + sp + "{" + nl;
+  out += i2 + "\"type\":" + sp + "\"BPE\"," + nl;
+  out += i2 + "\"dropout\":" + sp + "null," + nl;
+  out += i2 + "\"unk_token\":" + sp + "null," + nl;
+  out += i2 + "\"continuing_subword_prefix\":" + sp + "null," + nl;
+  out += i2 + "\"end_of_word_suffix\":" + sp + "null," + nl;
+  out += i2 + "\"fuse_unk\":" + sp + "false," + nl;
+  out += i2 + "\"byte_fallback\":" + sp + "false," + nl;
+  out += i2 + "\"vocab\":" + sp + "{";
+  // A JSON object cannot hold a key twice: an id whose bytes repeat a lower id's stays out of
+  // vocab (it can only be an added token, listed above).
+  std::unordered_set<std::string_view> seen;
+  bool first = true;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (!seen.insert(tokens[id]).second) continue;
+    out += (first ? "" : ",") + nl + i3 + json_string(byte_level_encode(tokens[id])) + ":" + sp +
+           std::to_string(id);
+    first = false;
+  }
+  out += nl + i2 + "}," + nl;
+  out += i2 + "\"merges\":" + sp + "[";
+  for (size_t k = 0; k < merges.size(); ++k) {
+    const std::string m = byte_level_encode(tokens[merges[k].first]) + " " +
+                          byte_level_encode(tokens[merges[k].second]);
+    out += (k ? "," : "") + nl + i3 + json_string(m);
+  }
+  out += (merges.empty() ? "" : nl + i2) + "]" + nl;
+  out += i1 + "}" + nl + "}" + nl;
+  return out;
+}
+
+}  // namespace detail
+
+std::string Tokenizer::hash() const {
+  const std::string json = to_json();
+  return fmt::format("{:016x}", XXH3_64bits(json.data(), json.size()));
+}
+
+void Tokenizer::save(const std::string& path) const {
+  const std::string json = to_json(2);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  TETRA_CHECK(f, "[tokenizer] cannot write {}; check that its folder exists and is writable", path);
+  const size_t written = std::fwrite(json.data(), 1, json.size(), f);
+  const bool ok = written == json.size() && std::fclose(f) == 0;
+  TETRA_CHECK(ok, "[tokenizer] writing {} failed (disk full?)", path);
+}
+
+std::vector<uint32_t> ByteTokenizer::encode(std::string_view text) const {
+  return std::vector<uint32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                               reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+}
+
+std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) const {
+  std::string out;
+  out.reserve(tokens.size());
+  for (uint32_t t : tokens) {
+    if (t < 256) {
+      out += static_cast<char>(t);
+    } else if (t == 256) {
+      out += "<|endoftext|>";
+    } else {
+      fail(
+          "[tokenizer] token id {} is outside the byte tokenizer's vocabulary (size 257); the "
+          "tokens were made with another tokenizer",
+          t);
+    }
+  }
+  return out;
+}
+
+std::string ByteTokenizer::to_json(int indent) const {
+  std::vector<std::string> tokens(257);
+  for (int b = 0; b < 256; ++b) tokens[b] = std::string(1, static_cast<char>(b));
+  tokens[256] = "<|endoftext|>";
+  return detail::hf_tokenizer_json(tokens, {}, {{256, "<|endoftext|>", true}}, indent);
+}
+
+std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view text, int threads) {
+  constexpr size_t kMinChunk = 1 << 18;
+  threads = std::max(threads, 1);
+  if (threads == 1 || text.size() < 2 * kMinChunk) return tok.encode(text);
+  // Several chunks per thread so uneven chunks still balance.
+  const size_t target = std::max(kMinChunk, text.size() / (4 * static_cast<size_t>(threads)));
+  std::vector<size_t> cuts{0};
+  while (true) {
+    const size_t p = find_text_split(text, cuts.back() + target);
+    if (p == std::string_view::npos) break;
+    cuts.push_back(p);
+  }
+  cuts.push_back(text.size());
+  const int n = static_cast<int>(cuts.size()) - 1;
+  std::vector<std::vector<uint32_t>> parts(n);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int k = 0; k < n; ++k) parts[k] = tok.encode(text.substr(cuts[k], cuts[k + 1] - cuts[k]));
+  size_t total = 0;
+  for (const auto& p : parts) total += p.size();
+  std::vector<uint32_t> out;
+  out.reserve(total);
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+}  // namespace tetra

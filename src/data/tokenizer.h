@@ -1,0 +1,108 @@
+// Tokenizers: a plain byte tokenizer and GPT-2's byte-level BPE, read from and written to
+// Hugging Face tokenizer.json files. Both are lossless: decode(encode(b)) == b for every byte
+// string b, valid UTF-8 or not.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace tetra {
+
+/** Maps text to token ids and back. Implementations are immutable and safe to share between
+ * threads. encode() treats its input as plain text: "<|endoftext|>" inside it is encoded as
+ * ordinary characters, never as the EOT token; callers insert eot_token() themselves. */
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  virtual std::vector<uint32_t> encode(std::string_view text) const = 0;
+  /** Throws tetra::Error for an id >= vocab_size(). */
+  virtual std::string decode(std::span<const uint32_t> tokens) const = 0;
+  virtual size_t vocab_size() const = 0;
+  /** The document separator, "<|endoftext|>" (50256 in GPT-2; the last id when tetra trains). */
+  virtual uint32_t eot_token() const = 0;
+  /** "byte" or "bpe". */
+  virtual std::string name() const = 0;
+  /** The canonical Hugging Face tokenizer.json text; indent < 0 gives the compact form. */
+  virtual std::string to_json(int indent = -1) const = 0;
+
+  /** xxh3-64 of the compact to_json(), as 16 hex digits: identifies the tokenizer in manifests. */
+  std::string hash() const;
+  /** Writes to_json(2) to path; throws tetra::Error naming the path on failure. */
+  void save(const std::string& path) const;
+};
+
+/** One token per byte (ids 0..255) plus "<|endoftext|>" as 256. */
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<uint32_t> encode(std::string_view text) const override;
+  std::string decode(std::span<const uint32_t> tokens) const override;
+  size_t vocab_size() const override { return 257; }
+  uint32_t eot_token() const override { return 256; }
+  std::string name() const override { return "byte"; }
+  std::string to_json(int indent = -1) const override;
+};
+
+/** Byte-level BPE exactly as GPT-2: GPT-2's pre-tokenization (data/pretokenize.h), then merges
+ * applied lowest rank first within each piece. */
+class BpeTokenizer final : public Tokenizer {
+ public:
+  /** A token of Hugging Face's added_tokens list (stored verbatim, not byte-level mapped). */
+  struct AddedToken {
+    uint32_t id;
+    std::string content;
+    bool special;
+  };
+  using Merge = std::pair<uint32_t, uint32_t>;
+
+  /** tokens[id] is the token's raw bytes; merges are in rank order; every single byte must be a
+   * token and every merge's concatenation too. origin names the source in error messages. */
+  BpeTokenizer(std::vector<std::string> tokens, std::vector<Merge> merges,
+               std::vector<AddedToken> added, uint32_t eot, std::string_view origin = "<memory>");
+
+  std::vector<uint32_t> encode(std::string_view text) const override;
+  std::string decode(std::span<const uint32_t> tokens) const override;
+  size_t vocab_size() const override { return tokens_.size(); }
+  uint32_t eot_token() const override { return eot_; }
+  std::string name() const override { return "bpe"; }
+  std::string to_json(int indent = -1) const override;
+
+  const std::vector<Merge>& merges() const { return merges_; }
+  const std::string& token_bytes(uint32_t id) const { return tokens_.at(id); }
+
+ private:
+  struct MergeRule {
+    uint32_t rank;
+    uint32_t id;
+  };
+  void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
+  void encode_long_piece(std::string_view piece, std::vector<uint32_t>& out) const;
+  const MergeRule* find_merge(uint32_t a, uint32_t b) const {
+    auto it = merge_rules_.find((uint64_t{a} << 32) | b);
+    return it == merge_rules_.end() ? nullptr : &it->second;
+  }
+
+  std::vector<std::string> tokens_;
+  std::vector<Merge> merges_;
+  std::vector<AddedToken> added_;
+  uint32_t eot_;
+  uint32_t byte_id_[256];
+  std::unordered_map<uint64_t, MergeRule> merge_rules_;
+};
+
+/** "byte" gives the ByteTokenizer; anything else is a path to a Hugging Face tokenizer.json
+ * holding a byte-level BPE (GPT-2 style). Errors read "[tokenizer] <path>: <what to fix>". */
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+
+/** encode() over threads: text is cut only where the cut cannot change the encoding, so the
+ * result equals tok.encode(text). */
+std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view text, int threads);
+
+}  // namespace tetra
