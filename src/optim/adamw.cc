@@ -9,9 +9,10 @@ namespace tetra {
 AdamW::AdamW(std::vector<Param>& params, const AdamWConfig& config, size_t num_elements)
     : params_(&params), config_(config), m_(num_elements), v_(num_elements) {}
 
-void AdamW::step(float* params_flat, const float* grads_flat, float lr) {
+void AdamW::step(float* params_flat, const float* grads_flat, float lr, float grad_scale) {
   ++t_;
-  cpu::AdamWStep s{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_};
+  cpu::AdamWStep s{lr,           grad_scale, config_.beta1, config_.beta2, config_.eps,
+                   config_.weight_decay, t_};
   for (const Param& p : *params_) {
     size_t o = p.view.offset;
     cpu::adamw_update(params_flat + o, grads_flat + o, m_.data() + o, v_.data() + o,
@@ -19,10 +20,10 @@ void AdamW::step(float* params_flat, const float* grads_flat, float lr) {
   }
 }
 
-double clip_grad_norm(float* grads, int64_t N, double clip) {
-  double norm = std::sqrt(cpu::sum_squares(grads, N));
-  if (clip > 0.0 && norm > clip) cpu::scale_inplace(grads, N, float(clip / (norm + 1e-6)));
-  return norm;
+double grad_norm(const float* grads, int64_t N) { return std::sqrt(cpu::sum_squares(grads, N)); }
+
+float clip_scale(double norm, double clip) {
+  return clip > 0.0 && norm > clip ? float(clip / (norm + 1e-6)) : 1.0f;
 }
 
 }  // namespace tetra

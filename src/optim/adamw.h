@@ -17,8 +17,9 @@ class AdamW {
  public:
   AdamW(std::vector<Param>& params, const AdamWConfig& config, size_t num_elements);
 
-  /** One update with learning rate lr; grads are the flat gradient matching the parameters. */
-  void step(float* params_flat, const float* grads_flat, float lr);
+  /** One update with learning rate lr; grads are the flat gradient matching the parameters,
+   * multiplied by grad_scale on the fly (the clipping factor). */
+  void step(float* params_flat, const float* grads_flat, float lr, float grad_scale = 1.0f);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
@@ -32,8 +33,10 @@ class AdamW {
   int64_t t_ = 0;
 };
 
-/** Global L2 norm of grads (N); when clip > 0 and the norm exceeds it, scales grads by
- * clip / (norm + 1e-6) as torch.nn.utils.clip_grad_norm_ does. Returns the pre-clip norm. */
-double clip_grad_norm(float* grads, int64_t N, double clip);
+/** Global L2 norm of grads (N). */
+double grad_norm(const float* grads, int64_t N);
+/** The factor torch.nn.utils.clip_grad_norm_ applies: clip / (norm + 1e-6) when clip > 0 and
+ * the norm exceeds it, else 1. */
+float clip_scale(double norm, double clip);
 
 }  // namespace tetra

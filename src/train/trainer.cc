@@ -147,10 +147,10 @@ TrainResult Trainer::run() {
     if (s == 0 && !opt_.dump_grads.empty()) {
       write_safetensors(opt_.dump_grads, gpt_to_safetensors(*model_, model_->grad_data()));
     }
-    double norm = clip_grad_norm(model_->grad_data(), int64_t(model_->num_elements()),
-                                 opt_.grad_clip);
+    double norm = grad_norm(model_->grad_data(), int64_t(model_->num_elements()));
     double lr = opt_.schedule.at(s);
-    adamw_->step(model_->param_data(), model_->grad_data(), float(lr));
+    adamw_->step(model_->param_data(), model_->grad_data(), float(lr),
+                 clip_scale(norm, opt_.grad_clip));
 
     double step_s = step_clock.elapsed_s();
     double tps = tokens_per_step / step_s;

@@ -17,7 +17,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   float decay_factor = decay ? 1.0f - s.lr * s.weight_decay : 1.0f;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    float g = grads[i];
+    float g = grads[i] * s.grad_scale;
     float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
     float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
     m[i] = mi;
@@ -40,11 +40,6 @@ double sum_squares(const float* x, int64_t N) {
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
-}
-
-void scale_inplace(float* x, int64_t N, float s) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; ++i) x[i] *= s;
 }
 
 }  // namespace tetra::cpu

@@ -47,6 +47,7 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH
     int t = int(row % T);
     F* a = att + row * T;
     F mx = a[0] * scale;
+#pragma omp simd reduction(max : mx)
     for (int j = 1; j <= t; ++j) mx = std::max(mx, a[j] * scale);
     F sum = 0;
     for (int j = 0; j <= t; ++j) {

@@ -13,6 +13,7 @@ namespace {
 template <typename F>
 F logsumexp(const F* x, int V) {
   F mx = x[0];
+#pragma omp simd reduction(max : mx)
   for (int v = 1; v < V; ++v) mx = std::max(mx, x[v]);
   F sum = 0;
 #pragma omp simd reduction(+ : sum)
