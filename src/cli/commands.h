@@ -10,5 +10,7 @@ using Args = std::vector<std::string>;
 
 int train_main(const Args& args);
 int plan_main(const Args& args);
+int data_main(const Args& args);
+int launch_main(const Args& args);
 
 }  // namespace tetra::cli

@@ -1,0 +1,112 @@
+// Watchdog: a thread that watches every running operation of this process. A missed deadline
+// produces one report (operation, group, bytes, sequence number, duration, the ranks that have not
+// arrived where that can be known, and this rank's last N operations), then aborts the process
+// with exit code kExitCollectiveTimeout (75); the launcher (mpirun/srun) then tears the job down.
+//
+// "Who has not arrived" comes from an arrival board: a shared-memory page per host in which every
+// rank publishes, without locks, the last sequence number it entered on each of its groups. Ranks
+// on other hosts cannot be seen from here and are reported as unknown.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace tetra::comm {
+
+/** Identity of a group that every member computes identically. */
+struct GroupId {
+  uint64_t key = 0;  // xxh3 of the name and the member world ranks
+  std::string name;
+  std::vector<int> world_ranks;
+};
+
+GroupId make_group_id(const std::string& name, const std::vector<int>& world_ranks);
+
+/** One entry of the per-rank history ring. */
+struct OpRecord {
+  enum class State : uint8_t { queued, running, done, failed };
+  uint64_t id = 0;   // process-wide issue counter
+  uint64_t seq = 0;  // per-group sequence number, starting at 1
+  OpKind op = OpKind::barrier;
+  std::string group;
+  size_t bytes = 0;
+  int peer = -1;  // send/recv: peer group rank; broadcast: root
+  double issue_s = 0, start_s = 0, end_s = 0;
+  State state = State::queued;
+};
+
+const char* op_state_name(OpRecord::State s);
+
+struct BoardSlot;
+
+class Watchdog {
+ public:
+  /** `board_token` must be equal on every rank of the job (it names the shared-memory page). */
+  Watchdog(const CommOptions& options, int world_rank, int world_size,
+           std::vector<std::string> hosts, uint64_t board_token);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  /** Starts the watching thread; call once the board page is mapped on every local rank. */
+  void start();
+
+  void on_issue(const OpRecord& record);
+  void on_start(uint64_t id, const GroupId& group, uint64_t seq, OpKind op);
+  void on_end(uint64_t id, const GroupId& group, uint64_t seq, bool ok);
+
+  /** The last `history` operations of this rank, oldest first, one per line. */
+  std::string history_dump() const;
+  /** The report of a missed deadline (without aborting). */
+  std::string timeout_report(uint64_t id) const;
+  /** Writes `report` plus the history to stderr and terminates the process with `exit_code`. */
+  [[noreturn]] void abort_job(const std::string& report, int exit_code) const;
+
+  double t0() const { return t0_; }
+
+ private:
+  struct Running {
+    GroupId group;
+    uint64_t seq = 0;
+    OpKind op = OpKind::barrier;
+    size_t bytes = 0;
+    int peer = -1;
+    double start_s = 0;
+  };
+
+  void run();
+  int board_group_slot(uint64_t key);
+  std::string history_locked() const;
+  std::string report_locked(uint64_t id, const Running& r) const;
+  std::string arrival_lines(const Running& r) const;
+
+  CommOptions options_;
+  int world_rank_, world_size_;
+  std::vector<std::string> hosts_;
+  double t0_;
+
+  mutable std::mutex m_;
+  std::vector<OpRecord> ring_;
+  uint64_t issued_ = 0;
+  std::map<uint64_t, Running> running_;          // by id
+  std::map<uint64_t, int> board_slots_;          // group key -> slot in this rank's board entry
+  std::map<uint64_t, std::string> group_names_;  // group key -> name, for groups seen here
+
+  BoardSlot* board_ = nullptr;
+  std::string board_name_;
+  size_t board_bytes_ = 0;
+
+  std::mutex stop_m_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tetra::comm

@@ -1,0 +1,225 @@
+#include "parallel/mesh.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace tetra::parallel {
+
+namespace {
+
+std::string divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return fmt::format("{{{}}}", fmt::join(d, ", "));
+}
+
+}  // namespace
+
+MeshShape MeshShape::from_config(const Config& config) {
+  MeshShape s;
+  s.dp = int(config.i("parallel.dp"));
+  s.tp = int(config.i("parallel.tp"));
+  s.pp = int(config.i("parallel.pp"));
+  s.ep = int(config.i("parallel.ep"));
+  return s;
+}
+
+ConfigSchema mesh_config_schema() {
+  return {
+      {"parallel.dp", ValueKind::Int, "0", "data-parallel size; 0 = world size / (tp * pp)"},
+      {"parallel.tp", ValueKind::Int, "1", "tensor-parallel size (fastest-varying rank dimension)"},
+      {"parallel.pp", ValueKind::Int, "1", "pipeline-parallel size (slowest-varying)"},
+      {"parallel.ep", ValueKind::Int, "1",
+       "expert-parallel size; borrows DP ranks, so it must divide dp"},
+  };
+}
+
+const char* mesh_dim_name(MeshDim dim) {
+  switch (dim) {
+    case MeshDim::tp:
+      return "tp";
+    case MeshDim::dp:
+      return "dp";
+    case MeshDim::pp:
+      return "pp";
+    case MeshDim::ep:
+      return "ep";
+    case MeshDim::edp:
+      return "edp";
+  }
+  return "?";
+}
+
+MeshLayout MeshLayout::make(MeshShape s, int world) {
+  TETRA_CHECK(world >= 1, "[mesh] world size must be >= 1, got {}", world);
+  TETRA_CHECK(s.tp >= 1 && s.pp >= 1 && s.ep >= 1 && s.dp >= 0,
+              "[mesh] parallel sizes must be >= 1 (dp may be 0 = inferred); got dp={} tp={} pp={} "
+              "ep={}",
+              s.dp, s.tp, s.pp, s.ep);
+  const int tp_pp = s.tp * s.pp;
+  if (world % tp_pp != 0) {
+    fail(
+        "[mesh] tp*pp = {}*{} = {} does not divide the world size {}. With {} ranks tp*pp must be "
+        "one of {}; e.g. keep pp={} and pick tp from {}, or launch a multiple of {} ranks",
+        s.tp, s.pp, tp_pp, world, world, divisors(world), s.pp,
+        world % s.pp == 0 ? divisors(world / s.pp)
+                          : std::string("nothing (pp does not divide the world size)"),
+        tp_pp);
+  }
+  if (s.dp == 0) s.dp = world / tp_pp;
+  if (s.dp * tp_pp != world) {
+    fail(
+        "[mesh] dp*tp*pp = {}*{}*{} = {} but the world has {} ranks. With tp={} pp={} set "
+        "parallel.dp={} (or 0 to infer it), or launch {} ranks",
+        s.dp, s.tp, s.pp, s.dp * tp_pp, world, s.tp, s.pp, world / tp_pp, s.dp * tp_pp);
+  }
+  if (s.dp % s.ep != 0) {
+    fail(
+        "[mesh] parallel.ep={} must divide dp={} (expert parallelism borrows data-parallel "
+        "ranks); use ep from {}",
+        s.ep, s.dp, divisors(s.dp));
+  }
+  MeshLayout l;
+  l.shape_ = s;
+  l.world_ = world;
+  return l;
+}
+
+MeshCoord MeshLayout::coord(int rank) const {
+  TETRA_CHECK(rank >= 0 && rank < world_, "[mesh] rank {} outside the world of {}", rank, world_);
+  MeshCoord c;
+  c.tp = rank % shape_.tp;
+  c.dp = (rank / shape_.tp) % shape_.dp;
+  c.pp = rank / (shape_.tp * shape_.dp);
+  c.ep = c.dp % shape_.ep;
+  c.edp = c.dp / shape_.ep;
+  return c;
+}
+
+int MeshLayout::rank_of(int dp, int pp, int tp) const {
+  return tp + shape_.tp * (dp + shape_.dp * pp);
+}
+
+int MeshLayout::size(MeshDim dim) const {
+  switch (dim) {
+    case MeshDim::tp:
+      return shape_.tp;
+    case MeshDim::dp:
+      return shape_.dp;
+    case MeshDim::pp:
+      return shape_.pp;
+    case MeshDim::ep:
+      return shape_.ep;
+    case MeshDim::edp:
+      return shape_.dp / shape_.ep;
+  }
+  return 1;
+}
+
+int MeshLayout::coordinate(MeshDim dim, int rank) const {
+  MeshCoord c = coord(rank);
+  switch (dim) {
+    case MeshDim::tp:
+      return c.tp;
+    case MeshDim::dp:
+      return c.dp;
+    case MeshDim::pp:
+      return c.pp;
+    case MeshDim::ep:
+      return c.ep;
+    case MeshDim::edp:
+      return c.edp;
+  }
+  return 0;
+}
+
+std::vector<int> MeshLayout::group_ranks(MeshDim dim, int rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int> out;
+  for (int i = 0; i < size(dim); ++i) {
+    switch (dim) {
+      case MeshDim::tp:
+        out.push_back(rank_of(c.dp, c.pp, i));
+        break;
+      case MeshDim::dp:
+        out.push_back(rank_of(i, c.pp, c.tp));
+        break;
+      case MeshDim::pp:
+        out.push_back(rank_of(c.dp, i, c.tp));
+        break;
+      case MeshDim::ep:
+        out.push_back(rank_of(i + shape_.ep * c.edp, c.pp, c.tp));
+        break;
+      case MeshDim::edp:
+        out.push_back(rank_of(c.ep + shape_.ep * i, c.pp, c.tp));
+        break;
+    }
+  }
+  return out;
+}
+
+int MeshLayout::group_index(MeshDim dim, int rank) const {
+  // The lowest member identifies a group; number groups by it in rank order.
+  int lowest = group_ranks(dim, rank).front();
+  int index = 0;
+  for (int r = 0; r < lowest; ++r) {
+    if (group_ranks(dim, r).front() == r) ++index;
+  }
+  return index;
+}
+
+Mesh Mesh::build(const comm::Communicator& world, const MeshShape& shape) {
+  Mesh m;
+  m.layout_ = MeshLayout::make(shape, world.size());
+  m.world_ = world;
+  const int r = world.rank();
+  m.coord_ = m.layout_.coord(r);
+  auto make = [&](MeshDim dim) {
+    int index = m.layout_.group_index(dim, r);
+    return world.split(index, m.layout_.coordinate(dim, r),
+                       fmt::format("{}.{}", mesh_dim_name(dim), index));
+  };
+  // Same order on every rank: each split is a collective over the world.
+  m.tp_ = make(MeshDim::tp);
+  m.dp_ = make(MeshDim::dp);
+  m.pp_ = make(MeshDim::pp);
+  m.ep_ = make(MeshDim::ep);
+  m.edp_ = make(MeshDim::edp);
+  return m;
+}
+
+const comm::Communicator& Mesh::group(MeshDim dim) const {
+  switch (dim) {
+    case MeshDim::tp:
+      return tp_;
+    case MeshDim::dp:
+      return dp_;
+    case MeshDim::pp:
+      return pp_;
+    case MeshDim::ep:
+      return ep_;
+    case MeshDim::edp:
+      return edp_;
+  }
+  return world_;
+}
+
+std::string Mesh::layout_table() const {
+  const MeshShape& s = layout_.shape();
+  std::string out = fmt::format(
+      "[mesh] world {} = dp {} x pp {} x tp {} (TP fastest; ep {} within dp, edp {})\n"
+      "[mesh] {:>5} {:>4} {:>4} {:>4} {:>4} {:>4}  {}\n",
+      layout_.world_size(), s.dp, s.pp, s.tp, s.ep, s.dp / s.ep, "rank", "dp", "pp", "tp", "ep",
+      "edp", "host");
+  for (int r = 0; r < layout_.world_size(); ++r) {
+    MeshCoord c = layout_.coord(r);
+    out += fmt::format("[mesh] {:>5} {:>4} {:>4} {:>4} {:>4} {:>4}  {}\n", r, c.dp, c.pp, c.tp,
+                       c.ep, c.edp, world_.host(r));
+  }
+  return out;
+}
+
+}  // namespace tetra::parallel
