@@ -9,7 +9,9 @@ packages=(
   openmpi-bin libopenmpi-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3 python3-torch python3-numpy
+  # PyTorch and NumPy for the parity tests and benchmark peers; OpenBLAS so that Debian's torch,
+  # which links libblas.so.3, does not fall back to the netlib reference BLAS (~3 GFLOP/s).
+  python3 python3-torch python3-numpy libopenblas0-openmp
 )
 
 missing=()

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/arena.h"
+#include "core/log.h"
 #include "core/timer.h"
 #include "kernels/cpu/matmul.h"
 
@@ -54,7 +55,15 @@ double fp32_peak_gflops(int threads, bool* from_cache) {
     if (from_cache) *from_cache = true;
     return cache[key].get<double>();
   }
+  double load = 0.0;
+  if (std::ifstream avg("/proc/loadavg"); avg) avg >> load;
   double g = measure(threads);
+  if (load > 0.5) {
+    log_warn("[train] the fp32 peak ({:.1f} GFLOP/s at {} threads) was measured with load average "
+             "{:.1f}: if other work was running it is low and MFU reads high; delete {} to "
+             "measure again on a quiet machine",
+             g, threads, load, path.string());
+  }
   cache[key] = g;
   if (threads == omp_get_num_procs()) cache["fp32_gflops"] = g;
   std::error_code ec;

@@ -28,14 +28,18 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
 }
 
 double sum_squares(const float* x, int64_t N) {
+  // Each thread sums a static chunk in double with a vectorised (lane-wise) reduction; the
+  // partials are added in thread order: deterministic for a given thread count.
   int nthreads = omp_get_max_threads();
   std::vector<double> partial(nthreads, 0.0);
 #pragma omp parallel
   {
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+    int64_t begin = N * t / n, end = N * (t + 1) / n;
     double acc = 0.0;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < N; ++i) acc += double(x[i]) * x[i];
-    partial[omp_get_thread_num()] = acc;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = begin; i < end; ++i) acc += double(x[i]) * double(x[i]);
+    partial[t] = acc;
   }
   double total = 0.0;
   for (double p : partial) total += p;
