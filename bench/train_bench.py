@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Training throughput: `tetra train` vs PyTorch (the reference model of tests/parity/gpt2_ref.py,
+float32, eager, AdamW foreach) on the same GPT-2 shapes, data, optimizer and clipping.
+
+Each (framework, shape, threads) runs in its own subprocess with OMP_NUM_THREADS=n (tetra also
+gets --run.threads=n; torch gets torch.set_num_threads(n) and OMP_WAIT_POLICY=PASSIVE). tetra
+inherits OMP_WAIT_POLICY unless --tetra-wait-policy is given. The first --warmup steps are
+excluded; tokens/s is the median over the remaining steps. Numbers are only meaningful on an
+otherwise idle machine: the 1-minute load average is recorded with every row.
+
+FLOP conventions differ: tetra's own "mfu" uses 6*(12*L*C^2 + V*C) + 12*L*C*T (matmul weights
+only, no causal discount; src/model/gpt_config.cc), this script's "(bench)" and torch columns
+use the formula below. They agree within ~5% on these shapes.
+
+MFU. tetra reports "mfu" in metrics.jsonl against the machine's measured sgemm peak (cached in
+~/.cache/tetra/peak.json as "fp32_gflops_<n>t"). For torch (and, as a cross-check, for tetra's
+measured tokens/s) this script uses the same peak and
+    FLOPs/token = 6*P + 6*L*T*C
+with P = all parameters, wte counted once (it is also the tied LM head; embedding and wpe
+parameters are NOT excluded), L layers, T sequence length, C width; 6*L*T*C is causal attention
+(QK^T and AV, forward + backward, half the T x T matrix). If peak.json has no entry for n threads
+the peak is measured here with a 2048^3 torch.mm and the table says so. The cache is written once
+and never refreshed, so a peak measured while the machine was busy stays low and inflates every
+MFU (the 'mm GF' column shows torch's sgemm rate at run time as a check); --fresh-peak makes tetra
+measure it again, into a private HOME under --workdir, leaving ~/.cache/tetra alone.
+
+BLAS. Debian's python3-torch links libblas.so.3, which on this image is the netlib *reference*
+BLAS (~3 GFLOP/s; torch reports BLAS_INFO=generic): a baseline on it is a strawman. The torch
+subprocess is therefore pointed at OpenBLAS (OpenMP build) through LD_LIBRARY_PATH when one is
+found: --openblas-dir, $TETRA_OPENBLAS_DIR, /usr/lib/x86_64-linux-gnu/openblas-openmp, or the
+unpacked .deb at /tmp/openblas_deb (get it without touching the system with
+`apt-get download libopenblas0-openmp && dpkg -x libopenblas0-openmp_*.deb /tmp/openblas_deb`).
+--torch-blas=system,openblas runs both.
+
+  /usr/bin/python3 bench/train_bench.py [--shapes tiny,gpt2-124m] [--threads 1,2] [--steps N]
+                                        [--json out.json] [--tetra build/tetra]
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
+
+SHAPES = {
+    "tiny": dict(vocab=512, n_layer=4, d_model=128, n_head=4, max_seq=128, T=128, B=8,
+                 steps=30, warmup=5),
+    "gpt2-124m": dict(vocab=50257, n_layer=12, d_model=768, n_head=12, max_seq=1024, T=64, B=4,
+                      steps=6, warmup=2),
+}
+PEAK_PATH = os.path.expanduser("~/.cache/tetra/peak.json")
+OPENBLAS_CANDIDATES = ["/usr/lib/x86_64-linux-gnu/openblas-openmp",
+                       "/tmp/openblas_deb/root/usr/lib/x86_64-linux-gnu/openblas-openmp",
+                       "/usr/lib/x86_64-linux-gnu/openblas-pthread"]
+
+
+def find_openblas(explicit):
+    for d in ([explicit] if explicit else []) + [os.environ.get("TETRA_OPENBLAS_DIR", "")] + OPENBLAS_CANDIDATES:
+        if d and os.path.exists(os.path.join(d, "libblas.so.3")):
+            return d
+    return None
+
+
+def flops_per_token(shape):
+    import gpt2_ref as ref
+    cfg = ref.Config(shape["vocab"], shape["n_layer"], shape["n_head"], shape["d_model"], shape["max_seq"])
+    P = ref.num_params(cfg)
+    return 6 * P + 6 * shape["n_layer"] * shape["T"] * shape["d_model"], P
+
+
+def read_peak(threads):
+    try:
+        with open(os.environ.get("TETRA_BENCH_PEAK_PATH", PEAK_PATH)) as f:
+            v = json.load(f).get(f"fp32_gflops_{threads}t")
+        return float(v) if v else None
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------ torch worker
+def torch_worker(a):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import gpt2_ref as ref
+    import st
+    torch.set_num_threads(a.threads)
+    shape = SHAPES[a.shape]
+    cfg = ref.Config(shape["vocab"], shape["n_layer"], shape["n_head"], shape["d_model"], shape["max_seq"])
+    tokens = st.read_shard(a.data)
+    p = {n: t.requires_grad_(True) for n, t in ref.init_params(cfg, seed=1337).items()}
+    opt = ref.make_optimizer(p, lr=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+                             foreach=True)
+    params = list(p.values())
+    B, T, total = shape["B"], shape["T"], a.steps
+    times, losses = [], []
+    for s in range(total):
+        t0 = time.perf_counter()
+        for t in params:
+            t.grad = None
+        x, y = ref.get_batch(tokens, s, 0, B, T, 1)
+        logits = ref.forward(p, x, cfg)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        lr = ref.lr_at(s, lr=6e-4, steps=total)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - t0)
+    # torch's own sgemm rate right now (a sanity check on the cached peak, and the fallback peak)
+    n = 2048
+    x = torch.randn(n, n)
+    y = torch.randn(n, n)
+    torch.mm(x, y)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.mm(x, y)
+        best = min(best, time.perf_counter() - t0)
+    mm_gflops = 2 * n ** 3 / best / 1e9
+    peak, src = read_peak(a.threads), "peak.json"
+    if peak is None:
+        peak, src = mm_gflops, "torch.mm 2048^3"
+    json.dump({"step_s": times, "losses": losses, "peak_gflops": peak, "peak_src": src,
+               "mm_gflops": mm_gflops},
+              open(a.out, "w"))
+
+
+# ------------------------------------------------------------------------------ driver
+def run_torch(a, shape_name, shape, threads, data, blas_dir):
+    out = os.path.join(a.workdir, f"torch_{shape_name}_{threads}t_{'openblas' if blas_dir else 'system'}.json")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    if blas_dir:
+        env["LD_LIBRARY_PATH"] = blas_dir + ":" + env.get("LD_LIBRARY_PATH", "")
+    cmd = ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch", "--shape", shape_name,
+           "--threads", str(threads), "--steps", str(shape["warmup"] + shape["steps"]),
+           "--data", data, "--out", out]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"torch worker failed:\n{r.stderr[-2000:]}")
+        return None
+    res = json.load(open(out))
+    step_s = res["step_s"][shape["warmup"]:]
+    tokens = shape["B"] * shape["T"]
+    res["tok_s"] = statistics.median(tokens / t for t in step_s)
+    res["step_ms"] = statistics.median(step_s) * 1e3
+    res["final_loss"] = res["losses"][-1]
+    return res
+
+
+def run_tetra(a, shape_name, shape, threads, data):
+    run_dir = os.path.join(a.workdir, f"tetra_{shape_name}_{threads}t")
+    os.makedirs(run_dir, exist_ok=True)
+    mpath = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if a.tetra_wait_policy:
+        env["OMP_WAIT_POLICY"] = a.tetra_wait_policy
+    if a.fresh_peak:
+        env["HOME"] = os.path.join(a.workdir, "home")
+    cmd = [a.tetra, "train", f"--model.vocab_size={shape['vocab']}", f"--model.n_layer={shape['n_layer']}",
+           f"--model.n_head={shape['n_head']}", f"--model.d_model={shape['d_model']}",
+           f"--model.max_seq={shape['max_seq']}", f"--data.train={data}",
+           f"--train.micro_batch={shape['B']}", f"--train.seq_len={shape['T']}",
+           f"--train.steps={shape['warmup'] + shape['steps']}", "--eval.every=0",
+           f"--run.dir={run_dir}", f"--run.threads={threads}"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"tetra failed ({r.returncode}):\n{' '.join(cmd)}\n{r.stdout[-1500:]}\n{r.stderr[-2000:]}")
+        return None
+    rows = [json.loads(l) for l in open(mpath) if l.strip()][shape["warmup"]:]
+    return {"tok_s": statistics.median(r["tokens_per_s"] for r in rows),
+            "step_ms": statistics.median(r["step_ms"] for r in rows),
+            "mfu": statistics.median(r["mfu"] for r in rows) if all("mfu" in r for r in rows) else None,
+            "final_loss": rows[-1]["loss"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="tiny,gpt2-124m")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=0, help="measured steps per run (default: per shape)")
+    ap.add_argument("--warmup", type=int, default=-1, help="excluded steps (default: per shape)")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
+    ap.add_argument("--workdir", default="/tmp/tetra_train_bench")
+    ap.add_argument("--only", default="", help="tetra or torch (default both)")
+    ap.add_argument("--torch-blas", default="openblas", help="comma list of system,openblas")
+    ap.add_argument("--openblas-dir", default="")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every measurement R times, interleaved, and keep each framework's best "
+                         "median (robust to other load on a shared machine)")
+    ap.add_argument("--fresh-peak", action="store_true",
+                    help="give tetra a private HOME under --workdir, so it measures the sgemm peak "
+                         "afresh (now) instead of reading ~/.cache/tetra/peak.json; both MFUs use it")
+    ap.add_argument("--tetra-wait-policy", default="",
+                    help="OMP_WAIT_POLICY for tetra (default: inherited, i.e. GOMP's spin-then-sleep). "
+                         "PASSIVE avoids multi-second barrier stalls when the machine is oversubscribed")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--shape", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--data", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker == "torch":
+        a.threads = int(a.threads)
+        return torch_worker(a)
+
+    import numpy as np
+    import st
+    os.makedirs(a.workdir, exist_ok=True)
+    if a.fresh_peak:
+        import shutil
+        shutil.rmtree(os.path.join(a.workdir, "home"), ignore_errors=True)
+        os.environ["TETRA_BENCH_PEAK_PATH"] = os.path.join(a.workdir, "home", ".cache", "tetra", "peak.json")
+    threads = [int(t) for t in a.threads.split(",")]
+    blas_variants = []
+    for v in a.torch_blas.split(","):
+        if v == "openblas":
+            d = find_openblas(a.openblas_dir)
+            if d is None:
+                print("WARNING: no OpenBLAS found; torch runs on the system BLAS (netlib reference "
+                      "on Debian: a very slow baseline). See --help.")
+                blas_variants.append(("system", None))
+            else:
+                blas_variants.append(("openblas", d))
+        else:
+            blas_variants.append(("system", None))
+    blas_variants = list(dict.fromkeys(blas_variants))
+    results = []
+    t_start = time.time()
+    for name in a.shapes.split(","):
+        shape = dict(SHAPES[name])
+        if a.steps > 0:
+            shape["steps"] = a.steps
+        if a.warmup >= 0:
+            shape["warmup"] = a.warmup
+        fpt, P = flops_per_token(shape)
+        n_tok = (shape["warmup"] + shape["steps"]) * shape["B"] * shape["T"] + 1
+        data = os.path.join(a.workdir, f"{name}.bin")
+        st.write_shard(data, np.random.default_rng(0).integers(0, shape["vocab"], size=n_tok))
+        for n in threads:
+            variants = blas_variants if a.only in ("", "torch") else [("-", None)]
+            tts, trs, peaks, loads = [], {v: [] for v, _ in variants}, [], []
+            for rep in range(a.repeat):
+                if a.fresh_peak:  # tetra measures the peak again on every repeat; the best is kept
+                    cache = os.environ["TETRA_BENCH_PEAK_PATH"]
+                    if os.path.exists(cache):
+                        os.remove(cache)
+                loads.append(os.getloadavg()[0])
+                if a.only in ("", "tetra"):
+                    tt = run_tetra(a, name, shape, n, data)
+                    if tt:
+                        tt["peak"] = read_peak(n)
+                        tts.append(tt)
+                if read_peak(n):
+                    peaks.append(read_peak(n))
+                for blas, bdir in variants:
+                    tr = run_torch(a, name, shape, n, data, bdir) if blas != "-" else None
+                    if tr:
+                        trs[blas].append(tr)
+                loads.append(os.getloadavg()[0])
+                print(f"  done {name} {n}t repeat {rep + 1}/{a.repeat} ({time.time() - t_start:.0f}s)", flush=True)
+            tt = max(tts, key=lambda r: r["tok_s"]) if tts else None
+            for blas, _ in variants:
+                row = {"shape": name, "threads": n, "params": P, "flops_per_token": fpt,
+                       "B": shape["B"], "T": shape["T"], "steps": shape["steps"],
+                       "warmup": shape["warmup"], "repeat": a.repeat, "torch_blas": blas,
+                       "loadavg_1m": max(loads), "tetra_wait_policy": a.tetra_wait_policy or "default"}
+                tr = max(trs[blas], key=lambda r: r["tok_s"]) if trs.get(blas) else None
+                if peaks:
+                    row["peak_gflops"] = max(peaks)
+                    row["peak_src"] = (f"fresh (tetra, best of {len(peaks)})" if a.fresh_peak else "peak.json")
+                elif tr:
+                    row["peak_gflops"], row["peak_src"] = tr["peak_gflops"], tr["peak_src"] + f" ({blas})"
+                else:
+                    row["peak_gflops"], row["peak_src"] = None, "-"
+                pk = row["peak_gflops"]
+                if tt:
+                    # tetra's own FLOPs/token, recovered from its mfu, rescaled to the common peak
+                    tetra_fpt = tt["mfu"] * tt["peak"] * 1e9 / tt["tok_s"] if tt["mfu"] and tt["peak"] else None
+                    row.update(tetra_tok_s=tt["tok_s"], tetra_step_ms=tt["step_ms"],
+                               tetra_tok_s_all=[r["tok_s"] for r in tts], tetra_loss=tt["final_loss"],
+                               tetra_mfu_reported=tt["mfu"], tetra_flops_per_token=tetra_fpt,
+                               tetra_mfu=tt["tok_s"] * tetra_fpt / (pk * 1e9) if tetra_fpt and pk else tt["mfu"],
+                               tetra_mfu_bench=tt["tok_s"] * fpt / (pk * 1e9) if pk else None)
+                if tr:
+                    row.update(torch_tok_s=tr["tok_s"], torch_step_ms=tr["step_ms"],
+                               torch_tok_s_all=[r["tok_s"] for r in trs[blas]],
+                               torch_loss=tr["final_loss"], torch_mm_gflops=max(r["mm_gflops"] for r in trs[blas]),
+                               torch_mfu=tr["tok_s"] * fpt / (pk * 1e9) if pk else None)
+                if tt and tr:
+                    row["ratio"] = tt["tok_s"] / tr["tok_s"]
+                results.append(row)
+
+    def f(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+    print()
+    print(f"{'shape':<10} {'thr':>3} {'blas':>8} {'tetra tok/s':>12} {'torch tok/s':>12} {'tetra/torch':>11} "
+          f"{'tetra ms':>9} {'torch ms':>9} {'tetra MFU':>9} {'(bench)':>8} {'torch MFU':>9} "
+          f"{'peak GF':>8} {'mm GF':>7}  peak source")
+    for r in results:
+        print(f"{r['shape']:<10} {r['threads']:>3} {r['torch_blas']:>8} {f(r.get('tetra_tok_s'), '12.0f')} "
+              f"{f(r.get('torch_tok_s'), '12.0f')} {f(r.get('ratio'), '11.2f')} "
+              f"{f(r.get('tetra_step_ms'), '9.1f')} {f(r.get('torch_step_ms'), '9.1f')} "
+              f"{f(r.get('tetra_mfu') and 100 * r['tetra_mfu'], '8.1f')}% "
+              f"{f(r.get('tetra_mfu_bench') and 100 * r['tetra_mfu_bench'], '7.1f')}% "
+              f"{f(r.get('torch_mfu') and 100 * r['torch_mfu'], '8.1f')}% "
+              f"{f(r.get('peak_gflops'), '8.1f')} {f(r.get('torch_mm_gflops'), '7.1f')}  {r['peak_src']}")
+    print("\nMFU: 'tetra MFU' is tetra's own FLOPs/token convention (recovered from its metrics.jsonl mfu) "
+          "against the common peak; '(bench)' and 'torch MFU' use "
+          "FLOPs/token = 6P + 6LTC against the same peak (see --help).")
+    print("'mm GF' is torch.mm 2048^3 measured right after the torch run (same BLAS, same threads): "
+          "if it exceeds 'peak GF', the cached peak is low (e.g. measured under load) and MFU is inflated.")
+    print(f"tok/s: median over the measured steps of a run, best of {a.repeat} interleaved run(s) per framework.")
+    print("'blas' is the BLAS the torch subprocess ran on. Max 1-min load average per row: "
+          + ", ".join(f"{r['loadavg_1m']:.1f}" for r in results))
+    print(f"tetra OMP_WAIT_POLICY: {a.tetra_wait_policy or 'inherited'}; torch: PASSIVE. "
+          f"Cores: {os.cpu_count()}; a load average above the thread count means the numbers are "
+          "contended.")
+    print(f"total {time.time() - t_start:.0f}s")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
