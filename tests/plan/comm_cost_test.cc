@@ -71,7 +71,8 @@ TEST(CommCost, MoeAllToAll) {
   c.gpus = 64;
   const TrainingSpec t;
   const Layout l{1, 1, 64, 8, 1, Schedule::OneFOneB, 1, 1, 1};
-  const DimComm& ep = find(comm_per_step(m, c, t, l, 0.2), "ep");
+  const auto dims = comm_per_step(m, c, t, l, 0.2);  // find() returns a reference into it
+  const DimComm& ep = find(dims, "ep");
   EXPECT_TRUE(ep.intra_node);
   // tokens x top_k x hidden x 2 bytes, twice per layer forward and twice backward.
   EXPECT_EQ(ep.calls, 4 * 32);
