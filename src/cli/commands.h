@@ -12,5 +12,6 @@ int train_main(const Args& args);
 int plan_main(const Args& args);
 int data_main(const Args& args);
 int launch_main(const Args& args);
+int generate_main(const Args& args);
 
 }  // namespace tetra::cli

@@ -3,11 +3,9 @@
 #include <glob.h>
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
 
 #include "core/error.h"
-#include "core/philox.h"
 
 namespace tetra {
 
@@ -71,27 +69,6 @@ uint32_t TokenDataset::max_token() const {
   uint32_t m = 0;
   for (const auto& s : shards_) m = std::max(m, s->max_token());
   return m;
-}
-
-SampleOrder::SampleOrder(int64_t num_samples, bool shuffle, uint64_t seed)
-    : n_(num_samples), shuffle_(shuffle), seed_(seed) {
-  TETRA_CHECK(n_ > 0, "[data] the dataset has no samples");
-}
-
-int64_t SampleOrder::at(int64_t g) {
-  int64_t epoch = g / n_, pos = g % n_;
-  if (!shuffle_) return pos;
-  if (epoch != cached_epoch_) {
-    // A permutation keyed by (seed, epoch): sort indices by a Philox draw each.
-    Philox rng(seed_, "data/order/epoch" + std::to_string(epoch));
-    std::vector<std::pair<uint64_t, int64_t>> keyed(static_cast<size_t>(n_));
-    for (int64_t i = 0; i < n_; ++i) keyed[size_t(i)] = {rng.bits(uint64_t(i)), i};
-    std::sort(keyed.begin(), keyed.end());
-    perm_.resize(size_t(n_));
-    for (int64_t i = 0; i < n_; ++i) perm_[size_t(i)] = keyed[size_t(i)].second;
-    cached_epoch_ = epoch;
-  }
-  return perm_[size_t(pos)];
 }
 
 }  // namespace tetra

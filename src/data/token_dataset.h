@@ -1,7 +1,6 @@
-// Fixed-length training samples over token shards, and the order they are visited in.
-// A sample is a window of T+1 tokens (inputs are the first T, targets the last T); windows never
-// cross a shard boundary. Sample order is a pure function of (seed, epoch, index): no hidden
-// state, so a cursor (the count of samples consumed) is all a resume needs.
+// Fixed-length training samples over token shards. A sample is a window of T+1 tokens (inputs
+// are the first T, targets the last T); windows never cross a shard boundary. The order samples
+// are visited in is data/sampler.h.
 #pragma once
 
 #include <cstdint>
@@ -32,21 +31,6 @@ class TokenDataset {
   std::vector<std::unique_ptr<TokenShard>> shards_;
   std::vector<int64_t> first_;  // first global sample index of each shard
   int64_t total_ = 0;
-};
-
-/** Maps the g-th sample drawn (across epochs) to a dataset sample index. */
-class SampleOrder {
- public:
-  SampleOrder(int64_t num_samples, bool shuffle, uint64_t seed);
-  int64_t at(int64_t g);
-  int64_t epoch_of(int64_t g) const { return g / n_; }
-
- private:
-  int64_t n_;
-  bool shuffle_;
-  uint64_t seed_;
-  int64_t cached_epoch_ = -1;
-  std::vector<int64_t> perm_;
 };
 
 }  // namespace tetra

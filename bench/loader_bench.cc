@@ -1,0 +1,118 @@
+// Loader throughput against what the model consumes: tokens/s that the sampler + prefetcher
+// deliver to a consumer that does nothing else, and tokens/s of forward + backward for the same
+// batch shape (the model's appetite). The loader must be far ahead for data_wait_ms to stay ~0.
+//
+//   loader_bench [--config configs/brown.toml] [--data SHARDS] [--batches N] [--model-steps N]
+//
+// The batch shape (micro_batch x grad_accum x seq_len) and the model come from the config;
+// --data overrides data.train. Without shards it writes a synthetic 20M-token shard to /tmp.
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "data/prefetch.h"
+#include "data/token_dataset.h"
+#include "data/token_shard.h"
+#include "model/gpt.h"
+#include "train/train_config.h"
+
+namespace {
+
+using namespace tetra;
+
+std::string synthetic_shard(int vocab) {
+  std::string path = (std::filesystem::temp_directory_path() / "tetra_loader_bench.bin").string();
+  std::vector<uint32_t> tokens(20'000'000);
+  std::mt19937 rng(1);
+  for (auto& t : tokens) t = rng() % uint32_t(vocab);
+  write_token_shard(path, tokens);
+  return path;
+}
+
+int run(int argc, char** argv) {
+  std::string config_path = "configs/brown.toml", data;
+  int64_t batches = 3000;
+  int model_steps = 3;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    TETRA_CHECK(i + 1 < argc, "[bench] {} needs a value", a);
+    std::string v = argv[++i];
+    if (a == "--config") {
+      config_path = v;
+    } else if (a == "--data") {
+      data = v;
+    } else if (a == "--batches") {
+      batches = std::stoll(v);
+    } else if (a == "--model-steps") {
+      model_steps = std::stoi(v);
+    } else {
+      fail("[bench] unknown option {}; see the comment at the top of bench/loader_bench.cc", a);
+    }
+  }
+  std::vector<std::string> overrides;
+  if (!data.empty()) overrides.push_back("data.train=" + data);
+  Config config = Config::load(train_config_schema(), config_path, overrides);
+  std::string spec = config.s("data.train");
+  bool have_data = true;
+  try {
+    TokenDataset probe(spec, int(config.i("train.seq_len")));
+  } catch (const Error&) {
+    have_data = false;
+  }
+  if (!have_data) {
+    std::printf("no shards at %s; using a synthetic shard\n", spec.c_str());
+    config.set("data.train", "\"" + synthetic_shard(int(config.i("model.vocab_size"))) + "\"");
+  }
+  TrainOptions o = TrainOptions::from(config);
+  TokenDataset dataset(o.train_data, o.seq_len);
+  const int64_t per_step = int64_t(o.micro_batch) * o.grad_accum;
+  const double tokens_per_batch = double(per_step) * o.seq_len;
+  std::printf("shape: %d x %d micro-batches x %d tokens = %.0f tokens per step; %lld samples\n",
+              o.grad_accum, o.micro_batch, o.seq_len, tokens_per_batch,
+              (long long)dataset.num_samples());
+
+  // The loader alone: a consumer that takes batches as fast as they come.
+  Prefetcher prefetch(dataset, Sampler(dataset.num_samples(), true, 7, per_step, 0, 1));
+  prefetch.next();  // thread started, first batch ready
+  Stopwatch clock;
+  int64_t checksum = 0;
+  for (int64_t k = 0; k < batches; ++k) checksum += prefetch.next().inputs[0];
+  const double loader_tps = batches * tokens_per_batch / clock.elapsed_s();
+
+  // The model's appetite: forward + backward on the same shape (AdamW adds little).
+  Gpt model(o.model, o.micro_batch, o.seq_len);
+  model.init(1);
+  const Batch& b = prefetch.next();
+  model.forward(b.inputs.data());  // warm-up: oneDNN primitives
+  model.backward(b.targets.data(), 1.0f);
+  clock.reset();
+  for (int s = 0; s < model_steps; ++s) {
+    for (int m = 0; m < o.grad_accum; ++m) {
+      model.forward(b.inputs.data());
+      model.backward(b.targets.data(), 1.0f);
+    }
+  }
+  const double model_tps = model_steps * tokens_per_batch / clock.elapsed_s();
+  std::printf("loader (sampler + prefetch, shuffled): %12.0f tokens/s  (checksum %lld)\n",
+              loader_tps, (long long)checksum);
+  std::printf("model forward + backward (%s): %12.0f tokens/s\n", o.model.describe().c_str(),
+              model_tps);
+  std::printf("loader / model: %.0fx\n", loader_tps / model_tps);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,171 @@
+// tetra generate: sample text from a saved model (see docs/generate.md).
+#include <omp.h>
+
+#include <cstdio>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckpt/safetensors.h"
+#include "cli/commands.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "model/generate.h"
+#include "model/gpt_io.h"
+#include "train/train_config.h"
+
+namespace tetra::cli {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: tetra generate --model FILE.safetensors --tokenizer FILE.json|byte --prompt TEXT\n"
+    "                      [--prompt TEXT ...] [--max-tokens 64] [--temperature 0.8]\n"
+    "                      [--top-k 40] [--seed 1] [--threads N]\n"
+    "                      [--config RUN_DIR/config.toml] [--model.KEY=VALUE ...]\n"
+    "\n"
+    "Continues each prompt with tokens sampled from the model and prints the text.\n"
+    "The model shape comes from --config (the config.toml `tetra train` writes into run.dir) or\n"
+    "is read off the tensor shapes, which cannot tell the head count: then --model.n_head=N is\n"
+    "required. --model.KEY=VALUE overrides either.\n"
+    "\n"
+    "  --temperature T   0 is greedy; higher is more random (default 0.8)\n"
+    "  --top-k K         draw among the K most likely tokens; 0 = all (default 40)\n"
+    "  --seed S          the same seed, model and prompt give the same text (default 1)\n";
+
+int64_t parse_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used == v.size()) return n;
+  } catch (const std::exception&) {
+  }
+  fail("[generate] {} {}: expected an integer", flag, v);
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size()) return d;
+  } catch (const std::exception&) {
+  }
+  fail("[generate] {} {}: expected a number, e.g. 0.8", flag, v);
+}
+
+/** model.* overrides read off the tensor shapes: layers, width, vocabulary and positions. */
+std::vector<std::string> shape_from_tensors(const std::string& path) {
+  SafeTensorsFile f = read_safetensors(path);
+  auto find = [&](const std::string& name) -> const SafeTensor& {
+    for (const std::string& n : {name, "transformer." + name}) {
+      auto it = f.tensors.find(n);
+      if (it != f.tensors.end() && it->second.shape.size() == 2) return it->second;
+    }
+    fail("[generate] {}: no 2-D tensor '{}'; is this a GPT-2 safetensors file?", path, name);
+  };
+  const SafeTensor& wte = find("wte.weight");
+  const SafeTensor& wpe = find("wpe.weight");
+  std::set<int> layers;
+  const std::regex block(R"(^(transformer\.)?h\.(\d+)\.)");
+  for (const auto& [name, t] : f.tensors) {
+    std::smatch m;
+    if (std::regex_search(name, m, block)) layers.insert(std::stoi(m[2].str()));
+  }
+  TETRA_CHECK(!layers.empty(), "[generate] {}: no transformer blocks (h.N.*) found", path);
+  return {"model.vocab_size=" + std::to_string(wte.shape[0]),
+          "model.d_model=" + std::to_string(wte.shape[1]),
+          "model.max_seq=" + std::to_string(wpe.shape[0]),
+          "model.n_layer=" + std::to_string(layers.size())};
+}
+
+}  // namespace
+
+int generate_main(const Args& args) {
+  std::string model_path, tokenizer_spec, config_path;
+  std::vector<std::string> prompts, overrides;
+  int max_tokens = 64, threads = 0;
+  SamplingOptions sampling;
+  sampling.temperature = 0.8f;
+  sampling.top_k = 40;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a.rfind("--model.", 0) == 0) {
+      TETRA_CHECK(a.find('=') != std::string::npos,
+                  "[generate] {}: model overrides look like --model.n_head=4", a);
+      overrides.push_back(a.substr(2));
+      continue;
+    }
+    TETRA_CHECK(i + 1 < args.size(), "[generate] {} needs a value; see tetra generate --help", a);
+    const std::string& v = args[++i];
+    if (a == "--model") {
+      model_path = v;
+    } else if (a == "--tokenizer") {
+      tokenizer_spec = v;
+    } else if (a == "--prompt") {
+      prompts.push_back(v);
+    } else if (a == "--config") {
+      config_path = v;
+    } else if (a == "--max-tokens") {
+      max_tokens = int(parse_int(a, v));
+    } else if (a == "--temperature") {
+      sampling.temperature = float(parse_double(a, v));
+    } else if (a == "--top-k") {
+      sampling.top_k = int(parse_int(a, v));
+    } else if (a == "--seed") {
+      sampling.seed = uint64_t(parse_int(a, v));
+    } else if (a == "--threads") {
+      threads = int(parse_int(a, v));
+    } else {
+      fail("[generate] unknown option '{}'; see tetra generate --help", a);
+    }
+  }
+  TETRA_CHECK(!model_path.empty(), "[generate] give the weights: --model FILE.safetensors");
+  TETRA_CHECK(!tokenizer_spec.empty(),
+              "[generate] give the tokenizer the model was trained with: --tokenizer "
+              "DIR/tokenizer.json (written by tetra data prepare) or --tokenizer byte");
+  TETRA_CHECK(!prompts.empty(), "[generate] give at least one --prompt TEXT");
+  if (threads > 0) omp_set_num_threads(threads);
+
+  if (config_path.empty()) {
+    std::vector<std::string> inferred = shape_from_tensors(model_path);
+    overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
+  }
+  Config config = Config::load(train_config_schema(), config_path, overrides);
+  TETRA_CHECK(!config_path.empty() || config.is_set("model.n_head"),
+              "[generate] the head count cannot be read off the weights; pass --config "
+              "RUN_DIR/config.toml or --model.n_head=N");
+  GptConfig shape =
+      GptConfig::make(int(config.i("model.vocab_size")), int(config.i("model.n_layer")),
+                      int(config.i("model.n_head")), int(config.i("model.d_model")),
+                      int(config.i("model.max_seq")), int(config.i("model.vocab_multiple")));
+  auto tokenizer = load_tokenizer(tokenizer_spec);
+  TETRA_CHECK(tokenizer->vocab_size() <= size_t(shape.vocab_size),
+              "[generate] the tokenizer has {} tokens but the model only {}; use the tokenizer "
+              "the model was trained with",
+              tokenizer->vocab_size(), shape.vocab_size);
+
+  Gpt model(shape, 1, 1);
+  load_gpt_safetensors(model, model_path);
+  Generator gen(model);
+  const int32_t eot = int32_t(tokenizer->eot_token());
+  for (const std::string& prompt : prompts) {
+    std::vector<uint32_t> ids = tokenizer->encode(prompt);
+    TETRA_CHECK(!ids.empty(), "[generate] the prompt '{}' encodes to no tokens", prompt);
+    std::vector<int32_t> context(ids.begin(), ids.end());
+    std::vector<int32_t> added = generate(gen, context, max_tokens, sampling, eot);
+    for (int32_t t : added) {
+      if (t != eot) ids.push_back(uint32_t(t));
+    }
+    std::printf("%s\n", tokenizer->decode(ids).c_str());
+    if (prompts.size() > 1) std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace tetra::cli
