@@ -1,5 +1,6 @@
 // tetra train --config FILE.toml [--section.key=value ...]
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -15,6 +16,14 @@ void print_keys() {
   for (const auto& k : train_config_schema()) {
     std::printf("  %-22s %-16s %s\n", k.key.c_str(), k.default_value.c_str(), k.help.c_str());
   }
+}
+
+// True when a launcher (mpirun, srun with PMIx) started this process as one of several ranks.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"}) {
+    if (std::getenv(v)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -40,7 +49,9 @@ int train_main(const Args& args) {
   }
   Config config = Config::load(train_config_schema(), config_path, overrides);
   TrainOptions options = TrainOptions::from(config);
-  Trainer trainer(options, config.to_toml());
+  comm::Communicator world;
+  if (launched_by_mpi()) world = comm::init_world(options.comm);
+  Trainer trainer(options, config.to_toml(), world);
   trainer.run();
   return 0;
 }

@@ -1,11 +1,14 @@
 #include "train/train_config.h"
 
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "parallel/mesh.h"
 
 namespace tetra {
 
 const ConfigSchema& train_config_schema() {
-  static const ConfigSchema schema = {
+  static const ConfigSchema schema = [] {
+    ConfigSchema s = {
       {"model.vocab_size", ValueKind::Int, "512", "real vocabulary size V"},
       {"model.n_layer", ValueKind::Int, "4", "transformer blocks L"},
       {"model.n_head", ValueKind::Int, "4", "attention heads NH (must divide d_model)"},
@@ -38,7 +41,13 @@ const ConfigSchema& train_config_schema() {
       {"save.final", ValueKind::String, "\"\"", "write weights to a safetensors file at the end"},
       {"debug.dump_grads", ValueKind::String, "\"\"", "safetensors of step 1's gradients"},
       {"debug.dump_logits", ValueKind::String, "\"\"", "safetensors of step 1's first logits"},
-  };
+      {"dp.bucket_mb", ValueKind::Float, "4", "gradient bucket size for the DP all-reduce (MiB)"},
+      {"dp.overlap", ValueKind::Bool, "true", "reduce buckets during backward (false: after)"},
+    };
+    for (auto& k : comm::comm_config_schema()) s.push_back(k);
+    for (auto& k : parallel::mesh_config_schema()) s.push_back(k);
+    return s;
+  }();
   return schema;
 }
 
@@ -90,6 +99,11 @@ TrainOptions TrainOptions::from(const Config& c) {
   o.save_final = c.s("save.final");
   o.dump_grads = c.s("debug.dump_grads");
   o.dump_logits = c.s("debug.dump_logits");
+  o.bucket_mb = c.f("dp.bucket_mb");
+  TETRA_CHECK(o.bucket_mb > 0, "[config] dp.bucket_mb must be positive (got {})", o.bucket_mb);
+  o.overlap = c.b("dp.overlap");
+  o.comm = comm::CommOptions::from_config(c);
+  o.mesh = parallel::MeshShape::from_config(c);
   TETRA_CHECK(!o.train_data.empty(),
               "[config] data.train is not set; point it at a token shard (tetra data prepare "
               "makes them)");

@@ -3,10 +3,12 @@
 
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "model/gpt_config.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "parallel/mesh.h"
 
 namespace tetra {
 
@@ -27,10 +29,15 @@ struct TrainOptions {
   int threads = 0;
   std::string progress;  // "auto" | "always" | "never"
   std::string init_from, save_final, dump_grads, dump_logits;
+  double bucket_mb = 4.0;  // data-parallel gradient bucket size
+  bool overlap = true;     // reduce buckets during backward
+  comm::CommOptions comm;
+  parallel::MeshShape mesh;
 
   /** Reads and validates every option; errors say which key to change. */
   static TrainOptions from(const Config& c);
-  int64_t tokens_per_step() const { return int64_t(micro_batch) * seq_len * grad_accum; }
+  /** Tokens per optimizer step on one data-parallel rank. */
+  int64_t tokens_per_rank_step() const { return int64_t(micro_batch) * seq_len * grad_accum; }
 };
 
 }  // namespace tetra

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/gpt_io.h"
+#include "parallel/data_parallel.h"
 #include "train/peak.h"
 
 namespace tetra {
@@ -42,8 +43,31 @@ void check_vocab(const TokenDataset& data, const std::string& what, int vocab) {
 
 }  // namespace
 
-Trainer::Trainer(const TrainOptions& options, const std::string& config_toml) : opt_(options) {
-  threads_ = opt_.threads > 0 ? opt_.threads : omp_get_num_procs();
+// Cores per rank when run.threads=0: the host's cores shared by the ranks placed on it.
+int default_threads() {
+  int local_ranks = 1;
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    local_ranks = std::max(1, std::atoi(v));
+  }
+  return std::max(1, omp_get_num_procs() / local_ranks);
+}
+
+Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
+                 const comm::Communicator& world)
+    : opt_(options) {
+  if (world.valid()) {
+    const parallel::MeshShape& shape = opt_.mesh;
+    TETRA_CHECK(shape.tp == 1 && shape.pp == 1 && shape.ep == 1,
+                "[train] this trainer runs data parallelism only: set parallel.tp, parallel.pp "
+                "and parallel.ep to 1 (got {}, {}, {})",
+                shape.tp, shape.pp, shape.ep);
+    mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world, shape));
+    rank_ = world.rank();
+    dp_size_ = mesh_->dp().size();
+    dp_rank_ = mesh_->dp().rank();
+    log_state().rank = rank_;
+  }
+  threads_ = opt_.threads > 0 ? opt_.threads : default_threads();
   omp_set_num_threads(threads_);
 
   // Everything that can be wrong with the inputs is checked before any compute.
@@ -60,13 +84,19 @@ Trainer::Trainer(const TrainOptions& options, const std::string& config_toml) : 
     model_->init(opt_.seed);
   }
   adamw_ = std::make_unique<AdamW>(model_->params(), opt_.adamw, model_->num_elements());
-  order_ = std::make_unique<SampleOrder>(train_->num_samples(), opt_.shuffle, opt_.seed);
+  // A global batch is every rank's micro-batches of one step; rank r takes its slice.
+  prefetch_ = std::make_unique<Prefetcher>(
+      *train_, Sampler(train_->num_samples(), opt_.shuffle, opt_.seed,
+                       int64_t(opt_.micro_batch) * opt_.grad_accum * dp_size_, dp_rank_,
+                       dp_size_));
   window_.resize(size_t(opt_.seq_len) + 1);
   inputs_.resize(size_t(opt_.micro_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
 
-  std::filesystem::create_directories(opt_.run_dir);
-  std::ofstream(std::filesystem::path(opt_.run_dir) / "config.toml") << config_toml;
+  if (is_root()) {
+    std::filesystem::create_directories(opt_.run_dir);
+    std::ofstream(std::filesystem::path(opt_.run_dir) / "config.toml") << config_toml;
+  }
   peak_gflops_ = fp32_peak_gflops(threads_);
 }
 
@@ -96,8 +126,8 @@ void Trainer::print_header() const {
   log_info("[train] data: {} samples of {} tokens ({} tokens) from {} shard(s){}",
            train_->num_samples(), opt_.seq_len, train_->num_tokens(), train_->shards().size(),
            opt_.shuffle ? ", shuffled" : "");
-  log_info("[train] step: {} micro-batches x {} x {} = {} tokens; {} steps; lr {} ({})",
-           opt_.grad_accum, opt_.micro_batch, opt_.seq_len, opt_.tokens_per_step(), opt_.steps,
+  log_info("[train] step: {} ranks x {} micro-batches x {} x {} = {} tokens; {} steps; lr {} ({})",
+           dp_size_, opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(), opt_.steps,
            opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
   log_info("[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
@@ -107,25 +137,36 @@ void Trainer::print_header() const {
 
 TrainResult Trainer::run() {
   print_header();
-  MetricsWriter metrics((std::filesystem::path(opt_.run_dir) / "metrics.jsonl").string());
-  const bool tty = opt_.progress == "always" || (opt_.progress == "auto" && isatty(2));
+  std::unique_ptr<MetricsWriter> metrics;
+  if (is_root()) {
+    metrics = std::make_unique<MetricsWriter>(
+        (std::filesystem::path(opt_.run_dir) / "metrics.jsonl").string());
+  }
+  const bool tty =
+      is_root() && (opt_.progress == "always" || (opt_.progress == "auto" && isatty(2)));
   const double flops_per_token = opt_.model.flops_per_token(opt_.seq_len);
-  const int64_t tokens_per_step = opt_.tokens_per_step();
+  const int64_t tokens_per_step = this->tokens_per_step();
+  std::unique_ptr<parallel::GradBuckets> buckets;
+  if (mesh_) {
+    if (is_root()) log_info("{}", mesh_->layout_table());
+    buckets = std::make_unique<parallel::GradBuckets>(
+        mesh_->dp(), model_->grad_data(), model_->num_elements(),
+        size_t(opt_.bucket_mb * (1 << 20) / sizeof(float)), opt_.overlap);
+  }
   TrainResult result;
   std::vector<double> rates;
   Stopwatch total;
 
   for (int64_t s = 0; s < opt_.steps; ++s) {
     Stopwatch step_clock;
-    double data_ms = 0.0;
+    const Batch& batch = prefetch_->next();
+    const double data_ms = prefetch_->last_wait_ms();
     model_->zero_grads();
     double loss = 0.0;
     for (int m = 0; m < opt_.grad_accum; ++m) {
-      Stopwatch data_clock;
-      load_batch(*train_, *order_, (s * opt_.grad_accum + m) * opt_.micro_batch);
-      data_ms += data_clock.elapsed_ms();
-      model_->forward(inputs_.data());
-      if (s == 0 && m == 0 && !opt_.dump_logits.empty()) {
+      const size_t row = size_t(m) * opt_.micro_batch * opt_.seq_len;  // micro-batch m of (B,T)
+      model_->forward(batch.inputs.data() + row);
+      if (s == 0 && m == 0 && !opt_.dump_logits.empty() && is_root()) {
         const GptConfig& c = opt_.model;
         std::vector<float> logits(size_t(opt_.micro_batch) * opt_.seq_len * c.vocab_size);
         for (size_t r = 0; r < size_t(opt_.micro_batch) * opt_.seq_len; ++r) {
@@ -137,14 +178,24 @@ TrainResult Trainer::run() {
             safetensor_f32({opt_.micro_batch, opt_.seq_len, c.vocab_size}, logits.data());
         write_safetensors(opt_.dump_logits, f);
       }
-      loss += model_->backward(targets_.data(), 1.0f / float(opt_.grad_accum));
+      // Gradients are reduced once per step: buckets start during the last micro-batch's backward.
+      GradReadyFn ready;
+      if (buckets && m + 1 == opt_.grad_accum) ready = [&](size_t n) { buckets->ready(n); };
+      loss += model_->backward(batch.targets.data() + row, 1.0f / float(opt_.grad_accum), ready);
     }
     loss /= opt_.grad_accum;
+    parallel::BucketStats comm_stats;
+    if (buckets) {
+      comm_stats = buckets->finish();
+      float l = float(loss);
+      mesh_->dp().all_reduce(std::span<float>(&l, 1), comm::ReduceOp::avg).wait();
+      loss = l;
+    }
     TETRA_CHECK(std::isfinite(loss),
                 "[train] step {}: loss is {}; stopping before the update so the weights stay "
                 "finite. Lower optim.lr or check the data.",
                 s + 1, loss);
-    if (s == 0 && !opt_.dump_grads.empty()) {
+    if (s == 0 && !opt_.dump_grads.empty() && is_root()) {
       write_safetensors(opt_.dump_grads, gpt_to_safetensors(*model_, model_->grad_data()));
     }
     double norm = grad_norm(model_->grad_data(), int64_t(model_->num_elements()));
@@ -155,18 +206,22 @@ TrainResult Trainer::run() {
     double step_s = step_clock.elapsed_s();
     double tps = tokens_per_step / step_s;
     rates.push_back(tps);
-    double mfu = flops_per_token * tps / (peak_gflops_ * 1e9);
+    double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * dp_size_);
     nlohmann::json rec = {{"step", s + 1},           {"loss", loss},
                           {"lr", lr},                {"grad_norm", norm},
                           {"tokens", (s + 1) * tokens_per_step},
                           {"tokens_per_s", tps},     {"step_ms", step_s * 1e3},
                           {"data_wait_ms", data_ms}, {"mfu", mfu}};
+    if (buckets) {
+      rec["comm_ms"] = comm_stats.exposed_ms;
+      rec["reduce_ms"] = comm_stats.reduce_ms;
+    }
     bool last = s + 1 == opt_.steps;
     if (val_ && (last || (opt_.eval_every > 0 && (s + 1) % opt_.eval_every == 0))) {
       rec["val_loss"] = evaluate();
       result.final_val_loss = rec["val_loss"];
     }
-    metrics.write(rec);
+    if (metrics) metrics->write(rec);
     result.final_loss = loss;
     if (tty) {
       double eta = (opt_.steps - s - 1) * (total.elapsed_s() / double(s + 1));
@@ -181,7 +236,7 @@ TrainResult Trainer::run() {
   }
   result.steps = opt_.steps;
   result.tokens_per_s = median(rates);
-  if (!opt_.save_final.empty()) {
+  if (!opt_.save_final.empty() && is_root()) {
     write_safetensors(opt_.save_final, gpt_to_safetensors(*model_, model_->param_data()));
     log_info("[train] saved weights to {}", opt_.save_final);
   }
