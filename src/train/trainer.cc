@@ -41,8 +41,6 @@ void check_vocab(const TokenDataset& data, const std::string& what, int vocab) {
               what, mx, vocab, mx + 1);
 }
 
-}  // namespace
-
 // Cores per rank when run.threads=0: the host's cores shared by the ranks placed on it.
 int default_threads() {
   int local_ranks = 1;
@@ -51,6 +49,8 @@ int default_threads() {
   }
   return std::max(1, omp_get_num_procs() / local_ranks);
 }
+
+}  // namespace
 
 Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
                  const comm::Communicator& world)
@@ -97,7 +97,15 @@ Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
     std::filesystem::create_directories(opt_.run_dir);
     std::ofstream(std::filesystem::path(opt_.run_dir) / "config.toml") << config_toml;
   }
-  peak_gflops_ = fp32_peak_gflops(threads_);
+  // One rank measures (or reads the cache) and tells the others, so that ranks sharing a host
+  // neither disturb each other's measurement nor race on the cache file.
+  if (!mesh_ || is_root()) peak_gflops_ = fp32_peak_gflops(threads_);
+  if (mesh_) {
+    world.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&peak_gflops_),
+                                         sizeof peak_gflops_),
+                    0)
+        .wait();
+  }
 }
 
 void Trainer::load_batch(TokenDataset& data, SampleOrder& order, int64_t first_sample) {
