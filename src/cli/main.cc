@@ -1,5 +1,8 @@
 // tetra: thin dispatcher over the subcommands. Errors become one clear line and exit code 2.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -28,9 +31,21 @@ void usage() {
   for (const auto& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
 }
 
+// libgomp reads its wait policy once, when it is loaded, and by default a waiting thread spins
+// for ~300k iterations at every barrier. With another process on the same cores (a second rank, a
+// build, a shared host) the spinning thread steals the core from the one it waits for, and a step
+// of hundreds of parallel regions took 10x longer. Unless the user chose a policy, tetra
+// re-executes itself once with a short spin before sleeping (measured in docs/training.md).
+void set_thread_wait_policy(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  setenv("GOMP_SPINCOUNT", "10000", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  set_thread_wait_policy(argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? 2 : 0;
