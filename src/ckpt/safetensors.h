@@ -14,7 +14,7 @@
 namespace tetra {
 
 struct SafeTensor {
-  DType dtype = DType::f32;   // F32, BF16, I32, U16, U32 are understood
+  DType dtype = DType::f32;  // F32, BF16, I32, U16, U32 are understood
   Shape shape;
   std::vector<uint8_t> bytes;  // raw little-endian data, size = numel * dtype_size
 

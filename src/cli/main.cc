@@ -19,11 +19,14 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"train", tetra::cli::train_main, "train a GPT model: tetra train --config FILE.toml [--s.k=v]"},
+    {"train", tetra::cli::train_main,
+     "train a GPT model: tetra train --config FILE.toml [--s.k=v]"},
     {"plan", tetra::cli::plan_main, "memory/compute/communication plan: tetra plan --config FILE"},
     {"data", tetra::cli::data_main, "text to token shards: tetra data prepare --input P --out D"},
-    {"launch", tetra::cli::launch_main, "run a command on N local ranks: tetra launch -n N -- train ..."},
-    {"generate", tetra::cli::generate_main, "sample text from a model: tetra generate --model F --prompt T"},
+    {"launch", tetra::cli::launch_main,
+     "run a command on N local ranks: tetra launch -n N -- train ..."},
+    {"generate", tetra::cli::generate_main,
+     "sample text from a model: tetra generate --model F --prompt T"},
 };
 
 void usage() {

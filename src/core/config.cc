@@ -15,10 +15,14 @@ namespace {
 
 const char* kind_name(ValueKind k) {
   switch (k) {
-    case ValueKind::Int: return "integer";
-    case ValueKind::Float: return "number";
-    case ValueKind::Bool: return "boolean";
-    case ValueKind::String: return "string";
+    case ValueKind::Int:
+      return "integer";
+    case ValueKind::Float:
+      return "number";
+    case ValueKind::Bool:
+      return "boolean";
+    case ValueKind::String:
+      return "string";
   }
   return "?";
 }
@@ -176,8 +180,7 @@ Config Config::load(const ConfigSchema& schema, const std::string& toml_path,
                 "[config] override '{}' must look like --section.key=value", o);
     std::string key = o.substr(0, eq);
     bool known = std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
-    TETRA_CHECK(known, "[config] unknown key '{}' (from --{}).{}", key, o,
-                suggestion(schema, key));
+    TETRA_CHECK(known, "[config] unknown key '{}' (from --{}).{}", key, o, suggestion(schema, key));
     c.values_[key] = parse_text(c.spec(key), o.substr(eq + 1), "--" + key);
     c.set_[key] = true;
   }

@@ -1,4 +1,5 @@
-// Element types. Compute is f32; bf16 is a storage type (weights/activations under mixed precision).
+// Element types. Compute is f32; bf16 is a storage type (weights/activations under mixed
+// precision).
 #pragma once
 
 #include <bit>
@@ -12,24 +13,36 @@ enum class DType : uint8_t { f32, bf16, i32, u16, u32, f64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
-    case DType::u16: return 2;
-    case DType::u32: return 4;
-    case DType::f64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::u16:
+      return 2;
+    case DType::u32:
+      return 4;
+    case DType::f64:
+      return 8;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-    case DType::u16: return "u16";
-    case DType::u32: return "u32";
-    case DType::f64: return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+    case DType::u16:
+      return "u16";
+    case DType::u32:
+      return "u32";
+    case DType::f64:
+      return "f64";
   }
   return "?";
 }

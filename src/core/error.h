@@ -22,9 +22,9 @@ template <typename... Args>
 }  // namespace tetra
 
 // TETRA_CHECK(cond, "[module] what happened; what to do {}", args...) throws tetra::Error.
-#define TETRA_CHECK(cond, ...)     \
-  do {                             \
-    if (!(cond)) {                 \
-      ::tetra::fail(__VA_ARGS__);  \
-    }                              \
+#define TETRA_CHECK(cond, ...)    \
+  do {                            \
+    if (!(cond)) {                \
+      ::tetra::fail(__VA_ARGS__); \
+    }                             \
   } while (0)

@@ -26,8 +26,12 @@ void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) {
 }
 
 template <typename... Args>
-void log_info(fmt::format_string<Args...> f, Args&&... a) { log(LogLevel::info, f, std::forward<Args>(a)...); }
+void log_info(fmt::format_string<Args...> f, Args&&... a) {
+  log(LogLevel::info, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void log_warn(fmt::format_string<Args...> f, Args&&... a) { log(LogLevel::warn, f, std::forward<Args>(a)...); }
+void log_warn(fmt::format_string<Args...> f, Args&&... a) {
+  log(LogLevel::warn, f, std::forward<Args>(a)...);
+}
 
 }  // namespace tetra

@@ -36,8 +36,9 @@ Philox::Philox(uint64_t seed, std::string_view stream_name)
 Philox::Philox(uint64_t seed, uint64_t stream_id) : seed_(seed), stream_(stream_id) {}
 
 static std::array<uint32_t, 4> block(uint64_t seed, uint64_t stream, uint64_t index) {
-  return philox4x32({uint32_t(index), uint32_t(index >> 32), uint32_t(stream), uint32_t(stream >> 32)},
-                    {uint32_t(seed), uint32_t(seed >> 32)});
+  return philox4x32(
+      {uint32_t(index), uint32_t(index >> 32), uint32_t(stream), uint32_t(stream >> 32)},
+      {uint32_t(seed), uint32_t(seed >> 32)});
 }
 
 // 24 high bits -> [0,1) exactly representable in f32.

@@ -223,8 +223,8 @@ double GptT<F>::backward(const int32_t* targets, float loss_scale, const GradRea
   cpu::matmul_tn(g_.wte, dlogits, acts_.lnf, Vp, C, BT, /*accumulate=*/true);
   cpu::matmul_nn(acts_.dln, dlogits, w_.wte, BT, C, Vp);
   std::memset(acts_.dresidual, 0, sizeof(F) * BT * C);
-  cpu::layernorm_backward(acts_.dresidual, g_.lnfw, g_.lnfb, acts_.dln, acts_.residual_out,
-                          w_.lnfw, acts_.lnf_mean, acts_.lnf_rstd, BT, C);
+  cpu::layernorm_backward(acts_.dresidual, g_.lnfw, g_.lnfb, acts_.dln, acts_.residual_out, w_.lnfw,
+                          acts_.lnf_mean, acts_.lnf_rstd, BT, C);
   if (ready) ready(lnf_end_);
 
   F* dres = acts_.dresidual;  // gradient flowing along the residual stream, (B,T,C)

@@ -16,9 +16,9 @@ namespace tetra {
 
 /** A parameter tensor: a view plus how the optimizer and the HF format treat it. */
 struct Param {
-  TensorView view;    // internal layout; Linear weights are (out, in)
-  bool decay = false;  // AdamW weight decay applies (2-D weights)
-  bool conv1d = false;  // stored transposed, (in, out), in Hugging Face files
+  TensorView view;           // internal layout; Linear weights are (out, in)
+  bool decay = false;        // AdamW weight decay applies (2-D weights)
+  bool conv1d = false;       // stored transposed, (in, out), in Hugging Face files
   bool padded_rows = false;  // wte: rows >= vocab_size are padding, absent from files
 };
 
@@ -91,7 +91,7 @@ class GptT {
   Buffer<F> params_mem_, grads_, act_mem_;
   Weights w_, g_;
   Acts acts_;
-  std::vector<int32_t> inputs_;  // (B,T) copy of the last forward's inputs
+  std::vector<int32_t> inputs_;    // (B,T) copy of the last forward's inputs
   std::vector<size_t> layer_end_;  // flat offset after layer l's parameters (backward order)
   size_t lnf_end_ = 0;
 };

@@ -19,9 +19,10 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
     int lo = n_head, hi = n_head;
     while (lo > 1 && d_model % lo) --lo;
     while (d_model % hi) ++hi;
-    fail("[model] model.n_head={} does not divide model.d_model={}; use n_head={} or {}, or a "
-         "d_model that is a multiple of {}",
-         n_head, d_model, lo, hi, n_head);
+    fail(
+        "[model] model.n_head={} does not divide model.d_model={}; use n_head={} or {}, or a "
+        "d_model that is a multiple of {}",
+        n_head, d_model, lo, hi, n_head);
   }
   GptConfig c;
   c.vocab_size = vocab_size;
@@ -35,7 +36,8 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
 
 int64_t GptConfig::num_params() const {
   int64_t C = d_model, L = n_layer;
-  int64_t per_layer = 12 * C * C + 13 * C;  // qkv 3C²+3C, proj C²+C, fc 4C²+4C, fcproj 4C²+C, 2 LN 4C
+  int64_t per_layer =
+      12 * C * C + 13 * C;  // qkv 3C²+3C, proj C²+C, fc 4C²+4C, fcproj 4C²+C, 2 LN 4C
   return int64_t(vocab_size) * C + int64_t(max_seq) * C + L * per_layer + 2 * C;
 }
 

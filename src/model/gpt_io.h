@@ -1,5 +1,6 @@
-// GPT-2 weights in Hugging Face's safetensors layout: names like "transformer.h.0.attn.c_attn.weight",
-// Conv1D weights stored (in, out), wte with the real (unpadded) vocab, no lm_head (tied).
+// GPT-2 weights in Hugging Face's safetensors layout: names like
+// "transformer.h.0.attn.c_attn.weight", Conv1D weights stored (in, out), wte with the real
+// (unpadded) vocab, no lm_head (tied).
 #pragma once
 
 #include <string>

@@ -11,12 +11,12 @@ AdamW::AdamW(std::vector<Param>& params, const AdamWConfig& config, size_t num_e
 
 void AdamW::step(float* params_flat, const float* grads_flat, float lr, float grad_scale) {
   ++t_;
-  cpu::AdamWStep s{lr,           grad_scale, config_.beta1, config_.beta2, config_.eps,
-                   config_.weight_decay, t_};
+  cpu::AdamWStep s{lr, grad_scale, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
+                   t_};
   for (const Param& p : *params_) {
     size_t o = p.view.offset;
-    cpu::adamw_update(params_flat + o, grads_flat + o, m_.data() + o, v_.data() + o,
-                      p.view.numel(), s, p.decay);
+    cpu::adamw_update(params_flat + o, grads_flat + o, m_.data() + o, v_.data() + o, p.view.numel(),
+                      s, p.decay);
   }
 }
 

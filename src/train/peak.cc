@@ -73,10 +73,11 @@ double fp32_peak_gflops(int threads, bool* from_cache) {
   }
   double g = measure(threads);
   if (load > 1.0) {
-    log_warn("[train] the fp32 peak ({:.1f} GFLOP/s at {} threads) was measured with load average "
-             "{:.1f}: other work was running, so it is low and MFU reads high; it is measured "
-             "again once the machine is quieter",
-             g, threads, load);
+    log_warn(
+        "[train] the fp32 peak ({:.1f} GFLOP/s at {} threads) was measured with load average "
+        "{:.1f}: other work was running, so it is low and MFU reads high; it is measured "
+        "again once the machine is quieter",
+        g, threads, load);
   }
   cache[key] = g;
   cache[load_key] = load;

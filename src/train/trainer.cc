@@ -87,8 +87,7 @@ Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
   // A global batch is every rank's micro-batches of one step; rank r takes its slice.
   prefetch_ = std::make_unique<Prefetcher>(
       *train_, Sampler(train_->num_samples(), opt_.shuffle, opt_.seed,
-                       int64_t(opt_.micro_batch) * opt_.grad_accum * dp_size_, dp_rank_,
-                       dp_size_));
+                       int64_t(opt_.micro_batch) * opt_.grad_accum * dp_size_, dp_rank_, dp_size_));
   window_.resize(size_t(opt_.seq_len) + 1);
   inputs_.resize(size_t(opt_.micro_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
@@ -101,9 +100,10 @@ Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
   // neither disturb each other's measurement nor race on the cache file.
   if (!mesh_ || is_root()) peak_gflops_ = fp32_peak_gflops(threads_);
   if (mesh_) {
-    world.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&peak_gflops_),
-                                         sizeof peak_gflops_),
-                    0)
+    world
+        .broadcast(
+            std::span<std::byte>(reinterpret_cast<std::byte*>(&peak_gflops_), sizeof peak_gflops_),
+            0)
         .wait();
   }
 }
@@ -138,9 +138,10 @@ void Trainer::print_header() const {
            dp_size_, opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(), opt_.steps,
            opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
-  log_info("[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
-           "model FLOPs/token {:.3g}",
-           threads_, peak_gflops_, m.flops_per_token(opt_.seq_len));
+  log_info(
+      "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
+      "model FLOPs/token {:.3g}",
+      threads_, peak_gflops_, m.flops_per_token(opt_.seq_len));
 }
 
 TrainResult Trainer::run() {
@@ -215,11 +216,15 @@ TrainResult Trainer::run() {
     double tps = tokens_per_step / step_s;
     rates.push_back(tps);
     double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * dp_size_);
-    nlohmann::json rec = {{"step", s + 1},           {"loss", loss},
-                          {"lr", lr},                {"grad_norm", norm},
+    nlohmann::json rec = {{"step", s + 1},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", norm},
                           {"tokens", (s + 1) * tokens_per_step},
-                          {"tokens_per_s", tps},     {"step_ms", step_s * 1e3},
-                          {"data_wait_ms", data_ms}, {"mfu", mfu}};
+                          {"tokens_per_s", tps},
+                          {"step_ms", step_s * 1e3},
+                          {"data_wait_ms", data_ms},
+                          {"mfu", mfu}};
     if (buckets) {
       rec["comm_ms"] = comm_stats.exposed_ms;
       rec["reduce_ms"] = comm_stats.reduce_ms;
@@ -233,7 +238,8 @@ TrainResult Trainer::run() {
     result.final_loss = loss;
     if (tty) {
       double eta = (opt_.steps - s - 1) * (total.elapsed_s() / double(s + 1));
-      std::fprintf(stderr, "\r\033[K[train] step %lld/%lld  loss %.4f  %.0f tok/s  mfu %.1f%%  ETA %s",
+      std::fprintf(stderr,
+                   "\r\033[K[train] step %lld/%lld  loss %.4f  %.0f tok/s  mfu %.1f%%  ETA %s",
                    (long long)(s + 1), (long long)opt_.steps, loss, tps, 100.0 * mfu,
                    format_duration(eta).c_str());
       if (last) std::fprintf(stderr, "\n");
@@ -248,7 +254,8 @@ TrainResult Trainer::run() {
     write_safetensors(opt_.save_final, gpt_to_safetensors(*model_, model_->param_data()));
     log_info("[train] saved weights to {}", opt_.save_final);
   }
-  std::string val = result.final_val_loss >= 0 ? fmt::format(", val loss {:.4f}", result.final_val_loss) : "";
+  std::string val =
+      result.final_val_loss >= 0 ? fmt::format(", val loss {:.4f}", result.final_val_loss) : "";
   log_info("[train] done: {} steps in {}, final loss {:.4f}{}, median {:.0f} tok/s", result.steps,
            format_duration(total.elapsed_s()), result.final_loss, val, result.tokens_per_s);
   return result;

@@ -49,7 +49,7 @@ class Trainer {
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<TokenDataset> train_, val_;
-  std::unique_ptr<Prefetcher> prefetch_;  // training batches, assembled ahead of the step
+  std::unique_ptr<Prefetcher> prefetch_;            // training batches, assembled ahead of the step
   std::vector<int32_t> window_, inputs_, targets_;  // (T+1) scratch, (B,T), (B,T)
 };
 

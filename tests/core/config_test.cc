@@ -52,14 +52,17 @@ TEST(Config, UnknownKeySuggestsTheClosest) {
 }
 
 TEST(Config, WrongTypesAreRefused) {
-  EXPECT_NE(error_of([] { Config::from_overrides(kSchema, {"--model.n_layer=abc"}); })
-                .find("expects integer"),
+  EXPECT_NE(error_of([] {
+              Config::from_overrides(kSchema, {"--model.n_layer=abc"});
+            }).find("expects integer"),
             std::string::npos);
-  EXPECT_NE(error_of([] { Config::load(kSchema, write_toml("[data]\nshuffle = 3\n"), {}); })
-                .find("expects boolean"),
+  EXPECT_NE(error_of([] {
+              Config::load(kSchema, write_toml("[data]\nshuffle = 3\n"), {});
+            }).find("expects boolean"),
             std::string::npos);
-  EXPECT_NE(error_of([] { Config::from_overrides(kSchema, {"--model.n_layer"}); })
-                .find("--section.key=value"),
+  EXPECT_NE(error_of([] {
+              Config::from_overrides(kSchema, {"--model.n_layer"});
+            }).find("--section.key=value"),
             std::string::npos);
   EXPECT_NE(error_of([] { Config::load(kSchema, "/nonexistent/x.toml", {}); }).find("cannot open"),
             std::string::npos);

@@ -16,8 +16,8 @@ TEST(Philox, KnownAnswers) {
   EXPECT_EQ(zero[1], 0xe169c58du);
   EXPECT_EQ(zero[2], 0xbc57ac4cu);
   EXPECT_EQ(zero[3], 0x9b00dbd8u);
-  auto ones = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                         {0xffffffffu, 0xffffffffu});
+  auto ones =
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu});
   EXPECT_EQ(ones[0], 0x408f276du);
   EXPECT_EQ(ones[1], 0x41c83b0eu);
   EXPECT_EQ(ones[2], 0xa20bc7c6u);
@@ -49,7 +49,7 @@ TEST(Philox, NormalHasUnitMoments) {
 
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(bf16::from_float(1.0f).to_float(), 1.0f);
-  EXPECT_EQ(bf16::from_float(1.00390625f).to_float(), 1.0f);     // tie -> even
+  EXPECT_EQ(bf16::from_float(1.00390625f).to_float(), 1.0f);       // tie -> even
   EXPECT_EQ(bf16::from_float(1.01171875f).to_float(), 1.015625f);  // tie -> even (up)
   EXPECT_TRUE(std::isnan(bf16::from_float(NAN).to_float()));
   EXPECT_EQ(bf16::from_float(-2.5f).to_float(), -2.5f);

@@ -1,4 +1,6 @@
 // Finite-difference checks of every kernel's backward, in double precision.
+#include "tests/kernels/gradcheck.h"
+
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/attention.h"
@@ -7,7 +9,6 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
-#include "tests/kernels/gradcheck.h"
 
 namespace tetra::cpu {
 namespace {
@@ -42,8 +43,8 @@ TEST(GradCheck, LayerNormBackwardAccumulates) {
   Vec r = random_vector(N * C, 4), out(N * C), mean(N), rstd(N);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   Vec dx1(N * C, 0.0), dw1(C, 0.0), db1(C, 0.0), dx2(N * C, 0.0), dw2(C, 0.0), db2(C, 0.0);
-  layernorm_backward(dx1.data(), dw1.data(), db1.data(), r.data(), x.data(), w.data(),
-                     mean.data(), rstd.data(), N, C);
+  layernorm_backward(dx1.data(), dw1.data(), db1.data(), r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
   for (int k = 0; k < 2; ++k) {
     layernorm_backward(dx2.data(), dw2.data(), db2.data(), r.data(), x.data(), w.data(),
                        mean.data(), rstd.data(), N, C);
@@ -139,11 +140,14 @@ TEST(GradCheck, SoftmaxCrossEntropyOverPaddedVocab) {
   std::vector<int32_t> y = {0, 4, 2, 2};
   Vec losses(N);
   const double dloss = 0.25;
-  auto loss = [&] { return dloss * softmax_xent_forward(losses.data(), logits.data(), y.data(), N, V, Vp); };
+  auto loss = [&] {
+    return dloss * softmax_xent_forward(losses.data(), logits.data(), y.data(), N, V, Vp);
+  };
   double fwd = loss();
   EXPECT_LT(fwd, 10.0);  // the 1e3 padded logits did not enter the softmax
   Vec grad = logits;
-  double fused = softmax_xent_forward_backward(losses.data(), grad.data(), y.data(), N, V, Vp, dloss);
+  double fused =
+      softmax_xent_forward_backward(losses.data(), grad.data(), y.data(), N, V, Vp, dloss);
   EXPECT_NEAR(dloss * fused, fwd, 1e-12);
   for (int i = 0; i < N; ++i)
     for (int v = V; v < Vp; ++v) EXPECT_EQ(grad[i * Vp + v], 0.0);

@@ -77,7 +77,8 @@ TEST(Gpt, FloatModelTracksDouble) {
   Gpt f(tiny(), B, T);
   d.init(9);
   f.init(9);
-  for (size_t i = 0; i < f.num_elements(); ++i) EXPECT_EQ(float(d.param_data()[i]), f.param_data()[i]);
+  for (size_t i = 0; i < f.num_elements(); ++i)
+    EXPECT_EQ(float(d.param_data()[i]), f.param_data()[i]);
   auto in = tokens(B * T, 37, 10), tg = tokens(B * T, 37, 11);
   d.zero_grads();
   f.zero_grads();

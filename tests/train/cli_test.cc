@@ -37,7 +37,8 @@ class TrainCli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("tetra_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("tetra_cli_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::vector<uint32_t> tokens(4096);
@@ -61,12 +62,12 @@ class TrainCli : public ::testing::Test {
   fs::path dir_;
 };
 
-#define EXPECT_REFUSED(run, text)                                                       \
-  do {                                                                                  \
-    EXPECT_EQ((run).code, 2) << (run).output;                                           \
-    EXPECT_NE((run).output.find(text), std::string::npos) << "missing '" << (text)      \
-                                                          << "' in:\n" << (run).output; \
-    EXPECT_EQ((run).output.find("[train] step"), std::string::npos) << (run).output;    \
+#define EXPECT_REFUSED(run, text)                                                               \
+  do {                                                                                          \
+    EXPECT_EQ((run).code, 2) << (run).output;                                                   \
+    EXPECT_NE((run).output.find(text), std::string::npos) << "missing '" << (text) << "' in:\n" \
+                                                          << (run).output;                      \
+    EXPECT_EQ((run).output.find("[train] step"), std::string::npos) << (run).output;            \
   } while (0)
 
 TEST_F(TrainCli, TrainsAndWritesMetrics) {
@@ -84,16 +85,19 @@ TEST_F(TrainCli, TrainsAndWritesMetrics) {
 }
 
 TEST_F(TrainCli, UnknownKeyGetsASuggestion) {
-  EXPECT_REFUSED(tetra(base() + " --optim.learning_rate=1e-3"), "unknown key 'optim.learning_rate'");
+  EXPECT_REFUSED(tetra(base() + " --optim.learning_rate=1e-3"),
+                 "unknown key 'optim.learning_rate'");
   EXPECT_REFUSED(tetra(base() + " --model.n_layers=3"), "Did you mean 'model.n_layer'");
 }
 
 TEST_F(TrainCli, HeadsMustDivideDModel) {
-  EXPECT_REFUSED(tetra(base() + " --model.n_head=3"), "model.n_head=3 does not divide model.d_model=32");
+  EXPECT_REFUSED(tetra(base() + " --model.n_head=3"),
+                 "model.n_head=3 does not divide model.d_model=32");
 }
 
 TEST_F(TrainCli, TokenIdBeyondVocabIsRefused) {
-  EXPECT_REFUSED(tetra(base() + " --model.vocab_size=50"), "holds token id 60 but model.vocab_size=50");
+  EXPECT_REFUSED(tetra(base() + " --model.vocab_size=50"),
+                 "holds token id 60 but model.vocab_size=50");
 }
 
 TEST_F(TrainCli, TruncatedAndForeignDataFilesAreRefused) {
@@ -114,7 +118,8 @@ TEST_F(TrainCli, SafetensorsWithWrongNamesOrShapesAreRefused) {
   EXPECT_EQ(tetra(base() + " --init.from=" + path("w.safetensors")).code, 0);
 
   SafeTensorsFile renamed = f;
-  renamed.tensors["transformer.h.0.attn.c_atn.weight"] = renamed.tensors.at("transformer.h.0.attn.c_attn.weight");
+  renamed.tensors["transformer.h.0.attn.c_atn.weight"] =
+      renamed.tensors.at("transformer.h.0.attn.c_attn.weight");
   renamed.tensors.erase("transformer.h.0.attn.c_attn.weight");
   write_safetensors(path("renamed.safetensors"), renamed);
   EXPECT_REFUSED(tetra(base() + " --init.from=" + path("renamed.safetensors")), "c_atn");
@@ -129,7 +134,8 @@ TEST_F(TrainCli, AccumulationMatchesTheLargerBatch) {
   // 4 sequences x 2 micro-batches and 8 sequences x 1 see the same samples per step.
   std::string common = base() + " --train.steps=4 --optim.lr=1e-2";
   ASSERT_EQ(tetra(common + " --train.micro_batch=8 --run.dir=" + path("a")).code, 0);
-  ASSERT_EQ(tetra(common + " --train.micro_batch=4 --train.grad_accum=2 --run.dir=" + path("b")).code, 0);
+  ASSERT_EQ(
+      tetra(common + " --train.micro_batch=4 --train.grad_accum=2 --run.dir=" + path("b")).code, 0);
   auto a = metrics(path("a")), b = metrics(path("b"));
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);

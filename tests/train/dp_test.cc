@@ -46,9 +46,9 @@ class DataParallel : public ::testing::Test {
         "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
         "--model.max_seq=16 --train.seq_len=16 --train.steps=5 --optim.lr=1e-2 "
         "--optim.warmup_steps=1 --run.threads=1 --dp.bucket_mb=0.01 --dist.timeout_s=60 "
-        "--train.micro_batch=" + std::to_string(micro_batch) +
-        " --train.grad_accum=" + std::to_string(accum) + " --data.train=" +
-        (dir_ / "train.bin").string() + " --run.dir=" + run.string() +
+        "--train.micro_batch=" +
+        std::to_string(micro_batch) + " --train.grad_accum=" + std::to_string(accum) +
+        " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string() +
         " --save.final=" + (run / "w.safetensors").string() + " " + extra;
     std::string cmd = ranks == 1 ? std::string(TETRA_BINARY) + " " + args
                                  : std::string(TETRA_MPIEXEC) +

@@ -90,8 +90,8 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
     for (int j = t + 1; j < T; ++j) d[j] = 0;
   }
 
-  product<F>(B, NH, T, hs, T, datt, att_s, qkv + C, part, dqkv, part);      // dq = dpre · k
-  product<F>(B, NH, T, hs, T, datt, att_t, qkv, part, dqkv + C, part);      // dk = dpre^T · q
+  product<F>(B, NH, T, hs, T, datt, att_s, qkv + C, part, dqkv, part);  // dq = dpre · k
+  product<F>(B, NH, T, hs, T, datt, att_t, qkv, part, dqkv + C, part);  // dk = dpre^T · q
 }
 
 template void attention_forward<float>(float*, float*, const float*, int, int, int, int);

@@ -24,8 +24,8 @@ F logsumexp(const F* x, int V) {
 }  // namespace
 
 template <typename F>
-double softmax_xent_forward_backward(F* losses, F* logits, const int32_t* targets, int64_t N,
-                                     int V, int Vp, F dloss) {
+double softmax_xent_forward_backward(F* losses, F* logits, const int32_t* targets, int64_t N, int V,
+                                     int Vp, F dloss) {
   double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int64_t i = 0; i < N; ++i) {

@@ -54,10 +54,10 @@ void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
   }
 }
 
-#define TETRA_INSTANTIATE(F)                                                \
-  template void gelu_forward<F>(F*, const F*, int64_t);                    \
-  template void gelu_backward<F>(F*, const F*, const F*, int64_t);         \
-  template void residual_forward<F>(F*, const F*, const F*, int64_t);      \
+#define TETRA_INSTANTIATE(F)                                          \
+  template void gelu_forward<F>(F*, const F*, int64_t);               \
+  template void gelu_backward<F>(F*, const F*, const F*, int64_t);    \
+  template void residual_forward<F>(F*, const F*, const F*, int64_t); \
   template void bias_backward<F>(F*, const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)

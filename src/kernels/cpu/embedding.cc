@@ -38,8 +38,8 @@ void embedding_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, 
   }
 }
 
-template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int,
-                                       int, int);
+template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int, int,
+                                       int);
 template void embedding_forward<double>(double*, const int32_t*, const double*, const double*, int,
                                         int, int);
 template void embedding_backward<float>(float*, float*, const float*, const int32_t*, int, int,

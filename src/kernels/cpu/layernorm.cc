@@ -28,8 +28,8 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
 }
 
 template <typename F>
-void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
-                        const F* weight, const F* mean, const F* rstd, int64_t N, int C) {
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                        const F* mean, const F* rstd, int64_t N, int C) {
   // Rows are independent for dinp; the parameter gradients are reduced per thread into private
   // partials and summed in thread order, which keeps results deterministic for a thread count.
   int nthreads = omp_get_max_threads();
@@ -73,9 +73,9 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
   }
 }
 
-#define TETRA_INSTANTIATE(F)                                                                 \
+#define TETRA_INSTANTIATE(F)                                                                  \
   template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int64_t, int); \
-  template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,    \
+  template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,     \
                                       const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)

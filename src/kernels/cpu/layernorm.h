@@ -13,7 +13,7 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
                        int64_t N, int C);
 // dinp (N,C) accumulates (+=); dweight, dbias (C) accumulate.
 template <typename F>
-void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
-                        const F* weight, const F* mean, const F* rstd, int64_t N, int C);
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                        const F* mean, const F* rstd, int64_t N, int C);
 
 }  // namespace tetra::cpu

@@ -32,9 +32,12 @@ Engine& engine() {
 
 dnnl::memory::data_type to_dnnl(DType t) {
   switch (t) {
-    case DType::f32: return dnnl::memory::data_type::f32;
-    case DType::bf16: return dnnl::memory::data_type::bf16;
-    default: fail("[matmul] unsupported operand dtype {}", dtype_name(t));
+    case DType::f32:
+      return dnnl::memory::data_type::f32;
+    case DType::bf16:
+      return dnnl::memory::data_type::bf16;
+    default:
+      fail("[matmul] unsupported operand dtype {}", dtype_name(t));
   }
 }
 
@@ -82,8 +85,9 @@ void matmul(const MatmulArgs& x) {
   TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
   if (x.a.dtype == DType::f64) return matmul_reference(x);
 
-  Key key = {x.b0, x.b1, x.M, x.N, x.K, int64_t(x.a.dtype), int64_t(x.b.dtype), x.bias != nullptr,
-             x.accumulate};
+  Key key = {
+      x.b0,        x.b1, x.M, x.N, x.K, int64_t(x.a.dtype), int64_t(x.b.dtype), x.bias != nullptr,
+      x.accumulate};
   for (auto s : x.a.strides) key.push_back(s);
   for (auto s : x.b.strides) key.push_back(s);
   for (auto s : x.c_strides) key.push_back(s);

@@ -23,8 +23,8 @@ struct MatOperand {
 struct MatmulArgs {
   int64_t b0 = 1, b1 = 1;  // batch dims
   int64_t M = 0, N = 0, K = 0;
-  MatOperand a;  // (b0, b1, M, K)
-  MatOperand b;  // (b0, b1, K, N)
+  MatOperand a;       // (b0, b1, M, K)
+  MatOperand b;       // (b0, b1, K, N)
   void* c = nullptr;  // (b0, b1, M, N), f32 (f64 with f64 operands)
   std::array<int64_t, 4> c_strides{};
   const void* bias = nullptr;  // (N), same dtype as C; only with b0 == b1 == 1

@@ -1,6 +1,6 @@
 // Branch-free exp that the compiler vectorises (libm's scalar tanhf/expf dominated the profile:
-// GELU alone took 40% of a tiny-model step; GELU now uses exp through the sigmoid form). Relative error of exp_approx is below
-// 2e-7 on [-87, 88]; inputs below -87 flush to 0.
+// GELU alone took 40% of a tiny-model step; GELU now uses exp through the sigmoid form). Relative
+// error of exp_approx is below 2e-7 on [-87, 88]; inputs below -87 flush to 0.
 #pragma once
 
 #include <bit>
