@@ -14,6 +14,7 @@
 #include <set>
 #include <string_view>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace tetra {
@@ -84,17 +85,6 @@ bool pread_all(int fd, void* dst, size_t n, uint64_t offset) {
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return false;
     p += got, n -= size_t(got), offset += uint64_t(got);
-  }
-  return true;
-}
-
-bool write_all(int fd, const void* src, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  while (n > 0) {
-    ssize_t put = ::write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    p += put, n -= size_t(put);
   }
   return true;
 }
@@ -349,32 +339,10 @@ void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
   uint8_t len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
 
-  // Write beside the target, flush to disk, then rename: a crash leaves either the old file or
-  // the new one, never a torn checkpoint.
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  TETRA_CHECK(fd.fd >= 0,
-              "[safetensors] {}: cannot create ({}); check the directory exists and "
-              "is writable",
-              tmp, std::strerror(errno));
-  bool ok = write_all(fd.fd, len_bytes, 8) && write_all(fd.fd, text.data(), text.size());
-  for (auto it = file.tensors.begin(); ok && it != file.tensors.end(); ++it) {
-    ok = write_all(fd.fd, it->second.bytes.data(), it->second.bytes.size());
-  }
-  ok = ok && ::fsync(fd.fd) == 0;
-  int err = ok ? 0 : errno;
-  if (::close(fd.fd) != 0 && ok) ok = false, err = errno;
-  fd.fd = -1;
-  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    fail("[safetensors] {}: write failed ({}); check free disk space and permissions", path,
-         std::strerror(err));
-  }
-  // Persist the rename itself.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  Fd dfd(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.fd >= 0) ::fsync(dfd.fd);
+  std::vector<std::span<const uint8_t>> parts = {
+      {len_bytes, 8}, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}};
+  for (const auto& [name, t] : file.tensors) parts.emplace_back(t.bytes.data(), t.bytes.size());
+  write_file_atomically(path, parts, "safetensors");
 }
 
 }  // namespace tetra

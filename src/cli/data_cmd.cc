@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flag_values.h"
 #include "core/error.h"
 #include "data/prepare.h"
 
@@ -28,26 +29,6 @@ constexpr const char* kUsage =
     "  --val-fraction F    the last F of the input bytes becomes validation (default 0.05)\n"
     "  --threads N         encoding threads (default: all cores)\n"
     "  --no-progress       no progress line\n";
-
-size_t parse_size(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const long long n = std::stoll(v, &used);
-    if (used == v.size() && n >= 0) return static_cast<size_t>(n);
-  } catch (const std::exception&) {
-  }
-  fail("[data] {} {}: expected a non-negative integer", flag, v);
-}
-
-double parse_double(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used == v.size()) return d;
-  } catch (const std::exception&) {
-  }
-  fail("[data] {} {}: expected a number, e.g. 0.05", flag, v);
-}
 
 int prepare_main(const Args& args) {
   PrepareOptions o;
@@ -76,11 +57,11 @@ int prepare_main(const Args& args) {
     } else if (key == "--tokenizer") {
       o.tokenizer = value;
     } else if (key == "--shard-tokens") {
-      o.shard_tokens = parse_size(key, value);
+      o.shard_tokens = size_t(flag_int("data", key, value, 0));
     } else if (key == "--val-fraction") {
-      o.val_fraction = parse_double(key, value);
+      o.val_fraction = flag_double("data", key, value, "0.05");
     } else if (key == "--threads") {
-      o.threads = static_cast<int>(parse_size(key, value));
+      o.threads = int(flag_int("data", key, value, 0));
     } else {
       fail("[data] unknown option {}; see tetra data prepare --help", key);
     }

@@ -9,6 +9,7 @@
 
 #include "ckpt/safetensors.h"
 #include "cli/commands.h"
+#include "cli/flag_values.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
@@ -34,26 +35,6 @@ constexpr const char* kUsage =
     "  --temperature T   0 is greedy; higher is more random (default 0.8)\n"
     "  --top-k K         draw among the K most likely tokens; 0 = all (default 40)\n"
     "  --seed S          the same seed, model and prompt give the same text (default 1)\n";
-
-int64_t parse_int(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const long long n = std::stoll(v, &used);
-    if (used == v.size()) return n;
-  } catch (const std::exception&) {
-  }
-  fail("[generate] {} {}: expected an integer", flag, v);
-}
-
-double parse_double(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used == v.size()) return d;
-  } catch (const std::exception&) {
-  }
-  fail("[generate] {} {}: expected a number, e.g. 0.8", flag, v);
-}
 
 /** model.* overrides read off the tensor shapes: layers, width, vocabulary and positions. */
 std::vector<std::string> shape_from_tensors(const std::string& path) {
@@ -112,15 +93,15 @@ int generate_main(const Args& args) {
     } else if (a == "--config") {
       config_path = v;
     } else if (a == "--max-tokens") {
-      max_tokens = int(parse_int(a, v));
+      max_tokens = int(flag_int("generate", a, v));
     } else if (a == "--temperature") {
-      sampling.temperature = float(parse_double(a, v));
+      sampling.temperature = float(flag_double("generate", a, v, "0.8"));
     } else if (a == "--top-k") {
-      sampling.top_k = int(parse_int(a, v));
+      sampling.top_k = int(flag_int("generate", a, v));
     } else if (a == "--seed") {
-      sampling.seed = uint64_t(parse_int(a, v));
+      sampling.seed = uint64_t(flag_int("generate", a, v));
     } else if (a == "--threads") {
-      threads = int(parse_int(a, v));
+      threads = int(flag_int("generate", a, v));
     } else {
       fail("[generate] unknown option '{}'; see tetra generate --help", a);
     }

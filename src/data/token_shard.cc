@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace tetra {
@@ -155,30 +156,7 @@ void write_token_shard(const std::string& path, std::span<const uint32_t> tokens
     std::memcpy(buf.data() + kHeaderBytes, tokens.data(), tokens.size_bytes());
   }
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TETRA_CHECK(fd >= 0, "[data] {}: cannot create ({}); check the directory exists and is writable",
-              tmp, std::strerror(errno));
-  const uint8_t* p = buf.data();
-  size_t left = buf.size();
-  int err = 0;
-  while (left > 0) {
-    ssize_t put = ::write(fd, p, left);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) {
-      err = put < 0 ? errno : EIO;
-      break;
-    }
-    p += put, left -= size_t(put);
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    fail("[data] {}: writing the token shard failed ({}); check free disk space", path,
-         std::strerror(err));
-  }
+  write_file_atomically(path, {{buf.data(), buf.size()}}, "data");
 }
 
 }  // namespace tetra
