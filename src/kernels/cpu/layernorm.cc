@@ -14,13 +14,16 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
   for (int64_t i = 0; i < N; ++i) {
     const F* x = inp + i * C;
     F m = 0;
+#pragma omp simd reduction(+ : m)
     for (int c = 0; c < C; ++c) m += x[c];
     m /= C;
     F v = 0;
+#pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     v /= C;
     F s = F(1) / std::sqrt(v + F(kLayerNormEps));
     F* o = out + i * C;
+#pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
     mean[i] = m;
     rstd[i] = s;
@@ -46,6 +49,7 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
       F* dx = dinp + i * C;
       F m = mean[i], s = rstd[i];
       F dnorm_mean = 0, dnorm_norm_mean = 0;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int c = 0; c < C; ++c) {
         F norm = (x[c] - m) * s;
         F dnorm = weight[c] * dy[c];
@@ -54,6 +58,7 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
       }
       dnorm_mean /= C;
       dnorm_norm_mean /= C;
+#pragma omp simd
       for (int c = 0; c < C; ++c) {
         F norm = (x[c] - m) * s;
         F dnorm = weight[c] * dy[c];

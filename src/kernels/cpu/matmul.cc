@@ -12,9 +12,11 @@ namespace {
 
 using Key = std::vector<int64_t>;
 
+// A primitive with its memory objects: each call only swaps the data pointers in.
 struct Cached {
-  dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
+  dnnl::memory src, weights, dst, bias;
+  std::unordered_map<int, dnnl::memory> args;
 };
 
 struct Engine {
@@ -112,19 +114,26 @@ void matmul(const MatmulArgs& x) {
     dnnl::matmul::desc desc = x.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
                                      : dnnl::matmul::desc(a_md, b_md, c_md);
     dnnl::matmul::primitive_desc pd(desc, attr, e.engine);
-    it = e.cache.emplace(key, Cached{pd, dnnl::matmul(pd)}).first;
+    Cached c{dnnl::matmul(pd),
+             dnnl::memory(pd.src_desc(), e.engine, DNNL_MEMORY_NONE),
+             dnnl::memory(pd.weights_desc(), e.engine, DNNL_MEMORY_NONE),
+             dnnl::memory(pd.dst_desc(), e.engine, DNNL_MEMORY_NONE),
+             {},
+             {}};
+    c.args = {{DNNL_ARG_SRC, c.src}, {DNNL_ARG_WEIGHTS, c.weights}, {DNNL_ARG_DST, c.dst}};
+    if (x.bias) {
+      c.bias = dnnl::memory(pd.bias_desc(), e.engine, DNNL_MEMORY_NONE);
+      c.args.emplace(DNNL_ARG_BIAS, c.bias);
+    }
+    it = e.cache.emplace(key, std::move(c)).first;
   }
 
-  const auto& pd = it->second.pd;
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(pd.src_desc(), e.engine, const_cast<void*>(x.a.data))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(pd.weights_desc(), e.engine, const_cast<void*>(x.b.data))},
-      {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), e.engine, x.c)},
-  };
-  if (x.bias) {
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(pd.bias_desc(), e.engine, const_cast<void*>(x.bias)));
-  }
-  it->second.prim.execute(e.stream, args);
+  Cached& c = it->second;
+  c.src.set_data_handle(const_cast<void*>(x.a.data));
+  c.weights.set_data_handle(const_cast<void*>(x.b.data));
+  c.dst.set_data_handle(x.c);
+  if (x.bias) c.bias.set_data_handle(const_cast<void*>(x.bias));
+  c.prim.execute(e.stream, c.args);
   e.stream.wait();
 }
 
