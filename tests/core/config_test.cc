@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "tests/test_util.h"
 
 namespace tetra {
 namespace {
@@ -23,14 +24,7 @@ std::string write_toml(const std::string& text) {
   return path.string();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Config, DefaultsFileAndOverridesInThatOrder) {
   std::string path = write_toml("[model]\nn_layer = 6\n[optim]\nlr = 1e-3\n");

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "tests/test_util.h"
 
 namespace tetra {
 namespace {
@@ -152,14 +153,7 @@ class PrepareTest : public ::testing::Test {
   std::vector<std::string> docs_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST_F(PrepareTest, ByteTokenizer) {
   const PrepareResult r = prepare_dataset(options("byte"));

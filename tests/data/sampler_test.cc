@@ -23,6 +23,7 @@
 #include "data/prefetch.h"
 #include "data/token_dataset.h"
 #include "data/token_shard.h"
+#include "tests/test_util.h"
 
 namespace tetra {
 namespace {
@@ -45,14 +46,7 @@ std::vector<Sampler> make_ranks(int64_t n, bool shuffle, uint64_t seed, int64_t 
   return ranks;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Sampler, SingleRankUnshuffledIsSequential) {
   // Row b of micro-batch m of step s is sample (s*grad_accum + m)*B + b (mod N): the order the

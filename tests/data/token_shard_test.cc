@@ -191,9 +191,8 @@ TEST_F(TokenShardTest, RefusesMissingFile) {
 // llm.c writes shards with numpy (dev/data/data_common.py); read one written the same way.
 TEST_F(TokenShardTest, ReadsShardWrittenLikeLlmC) {
   const char* python = "/usr/bin/python3";
-  if (std::system(fmt::format("{} -c 'import numpy' >/dev/null 2>&1", python).c_str()) != 0) {
-    GTEST_SKIP() << python << " lacks numpy";
-  }
+  ASSERT_EQ(std::system(fmt::format("{} -c 'import numpy' >/dev/null 2>&1", python).c_str()), 0)
+      << python << " lacks numpy: run scripts/install-deps.sh";
   std::string script = file("write.py");
   std::ofstream(script) << R"PY(
 import sys, numpy as np

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "data/bpe_train.h"
 #include "data/pretokenize.h"
+#include "tests/test_util.h"
 
 namespace tetra {
 namespace {
@@ -145,14 +146,7 @@ class TempDir {
   fs::path path_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(Pretokenize, MatchesGpt2Pattern) {
   // Expected pieces worked out by hand from the GPT-2 regex.

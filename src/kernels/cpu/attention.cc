@@ -97,8 +97,8 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
     product<F>(B, NH, q1 - q0, q1, hs, dout + int64_t(q0) * C, dout_s, qkv + 2 * C, part_t,
                datt + int64_t(q0) * T, att_s);
     // dv = att^T · dout
-    product<F>(B, NH, q1, hs, q1 - q0, att + int64_t(q0) * T, att_t, dout + int64_t(q0) * C,
-               dout_s, dqkv + 2 * C, part, !first);
+    product<F>(B, NH, q1, hs, q1 - q0, att + int64_t(q0) * T, att_t, dout + int64_t(q0) * C, dout_s,
+               dqkv + 2 * C, part, !first);
   }
 
   // softmax backward with the scale folded in: dpre = scale * p * (datt - sum(p * datt))
@@ -119,11 +119,11 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
     const int q1 = std::min(T, q0 + kCausalBlock);
     const bool first = q1 == T;
     // dq = dpre · k
-    product<F>(B, NH, q1 - q0, hs, q1, datt + int64_t(q0) * T, att_s, qkv + C, part,
-               dqkv + q0 * C3, part);
+    product<F>(B, NH, q1 - q0, hs, q1, datt + int64_t(q0) * T, att_s, qkv + C, part, dqkv + q0 * C3,
+               part);
     // dk = dpre^T · q
-    product<F>(B, NH, q1, hs, q1 - q0, datt + int64_t(q0) * T, att_t, qkv + q0 * C3, part,
-               dqkv + C, part, !first);
+    product<F>(B, NH, q1, hs, q1 - q0, datt + int64_t(q0) * T, att_t, qkv + q0 * C3, part, dqkv + C,
+               part, !first);
   }
 }
 
