@@ -24,7 +24,6 @@ class SampleOrder {
   /** The same value for the same g, whatever was asked before (one epoch's permutation is
    * cached, which is why this is not const). */
   int64_t at(int64_t g);
-  int64_t epoch_of(int64_t g) const { return g / n_; }
   int64_t num_samples() const { return n_; }
 
  private:

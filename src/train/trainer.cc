@@ -138,6 +138,13 @@ void Trainer::print_header() const {
            dp_size_, opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(), opt_.steps,
            opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
+  const double mb = 1.0 / (1 << 20),
+               params_mb = double(model_->num_elements()) * sizeof(float) * mb;
+  log_info(
+      "[train] memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state "
+      "{:.1f} MB, activations {:.1f} MB (micro-batch {} x {})",
+      params_mb, params_mb, 2 * params_mb, double(model_->activation_bytes()) * mb,
+      opt_.micro_batch, opt_.seq_len);
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
       "model FLOPs/token {:.3g}",

@@ -34,12 +34,6 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
 }
 
 template <typename F>
-void residual_forward(F* out, const F* a, const F* b, int64_t N) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; ++i) out[i] = a[i] + b[i];
-}
-
-template <typename F>
 void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
   // Split columns across threads: each column's sum runs over rows in order (deterministic).
 #pragma omp parallel for schedule(static)
@@ -54,10 +48,9 @@ void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
   }
 }
 
-#define TETRA_INSTANTIATE(F)                                          \
-  template void gelu_forward<F>(F*, const F*, int64_t);               \
-  template void gelu_backward<F>(F*, const F*, const F*, int64_t);    \
-  template void residual_forward<F>(F*, const F*, const F*, int64_t); \
+#define TETRA_INSTANTIATE(F)                                       \
+  template void gelu_forward<F>(F*, const F*, int64_t);            \
+  template void gelu_backward<F>(F*, const F*, const F*, int64_t); \
   template void bias_backward<F>(F*, const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)
