@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/arena.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "kernels/cpu/matmul.h"
@@ -82,9 +84,17 @@ double fp32_peak_gflops(int threads, bool* from_cache) {
   cache[key] = g;
   cache[load_key] = load;
   if (threads == omp_get_num_procs()) cache["fp32_gflops"] = g;
+  // Written atomically: concurrent runs (parallel tests, ranks on other hosts sharing a home)
+  // read either the old cache or the new one. A cache that cannot be written is not an error.
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  if (std::ofstream out(path); out) out << cache.dump(2) << "\n";
+  const std::string text = cache.dump(2) + "\n";
+  try {
+    write_file_atomically(path.string(),
+                          {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "train");
+  } catch (const Error& e) {
+    log_warn("{}", e.what());
+  }
   if (from_cache) *from_cache = false;
   return g;
 }

@@ -1,6 +1,7 @@
 #include "core/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -19,7 +20,9 @@ const ConfigSchema kSchema = {
 };
 
 std::string write_toml(const std::string& text) {
-  auto path = std::filesystem::temp_directory_path() / "tetra_config_test.toml";
+  // Per process: CTest runs the cases of this file as parallel processes.
+  auto path = std::filesystem::temp_directory_path() /
+              ("tetra_config_test_" + std::to_string(::getpid()) + ".toml");
   std::ofstream(path) << text;
   return path.string();
 }

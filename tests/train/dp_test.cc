@@ -2,6 +2,7 @@
 // accumulation 1 vs 4) give the same loss on every step and the same final weights; the same
 // layout run twice is bit-identical. Ranks are real processes under mpirun.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -29,7 +30,8 @@ struct Result {
 class DataParallel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / "tetra_dp_test";
+    // One directory per process: CTest runs these cases as parallel processes.
+    dir_ = fs::temp_directory_path() / ("tetra_dp_test_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::vector<uint32_t> tokens(20000);
