@@ -24,12 +24,11 @@ and never refreshed, so a peak measured while the machine was busy stays low and
 MFU (the 'mm GF' column shows torch's sgemm rate at run time as a check); --fresh-peak makes tetra
 measure it again, into a private HOME under --workdir, leaving ~/.cache/tetra alone.
 
-BLAS. Debian's python3-torch links libblas.so.3, which on this image is the netlib *reference*
-BLAS (~3 GFLOP/s; torch reports BLAS_INFO=generic): a baseline on it is a strawman. The torch
-subprocess is therefore pointed at OpenBLAS (OpenMP build) through LD_LIBRARY_PATH when one is
-found: --openblas-dir, $TETRA_OPENBLAS_DIR, /usr/lib/x86_64-linux-gnu/openblas-openmp, or the
-unpacked .deb at /tmp/openblas_deb (get it without touching the system with
-`apt-get download libopenblas0-openmp && dpkg -x libopenblas0-openmp_*.deb /tmp/openblas_deb`).
+BLAS. Debian's python3-torch links libblas.so.3, which is netlib's *reference* BLAS (~3 GFLOP/s;
+torch reports BLAS_INFO=generic) unless OpenBLAS provides it: scripts/install-deps.sh installs
+libopenblas0-openmp, which takes over libblas.so.3. The torch subprocess is also pointed at an
+OpenBLAS directory explicitly when one is found: --openblas-dir, $TETRA_OPENBLAS_DIR,
+/usr/lib/x86_64-linux-gnu/openblas-openmp.
 --torch-blas=system,openblas runs both.
 
   /usr/bin/python3 bench/train_bench.py [--shapes tiny,gpt2-124m] [--threads 1,2] [--steps N]
