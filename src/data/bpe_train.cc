@@ -39,16 +39,10 @@ void BpeTrainer::add_text(std::string_view text) {
   };
   // Cut where pre-tokenization cannot change, count each chunk on its own thread, then sum
   // (addition commutes, so the result does not depend on the thread count).
-  std::vector<size_t> cuts{0};
   const size_t target = text.size() / (4 * static_cast<size_t>(threads_)) + 1;
-  if (threads_ > 1 && text.size() > (1 << 20)) {
-    while (true) {
-      const size_t p = find_text_split(text, cuts.back() + target);
-      if (p == std::string_view::npos) break;
-      cuts.push_back(p);
-    }
-  }
-  cuts.push_back(text.size());
+  const std::vector<size_t> cuts = threads_ > 1 && text.size() > (1 << 20)
+                                       ? text_chunk_cuts(text, target)
+                                       : std::vector<size_t>{0, text.size()};
   const int n = static_cast<int>(cuts.size()) - 1;
   std::vector<Counts> partial(n);
 #pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)

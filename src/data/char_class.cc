@@ -104,4 +104,15 @@ size_t rfind_text_split(std::string_view text) {
   return std::string_view::npos;
 }
 
+std::vector<size_t> text_chunk_cuts(std::string_view text, size_t target) {
+  std::vector<size_t> cuts{0};
+  while (true) {
+    const size_t p = find_text_split(text, cuts.back() + target);
+    if (p == std::string_view::npos) break;
+    cuts.push_back(p);
+  }
+  cuts.push_back(text.size());
+  return cuts;
+}
+
 }  // namespace tetra

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace tetra {
 
@@ -121,5 +122,9 @@ size_t find_text_split(std::string_view text, size_t from);
 
 /** The last such offset in text, or npos. */
 size_t rfind_text_split(std::string_view text);
+
+/** Offsets 0 = c0 < c1 < ... < ck = text.size() cutting text at split points into chunks of at
+ * least `target` bytes (the last may be shorter), for encoding chunks independently. */
+std::vector<size_t> text_chunk_cuts(std::string_view text, size_t target);
 
 }  // namespace tetra

@@ -198,13 +198,7 @@ std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view tex
   if (threads == 1 || text.size() < 2 * kMinChunk) return tok.encode(text);
   // Several chunks per thread so uneven chunks still balance.
   const size_t target = std::max(kMinChunk, text.size() / (4 * static_cast<size_t>(threads)));
-  std::vector<size_t> cuts{0};
-  while (true) {
-    const size_t p = find_text_split(text, cuts.back() + target);
-    if (p == std::string_view::npos) break;
-    cuts.push_back(p);
-  }
-  cuts.push_back(text.size());
+  const std::vector<size_t> cuts = text_chunk_cuts(text, target);
   const int n = static_cast<int>(cuts.size()) - 1;
   std::vector<std::vector<uint32_t>> parts(n);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
