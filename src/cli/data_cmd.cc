@@ -14,20 +14,24 @@ namespace {
 constexpr const char* kUsage =
     "usage: tetra data prepare --input PATH [--input PATH ...] --out DIR\n"
     "                          [--tokenizer byte|train:N|FILE.json] [--shard-tokens N]\n"
-    "                          [--val-fraction F] [--threads N] [--no-progress]\n"
+    "                          [--val-fraction F] [--threads N] [--allow-binary]\n"
+    "                          [--no-progress]\n"
     "\n"
     "Tokenizes text files (folders are searched recursively; each file is one document) into\n"
     "llm.c token shards train_NNNNNN.bin / val_NNNNNN.bin, plus tokenizer.json and\n"
     "manifest.json, in DIR.\n"
     "\n"
     "  --input PATH        a text file or a folder of them (repeatable)\n"
-    "  --out DIR           output folder (created; earlier shards in it are removed)\n"
+    "  --out DIR           output folder (created; a dataset already there is replaced only\n"
+    "                      once the new one is complete)\n"
     "  --tokenizer SPEC    byte (default): 256 bytes + <|endoftext|>;\n"
     "                      train:N: train a byte-level BPE of N tokens on the inputs;\n"
     "                      FILE.json: a Hugging Face GPT-2-style tokenizer.json\n"
     "  --shard-tokens N    tokens per shard (default 100000000)\n"
     "  --val-fraction F    the last F of the input bytes becomes validation (default 0.05)\n"
     "  --threads N         encoding threads (default: all cores)\n"
+    "  --allow-binary      tokenize inputs that look binary (a NUL byte, or more than 1% of\n"
+    "                      the bytes not valid UTF-8) instead of refusing them\n"
     "  --no-progress       no progress line\n";
 
 int prepare_main(const Args& args) {
@@ -40,6 +44,10 @@ int prepare_main(const Args& args) {
     }
     if (a == "--no-progress") {
       o.progress = false;
+      continue;
+    }
+    if (a == "--allow-binary") {
+      o.allow_binary = true;
       continue;
     }
     std::string key = a, value;

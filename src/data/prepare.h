@@ -22,6 +22,8 @@ struct PrepareOptions {
   double val_fraction = 0.05;
   /** Encoding threads; 0 means all cores. */
   int threads = 0;
+  /** Tokenize inputs that look binary instead of refusing them (see docs/data.md). */
+  bool allow_binary = false;
   /** Show a progress line on stderr when it is a terminal. */
   bool progress = true;
 };
