@@ -1,10 +1,16 @@
 // oneDNN products against the reference loop: plain, transposed, strided-batched (as attention
-// uses them), with bias and accumulation, and bf16 operands.
+// uses them), with bias and accumulation, and bf16 operands on whichever path this CPU takes.
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <iostream>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -68,26 +74,95 @@ TEST(Matmul, StridedBatchesAsAttentionUsesThem) {
   EXPECT_LT(max_abs_diff(out, ref), 1e-5f);
 }
 
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16::from_float(v[i]);
+  return out;
+}
+
+std::vector<float> to_float(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = v[i].to_float();
+  return out;
+}
+
+// The ISA cap the environment puts on oneDNN (ONEDNN_MAX_CPU_ISA, or its older name
+// DNNL_MAX_CPU_ISA), lower-cased; empty when uncapped.
+std::string isa_cap() {
+  for (const char* name : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
+    if (const char* v = std::getenv(name); v && *v) {
+      std::string s(v);
+      std::transform(s.begin(), s.end(), s.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      return s;
+    }
+  }
+  return "";
+}
+
+// oneDNN 2.6 creates bf16 matmuls from avx512_core up (with bf16 instructions from
+// avx512_core_bf16, emulated below) and none for AVX2 and older ISAs. cpu_isa values are bit
+// sets: an ISA includes avx512_core when it has all of avx512_core's bits.
+TEST(Matmul, Bf16PathIsTheOneThisCpuSupports) {
+  const Bf16MatmulPath& path = bf16_matmul_path();
+  RecordProperty("bf16_path", path.describe());
+  std::cout << "[ bf16     ] matmul path on this CPU: " << path.describe() << std::endl;
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  EXPECT_EQ(path.native, (isa & core) == core) << path.describe();
+  const std::string cap = isa_cap();
+  if (cap == "avx2") {
+    // The CTest entry kernels_tests_max_isa_avx2: the fallback must be the branch that ran.
+    EXPECT_FALSE(path.native) << path.describe();
+    EXPECT_EQ(path.isa, "avx2");
+  } else if (cap.empty() && __builtin_cpu_supports("avx512bf16")) {
+    // bf16 hardware: the bf16 primitive itself runs, not the widening fallback.
+    EXPECT_TRUE(path.native) << path.describe();
+    EXPECT_NE(path.isa.find("avx512_core_"), std::string::npos) << path.describe();
+  }
+}
+
 TEST(Matmul, Bf16OperandsOnTheSameSeam) {
+  std::cout << "[ bf16     ] " << bf16_matmul_path().describe() << std::endl;
   const int64_t M = 16, N = 32, K = 64;
-  auto a = random_floats(M * K, 7), b = random_floats(K * N, 8);
-  std::vector<bf16> a16(a.size()), b16(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a16[i] = bf16::from_float(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b16[i] = bf16::from_float(b[i]);
-  std::vector<float> out(M * N), ref(M * N, 0.0f);
+  const auto a16 = to_bf16(random_floats(M * K, 7)), b16 = to_bf16(random_floats(K * N, 8));
+  const auto bias = random_floats(N, 9);
+  std::vector<float> out(M * N, 0.25f), ref(M * N, 0.25f);
   MatmulArgs x;
   x.M = M, x.N = N, x.K = K;
   x.a = {a16.data(), {M * K, M * K, K, 1}, DType::bf16};
   x.b = {b16.data(), {K * N, K * N, N, 1}, DType::bf16};
   x.c = out.data();
   x.c_strides = {M * N, M * N, N, 1};
+  x.bias = bias.data();
+  x.accumulate = true;
   matmul(x);
   // Reference on the bf16-rounded inputs: only accumulation order differs.
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k)
-        ref[m * N + n] += a16[m * K + k].to_float() * b16[k * N + n].to_float();
-  EXPECT_LT(max_abs_diff(out, ref), 1e-3f);
+  const auto a = to_float(a16), b = to_float(b16);
+  x.a = {a.data(), x.a.strides};
+  x.b = {b.data(), x.b.strides};
+  x.c = ref.data();
+  matmul_reference(x);
+  EXPECT_LT(max_abs_diff(out, ref), 1e-4f);
+}
+
+TEST(Matmul, Bf16StridedBatchesAsAttentionUsesThem) {
+  const int64_t B = 2, NH = 3, T = 7, hs = 4, C = NH * hs;
+  const auto qkv16 = to_bf16(random_floats(B * T * 3 * C, 10));
+  const auto qkv = to_float(qkv16);
+  MatmulArgs x;
+  x.b0 = B, x.b1 = NH, x.M = T, x.N = T, x.K = hs;
+  x.a = {qkv16.data(), {T * 3 * C, hs, 3 * C, 1}, DType::bf16};      // q
+  x.b = {qkv16.data() + C, {T * 3 * C, hs, 1, 3 * C}, DType::bf16};  // k^T
+  std::vector<float> out(B * NH * T * T), ref(out.size());
+  x.c = out.data();
+  x.c_strides = {NH * T * T, T * T, T, 1};
+  matmul(x);
+  x.a = {qkv.data(), x.a.strides};
+  x.b = {qkv.data() + C, x.b.strides};
+  x.c = ref.data();
+  matmul_reference(x);
+  EXPECT_LT(max_abs_diff(out, ref), 1e-5f);
 }
 
 TEST(Matmul, PrimitivesAreCachedPerShape) {

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -23,6 +24,7 @@ struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, Cached> cache;
+  std::vector<float> scratch_a, scratch_b;  // bf16 operands widened to f32 (fallback path)
 };
 
 // The engine and its primitive cache are created on first use and live for the process: oneDNN
@@ -46,6 +48,73 @@ dnnl::memory::data_type to_dnnl(DType t) {
 dnnl::memory::desc md(int64_t b0, int64_t b1, int64_t r, int64_t c, DType t,
                       const std::array<int64_t, 4>& s) {
   return dnnl::memory::desc({b0, b1, r, c}, to_dnnl(t), {s[0], s[1], s[2], s[3]});
+}
+
+std::string_view isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic:
+      return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "unknown";
+  }
+}
+
+// The probe behind bf16_matmul_path(): oneDNN either creates a bf16 matmul for this ISA or
+// throws; it supports every shape and stride once it supports one (its reference matmul takes
+// any), so one small product decides for the process.
+Bf16MatmulPath probe_bf16_path() {
+  Bf16MatmulPath p;
+  p.isa = isa_name(dnnl::get_effective_cpu_isa());
+  const auto bf16 = dnnl::memory::data_type::bf16, f32 = dnnl::memory::data_type::f32;
+  const auto tag = dnnl::memory::format_tag::ab;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dnnl::memory::desc({16, 16}, bf16, tag),
+                                                       dnnl::memory::desc({16, 16}, bf16, tag),
+                                                       dnnl::memory::desc({16, 16}, f32, tag)),
+                                    engine().engine);
+    p.native = true;
+  } catch (const dnnl::error&) {
+    p.native = false;
+  }
+  return p;
+}
+
+// A bf16 operand (b0, b1, rows, cols) widened into dense f32 `scratch`; other operands unchanged.
+// bf16 -> f32 is exact, so the f32 product sees the same inputs the bf16 primitive would.
+MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
+                   std::vector<float>& scratch) {
+  if (op.dtype != DType::bf16) return op;
+  scratch.resize(size_t(b0 * b1 * rows * cols));
+  const bf16* src = static_cast<const bf16*>(op.data);
+  float* dst = scratch.data();
+  const auto& s = op.strides;
+#pragma omp parallel for collapse(3)
+  for (int64_t i0 = 0; i0 < b0; ++i0)
+    for (int64_t i1 = 0; i1 < b1; ++i1)
+      for (int64_t r = 0; r < rows; ++r) {
+        const bf16* in = src + i0 * s[0] + i1 * s[1] + r * s[2];
+        float* out = dst + ((i0 * b1 + i1) * rows + r) * cols;
+        for (int64_t c = 0; c < cols; ++c) out[c] = in[c * s[3]].to_float();
+      }
+  return {dst, {b1 * rows * cols, rows * cols, cols, 1}, DType::f32};
 }
 
 template <typename T>
@@ -81,12 +150,11 @@ void matmul_reference(const MatmulArgs& x) {
   }
 }
 
-void matmul(const MatmulArgs& x) {
-  if (x.M == 0 || x.N == 0) return;
-  TETRA_CHECK(x.K > 0, "[matmul] K must be positive (got {})", x.K);
-  TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
-  if (x.a.dtype == DType::f64) return matmul_reference(x);
+namespace {
 
+// C = A·B through a cached oneDNN primitive (f32 or, where bf16_matmul_path() is native, bf16
+// operands).
+void onednn_matmul(const MatmulArgs& x) {
   Key key = {
       x.b0,        x.b1, x.M, x.N, x.K, int64_t(x.a.dtype), int64_t(x.b.dtype), x.bias != nullptr,
       x.accumulate};
@@ -113,7 +181,16 @@ void matmul(const MatmulArgs& x) {
     }
     dnnl::matmul::desc desc = x.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
                                      : dnnl::matmul::desc(a_md, b_md, c_md);
-    dnnl::matmul::primitive_desc pd(desc, attr, e.engine);
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(desc, attr, e.engine);
+    } catch (const dnnl::error& err) {
+      fail(
+          "[matmul] oneDNN has no matmul for {} x {} operands of {}x{}x{} on this CPU (ISA {}): "
+          "{}; use f32 or bf16 operands",
+          dtype_name(x.a.dtype), dtype_name(x.b.dtype), x.M, x.N, x.K, bf16_matmul_path().isa,
+          err.what());
+    }
     Cached c{dnnl::matmul(pd),
              dnnl::memory(pd.src_desc(), e.engine, DNNL_MEMORY_NONE),
              dnnl::memory(pd.weights_desc(), e.engine, DNNL_MEMORY_NONE),
@@ -135,6 +212,31 @@ void matmul(const MatmulArgs& x) {
   if (x.bias) c.bias.set_data_handle(const_cast<void*>(x.bias));
   c.prim.execute(e.stream, c.args);
   e.stream.wait();
+}
+
+}  // namespace
+
+void matmul(const MatmulArgs& x) {
+  if (x.M == 0 || x.N == 0) return;
+  TETRA_CHECK(x.K > 0, "[matmul] K must be positive (got {})", x.K);
+  TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
+  if (x.a.dtype == DType::f64) return matmul_reference(x);
+  const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
+  if (!has_bf16 || bf16_matmul_path().native) return onednn_matmul(x);
+  Engine& e = engine();
+  MatmulArgs w = x;
+  w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
+  w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
+  onednn_matmul(w);
+}
+
+const Bf16MatmulPath& bf16_matmul_path() {
+  static const Bf16MatmulPath path = probe_bf16_path();
+  return path;
+}
+
+std::string Bf16MatmulPath::describe() const {
+  return std::string(native ? "onednn-bf16" : "f32-widened") + " (" + isa + ")";
 }
 
 namespace {

@@ -1,13 +1,21 @@
 // The one seam for matrix products on CPU: oneDNN's matmul primitive, cached per shape.
 // Operands are described by sizes and element strides, so transposes and the strided views of
 // attention (q, k, v inside the fused qkv buffer) need no copies. A and B may be f32 or bf16
-// (bf16 runs on AMX where the CPU has it) with f32 C and bias. f64 operands (all of A, B, C)
-// take a plain reference loop: it exists for double-precision gradient checks and for testing
-// the oneDNN path against, never for training.
+// with f32 C and bias. f64 operands (all of A, B, C) take a plain reference loop: it exists for
+// double-precision gradient checks and for testing the oneDNN path against, never for training.
+//
+// bf16 on every CPU: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16
+// and AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one
+// at all. The first bf16 product of the process probes by creating a small bf16 primitive, once:
+// where that works every bf16 product runs oneDNN's bf16 primitive; where it does not, bf16
+// operands are widened (exactly) to f32 scratch and run through the f32 primitive. Both paths are
+// the same numbers class, bf16 inputs with f32 accumulation, so a bf16 model trains everywhere
+// rather than being refused on half the machines it is built on. bf16_matmul_path() says which.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -59,5 +67,14 @@ constexpr DType dtype_of() {
 
 /** Number of cached oneDNN primitives (for tests and diagnostics). */
 size_t matmul_cache_size();
+
+/** How bf16 operands are multiplied on this CPU, decided once per process. */
+struct Bf16MatmulPath {
+  bool native = false;  // true: oneDNN's bf16 primitive; false: widened to f32, f32 primitive
+  std::string isa;      // oneDNN's effective ISA, e.g. "avx512_core_bf16" or "avx2"
+  /** "onednn-bf16 (avx512_core_bf16)" or "f32-widened (avx2)", for logs and run headers. */
+  std::string describe() const;
+};
+const Bf16MatmulPath& bf16_matmul_path();
 
 }  // namespace tetra::cpu
