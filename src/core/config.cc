@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -13,100 +16,159 @@ namespace tetra {
 
 namespace {
 
-const char* kind_name(ValueKind k) {
-  switch (k) {
-    case ValueKind::Int:
-      return "integer";
-    case ValueKind::Float:
-      return "number";
-    case ValueKind::Bool:
-      return "boolean";
-    case ValueKind::String:
-      return "string";
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+// Echoed values are cut here, so a runaway value cannot bury the message.
+constexpr size_t kShownChars = 80;
+
+std::string shown(const std::string& text) {
+  if (text.size() <= kShownChars) return text;
+  return text.substr(0, kShownChars) + "...";
+}
+
+std::string trimmed(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return std::string(s);
+}
+
+// spec.valid of a number key, split into its ends: "[a, b)" -> '[', "a", "b", ')'.
+struct Interval {
+  bool lo_open = false, hi_open = false;
+  std::string lo, hi;
+};
+
+Interval split_interval(const KeySpec& spec) {
+  const std::string& v = spec.valid;
+  const size_t comma = v.find(',');
+  TETRA_CHECK(v.size() >= 5 && (v.front() == '[' || v.front() == '(') &&
+                  (v.back() == ']' || v.back() == ')') && comma != std::string::npos,
+              "[config] internal: '{}' has the malformed range '{}'; write it as [a, b] or (a, b)",
+              spec.key, v);
+  return Interval{v.front() == '(', v.back() == ')', trimmed(v.substr(1, comma - 1)),
+                  trimmed(v.substr(comma + 1, v.size() - comma - 2))};
+}
+
+// Whole-text parses: nothing may follow the number. A leading '+' is accepted as TOML does.
+bool parse_int64(std::string_view text, int64_t& out, bool& out_of_range) {
+  if (text.size() > 1 && text.front() == '+' && text[1] != '-') text.remove_prefix(1);
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  out_of_range = ec == std::errc::result_out_of_range && p == text.data() + text.size();
+  return ec == std::errc() && p == text.data() + text.size();
+}
+
+bool parse_double(std::string_view text, double& out) {
+  if (text.size() > 1 && text.front() == '+' && text[1] != '-') text.remove_prefix(1);
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && p == text.data() + text.size() && !text.empty();
+}
+
+int64_t int_end(const KeySpec& spec, const std::string& end, bool open, bool low) {
+  if (end == "-inf" || end == "inf") return end == "inf" ? kInt64Max : kInt64Min;
+  int64_t v = 0;
+  bool out_of_range = false;
+  TETRA_CHECK(parse_int64(end, v, out_of_range),
+              "[config] internal: '{}' has the range '{}' whose end '{}' is not an integer",
+              spec.key, spec.valid, end);
+  if (open) v += low ? 1 : -1;
+  return v;
+}
+
+std::pair<int64_t, int64_t> int_range(const KeySpec& spec) {
+  if (spec.valid.empty()) {
+    // Unranged integer keys are read into `int` fields; 32 bits keeps that narrowing exact.
+    return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
   }
-  return "?";
+  const Interval in = split_interval(spec);
+  return {int_end(spec, in.lo, in.lo_open, true), int_end(spec, in.hi, in.hi_open, false)};
+}
+
+bool float_in_range(const KeySpec& spec, double v) {
+  if (!std::isfinite(v)) return false;
+  if (spec.valid.empty()) return true;
+  const Interval in = split_interval(spec);
+  double lo = 0, hi = 0;
+  TETRA_CHECK(parse_double(in.lo, lo) && parse_double(in.hi, hi),
+              "[config] internal: '{}' has the range '{}' whose ends are not numbers", spec.key,
+              spec.valid);
+  return (in.lo_open ? v > lo : v >= lo) && (in.hi_open ? v < hi : v <= hi);
+}
+
+std::vector<std::string> choices(const KeySpec& spec) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= spec.valid.size()) {
+    size_t bar = spec.valid.find('|', start);
+    if (bar == std::string::npos) bar = spec.valid.size();
+    std::string c = trimmed(std::string_view(spec.valid).substr(start, bar - start));
+    out.push_back(c == "\"\"" ? "" : c);
+    start = bar + 1;
+  }
+  return out;
+}
+
+[[noreturn]] void refuse(const KeySpec& spec, const std::string& typed, const std::string& where) {
+  fail("{}'{}' must be {}, got '{}'", where, spec.key, describe_valid(spec), shown(typed));
+}
+
+// Checks a parsed value against spec.valid; `typed` is the value as the user wrote it.
+ConfigValue checked(const KeySpec& spec, ConfigValue v, const std::string& typed,
+                    const std::string& where) {
+  switch (spec.kind) {
+    case ValueKind::Int: {
+      const auto [lo, hi] = int_range(spec);
+      const int64_t i = std::get<int64_t>(v);
+      if (i < lo || i > hi) refuse(spec, typed, where);
+      break;
+    }
+    case ValueKind::Float:
+      if (!float_in_range(spec, std::get<double>(v))) refuse(spec, typed, where);
+      break;
+    case ValueKind::String:
+      if (!spec.valid.empty()) {
+        const auto c = choices(spec);
+        if (std::find(c.begin(), c.end(), std::get<std::string>(v)) == c.end()) {
+          refuse(spec, typed, where);
+        }
+      }
+      break;
+    case ValueKind::Bool:
+      break;
+  }
+  return v;
 }
 
 std::string suggestion(const ConfigSchema& schema, const std::string& key) {
-  const KeySpec* best = nullptr;
-  size_t best_d = SIZE_MAX;
-  for (const auto& s : schema) {
-    size_t d = edit_distance(s.key, key);
-    // Also match the key part alone ("lr" under a wrong section).
-    auto dot = key.find('.');
-    auto sdot = s.key.find('.');
-    if (dot != std::string::npos && sdot != std::string::npos &&
-        key.substr(dot + 1) == s.key.substr(sdot + 1)) {
-      d = std::min<size_t>(d, 1);
-    }
-    if (d < best_d) best_d = d, best = &s;
-  }
-  if (best && best_d <= std::max<size_t>(3, key.size() / 3)) {
-    return " Did you mean '" + best->key + "'?";
-  }
-  return " Run with --help-config to list the known keys.";
+  std::vector<std::string> keys;
+  for (const auto& s : schema) keys.push_back(s.key);
+  std::string s = closest_suggestion(keys, key);
+  return s.empty() ? " Run with --help to list the known keys." : s;
 }
 
-ConfigValue parse_text(const KeySpec& spec, const std::string& text, const std::string& origin) {
-  auto bad = [&]() -> ConfigValue {
-    fail("[config] {}: '{}' expects {} but got '{}'", origin, spec.key, kind_name(spec.kind), text);
-  };
-  switch (spec.kind) {
-    case ValueKind::Int: {
-      int64_t v = 0;
-      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-      if (ec != std::errc() || p != text.data() + text.size()) {
-        // allow "1e6"-style integers
-        char* end = nullptr;
-        double d = std::strtod(text.c_str(), &end);
-        if (end && *end == 0 && !text.empty() && d == double(int64_t(d))) return int64_t(d);
-        return bad();
-      }
-      return v;
-    }
-    case ValueKind::Float: {
-      char* end = nullptr;
-      double d = std::strtod(text.c_str(), &end);
-      if (text.empty() || !end || *end != 0) return bad();
-      return d;
-    }
-    case ValueKind::Bool:
-      if (text == "true" || text == "1") return true;
-      if (text == "false" || text == "0") return false;
-      return bad();
-    case ValueKind::String: {
-      std::string t = text;
-      if (t.size() >= 2 && (t.front() == '"' || t.front() == '\'') && t.back() == t.front()) {
-        t = t.substr(1, t.size() - 2);
-      }
-      return t;
-    }
-  }
-  return bad();
-}
-
-ConfigValue from_toml(const KeySpec& spec, const toml::node& node, const std::string& path) {
-  auto bad = [&]() -> ConfigValue {
-    std::ostringstream os;
-    os << node.type();
-    fail("[config] {}: '{}' expects {} but got a {}", path, spec.key, kind_name(spec.kind),
-         os.str());
-  };
+ConfigValue from_toml(const KeySpec& spec, const toml::node& node, const std::string& where) {
+  std::ostringstream typed;
+  node.visit([&](const auto& n) { typed << n; });
   switch (spec.kind) {
     case ValueKind::Int:
-      if (auto v = node.value_exact<int64_t>()) return *v;
-      return bad();
+      if (auto v = node.value_exact<int64_t>()) return checked(spec, *v, typed.str(), where);
+      break;
     case ValueKind::Float:
-      if (auto v = node.value<double>()) return *v;
-      return bad();
+      // An integer literal is a fine number; value<double>() also takes it.
+      if (node.is_number()) {
+        if (auto v = node.value<double>()) return checked(spec, *v, typed.str(), where);
+      }
+      break;
     case ValueKind::Bool:
       if (auto v = node.value_exact<bool>()) return *v;
-      return bad();
+      break;
     case ValueKind::String:
-      if (auto v = node.value_exact<std::string>()) return *v;
-      return bad();
+      if (auto v = node.value_exact<std::string>()) return checked(spec, *v, *v, where);
+      break;
   }
-  return bad();
+  std::ostringstream type;
+  type << node.type();
+  fail("{}'{}' must be {}, got {} (a TOML {})", where, spec.key, describe_valid(spec),
+       shown(typed.str()), type.str());
 }
 
 void flatten(const toml::table& table, const std::string& prefix,
@@ -123,6 +185,64 @@ void flatten(const toml::table& table, const std::string& prefix,
 
 }  // namespace
 
+ConfigValue parse_value(const KeySpec& spec, const std::string& text, const std::string& where) {
+  switch (spec.kind) {
+    case ValueKind::Int: {
+      int64_t v = 0;
+      bool out_of_range = false;
+      if (parse_int64(text, v, out_of_range)) return checked(spec, v, text, where);
+      // "1e6"-style integers: only an integral, finite value inside int64 is converted.
+      double d = 0;
+      if (out_of_range || !parse_double(text, d) || !std::isfinite(d) || d != std::trunc(d) ||
+          d < -0x1p63 || d >= 0x1p63) {
+        refuse(spec, text, where);
+      }
+      return checked(spec, int64_t(d), text, where);
+    }
+    case ValueKind::Float: {
+      double d = 0;
+      if (!parse_double(text, d)) refuse(spec, text, where);
+      return checked(spec, d, text, where);
+    }
+    case ValueKind::Bool:
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      refuse(spec, text, where);
+    case ValueKind::String: {
+      std::string t = text;
+      if (t.size() >= 2 && (t.front() == '"' || t.front() == '\'') && t.back() == t.front()) {
+        t = t.substr(1, t.size() - 2);
+      }
+      return checked(spec, t, text, where);
+    }
+  }
+  refuse(spec, text, where);
+}
+
+std::string describe_valid(const KeySpec& spec) {
+  switch (spec.kind) {
+    case ValueKind::Int: {
+      if (!spec.valid.empty()) return "an integer in " + spec.valid;
+      const auto [lo, hi] = int_range(spec);
+      return fmt::format("an integer in [{}, {}]", lo, hi);
+    }
+    case ValueKind::Float:
+      return spec.valid.empty() ? "a finite number" : "a finite number in " + spec.valid;
+    case ValueKind::Bool:
+      return "true or false";
+    case ValueKind::String: {
+      if (spec.valid.empty()) return "a string";
+      std::string out = "one of: ";
+      const auto c = choices(spec);
+      for (size_t i = 0; i < c.size(); ++i) {
+        out += (i ? ", " : "") + (c[i].empty() ? std::string("\"\"") : c[i]);
+      }
+      return out;
+    }
+  }
+  return "?";
+}
+
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -136,40 +256,77 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string closest_suggestion(const std::vector<std::string>& candidates,
+                               const std::string& typed) {
+  // No name is this long; comparing a huge typo against every candidate would only cost time.
+  if (typed.size() > 200) return "";
+  const std::string* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  const auto dot = typed.find('.');
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(c, typed);
+    // Also match the part after the dot alone ("lr" under a wrong section).
+    const auto cdot = c.find('.');
+    if (dot != std::string::npos && cdot != std::string::npos &&
+        typed.substr(dot + 1) == c.substr(cdot + 1)) {
+      d = std::min<size_t>(d, 1);
+    }
+    if (d < best_d) best_d = d, best = &c;
+  }
+  if (best && best_d <= std::max<size_t>(3, typed.size() / 3)) {
+    return " Did you mean '" + *best + "'?";
+  }
+  return "";
+}
+
 const KeySpec& Config::spec(const std::string& key) const {
   for (const auto& s : *schema_) {
     if (s.key == key) return s;
   }
-  fail("[config] unknown key '{}'.{}", key, suggestion(*schema_, key));
+  fail("[config] unknown key '{}'.{}", shown(key), suggestion(*schema_, key));
 }
 
 Config Config::load(const ConfigSchema& schema, const std::string& toml_path,
                     const std::vector<std::string>& overrides) {
+  if (toml_path.empty()) return parse(schema, "", "", overrides);
+  std::error_code ec;
+  TETRA_CHECK(!std::filesystem::is_directory(toml_path, ec),
+              "[config] the config file '{}' is a directory; pass a .toml file to --config",
+              toml_path);
+  std::ifstream in(toml_path, std::ios::binary);
+  TETRA_CHECK(in.good(), "[config] cannot open config file '{}'; check the --config path",
+              toml_path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  TETRA_CHECK(!in.bad(), "[config] cannot read config file '{}'; check the --config path",
+              toml_path);
+  return parse(schema, text.str(), toml_path, overrides);
+}
+
+Config Config::parse(const ConfigSchema& schema, std::string_view toml_text,
+                     const std::string& origin, const std::vector<std::string>& overrides) {
   Config c;
   c.schema_ = &schema;
   for (const auto& s : schema) {
-    c.values_[s.key] = parse_text(s, s.default_value, "default");
+    c.values_[s.key] = parse_value(s, s.default_value, "[config] internal: the default of ");
     c.set_[s.key] = false;
   }
-  if (!toml_path.empty()) {
-    std::ifstream probe(toml_path);
-    TETRA_CHECK(probe.good(), "[config] cannot open config file '{}'; check the --config path",
-                toml_path);
+  if (!origin.empty()) {
     toml::table table;
     try {
-      table = toml::parse_file(toml_path);
+      table = toml::parse(toml_text, origin);
     } catch (const toml::parse_error& e) {
-      fail("[config] {}:{}:{}: {}", toml_path, e.source().begin.line, e.source().begin.column,
-           e.description());
+      fail("[config] {}:{}:{}: {}; fix the TOML syntax there", origin, e.source().begin.line,
+           e.source().begin.column, e.description());
     }
     std::vector<std::pair<std::string, const toml::node*>> entries;
     flatten(table, "", entries);
     for (const auto& [key, node] : entries) {
+      const auto where = fmt::format("[config] {}:{}:{}: ", origin, node->source().begin.line,
+                                     node->source().begin.column);
       bool known = std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
-      TETRA_CHECK(known, "[config] {}: unknown key '{}'.{}", toml_path, key,
-                  suggestion(schema, key));
-      const KeySpec& s = c.spec(key);
-      c.values_[key] = from_toml(s, *node, toml_path);
+      TETRA_CHECK(known, "{}unknown key '{}'.{}", where, shown(key), suggestion(schema, key));
+      c.values_[key] = from_toml(c.spec(key), *node, where);
       c.set_[key] = true;
     }
   }
@@ -177,25 +334,26 @@ Config Config::load(const ConfigSchema& schema, const std::string& toml_path,
     if (o.rfind("--", 0) == 0) o = o.substr(2);
     auto eq = o.find('=');
     TETRA_CHECK(eq != std::string::npos,
-                "[config] override '{}' must look like --section.key=value", o);
+                "[config] override '{}' must look like --section.key=value", shown(o));
     std::string key = o.substr(0, eq);
     bool known = std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
-    TETRA_CHECK(known, "[config] unknown key '{}' (from --{}).{}", key, o, suggestion(schema, key));
-    c.values_[key] = parse_text(c.spec(key), o.substr(eq + 1), "--" + key);
+    TETRA_CHECK(known, "[config] unknown key '{}' (from --{}).{}", shown(key), shown(o),
+                suggestion(schema, key));
+    c.values_[key] = parse_value(c.spec(key), o.substr(eq + 1), "[config] --" + key + ": ");
     c.set_[key] = true;
   }
   return c;
 }
 
-void Config::set(const std::string& key, const std::string& value_text) {
-  values_[key] = parse_text(spec(key), value_text, "set " + key);
-  set_[key] = true;
-}
-
 const ConfigValue& Config::value(const std::string& key, ValueKind kind) const {
   const KeySpec& s = spec(key);
-  TETRA_CHECK(s.kind == kind, "[config] internal: '{}' is {} but read as {}", key,
-              kind_name(s.kind), kind_name(kind));
+  TETRA_CHECK(s.kind == kind, "[config] internal: '{}' is {} but read as another type", key,
+              describe_valid(s));
+  return values_.at(key);
+}
+
+const ConfigValue& Config::at(const std::string& key) const {
+  spec(key);
   return values_.at(key);
 }
 

@@ -1,50 +1,156 @@
 #include "train/train_config.h"
 
+#include <functional>
+#include <type_traits>
+
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "parallel/mesh.h"
 
 namespace tetra {
 
+namespace {
+
+// Stores a key's value into its TrainOptions field. The key's range in the table below makes
+// every narrowing here exact (an int field never receives a value beyond 32 bits).
+using Reader = std::function<void(TrainOptions&, const ConfigValue&)>;
+
+template <typename T>
+void assign(T& field, const ConfigValue& v) {
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
+    field = std::get<T>(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    field = T(std::get<double>(v));
+  } else {
+    field = T(std::get<int64_t>(v));
+  }
+}
+
+/** A reader into the field at o.*path... (e.g. &TrainOptions::adamw, &AdamWConfig::eps). */
+template <auto... path>
+Reader into() {
+  return [](TrainOptions& o, const ConfigValue& v) { assign((o.*....*path), v); };
+}
+
+struct TrainKey {
+  KeySpec spec;
+  Reader read;  // empty: read by gpt_config_from (model.*)
+};
+
+// The one table of `tetra train` keys: type, default, help, valid range and the field it fills.
+// Upper bounds keep products such as micro_batch * seq_len (B*T) and 4 * d_model inside `int`.
+const std::vector<TrainKey>& train_keys() {
+  using O = TrainOptions;
+  static const std::vector<TrainKey> keys = {
+      {{"model.vocab_size", ValueKind::Int, "512", "real vocabulary size V", "[1, 16777216]"}, {}},
+      {{"model.n_layer", ValueKind::Int, "4", "transformer blocks L", "[1, 1024]"}, {}},
+      {{"model.n_head", ValueKind::Int, "4", "attention heads NH (must divide d_model)",
+        "[1, 1024]"},
+       {}},
+      {{"model.d_model", ValueKind::Int, "128", "channels C", "[1, 65536]"}, {}},
+      {{"model.max_seq", ValueKind::Int, "128", "position embeddings (max sequence length)",
+        "[1, 65536]"},
+       {}},
+      {{"model.vocab_multiple", ValueKind::Int, "64", "pad the vocab to a multiple of this",
+        "[1, 65536]"},
+       {}},
+      {{"data.train", ValueKind::String, "\"\"", "training shards: path, list a,b or glob"},
+       into<&O::train_data>()},
+      {{"data.val", ValueKind::String, "\"\"", "validation shards (optional)"},
+       into<&O::val_data>()},
+      {{"data.shuffle", ValueKind::Bool, "false", "visit samples in a seeded random order"},
+       into<&O::shuffle>()},
+      {{"data.verify", ValueKind::Bool, "true",
+        "check the shards against the checksums of their manifest.json before step 1"},
+       into<&O::verify_data>()},
+      {{"train.micro_batch", ValueKind::Int, "8", "sequences per micro-batch B", "[1, 16384]"},
+       into<&O::micro_batch>()},
+      {{"train.seq_len", ValueKind::Int, "128", "tokens per sequence T (at most model.max_seq)",
+        "[1, 65536]"},
+       into<&O::seq_len>()},
+      {{"train.grad_accum", ValueKind::Int, "1", "micro-batches per optimizer step", "[1, 65536]"},
+       into<&O::grad_accum>()},
+      {{"train.steps", ValueKind::Int, "100", "optimizer steps", "[1, 1000000000000]"},
+       into<&O::steps>()},
+      {{"train.seed", ValueKind::Int, "1337", "seed of init and data order", "[0, inf)"},
+       into<&O::seed>()},
+      {{"train.on_nonfinite", ValueKind::String, "\"skip\"",
+        "a non-finite gradient norm: skip the update or stop the run", "skip | stop"},
+       into<&O::on_nonfinite>()},
+      {{"train.max_skipped", ValueKind::Int, "5",
+        "consecutive skipped updates (train.on_nonfinite=skip) that stop the run", "[1, 1000000]"},
+       into<&O::max_skipped>()},
+      {{"optim.lr", ValueKind::Float, "6e-4",
+        "peak learning rate (an AdamW step moves a weight by about lr)", "(0, 1000]"},
+       into<&O::schedule, &LrSchedule::lr>()},
+      {{"optim.min_lr_ratio", ValueKind::Float, "0.1", "cosine floor as a fraction of lr",
+        "[0, 1]"},
+       into<&O::schedule, &LrSchedule::min_lr_ratio>()},
+      {{"optim.warmup_steps", ValueKind::Int, "0", "linear warm-up steps", "[0, 1000000000000]"},
+       into<&O::schedule, &LrSchedule::warmup_steps>()},
+      {{"optim.schedule", ValueKind::String, "\"cosine\"", "learning-rate decay after warm-up",
+        "cosine | constant"},
+       [](O& o, const ConfigValue& v) {
+         o.schedule.kind = LrSchedule::parse_kind(std::get<std::string>(v));
+       }},
+      {{"optim.weight_decay", ValueKind::Float, "0.1", "AdamW decoupled decay (2-D weights)",
+        "[0, 1000]"},
+       into<&O::adamw, &AdamWConfig::weight_decay>()},
+      {{"optim.beta1", ValueKind::Float, "0.9", "AdamW beta1 (below 1 also as a float)",
+        "[0, 0.9999999]"},
+       into<&O::adamw, &AdamWConfig::beta1>()},
+      {{"optim.beta2", ValueKind::Float, "0.95", "AdamW beta2 (below 1 also as a float)",
+        "[0, 0.9999999]"},
+       into<&O::adamw, &AdamWConfig::beta2>()},
+      {{"optim.eps", ValueKind::Float, "1e-8", "AdamW epsilon (nonzero also as a float)",
+        "[1e-30, 1]"},
+       into<&O::adamw, &AdamWConfig::eps>()},
+      {{"optim.grad_clip", ValueKind::Float, "1.0", "global-norm clip (0 disables)", "[0, inf)"},
+       into<&O::grad_clip>()},
+      {{"eval.every", ValueKind::Int, "0", "validation every N steps (0: only at the end)",
+        "[0, 2147483647]"},
+       into<&O::eval_every>()},
+      {{"eval.batches", ValueKind::Int, "4", "micro-batches per validation", "[1, 1000000]"},
+       into<&O::eval_batches>()},
+      {{"run.dir", ValueKind::String, "\"runs/default\"", "metrics.jsonl and config.toml go here"},
+       into<&O::run_dir>()},
+      {{"run.threads", ValueKind::Int, "0",
+        "compute threads (0: all cores); at most 1024, since threads beyond the cores only "
+        "contend for them and every thread joins each of a step's barriers",
+        "[0, 1024]"},
+       into<&O::threads>()},
+      {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
+        "auto | always | never"},
+       into<&O::progress>()},
+      {{"init.from", ValueKind::String, "\"\"", "load weights from a safetensors file (HF GPT-2)"},
+       into<&O::init_from>()},
+      {{"save.final", ValueKind::String, "\"\"", "write weights to a safetensors file at the end"},
+       into<&O::save_final>()},
+      {{"debug.dump_grads", ValueKind::String, "\"\"", "safetensors of step 1's gradients"},
+       into<&O::dump_grads>()},
+      {{"debug.dump_logits", ValueKind::String, "\"\"", "safetensors of step 1's first logits"},
+       into<&O::dump_logits>()},
+      {{"debug.nan_grad_step", ValueKind::Int, "0",
+        "inject a NaN into one gradient at this 1-based step (0: never); for tests", "[0, inf)"},
+       into<&O::nan_grad_step>()},
+      {{"debug.nan_grad_rank", ValueKind::Int, "0", "the rank that injects debug.nan_grad_step",
+        "[0, 1048576]"},
+       into<&O::nan_grad_rank>()},
+      {{"dp.bucket_mb", ValueKind::Float, "4", "gradient bucket size for the DP all-reduce (MiB)",
+        "(0, 65536]"},
+       into<&O::bucket_mb>()},
+      {{"dp.overlap", ValueKind::Bool, "true", "reduce buckets during backward (false: after)"},
+       into<&O::overlap>()},
+  };
+  return keys;
+}
+
+}  // namespace
+
 const ConfigSchema& train_config_schema() {
   static const ConfigSchema schema = [] {
-    ConfigSchema s = {
-        {"model.vocab_size", ValueKind::Int, "512", "real vocabulary size V"},
-        {"model.n_layer", ValueKind::Int, "4", "transformer blocks L"},
-        {"model.n_head", ValueKind::Int, "4", "attention heads NH (must divide d_model)"},
-        {"model.d_model", ValueKind::Int, "128", "channels C"},
-        {"model.max_seq", ValueKind::Int, "128", "position embeddings (max sequence length)"},
-        {"model.vocab_multiple", ValueKind::Int, "64", "pad the vocab to a multiple of this"},
-        {"data.train", ValueKind::String, "\"\"", "training shards: path, list a,b or glob"},
-        {"data.val", ValueKind::String, "\"\"", "validation shards (optional)"},
-        {"data.shuffle", ValueKind::Bool, "false", "visit samples in a seeded random order"},
-        {"train.micro_batch", ValueKind::Int, "8", "sequences per micro-batch B"},
-        {"train.seq_len", ValueKind::Int, "128", "tokens per sequence T"},
-        {"train.grad_accum", ValueKind::Int, "1", "micro-batches per optimizer step"},
-        {"train.steps", ValueKind::Int, "100", "optimizer steps"},
-        {"train.seed", ValueKind::Int, "1337", "seed of init and data order"},
-        {"optim.lr", ValueKind::Float, "6e-4", "peak learning rate"},
-        {"optim.min_lr_ratio", ValueKind::Float, "0.1", "cosine floor as a fraction of lr"},
-        {"optim.warmup_steps", ValueKind::Int, "0", "linear warm-up steps"},
-        {"optim.schedule", ValueKind::String, "\"cosine\"", "cosine | constant"},
-        {"optim.weight_decay", ValueKind::Float, "0.1", "AdamW decoupled decay (2-D weights)"},
-        {"optim.beta1", ValueKind::Float, "0.9", "AdamW beta1"},
-        {"optim.beta2", ValueKind::Float, "0.95", "AdamW beta2"},
-        {"optim.eps", ValueKind::Float, "1e-8", "AdamW epsilon"},
-        {"optim.grad_clip", ValueKind::Float, "1.0", "global-norm clip (0 disables)"},
-        {"eval.every", ValueKind::Int, "0", "validation every N steps (0: only at the end)"},
-        {"eval.batches", ValueKind::Int, "4", "micro-batches per validation"},
-        {"run.dir", ValueKind::String, "\"runs/default\"", "metrics.jsonl and config.toml go here"},
-        {"run.threads", ValueKind::Int, "0", "compute threads (0: all cores)"},
-        {"run.progress", ValueKind::String, "\"auto\"",
-         "live progress line: auto | always | never"},
-        {"init.from", ValueKind::String, "\"\"", "load weights from a safetensors file (HF GPT-2)"},
-        {"save.final", ValueKind::String, "\"\"", "write weights to a safetensors file at the end"},
-        {"debug.dump_grads", ValueKind::String, "\"\"", "safetensors of step 1's gradients"},
-        {"debug.dump_logits", ValueKind::String, "\"\"", "safetensors of step 1's first logits"},
-        {"dp.bucket_mb", ValueKind::Float, "4", "gradient bucket size for the DP all-reduce (MiB)"},
-        {"dp.overlap", ValueKind::Bool, "true", "reduce buckets during backward (false: after)"},
-    };
+    ConfigSchema s;
+    for (const auto& k : train_keys()) s.push_back(k.spec);
     for (auto& k : comm::comm_config_schema()) s.push_back(k);
     for (auto& k : parallel::mesh_config_schema()) s.push_back(k);
     return s;
@@ -52,57 +158,23 @@ const ConfigSchema& train_config_schema() {
   return schema;
 }
 
+GptConfig gpt_config_from(const Config& c) {
+  return GptConfig::make(int(c.i("model.vocab_size")), int(c.i("model.n_layer")),
+                         int(c.i("model.n_head")), int(c.i("model.d_model")),
+                         int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")));
+}
+
 TrainOptions TrainOptions::from(const Config& c) {
   TrainOptions o;
-  auto positive = [&](const char* key) {
-    int64_t v = c.i(key);
-    TETRA_CHECK(v > 0, "[config] {} must be positive (got {})", key, v);
-    return v;
-  };
-  o.model = GptConfig::make(int(c.i("model.vocab_size")), int(c.i("model.n_layer")),
-                            int(c.i("model.n_head")), int(c.i("model.d_model")),
-                            int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")));
-  o.train_data = c.s("data.train");
-  o.val_data = c.s("data.val");
-  o.shuffle = c.b("data.shuffle");
-  o.micro_batch = int(positive("train.micro_batch"));
-  o.seq_len = int(positive("train.seq_len"));
+  o.model = gpt_config_from(c);
+  for (const auto& k : train_keys()) {
+    if (k.read) k.read(o, c.at(k.spec.key));
+  }
+  // Checks across keys; each key's own range is enforced by Config.
   TETRA_CHECK(o.seq_len <= o.model.max_seq,
               "[config] train.seq_len={} exceeds model.max_seq={}; lower seq_len or raise max_seq",
               o.seq_len, o.model.max_seq);
-  o.grad_accum = int(positive("train.grad_accum"));
-  o.steps = positive("train.steps");
-  o.seed = uint64_t(c.i("train.seed"));
-  o.adamw.beta1 = float(c.f("optim.beta1"));
-  o.adamw.beta2 = float(c.f("optim.beta2"));
-  o.adamw.eps = float(c.f("optim.eps"));
-  o.adamw.weight_decay = float(c.f("optim.weight_decay"));
-  TETRA_CHECK(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1 && o.adamw.beta2 >= 0 && o.adamw.beta2 < 1,
-              "[config] optim.beta1 and optim.beta2 must be in [0, 1)");
-  o.schedule.kind = LrSchedule::parse_kind(c.s("optim.schedule"));
-  o.schedule.lr = c.f("optim.lr");
-  TETRA_CHECK(o.schedule.lr > 0, "[config] optim.lr must be positive (got {})", o.schedule.lr);
-  o.schedule.min_lr_ratio = c.f("optim.min_lr_ratio");
-  o.schedule.warmup_steps = c.i("optim.warmup_steps");
-  TETRA_CHECK(o.schedule.warmup_steps >= 0, "[config] optim.warmup_steps must be >= 0");
   o.schedule.total_steps = o.steps;
-  o.grad_clip = c.f("optim.grad_clip");
-  TETRA_CHECK(o.grad_clip >= 0, "[config] optim.grad_clip must be >= 0 (0 disables clipping)");
-  o.eval_every = int(c.i("eval.every"));
-  o.eval_batches = int(positive("eval.batches"));
-  o.run_dir = c.s("run.dir");
-  o.threads = int(c.i("run.threads"));
-  TETRA_CHECK(o.threads >= 0, "[config] run.threads must be >= 0 (0 uses every core)");
-  o.progress = c.s("run.progress");
-  TETRA_CHECK(o.progress == "auto" || o.progress == "always" || o.progress == "never",
-              "[config] run.progress='{}' is unknown; use auto, always or never", o.progress);
-  o.init_from = c.s("init.from");
-  o.save_final = c.s("save.final");
-  o.dump_grads = c.s("debug.dump_grads");
-  o.dump_logits = c.s("debug.dump_logits");
-  o.bucket_mb = c.f("dp.bucket_mb");
-  TETRA_CHECK(o.bucket_mb > 0, "[config] dp.bucket_mb must be positive (got {})", o.bucket_mb);
-  o.overlap = c.b("dp.overlap");
   o.comm = comm::CommOptions::from_config(c);
   o.mesh = parallel::MeshShape::from_config(c);
   TETRA_CHECK(!o.train_data.empty(),

@@ -1,4 +1,5 @@
-// The `tetra train` configuration: schema (every known key with its default) and typed options.
+// The `tetra train` configuration: schema (every known key with its default and valid range) and
+// typed options.
 #pragma once
 
 #include <string>
@@ -18,9 +19,12 @@ struct TrainOptions {
   GptConfig model;
   std::string train_data, val_data;
   bool shuffle = false;
+  bool verify_data = true;  // check the manifest's shard checksums before step 1
   int micro_batch = 8, seq_len = 128, grad_accum = 1;
   int64_t steps = 100;
   uint64_t seed = 1337;
+  std::string on_nonfinite = "skip";  // a non-finite gradient: "skip" the update or "stop"
+  int max_skipped = 5;                // consecutive skipped updates that stop the run
   AdamWConfig adamw;
   LrSchedule schedule;
   double grad_clip = 1.0;
@@ -29,8 +33,10 @@ struct TrainOptions {
   int threads = 0;
   std::string progress;  // "auto" | "always" | "never"
   std::string init_from, save_final, dump_grads, dump_logits;
-  double bucket_mb = 4.0;  // data-parallel gradient bucket size
-  bool overlap = true;     // reduce buckets during backward
+  int64_t nan_grad_step = 0;  // 1-based step whose gradient gets a NaN injected; 0 = never
+  int nan_grad_rank = 0;      // the rank that injects it
+  double bucket_mb = 4.0;     // data-parallel gradient bucket size
+  bool overlap = true;        // reduce buckets during backward
   comm::CommOptions comm;
   parallel::MeshShape mesh;
 
@@ -39,5 +45,8 @@ struct TrainOptions {
   /** Tokens per optimizer step on one data-parallel rank. */
   int64_t tokens_per_rank_step() const { return int64_t(micro_batch) * seq_len * grad_accum; }
 };
+
+/** The model.* keys of `c` as a checked model shape. */
+GptConfig gpt_config_from(const Config& c);
 
 }  // namespace tetra
