@@ -7,10 +7,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/byte_level.h"
 #include "data/pretokenize.h"
@@ -155,11 +155,8 @@ std::string Tokenizer::hash() const {
 
 void Tokenizer::save(const std::string& path) const {
   const std::string json = to_json(2);
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  TETRA_CHECK(f, "[tokenizer] cannot write {}; check that its folder exists and is writable", path);
-  const size_t written = std::fwrite(json.data(), 1, json.size(), f);
-  const bool ok = written == json.size() && std::fclose(f) == 0;
-  TETRA_CHECK(ok, "[tokenizer] writing {} failed (disk full?)", path);
+  write_file_atomically(path, {{reinterpret_cast<const uint8_t*>(json.data()), json.size()}},
+                        "tokenizer");
 }
 
 std::vector<uint32_t> ByteTokenizer::encode(std::string_view text) const {

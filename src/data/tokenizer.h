@@ -35,7 +35,8 @@ class Tokenizer {
 
   /** xxh3-64 of the compact to_json(), as 16 hex digits: identifies the tokenizer in manifests. */
   std::string hash() const;
-  /** Writes to_json(2) to path; throws tetra::Error naming the path on failure. */
+  /** Writes to_json(2) to path atomically (core/atomic_file.h); throws tetra::Error naming the
+   * path on failure. */
   void save(const std::string& path) const;
 };
 
@@ -100,6 +101,9 @@ class BpeTokenizer final : public Tokenizer {
 /** "byte" gives the ByteTokenizer; anything else is a path to a Hugging Face tokenizer.json
  * holding a byte-level BPE (GPT-2 style). Errors read "[tokenizer] <path>: <what to fix>". */
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+
+/** The tokenizer a tokenizer.json text describes; origin names it in errors. */
+std::unique_ptr<Tokenizer> parse_tokenizer_json(std::string_view text, const std::string& origin);
 
 /** encode() over threads: text is cut only where the cut cannot change the encoding, so the
  * result equals tok.encode(text). */

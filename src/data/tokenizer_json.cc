@@ -1,4 +1,5 @@
 // Reading Hugging Face tokenizer.json files (byte-level BPE, as GPT-2's).
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -7,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/byte_level.h"
+#include "data/json_strict.h"
 #include "data/tokenizer.h"
 
 namespace tetra {
@@ -15,11 +17,18 @@ namespace {
 
 using nlohmann::json;
 
+// A "type"-like string field, or "" when absent or not a string.
+std::string string_field(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 bool has_component(const json& j, const char* type, const char* list_key) {
   if (!j.is_object()) return false;
-  if (j.value("type", "") == type) return true;
-  if (j.contains(list_key) && j[list_key].is_array()) {
-    for (const auto& c : j[list_key]) {
+  if (string_field(j, "type") == type) return true;
+  auto list = j.find(list_key);
+  if (list != j.end() && list->is_array()) {
+    for (const auto& c : *list) {
       if (has_component(c, type, list_key)) return true;
     }
   }
@@ -28,21 +37,28 @@ bool has_component(const json& j, const char* type, const char* list_key) {
 
 bool adds_prefix_space(const json& j) {
   if (!j.is_object()) return false;
-  if (j.value("type", "") == "ByteLevel") return j.value("add_prefix_space", false);
-  if (j.contains("pretokenizers") && j["pretokenizers"].is_array()) {
-    for (const auto& c : j["pretokenizers"]) {
+  if (string_field(j, "type") == "ByteLevel") {
+    auto it = j.find("add_prefix_space");
+    return it != j.end() && it->is_boolean() && it->get<bool>();
+  }
+  auto list = j.find("pretokenizers");
+  if (list != j.end() && list->is_array()) {
+    for (const auto& c : *list) {
       if (adds_prefix_space(c)) return true;
     }
   }
   return false;
 }
 
-std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& path, const json& root) {
+std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& path, const json& root) {
   TETRA_CHECK(root.is_object() && root.contains("model") && root["model"].is_object(),
               "[tokenizer] {}: no \"model\" object; this is not a Hugging Face tokenizer.json",
               path);
   const json& model = root["model"];
-  const std::string type = model.value("type", "BPE");
+  TETRA_CHECK(!model.contains("type") || model["type"].is_string(),
+              "[tokenizer] {}: model.type is {}; expected a string such as \"BPE\"", path,
+              json_excerpt(model["type"]));
+  const std::string type = model.contains("type") ? model["type"].get<std::string>() : "BPE";
   TETRA_CHECK(type == "BPE",
               "[tokenizer] {}: model type is \"{}\"; tetra reads byte-level BPE tokenizers "
               "(GPT-2 style) only",
@@ -74,24 +90,47 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& path, const j
   TETRA_CHECK(model.contains("merges") && model["merges"].is_array(),
               "[tokenizer] {}: model.merges is missing (a list of \"a b\" strings or [a, b] pairs)",
               path);
+  const json& vocab = model["vocab"];
+  static const json kNoAdded = json::array();
+  const json& added_list = root.contains("added_tokens") && !root["added_tokens"].is_null()
+                               ? root["added_tokens"]
+                               : kNoAdded;
+  TETRA_CHECK(added_list.is_array(), "[tokenizer] {}: added_tokens is {}; expected a list", path,
+              json_excerpt(added_list));
 
-  // Ids must be dense 0..V-1 over vocab and added tokens together.
+  // Ids must run 0..V-1 without gaps over vocab and added tokens together, so no valid id
+  // reaches the number of entries. Checking that before storing anything keeps a hostile id
+  // (2e9 in a 6 KB file) from sizing the tables.
+  const size_t entries = vocab.size() + added_list.size();
   std::vector<std::string> tokens;
+  std::vector<std::string> shown_of;  // how the file names each id, for collision messages
   std::vector<bool> filled;
   auto set_token = [&](uint64_t id, std::string bytes, const std::string& shown) {
-    TETRA_CHECK(id < (1u << 31), "[tokenizer] {}: token '{}' has id {}, far beyond any vocabulary",
-                path, shown, id);
+    TETRA_CHECK(id < entries,
+                "[tokenizer] {}: token '{}' has id {}, but the file lists only {} tokens (vocab "
+                "and added_tokens), so ids must be below {}; the file is corrupt",
+                path, shown, id, entries, entries);
     if (id >= tokens.size()) {
       tokens.resize(id + 1);
+      shown_of.resize(id + 1);
       filled.resize(id + 1, false);
     }
-    if (!filled[id]) tokens[id] = std::move(bytes);
+    if (filled[id]) {
+      // An added token may repeat its vocab entry (GPT-2 lists <|endoftext|> in both).
+      TETRA_CHECK(tokens[id] == bytes,
+                  "[tokenizer] {}: tokens '{}' and '{}' both have id {}; every id names one "
+                  "token",
+                  path, shown_of[id], shown, id);
+      return;
+    }
+    tokens[id] = std::move(bytes);
+    shown_of[id] = shown;
     filled[id] = true;
   };
-  for (const auto& [key, value] : model["vocab"].items()) {
+  for (const auto& [key, value] : vocab.items()) {
     TETRA_CHECK(value.is_number_unsigned(),
                 "[tokenizer] {}: vocab entry '{}' has id {}; ids are non-negative integers", path,
-                key, value.dump());
+                key, json_excerpt(value));
     std::string bytes;
     TETRA_CHECK(detail::byte_level_decode(key, bytes),
                 "[tokenizer] {}: vocab entry '{}' has a character outside GPT-2's byte-level "
@@ -100,26 +139,28 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& path, const j
     set_token(value.get<uint64_t>(), std::move(bytes), key);
   }
   std::vector<BpeTokenizer::AddedToken> added;
-  if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
-    TETRA_CHECK(root["added_tokens"].is_array(), "[tokenizer] {}: added_tokens is not a list",
-                path);
-    for (const auto& a : root["added_tokens"]) {
-      TETRA_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_unsigned() &&
-                      a.contains("content") && a["content"].is_string(),
-                  "[tokenizer] {}: an added token lacks a numeric \"id\" or a \"content\" string",
-                  path);
-      const auto id = a["id"].get<uint64_t>();
-      const auto content = a["content"].get<std::string>();
-      set_token(id, content, content);
-      added.push_back({static_cast<uint32_t>(id), content, a.value("special", false)});
-    }
+  for (size_t k = 0; k < added_list.size(); ++k) {
+    const json& a = added_list[k];
+    TETRA_CHECK(a.is_object(), "[tokenizer] {}: added_tokens[{}] is {}; expected an object", path,
+                k, json_excerpt(a));
+    TETRA_CHECK(a.contains("content") && a["content"].is_string(),
+                "[tokenizer] {}: added_tokens[{}] has no \"content\" string", path, k);
+    const auto content = a["content"].get<std::string>();
+    TETRA_CHECK(a.contains("id") && a["id"].is_number_unsigned(),
+                "[tokenizer] {}: added token '{}' has id {}; ids are non-negative integers", path,
+                content, a.contains("id") ? json_excerpt(a["id"]) : "(none)");
+    TETRA_CHECK(!a.contains("special") || a["special"].is_boolean(),
+                "[tokenizer] {}: added token '{}' has \"special\": {}; expected true or false",
+                path, content, json_excerpt(a["special"]));
+    const auto id = a["id"].get<uint64_t>();
+    set_token(id, content, content);
+    added.push_back({static_cast<uint32_t>(id), content, a.value("special", false)});
   }
   for (size_t id = 0; id < tokens.size(); ++id) {
     TETRA_CHECK(filled[id], "[tokenizer] {}: no token has id {} (ids must run 0..{} without gaps)",
                 path, id, tokens.size() - 1);
   }
 
-  const json& vocab = model["vocab"];
   auto vocab_id = [&](const std::string& tok, size_t rank, const std::string& shown) {
     auto it = vocab.find(tok);
     TETRA_CHECK(it != vocab.end(),
@@ -144,7 +185,7 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& path, const j
     } else {
       TETRA_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
                   "[tokenizer] {}: merge {} is {}; expected \"a b\" or [\"a\", \"b\"]", path, rank,
-                  m.dump());
+                  json_excerpt(m));
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
     }
@@ -173,10 +214,40 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(const std::string& path, const j
                                         *eot, path);
 }
 
+// Far above any real tokenizer.json (GPT-2's is 1.4 MB, large multilingual ones tens of MB):
+// a bigger file is almost certainly the wrong file, and reading it whole would be costly.
+constexpr uintmax_t kMaxTokenizerBytes = 512ull << 20;
+
 }  // namespace
+
+std::unique_ptr<Tokenizer> parse_tokenizer_json(std::string_view text, const std::string& origin) {
+  TETRA_CHECK(!text.empty(), "[tokenizer] {}: the file is empty", origin);
+  const json root = parse_json_strict(text, "tokenizer", origin);
+  try {
+    return tokenizer_from_json(origin, root);
+  } catch (const json::exception& e) {
+    fail("[tokenizer] {}: malformed tokenizer.json ({})", origin, e.what());
+  }
+}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(spec, ec);
+  TETRA_CHECK(fs::exists(st),
+              "[tokenizer] {}: cannot open it (no such file); pass \"byte\" or the path of a "
+              "Hugging Face tokenizer.json",
+              spec);
+  TETRA_CHECK(fs::is_regular_file(st),
+              "[tokenizer] {}: not a regular file; pass \"byte\" or the path of a Hugging Face "
+              "tokenizer.json",
+              spec);
+  const uintmax_t size = fs::file_size(spec, ec);
+  TETRA_CHECK(!ec && size <= kMaxTokenizerBytes,
+              "[tokenizer] {}: {} bytes, more than the {} MB a tokenizer.json may have; is this "
+              "the right file?",
+              spec, size, kMaxTokenizerBytes >> 20);
   std::ifstream in(spec, std::ios::binary);
   TETRA_CHECK(in,
               "[tokenizer] {}: cannot open it; pass \"byte\" or the path of a Hugging Face "
@@ -184,19 +255,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
               spec);
   std::stringstream buf;
   buf << in.rdbuf();
-  const std::string text = buf.str();
-  TETRA_CHECK(!text.empty(), "[tokenizer] {}: the file is empty", spec);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("[tokenizer] {}: not valid JSON ({}); the file is corrupt or truncated", spec, e.what());
-  }
-  try {
-    return parse_tokenizer_json(spec, root);
-  } catch (const json::exception& e) {
-    fail("[tokenizer] {}: malformed tokenizer.json ({})", spec, e.what());
-  }
+  TETRA_CHECK(!in.bad(), "[tokenizer] {}: reading it failed", spec);
+  return parse_tokenizer_json(buf.str(), spec);
 }
 
 }  // namespace tetra

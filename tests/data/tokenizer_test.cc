@@ -3,6 +3,7 @@
 #include "data/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -386,13 +387,76 @@ TEST(TokenizerJson, RefusesBadFiles) {
   not_bytes.replace(not_bytes.find("ByteLevel"), 9, "Metaspace");
   refused("metaspace.json", not_bytes, "nor the decoder is ByteLevel");
   std::string gap = good;
-  gap.replace(gap.find("\"er\": 259"), 9, "\"er\": 262");
+  gap.replace(gap.find("\"er\": 259"), 9, "\"er\": 261");
   refused("gap.json", gap, "no token has id 259");
   std::string missing_byte = good;
   missing_byte.replace(missing_byte.find("\"!\": 0, "), 3, "\"<|x|>\"");
   refused("nobyte.json", missing_byte, "byte 0x21 has no token");
   const std::string err = error_of([] { load_tokenizer("/nonexistent/tokenizer.json"); });
   EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
+}
+
+// Ids are bounded by the number of entries before anything is sized by them: a 6 KB file naming
+// id 2e9 or 3e7 fails at once instead of allocating gigabytes or throwing std::bad_alloc.
+TEST(TokenizerJson, RefusesBadIds) {
+  TempDir dir;
+  auto refused = [&](const std::string& name, const std::string& text, const std::string& what) {
+    const std::string path = dir.file(name, text);
+    const std::string err = error_of([&] { load_tokenizer(path); });
+    EXPECT_NE(err.find("[tokenizer] " + path + ": "), std::string::npos) << err;
+    EXPECT_NE(err.find(what), std::string::npos) << name << ": " << err;
+  };
+  const std::string good = tiny_gpt2_json(false);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  refused("huge_id.json", with("\"er\": 259", "\"er\": 2000000000"),
+          "token 'er' has id 2000000000, but the file lists only 262 tokens (vocab and "
+          "added_tokens), so ids must be below 262");
+  refused("big_id.json", with("\"er\": 259", "\"er\": 30000000"), "has id 30000000, but");
+  refused("added_id.json", with("{\"id\": 260", "{\"id\": 4294967296"),
+          "token '<|endoftext|>' has id 4294967296, but");
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 100 << 10) << "KB more at peak";
+
+  refused("negative.json", with("\"er\": 259", "\"er\": -259"),
+          "vocab entry 'er' has id -259; ids are non-negative integers");
+  refused("fraction.json", with("\"er\": 259", "\"er\": 259.5"),
+          "vocab entry 'er' has id 259.5; ids are non-negative integers");
+  refused("string_id.json", with("\"er\": 259", "\"er\": \"259\""), "has id \"259\"");
+  refused("dup_id.json", with("\"er\": 259", "\"er\": 258"),
+          "both have id 258; every id names one token");
+  refused("dup_key.json", with("\"er\": 259", "\"he\": 259"),
+          "key \"he\" appears twice in one object");
+  refused("added_clash.json", with("{\"id\": 260", "{\"id\": 259"),
+          "tokens 'er' and '<|endoftext|>' both have id 259");
+  refused("added_noid.json", with("{\"id\": 260, ", "{"),
+          "added token '<|endoftext|>' has id (none)");
+  refused("added_nocontent.json", with("\"content\": \"<|endoftext|>\", ", ""),
+          "added_tokens[0] has no \"content\" string");
+  refused("added_notlist.json", with("\"added_tokens\": [", "\"added_tokens\": 7, \"x\": ["),
+          "added_tokens is 7; expected a list");
+  refused("special_str.json", with("\"special\": true", "\"special\": \"yes\""),
+          "has \"special\": \"yes\"; expected true or false");
+  refused("type_num.json", with("\"type\": \"BPE\"", "\"type\": 3"),
+          "model.type is 3; expected a string");
+  refused("deep.json", std::string(100, '[') + std::string(100, ']'), "nested deeper than 64");
+  const std::string folder = fs::path(dir.file("x", "")).parent_path().string();
+  const std::string err = error_of([&] { load_tokenizer(folder); });
+  EXPECT_NE(err.find("not a regular file"), std::string::npos) << err;
+}
+
+TEST(TokenizerJson, ParsesFromMemory) {
+  const auto tok = parse_tokenizer_json(tiny_gpt2_json(true), "<test>");
+  EXPECT_EQ(tok->vocab_size(), 261u);
+  EXPECT_NE(error_of([] { parse_tokenizer_json("", "<test>"); }).find("[tokenizer] <test>: "),
+            std::string::npos);
 }
 
 }  // namespace
