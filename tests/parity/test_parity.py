@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -331,7 +332,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--tetra", default=os.path.join(here, "..", "..", "build", "tetra"))
-    ap.add_argument("--workdir", default="/tmp/tetra_parity")
+    ap.add_argument("--workdir", default=None,
+                    help="where the cases' files go (default: a new directory in $TMPDIR)")
     ap.add_argument("--threads", type=int, default=0, help="tetra --run.threads (0 = all cores)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--verbose", action="store_true")
@@ -340,7 +342,10 @@ def main():
     if not os.path.exists(args.tetra):
         print(f"tetra binary not found: {args.tetra}")
         return 2
+    if args.workdir is None:
+        args.workdir = tempfile.mkdtemp(prefix="tetra_parity_")
     os.makedirs(args.workdir, exist_ok=True)
+    print(f"work files in {args.workdir}")
     chosen = [c for c in CASES if not args.cases or c["name"] in args.cases.split(",")]
     t0 = time.time()
     all_fail = []

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# hermetic.sh ROOT COMMAND...
+# Runs COMMAND with a HOME, TMPDIR and XDG_CACHE_HOME of its own: empty directories in a fresh
+# mktemp directory under ROOT, removed when COMMAND exits; exits with COMMAND's status. Every CTest
+# test runs through it (tests/CMakeLists.txt), so no test reads or writes the invoking user's home
+# — a peak cache left there by an earlier run once decided whether tests passed — and no two
+# tests share a file.
+set -u
+if [[ $# -lt 2 ]]; then
+  echo "[tests] usage: hermetic.sh ROOT COMMAND... (got $# arguments)" >&2
+  exit 2
+fi
+root=$1
+shift
+mkdir -p "$root" || exit 1
+dir=$(mktemp -d "$root/XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT
+mkdir "$dir/home" "$dir/tmp"
+export HOME="$dir/home" TMPDIR="$dir/tmp" XDG_CACHE_HOME="$dir/home/.cache"
+"$@"
