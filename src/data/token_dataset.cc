@@ -3,13 +3,21 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "data/manifest.h"
 
 namespace tetra {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 std::vector<std::string> expand(const std::string& spec) {
   std::vector<std::string> paths;
@@ -36,12 +44,65 @@ std::vector<std::string> expand(const std::string& spec) {
   return paths;
 }
 
+// Checks a shard against the manifest.json of its folder, read once per folder.
+class ManifestCheck {
+ public:
+  // Shards and bytes checksummed so far, and the seconds it took.
+  int shards() const { return shards_; }
+  uint64_t bytes() const { return bytes_; }
+  double seconds() const { return seconds_; }
+
+  void check(const TokenShard& shard) {
+    const fs::path path(shard.path());
+    const std::string dir = path.parent_path().string();
+    auto it = manifests_.find(dir);
+    if (it == manifests_.end()) {
+      const fs::path file = path.parent_path() / "manifest.json";
+      std::error_code ec;
+      std::optional<Manifest> m;
+      if (fs::exists(file, ec)) m = read_manifest(file.string());
+      it = manifests_.emplace(dir, std::move(m)).first;
+    }
+    if (!it->second) return;  // no manifest: nothing to verify against
+    const std::string manifest = (path.parent_path() / "manifest.json").string();
+    const std::string name = path.filename().string();
+    const ManifestShard* entry = it->second->find(name);
+    TETRA_CHECK(entry != nullptr,
+                "[data] {}: not listed in {}, so it is not part of that dataset (a stray shard of "
+                "an earlier run?); re-run tetra data prepare, or set data.verify=false to use it "
+                "unchecked",
+                shard.path(), manifest);
+    TETRA_CHECK(entry->tokens == shard.size() && entry->version == shard.version(),
+                "[data] {}: holds {} tokens (version {}) but {} lists {} tokens (version {}); the "
+                "shard or the manifest was replaced, re-run tetra data prepare",
+                shard.path(), shard.size(), shard.version(), manifest, entry->tokens,
+                entry->version);
+    Stopwatch clock;
+    const std::string actual = shard.file_xxh3();
+    seconds_ += clock.elapsed_s();
+    bytes_ += shard.file_bytes();
+    ++shards_;
+    TETRA_CHECK(actual == entry->xxh3,
+                "[data] {}: checksum mismatch: {} lists xxh3 {} but the file has {}; the shard is "
+                "corrupt or was changed after it was written, re-run tetra data prepare",
+                shard.path(), manifest, entry->xxh3, actual);
+  }
+
+ private:
+  std::map<std::string, std::optional<Manifest>> manifests_;
+  int shards_ = 0;
+  uint64_t bytes_ = 0;
+  double seconds_ = 0;
+};
+
 }  // namespace
 
-TokenDataset::TokenDataset(const std::string& spec, int seq_len) : T_(seq_len) {
+TokenDataset::TokenDataset(const std::string& spec, int seq_len, bool verify) : T_(seq_len) {
   TETRA_CHECK(seq_len > 0, "[data] sequence length must be positive (got {})", seq_len);
+  ManifestCheck manifests;
   for (const auto& path : expand(spec)) {
     auto shard = std::make_unique<TokenShard>(path);
+    if (verify) manifests.check(*shard);
     int64_t windows = shard->size() > 0 ? int64_t(shard->size() - 1) / T_ : 0;
     TETRA_CHECK(windows > 0,
                 "[data] {}: {} tokens cannot hold one sample of seq_len+1={} tokens; use a larger "
@@ -50,6 +111,14 @@ TokenDataset::TokenDataset(const std::string& spec, int seq_len) : T_(seq_len) {
     first_.push_back(total_);
     total_ += windows;
     shards_.push_back(std::move(shard));
+  }
+  verified_bytes_ = manifests.bytes();
+  verify_seconds_ = manifests.seconds();
+  if (manifests.shards() > 0) {
+    log_info(
+        "[data] verified {} shard(s), {:.1f} MB, against their manifest in {:.2f} s ({:.1f} GB/s)",
+        manifests.shards(), verified_bytes_ / 1e6, verify_seconds_,
+        verified_bytes_ / 1e9 / std::max(verify_seconds_, 1e-9));
   }
 }
 

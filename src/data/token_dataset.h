@@ -14,8 +14,11 @@ namespace tetra {
 
 class TokenDataset {
  public:
-  /** `spec` is a shard path, a comma-separated list of paths, or a glob ("data/train_*.bin"). */
-  TokenDataset(const std::string& spec, int seq_len);
+  /** `spec` is a shard path, a comma-separated list of paths, or a glob ("data/train_*.bin").
+   * With `verify`, every shard that has a manifest.json beside it (as `tetra data prepare`
+   * writes) is checked against the manifest: listed, same token count and version, same xxh3
+   * of the whole file. A mismatch throws tetra::Error naming the shard. */
+  TokenDataset(const std::string& spec, int seq_len, bool verify = true);
 
   int64_t num_samples() const { return total_; }
   int seq_len() const { return T_; }
@@ -25,12 +28,18 @@ class TokenDataset {
   /** Largest token id over all shards. */
   uint32_t max_token() const;
   const std::vector<std::unique_ptr<TokenShard>>& shards() const { return shards_; }
+  /** Bytes checksummed against manifests at construction (0 without verify or manifests). */
+  uint64_t verified_bytes() const { return verified_bytes_; }
+  /** Seconds the checksums took. */
+  double verify_seconds() const { return verify_seconds_; }
 
  private:
   int T_;
   std::vector<std::unique_ptr<TokenShard>> shards_;
   std::vector<int64_t> first_;  // first global sample index of each shard
   int64_t total_ = 0;
+  uint64_t verified_bytes_ = 0;
+  double verify_seconds_ = 0;
 };
 
 }  // namespace tetra

@@ -2,11 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <limits>
@@ -19,120 +20,179 @@
 namespace tetra {
 
 static_assert(std::endian::native == std::endian::little,
-              "token shards are little-endian and read in place");
+              "token shards are little-endian and read as native integers");
 
 namespace {
 
-constexpr size_t kHeaderBytes = kShardHeaderInts * sizeof(int32_t);
-
 size_t token_bytes(int version) { return version == 1 ? 2 : 4; }
+
+// Bytes per read call in whole-file scans: large enough that the call costs nothing beside the
+// copy, small enough to stay in L2.
+constexpr size_t kScanBytes = 1 << 20;
 
 }  // namespace
 
-TokenShard::TokenShard(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TETRA_CHECK(fd >= 0, "[data] {}: cannot open token shard ({}); check the path", path,
-              std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("[data] {}: not a regular file; expected an llm.c token shard (.bin)", path);
-  }
-  const size_t file_bytes = size_t(st.st_size);
-  if (file_bytes < kHeaderBytes) {
-    ::close(fd);
-    fail(
-        "[data] {}: file has {} bytes, shorter than the {}-byte shard header; the file is "
-        "empty or truncated, re-run the tokenizer",
-        path, file_bytes, kHeaderBytes);
-  }
-  // MAP_PRIVATE + PROT_READ: the pages come from the page cache and are shared between the
-  // ranks of one node that read the same shard.
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  int err = errno;
-  ::close(fd);
-  TETRA_CHECK(map != MAP_FAILED, "[data] {}: mmap of {} bytes failed ({})", path, file_bytes,
-              std::strerror(err));
-  map_ = map;
-  map_bytes_ = file_bytes;
+ShardHeader parse_token_shard_header(std::span<const uint8_t, kShardHeaderBytes> bytes,
+                                     uint64_t file_bytes, const std::string& path) {
+  int32_t header[3];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  TETRA_CHECK(header[0] == kShardMagic,
+              "[data] {}: not a token shard: magic 0x{:08x} (expected {}); is this an llm.c .bin "
+              "file?",
+              path, uint32_t(header[0]), kShardMagic);
+  TETRA_CHECK(header[1] == 1 || header[1] == 2,
+              "[data] {}: unsupported shard version {} (expected 1 for uint16 tokens or 2 for "
+              "uint32 tokens)",
+              path, header[1]);
+  TETRA_CHECK(header[2] >= 0, "[data] {}: negative token count {} in the header", path, header[2]);
+  ShardHeader h;
+  h.version = header[1];
+  h.num_tokens = size_t(header[2]);
+  const uint64_t data_bytes = uint64_t(h.num_tokens) * token_bytes(h.version);
+  const uint64_t expected = kShardHeaderBytes + data_bytes;
+  TETRA_CHECK(file_bytes >= expected,
+              "[data] {}: truncated: header says {} tokens ({} bytes) but file has {} bytes "
+              "(expected {}: {}-byte header + tokens); re-run the tokenizer",
+              path, h.num_tokens, data_bytes, file_bytes, expected, kShardHeaderBytes);
+  TETRA_CHECK(file_bytes <= expected,
+              "[data] {}: {} extra bytes: header says {} tokens ({} bytes) but file has {} bytes "
+              "(expected {}: {}-byte header + tokens); the shard is corrupt",
+              path, file_bytes - expected, h.num_tokens, data_bytes, file_bytes, expected,
+              kShardHeaderBytes);
+  return h;
+}
 
-  // From here on the destructor does not run if we throw, so release the mapping by hand.
-  auto refuse = [&](const std::string& what) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
-    throw Error(fmt::format("[data] {}: {}", path, what));
-  };
-  const auto* header = static_cast<const int32_t*>(map_);
-  if (header[0] != kShardMagic) {
-    refuse(
-        fmt::format("not a token shard: magic 0x{:08x} (expected {}); is this an llm.c .bin "
-                    "file?",
-                    uint32_t(header[0]), kShardMagic));
+TokenShard::TokenShard(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TETRA_CHECK(fd_ >= 0, "[data] {}: cannot open token shard ({}); check the path", path,
+              std::strerror(errno));
+  // From here on the destructor does not run if we throw, so close the file by hand.
+  try {
+    struct stat st {};
+    TETRA_CHECK(::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode),
+                "[data] {}: not a regular file; expected an llm.c token shard (.bin)", path);
+    const uint64_t file_bytes = uint64_t(st.st_size);
+    TETRA_CHECK(file_bytes >= kShardHeaderBytes,
+                "[data] {}: file has {} bytes, shorter than the {}-byte shard header; the file is "
+                "empty or truncated, re-run the tokenizer",
+                path, file_bytes, kShardHeaderBytes);
+    std::array<uint8_t, kShardHeaderBytes> header;
+    read_bytes(0, header.size(), header.data());
+    const ShardHeader h = parse_token_shard_header(header, file_bytes, path);
+    version_ = h.version;
+    num_tokens_ = h.num_tokens;
+  } catch (...) {
+    ::close(fd_);
+    throw;
   }
-  if (header[1] != 1 && header[1] != 2) {
-    refuse(
-        fmt::format("unsupported shard version {} (expected 1 for uint16 tokens or 2 for "
-                    "uint32 tokens)",
-                    header[1]));
-  }
-  version_ = header[1];
-  if (header[2] < 0) refuse(fmt::format("negative token count {} in the header", header[2]));
-  num_tokens_ = size_t(header[2]);
-  const size_t data_bytes = num_tokens_ * token_bytes(version_);
-  const size_t expected = kHeaderBytes + data_bytes;
-  if (file_bytes < expected) {
-    refuse(
-        fmt::format("truncated: header says {} tokens ({} bytes) but file has {} bytes "
-                    "(expected {}: {}-byte header + tokens); re-run the tokenizer",
-                    num_tokens_, data_bytes, file_bytes, expected, kHeaderBytes));
-  }
-  if (file_bytes > expected) {
-    refuse(fmt::format(
-        "{} extra bytes: header says {} tokens ({} bytes) but file has {} bytes "
-        "(expected {}: {}-byte header + tokens); the shard is corrupt",
-        file_bytes - expected, num_tokens_, data_bytes, file_bytes, expected, kHeaderBytes));
-  }
-  tokens_ = static_cast<const uint8_t*>(map_) + kHeaderBytes;
 }
 
 TokenShard::~TokenShard() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 TokenShard::TokenShard(TokenShard&& other) noexcept
     : path_(std::move(other.path_)),
-      map_(std::exchange(other.map_, nullptr)),
-      map_bytes_(std::exchange(other.map_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, nullptr)),
+      fd_(std::exchange(other.fd_, -1)),
       num_tokens_(std::exchange(other.num_tokens_, 0)),
       version_(other.version_) {}
+
+void TokenShard::read_bytes(uint64_t offset, size_t n, void* dst) const {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd_, p, n, off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      fail("[data] {}: reading {} bytes at offset {} failed ({}); check the disk", path_, n, offset,
+           std::strerror(errno));
+    }
+    if (got == 0) {
+      struct stat st {};
+      const long long now = ::fstat(fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+      fail(
+          "[data] {}: the shard is now {} bytes, shorter than the {} it had when opened: it was "
+          "truncated or rewritten in place while in use; restore it (re-run tetra data prepare) "
+          "and restart",
+          path_, now, file_bytes());
+    }
+    p += got, n -= size_t(got), offset += uint64_t(got);
+  }
+}
+
+uint32_t TokenShard::operator[](size_t i) const {
+  int32_t t;
+  read(i, 1, &t);
+  return uint32_t(t);
+}
 
 void TokenShard::read(size_t begin, size_t n, int32_t* out) const {
   TETRA_CHECK(begin <= num_tokens_ && n <= num_tokens_ - begin,
               "[data] {}: read of tokens [{}, {}) is past the end of the shard ({} tokens)", path_,
               begin, begin + n, num_tokens_);
-  if (version_ == 1) {
-    const auto* src = static_cast<const uint16_t*>(tokens_) + begin;
-    for (size_t i = 0; i < n; ++i) out[i] = int32_t(src[i]);
-  } else {
-    const auto* src = static_cast<const uint32_t*>(tokens_) + begin;
-    for (size_t i = 0; i < n; ++i) out[i] = int32_t(src[i]);
+  const uint64_t at = kShardHeaderBytes + uint64_t(begin) * token_bytes(version_);
+  if (version_ == 2) {
+    // uint32 tokens below 2^31 (every vocabulary) read as int32 unchanged.
+    read_bytes(at, n * sizeof(int32_t), out);
+    return;
+  }
+  uint16_t buf[4096];
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(n - done, std::size(buf));
+    read_bytes(at + 2 * done, k * 2, buf);
+    for (size_t i = 0; i < k; ++i) out[done + i] = int32_t(buf[i]);
+    done += k;
   }
 }
 
 uint32_t TokenShard::max_token() const {
+  std::vector<uint8_t> buf(kScanBytes);
+  const uint64_t end = file_bytes();
   uint32_t best = 0;
-  const auto n = int64_t(num_tokens_);
-  if (version_ == 1) {
-    const auto* src = static_cast<const uint16_t*>(tokens_);
-#pragma omp parallel for reduction(max : best) schedule(static)
-    for (int64_t i = 0; i < n; ++i) best = std::max<uint32_t>(best, src[i]);
-  } else {
-    const auto* src = static_cast<const uint32_t*>(tokens_);
-#pragma omp parallel for reduction(max : best) schedule(static)
-    for (int64_t i = 0; i < n; ++i) best = std::max(best, src[i]);
+  for (uint64_t at = kShardHeaderBytes; at < end;) {
+    const size_t k = size_t(std::min<uint64_t>(buf.size(), end - at));
+    read_bytes(at, k, buf.data());
+    if (version_ == 1) {
+      const size_t n = k / 2;
+      uint16_t m = 0;
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t t;
+        std::memcpy(&t, buf.data() + 2 * i, 2);
+        m = std::max(m, t);
+      }
+      best = std::max<uint32_t>(best, m);
+    } else {
+      const size_t n = k / 4;
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t t;
+        std::memcpy(&t, buf.data() + 4 * i, 4);
+        best = std::max(best, t);
+      }
+    }
+    at += k;
   }
   return best;
+}
+
+std::string TokenShard::file_xxh3() const {
+  std::vector<uint8_t> buf(kScanBytes);
+  XXH3_state_t* st = XXH3_createState();
+  TETRA_CHECK(st != nullptr, "[data] {}: out of memory for the checksum state", path_);
+  XXH3_64bits_reset(st);
+  const uint64_t end = file_bytes();
+  try {
+    for (uint64_t at = 0; at < end;) {
+      const size_t k = size_t(std::min<uint64_t>(buf.size(), end - at));
+      read_bytes(at, k, buf.data());
+      XXH3_64bits_update(st, buf.data(), k);
+      at += k;
+    }
+  } catch (...) {
+    XXH3_freeState(st);
+    throw;
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return fmt::format("{:016x}", h);
 }
 
 void write_token_shard(const std::string& path, std::span<const uint32_t> tokens) {
@@ -147,13 +207,13 @@ void write_token_shard(const std::string& path, std::span<const uint32_t> tokens
   header[0] = kShardMagic;
   header[1] = version;
   header[2] = int32_t(tokens.size());
-  std::vector<uint8_t> buf(kHeaderBytes + tokens.size() * token_bytes(version));
-  std::memcpy(buf.data(), header, kHeaderBytes);
+  std::vector<uint8_t> buf(kShardHeaderBytes + tokens.size() * token_bytes(version));
+  std::memcpy(buf.data(), header, kShardHeaderBytes);
   if (version == 1) {
-    auto* dst = reinterpret_cast<uint16_t*>(buf.data() + kHeaderBytes);
+    auto* dst = reinterpret_cast<uint16_t*>(buf.data() + kShardHeaderBytes);
     for (size_t i = 0; i < tokens.size(); ++i) dst[i] = uint16_t(tokens[i]);
   } else if (!tokens.empty()) {
-    std::memcpy(buf.data() + kHeaderBytes, tokens.data(), tokens.size_bytes());
+    std::memcpy(buf.data() + kShardHeaderBytes, tokens.data(), tokens.size_bytes());
   }
 
   write_file_atomically(path, {{buf.data(), buf.size()}}, "data");

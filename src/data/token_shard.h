@@ -1,6 +1,7 @@
 // llm.c token shards: an int32[256] header (magic 20240520, version, token count, rest 0)
 // followed by the tokens: version 1 stores uint16 tokens, version 2 stores uint32 tokens (for
-// vocabularies over 65,535). Shards are read by mmap; header and file size are validated.
+// vocabularies over 65,535). Shards are read with checked pread calls, not mmap: a shard
+// truncated while a job reads it gives a tetra::Error naming it instead of a bus error.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +13,20 @@ namespace tetra {
 
 constexpr int32_t kShardMagic = 20240520;
 constexpr int kShardHeaderInts = 256;
+constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
 
-/** A read-only, memory-mapped token shard. Throws tetra::Error naming the path and the fault. */
+struct ShardHeader {
+  int version = 1;
+  size_t num_tokens = 0;
+};
+
+/** Validates a shard's header (its first kShardHeaderBytes bytes) against the file size. Throws
+ * tetra::Error "[data] <path>: ..." naming the fault. */
+ShardHeader parse_token_shard_header(std::span<const uint8_t, kShardHeaderBytes> header,
+                                     uint64_t file_bytes, const std::string& path);
+
+/** A read-only token shard. Throws tetra::Error naming the path and the fault, at open and on
+ * any read that fails (a shard truncated while in use included). Reads are thread-safe. */
 class TokenShard {
  public:
   explicit TokenShard(const std::string& path);
@@ -25,20 +38,23 @@ class TokenShard {
   size_t size() const { return num_tokens_; }
   int version() const { return version_; }
   const std::string& path() const { return path_; }
-  uint32_t operator[](size_t i) const {
-    return version_ == 1 ? reinterpret_cast<const uint16_t*>(tokens_)[i]
-                         : reinterpret_cast<const uint32_t*>(tokens_)[i];
-  }
+  /** Token i (one read call: for tests and spot checks, not for loops). */
+  uint32_t operator[](size_t i) const;
   /** Copies tokens [begin, begin + n) into out as int32. */
   void read(size_t begin, size_t n, int32_t* out) const;
   /** Largest token id in the shard (a full scan; used to validate against the vocab). */
   uint32_t max_token() const;
+  /** xxh3-64 of the whole file, header included, as 16 hex digits (as manifest.json has it). */
+  std::string file_xxh3() const;
+  /** Size of the file in bytes, as validated at open. */
+  uint64_t file_bytes() const { return kShardHeaderBytes + num_tokens_ * (version_ == 1 ? 2 : 4); }
 
  private:
+  // Reads file bytes [offset, offset + n) or throws naming the shard.
+  void read_bytes(uint64_t offset, size_t n, void* dst) const;
+
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const void* tokens_ = nullptr;
+  int fd_ = -1;
   size_t num_tokens_ = 0;
   int version_ = 1;
 };

@@ -3,8 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -211,6 +214,56 @@ with open(sys.argv[1], "wb") as f:
   EXPECT_EQ(shard[0], 50256u);
   EXPECT_EQ(shard[10], 13u);
   EXPECT_EQ(shard.max_token(), 50256u);
+}
+
+TEST_F(TokenShardTest, HeaderParsesFromMemory) {
+  std::array<uint8_t, kShardHeaderBytes> header{};
+  const int32_t fields[3] = {kShardMagic, 2, 7};
+  std::memcpy(header.data(), fields, sizeof(fields));
+  const ShardHeader h = parse_token_shard_header(header, 1024 + 28, "<mem>");
+  EXPECT_EQ(h.version, 2);
+  EXPECT_EQ(h.num_tokens, 7u);
+  try {
+    parse_token_shard_header(header, 1024 + 27, "<mem>");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("[data] <mem>: truncated: header says 7 tokens (28 bytes)"));
+  }
+}
+
+TEST_F(TokenShardTest, ChecksumIsTheFilesXxh3) {
+  std::vector<uint32_t> tokens(300000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i * 7919 % 70000);
+  const std::string path = file("sum.bin");
+  write_token_shard(path, tokens);  // version 2, larger than one scan block
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TokenShard shard(path);
+  EXPECT_EQ(shard.file_bytes(), bytes.size());
+  EXPECT_EQ(shard.file_xxh3(), fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size())));
+  EXPECT_EQ(shard.max_token(), 69999u);
+}
+
+// Reads go through pread: a shard cut short under an open TokenShard gives an error naming it
+// (with mmap the same read was a SIGBUS that killed the process).
+TEST_F(TokenShardTest, TruncatedWhileOpenIsAClearError) {
+  std::vector<uint32_t> tokens(10000, 5);
+  const std::string path = file("cut.bin");
+  write_token_shard(path, tokens);
+  TokenShard shard(path);
+  std::vector<int32_t> out(100);
+  shard.read(9000, 100, out.data());
+  fs::resize_file(path, 1024 + 2 * 5000);
+  shard.read(100, 100, out.data());  // still inside the file
+  try {
+    shard.read(9000, 100, out.data());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("[data] " + path +
+                                    ": the shard is now 11024 bytes, shorter "
+                                    "than the 21024 it had when opened"));
+    EXPECT_THAT(e.what(), HasSubstr("re-run tetra data prepare"));
+  }
 }
 
 }  // namespace
