@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -182,22 +183,20 @@ SafeTensor safetensor_f32(const Shape& shape, const float* data) {
   return t;
 }
 
-SafeTensorsFile read_safetensors(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  TETRA_CHECK(fd.fd >= 0, "[safetensors] {}: cannot open ({}); check the path", path,
-              std::strerror(errno));
-  struct stat st {};
-  TETRA_CHECK(::fstat(fd.fd, &st) == 0 && S_ISREG(st.st_mode),
-              "[safetensors] {}: not a regular file", path);
-  const uint64_t file_bytes = uint64_t(st.st_size);
+namespace {
 
+// Parses a file of file_bytes bytes whose contents read_at(dst, n, offset) fetches (false on
+// failure, errno set): one validation path for files and for bytes in memory.
+using ReadAt = std::function<bool(void* dst, size_t n, uint64_t offset)>;
+SafeTensorsFile parse_safetensors_from(const std::string& path, uint64_t file_bytes,
+                                       const ReadAt& read_at) {
   // Layout: u64 header length N | N bytes of JSON | data section.
   TETRA_CHECK(file_bytes >= 8,
               "[safetensors] {}: file has {} bytes, shorter than the 8-byte header length; the "
               "file is truncated or not a safetensors file",
               path, file_bytes);
   uint8_t len_bytes[8];
-  TETRA_CHECK(pread_all(fd.fd, len_bytes, 8, 0), "[safetensors] {}: read failed ({})", path,
+  TETRA_CHECK(read_at(len_bytes, 8, 0), "[safetensors] {}: read failed ({})", path,
               std::strerror(errno));
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | len_bytes[i];
@@ -210,8 +209,8 @@ SafeTensorsFile read_safetensors(const std::string& path) {
               "file is truncated or not a safetensors file",
               path, header_bytes, file_bytes);
   std::string text(header_bytes, '\0');
-  TETRA_CHECK(pread_all(fd.fd, text.data(), text.size(), 8), "[safetensors] {}: read failed ({})",
-              path, std::strerror(errno));
+  TETRA_CHECK(read_at(text.data(), text.size(), 8), "[safetensors] {}: read failed ({})", path,
+              std::strerror(errno));
   TETRA_CHECK(!text.empty() && text[0] == '{',
               "[safetensors] {}: the header does not start with '{{'; the file is not a "
               "safetensors file",
@@ -306,11 +305,36 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   for (const Extent& e : extents) {
     SafeTensor& t = out.tensors.find(*e.name)->second;
     t.bytes.resize(e.end - e.begin);
-    TETRA_CHECK(pread_all(fd.fd, t.bytes.data(), t.bytes.size(), data_start + e.begin),
+    TETRA_CHECK(read_at(t.bytes.data(), t.bytes.size(), data_start + e.begin),
                 "[safetensors] {}: reading tensor '{}' failed ({})", path, *e.name,
                 std::strerror(errno));
   }
   return out;
+}
+
+}  // namespace
+
+SafeTensorsFile read_safetensors(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  TETRA_CHECK(fd.fd >= 0, "[safetensors] {}: cannot open ({}); check the path", path,
+              std::strerror(errno));
+  struct stat st {};
+  TETRA_CHECK(::fstat(fd.fd, &st) == 0 && S_ISREG(st.st_mode),
+              "[safetensors] {}: not a regular file", path);
+  return parse_safetensors_from(
+      path, uint64_t(st.st_size),
+      [&](void* dst, size_t n, uint64_t offset) { return pread_all(fd.fd, dst, n, offset); });
+}
+
+SafeTensorsFile parse_safetensors(std::span<const uint8_t> bytes, const std::string& origin) {
+  return parse_safetensors_from(origin, bytes.size(), [&](void* dst, size_t n, uint64_t offset) {
+    if (offset > bytes.size() || n > bytes.size() - offset) {
+      errno = EIO;
+      return false;
+    }
+    if (n > 0) std::memcpy(dst, bytes.data() + offset, n);
+    return true;
+  });
 }
 
 void write_safetensors(const std::string& path, const SafeTensorsFile& file) {

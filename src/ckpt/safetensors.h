@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct SafeTensorsFile {
 
 /** Reads and validates a whole file. Errors name the path and the offending tensor. */
 SafeTensorsFile read_safetensors(const std::string& path);
+
+/** The same over a file's bytes in memory; origin names it in errors. */
+SafeTensorsFile parse_safetensors(std::span<const uint8_t> bytes, const std::string& origin);
 
 /** Writes tensors in name order (temp file + rename). */
 void write_safetensors(const std::string& path, const SafeTensorsFile& file);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,27 @@ TEST_F(SafetensorsTest, WriteRefusesInconsistentTensor) {
     EXPECT_THAT(e.what(), HasSubstr("tensor 'bad' has 15 bytes but shape (2, 2) of f32 needs 16"));
   }
   EXPECT_FALSE(fs::exists(file("d.safetensors")));
+}
+
+TEST_F(SafetensorsTest, ParsesFromMemoryAsFromAFile) {
+  SafeTensorsFile f;
+  f.tensors["w"] = make_tensor(DType::f32, {3, 2}, 9);
+  f.metadata["format"] = "pt";
+  const std::string path = file("m.safetensors");
+  write_safetensors(path, f);
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  const SafeTensorsFile g = parse_safetensors({p, bytes.size()}, "<mem>");
+  EXPECT_EQ(g.tensors.at("w").bytes, f.tensors.at("w").bytes);
+  EXPECT_EQ(g.metadata, f.metadata);
+  try {
+    parse_safetensors({p, bytes.size() - 1}, "<mem>");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("[safetensors] <mem>: tensor 'w': data_offsets [0, 24] run "
+                                    "past the data section (23 bytes)"));
+  }
 }
 
 TEST_F(SafetensorsTest, RefusesMissingFile) {
