@@ -9,6 +9,8 @@ packages=(
   openmpi-bin libopenmpi-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # clang and its runtime libraries (libFuzzer, ASan, UBSan) for the fuzz targets in fuzz/.
+  clang libclang-rt-14-dev
   # PyTorch and NumPy for the parity tests and benchmark peers; OpenBLAS so that Debian's torch,
   # which links libblas.so.3, does not fall back to the netlib reference BLAS (~3 GFLOP/s).
   python3 python3-torch python3-numpy libopenblas0-openmp

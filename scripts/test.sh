@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: dependencies, a -Werror release build with every test
-# (unit, multi-rank under mpirun, PyTorch parity), then an ASan/UBSan build of the unit tests.
+# (unit, multi-rank under mpirun, PyTorch parity), an ASan/UBSan build of the unit tests, then
+# every fuzz target for FUZZ_SECONDS (default 30) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -20,3 +21,35 @@ cmake --build build-asan -j "$jobs"
 # the unit tests run in-process under the sanitizers.
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" \
   --timeout 900 -LE 'mpi|parity|train|cli'
+
+echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-30} s each"
+# Only the libraries the fuzzers link are built. Each target starts from its committed seeds
+# (fuzz/corpus/<format>) and the malformed-file corpus (tests/malformed/<format>) and keeps what
+# it finds in build-fuzz/corpus/<format>; a crash, a sanitizer report, a broken property or an
+# input slower than 10 s fails the script, and the input is left in build-fuzz/artifacts/.
+fuzz_seconds=${FUZZ_SECONDS:-30}
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++ -DTETRA_FUZZ=ON -DTETRA_BUILD_TESTS=OFF -DTETRA_BUILD_BENCH=OFF \
+  >/dev/null
+cmake --build build-fuzz --target fuzzers -j "$jobs"
+mkdir -p build-fuzz/artifacts
+for src in fuzz/*_fuzz.cc; do
+  name=$(basename "$src" .cc)
+  format=${name%_fuzz}
+  args=(-max_total_time="$fuzz_seconds" -timeout=10 -print_final_stats=1
+        -artifact_prefix="build-fuzz/artifacts/$name-")
+  [ -f "fuzz/$name.dict" ] && args+=(-dict="fuzz/$name.dict")
+  corpora=("build-fuzz/corpus/$format")
+  for seeds in "fuzz/corpus/$format" "tests/malformed/$format"; do
+    [ -d "$seeds" ] && corpora+=("$seeds")
+  done
+  mkdir -p "build-fuzz/corpus/$format"
+  if ! "build-fuzz/fuzz/$name" "${args[@]}" "${corpora[@]}" >"build-fuzz/$name.log" 2>&1; then
+    tail -n 40 "build-fuzz/$name.log"
+    echo "[fuzz] $name failed; the input is in build-fuzz/artifacts/, the log in build-fuzz/$name.log"
+    exit 1
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "build-fuzz/$name.log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "build-fuzz/$name.log")
+  echo "[fuzz] $name: $runs runs, $rate runs/s, no crash"
+done
