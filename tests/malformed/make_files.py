@@ -229,7 +229,9 @@ def tokenizer_json_files():
         "fractional_id.json": tokenizer(vocab_extra={"Ġthe": 258.5}),
         "duplicate_id.json": tokenizer(vocab_extra={"Ġthe": 256}),
         "duplicate_key.json": tokenizer(raw_vocab=('"he": 257', '"he": 257, "he": 258')),
-        "gap.json": tokenizer(added=[{"id": 259, "content": "<|endoftext|>", "special": True}]),
+        # GPT-2's layout (<|endoftext|> in vocab and added_tokens) with id 258 left out.
+        "gap.json": tokenizer(vocab_extra={"<|endoftext|>": 259},
+                              added=[{"id": 259, "content": "<|endoftext|>", "special": True}]),
         "merge_unknown.json": tokenizer().replace('"h e"', '"h zz"'),
         "merge_malformed.json": tokenizer().replace('"h e"', '"h e x"'),
         "missing_byte.json": no_byte,
