@@ -13,16 +13,18 @@ only, no causal discount; src/model/gpt_config.cc), this script's "(bench)" and 
 use the formula below. They agree within ~5% on these shapes.
 
 MFU. tetra reports "mfu" in metrics.jsonl against the machine's measured sgemm peak (cached in
-~/.cache/tetra/peak.json as "fp32_gflops_<n>t"). For torch (and, as a cross-check, for tetra's
+~/.cache/tetra/peak.json, or under $XDG_CACHE_HOME, as threads -> "<n>" -> gflops; the schema is
+in src/kernels/cpu/peak.h). For torch (and, as a cross-check, for tetra's
 measured tokens/s) this script uses the same peak and
     FLOPs/token = 6*P + 6*L*T*C
 with P = all parameters, wte counted once (it is also the tied LM head; embedding and wpe
 parameters are NOT excluded), L layers, T sequence length, C width; 6*L*T*C is causal attention
 (QK^T and AV, forward + backward, half the T x T matrix). If peak.json has no entry for n threads
-the peak is measured here with a 2048^3 torch.mm and the table says so. The cache is written once
-and never refreshed, so a peak measured while the machine was busy stays low and inflates every
-MFU (the 'mm GF' column shows torch's sgemm rate at run time as a check); --fresh-peak makes tetra
-measure it again, into a private HOME under --workdir, leaving ~/.cache/tetra alone.
+the peak is measured here with a 2048^3 torch.mm and the table says so. tetra measures a peak
+taken under load again only once the machine is quiet, so a busy-machine peak can stay low and
+inflate every MFU (the 'mm GF' column shows torch's sgemm rate at run time as a check);
+--fresh-peak makes tetra measure it again, into a private HOME under --workdir, leaving
+~/.cache/tetra alone.
 
 BLAS. Debian's python3-torch links libblas.so.3, which is netlib's *reference* BLAS (~3 GFLOP/s;
 torch reports BLAS_INFO=generic) unless OpenBLAS provides it: scripts/install-deps.sh installs
@@ -53,7 +55,6 @@ SHAPES = {
     "gpt2-124m": dict(vocab=50257, n_layer=12, d_model=768, n_head=12, max_seq=1024, T=64, B=4,
                       steps=6, warmup=2),
 }
-PEAK_PATH = os.path.expanduser("~/.cache/tetra/peak.json")
 OPENBLAS_CANDIDATES = ["/usr/lib/x86_64-linux-gnu/openblas-openmp",
                        "/tmp/openblas_deb/root/usr/lib/x86_64-linux-gnu/openblas-openmp",
                        "/usr/lib/x86_64-linux-gnu/openblas-pthread"]
@@ -73,12 +74,18 @@ def flops_per_token(shape):
     return 6 * P + 6 * shape["n_layer"] * shape["T"] * shape["d_model"], P
 
 
+def peak_path():
+    """tetra's peak cache: $XDG_CACHE_HOME/tetra/peak.json (an absolute one), else ~/.cache/..."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return os.path.join(xdg if xdg.startswith("/") else os.path.expanduser("~/.cache"), "tetra", "peak.json")
+
+
 def read_peak(threads):
     try:
-        with open(os.environ.get("TETRA_BENCH_PEAK_PATH", PEAK_PATH)) as f:
-            v = json.load(f).get(f"fp32_gflops_{threads}t")
+        with open(os.environ.get("TETRA_BENCH_PEAK_PATH") or peak_path()) as f:
+            v = json.load(f)["threads"][str(threads)]["gflops"]
         return float(v) if v else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -167,6 +174,7 @@ def run_tetra(a, shape_name, shape, threads, data):
         env["OMP_WAIT_POLICY"] = a.tetra_wait_policy
     if a.fresh_peak:
         env["HOME"] = os.path.join(a.workdir, "home")
+        env.pop("XDG_CACHE_HOME", None)
     cmd = [a.tetra, "train", f"--model.vocab_size={shape['vocab']}", f"--model.n_layer={shape['n_layer']}",
            f"--model.n_head={shape['n_head']}", f"--model.d_model={shape['d_model']}",
            f"--model.max_seq={shape['max_seq']}", f"--data.train={data}",

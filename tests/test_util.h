@@ -1,6 +1,10 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -16,6 +20,49 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "<no error>";
+}
+
+/** Sets (or, with nullptr, unsets) an environment variable for one scope; restores it after. */
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      old_ = old;
+      had_ = true;
+    }
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  void set(const char* value) {
+    if (value) {
+      setenv(name_.c_str(), value, 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+struct CommandResult {
+  int code = -1;       // exit status; -1 when it did not exit normally
+  std::string output;  // stdout and stderr together
+};
+
+/** Runs `command` through the shell, capturing stdout and stderr. */
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace tetra::testing

@@ -2,12 +2,10 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/error.h"
+#include "kernels/cpu/peak.h"
 
 namespace tetra::plan {
 
@@ -133,13 +131,14 @@ ClusterSpec cluster_preset(const std::string& name) {
   if (name == "h200") return gpu("h200", 989, 141, 450, 50);
   if (name == "a100-80g") return gpu("a100-80g", 312, 80, 300, 25);
   if (name == "cpu") {
-    // One device is a pair of cores; a node is this machine.
+    // One device is a pair of cores; a node is this machine. The device's peak is measured at
+    // its own thread count: the all-core rate would make each device cores/2 times too fast.
     ClusterSpec c;
     c.name = "cpu";
     const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
     c.gpus_per_node = std::max<int64_t>(1, cores / 2);
     c.gpus = c.gpus_per_node;
-    c.peak_flops = cpu_peak_flops(default_peak_path());
+    c.peak_flops = cpu::fp32_peak_gflops(cpu_device_threads()) * 1e9;
     const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
     c.memory_bytes = ram / double(c.gpus_per_node);
     c.intra_bw = 10e9;
@@ -159,27 +158,6 @@ ClusterSpec cluster_preset(const std::string& name) {
 
 std::vector<std::string> cluster_preset_names() { return {"h100", "h200", "a100-80g", "cpu"}; }
 
-double cpu_peak_flops(const std::string& peak_json_path) {
-  std::ifstream in(peak_json_path);
-  if (!in) return kDefaultCpuGflops * 1e9;
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    fail("[plan] {} is not valid JSON ({}); delete it so the trainer measures the peak again",
-         peak_json_path, e.what());
-  }
-  TETRA_CHECK(j.contains("fp32_gflops") && j["fp32_gflops"].is_number() &&
-                  j["fp32_gflops"].get<double>() > 0,
-              "[plan] {} has no positive number 'fp32_gflops'; delete it so the trainer measures "
-              "the peak again",
-              peak_json_path);
-  return j["fp32_gflops"].get<double>() * 1e9;
-}
-
-std::string default_peak_path() {
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/tetra/peak.json";
-}
+int cpu_device_threads() { return std::thread::hardware_concurrency() >= 2 ? 2 : 1; }
 
 }  // namespace tetra::plan

@@ -75,11 +75,8 @@ struct ClusterSpec {
 ClusterSpec cluster_preset(const std::string& name);
 std::vector<std::string> cluster_preset_names();
 
-/** The CPU device's fp32 peak: "fp32_gflops" from `peak_json_path` when the file exists (the
- *  trainer measures it), else kDefaultCpuGflops per core-pair device. */
-double cpu_peak_flops(const std::string& peak_json_path);
-/** ~/.cache/tetra/peak.json */
-std::string default_peak_path();
-inline constexpr double kDefaultCpuGflops = 127.0;
+/** Cores one device of the `cpu` cluster has: a pair, or 1 on a 1-core machine. Its peak is the
+ *  measured fp32 matmul rate at that many threads (kernels/cpu/peak.h, measured if not cached). */
+int cpu_device_threads();
 
 }  // namespace tetra::plan

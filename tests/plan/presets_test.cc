@@ -1,12 +1,19 @@
-// Parameter counts computed from the shapes, and the presets' refusals.
+// Parameter counts computed from the shapes, the presets' refusals, and the `cpu` device's peak
+// from the shared peak cache (each case points XDG_CACHE_HOME at its own directory).
 #include "plan/presets.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
-#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 
 #include "core/error.h"
+#include "kernels/cpu/peak.h"
+#include "tests/test_util.h"
 
 namespace tetra::plan {
 namespace {
@@ -40,18 +47,55 @@ TEST(Presets, ClusterPresets) {
   EXPECT_DOUBLE_EQ(h.memory_bytes, 80e9);
   EXPECT_NEAR(h.peak_flops, 990e12, 2e12);
   EXPECT_DOUBLE_EQ(cluster_preset("h200").memory_bytes, 141e9);
-  EXPECT_GT(cluster_preset("cpu").gpus, 0);
 }
 
-TEST(Presets, CpuPeakIsMeasuredOrDefault) {
-  const std::string path = ::testing::TempDir() + "/plan_peak.json";
-  std::remove(path.c_str());
-  EXPECT_DOUBLE_EQ(cpu_peak_flops(path), kDefaultCpuGflops * 1e9);
-  std::ofstream(path) << R"({"fp32_gflops": 250.5})";
-  EXPECT_DOUBLE_EQ(cpu_peak_flops(path), 250.5e9);
-  std::ofstream(path) << R"({"bf16_gflops": 1})";
-  EXPECT_THROW(cpu_peak_flops(path), Error);
-  std::remove(path.c_str());
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The peak cache in a private XDG_CACHE_HOME for one case, removed after it.
+class CpuPreset : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tetra_presets_test_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "tetra");
+    xdg_.emplace("XDG_CACHE_HOME", dir_.c_str());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path cache() const { return dir_ / "tetra" / "peak.json"; }
+
+  fs::path dir_;
+  std::optional<testing::ScopedEnv> xdg_;
+};
+
+TEST_F(CpuPreset, DeviceIsACorePairWithThePeakOfItsOwnThreads) {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int device = cpu_device_threads();
+  EXPECT_EQ(device, cores >= 2 ? 2 : 1);
+  // Entries for the device's threads and for all cores: the device must take its own.
+  json threads = {{std::to_string(cores), {{"gflops", 999.0}, {"load_average", 0.0}}}};
+  threads[std::to_string(device)] = {{"gflops", 42.0}, {"load_average", 0.0}};
+  std::ofstream(cache()) << json{
+      {"schema", 2}, {"machine", cpu::machine_peak_source().machine}, {"threads", threads}};
+  const ClusterSpec c = cluster_preset("cpu");
+  EXPECT_DOUBLE_EQ(c.peak_flops, 42e9);
+  EXPECT_EQ(c.gpus_per_node, std::max(1, cores / 2));
+  EXPECT_EQ(c.gpus, c.gpus_per_node);
+  EXPECT_GT(c.memory_bytes, 0);
+}
+
+TEST_F(CpuPreset, MissingPeakIsMeasuredNotRefused) {
+  // What a 1-thread `tetra train` left behind before the cache had one schema: no entry for the
+  // device's threads and no all-core "fp32_gflops".
+  std::ofstream(cache()) << R"({"fp32_gflops_1t": 30.5, "load_at_fp32_gflops_1t": 0.1})";
+  const ClusterSpec c = cluster_preset("cpu");
+  EXPECT_GT(c.peak_flops, 1e8);
+  std::ifstream in(cache());
+  const json j = json::parse(in);
+  EXPECT_EQ(j["schema"], 2) << j.dump();
+  EXPECT_DOUBLE_EQ(j["threads"][std::to_string(cpu_device_threads())]["gflops"].get<double>() * 1e9,
+                   c.peak_flops)
+      << j.dump();
 }
 
 TEST(Presets, ModelValidation) {

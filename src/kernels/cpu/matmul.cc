@@ -82,7 +82,7 @@ std::string_view isa_name(dnnl::cpu_isa isa) {
 // any), so one small product decides for the process.
 Bf16MatmulPath probe_bf16_path() {
   Bf16MatmulPath p;
-  p.isa = isa_name(dnnl::get_effective_cpu_isa());
+  p.isa = onednn_isa();
   const auto bf16 = dnnl::memory::data_type::bf16, f32 = dnnl::memory::data_type::f32;
   const auto tag = dnnl::memory::format_tag::ab;
   try {
@@ -229,6 +229,8 @@ void matmul(const MatmulArgs& x) {
   w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
   onednn_matmul(w);
 }
+
+std::string onednn_isa() { return std::string(isa_name(dnnl::get_effective_cpu_isa())); }
 
 const Bf16MatmulPath& bf16_matmul_path() {
   static const Bf16MatmulPath path = probe_bf16_path();

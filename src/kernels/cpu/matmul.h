@@ -68,6 +68,10 @@ constexpr DType dtype_of() {
 /** Number of cached oneDNN primitives (for tests and diagnostics). */
 size_t matmul_cache_size();
 
+/** oneDNN's effective CPU ISA ("avx2", "avx512_core_bf16", ...), after any ONEDNN_MAX_CPU_ISA cap.
+ */
+std::string onednn_isa();
+
 /** How bf16 operands are multiplied on this CPU, decided once per process. */
 struct Bf16MatmulPath {
   bool native = false;  // true: oneDNN's bf16 primitive; false: widened to f32, f32 primitive

@@ -1,0 +1,226 @@
+#include "kernels/cpu/peak.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/arena.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "kernels/cpu/matmul.h"
+
+namespace tetra::cpu {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kSchema = 2;
+// A peak measured above kBusyLoad is low (other work shared the cores); it is measured again
+// once the load is below kQuietLoad.
+constexpr double kBusyLoad = 1.0, kQuietLoad = 0.5;
+
+double measure(int threads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const int64_t n = 2048;
+  Buffer<float> a(n * n), b(n * n), c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) a[i] = b[i] = float(i % 7) * 0.1f;
+  matmul_nn(c.data(), a.data(), b.data(), n, n, n);  // warm-up (JIT, page faults)
+  // The best of repeated products over at least a second: a peak, not an average.
+  double best = 1e30;
+  Stopwatch total;
+  for (int rep = 0; rep < 5 || total.elapsed_s() < 1.0; ++rep) {
+    Stopwatch sw;
+    matmul_nn(c.data(), a.data(), b.data(), n, n, n);
+    best = std::min(best, sw.elapsed_s());
+  }
+  omp_set_num_threads(saved);
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+double proc_load_average() {
+  double load = 0.0;
+  if (std::ifstream avg("/proc/loadavg"); avg) avg >> load;
+  return load;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t start = line.find_first_not_of(" \t", line.find(':') + 1);
+    if (start != std::string::npos) return line.substr(start);
+  }
+  return "unknown CPU";
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// What is wrong with one "threads" entry, or "" when it is usable.
+std::string entry_problem(const json& e) {
+  if (!e.is_object()) return "not an object";
+  const auto g = e.find("gflops");
+  if (g == e.end() || !g->is_number() || !std::isfinite(g->get<double>()) || g->get<double>() <= 0)
+    return "\"gflops\" is not a positive number";
+  const auto l = e.find("load_average");
+  if (l == e.end() || !l->is_number() || !(l->get<double>() >= 0))
+    return "\"load_average\" is not a number >= 0";
+  return "";
+}
+
+struct CacheRead {
+  json entries = json::object();  // "threads" of a current-schema file of this machine
+  std::string problem;            // why there are none (empty: missing file, or none wrong)
+  bool damaged = false;           // the problem is damage, not an older format or machine
+};
+
+CacheRead read_cache(const fs::path& path, const std::string& machine) {
+  CacheRead r;
+  std::ifstream in(path);
+  if (!in) return r;
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception& e) {
+    r.problem = fmt::format("is not valid JSON ({})", e.what());
+    r.damaged = true;
+    return r;
+  }
+  if (!j.is_object()) {
+    r.problem = "is not a JSON object";
+    r.damaged = true;
+    return r;
+  }
+  const auto schema = j.find("schema");
+  if (schema == j.end() || *schema != kSchema) {
+    r.problem = schema == j.end() ? "has the older format without a \"schema\" key"
+                                  : fmt::format("has schema {}, not {}", schema->dump(), kSchema);
+    return r;
+  }
+  const auto m = j.find("machine");
+  if (m == j.end() || !m->is_string() || *m != machine) {
+    r.problem = fmt::format("was measured on {}, not on this machine ({})",
+                            m == j.end() ? "an unnamed machine" : m->dump(), machine);
+    return r;
+  }
+  const auto t = j.find("threads");
+  if (t == j.end() || !t->is_object()) {
+    r.problem = "has no \"threads\" object";
+    r.damaged = true;
+    return r;
+  }
+  r.entries = *t;
+  return r;
+}
+
+// Adds one entry to the file, keeping the well-formed entries it holds now (another process may
+// have added some since this one read it). A cache that cannot be written is not an error.
+void write_entry(const fs::path& path, const std::string& machine, const std::string& key,
+                 const json& entry) {
+  json entries = read_cache(path, machine).entries;
+  for (auto it = entries.begin(); it != entries.end();) {
+    it = entry_problem(it.value()).empty() ? std::next(it) : entries.erase(it);
+  }
+  entries[key] = entry;
+  const json out = {{"schema", kSchema}, {"machine", machine}, {"threads", entries}};
+  const std::string text = out.dump(2) + "\n";
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  try {
+    write_file_atomically(path.string(),
+                          {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "peak");
+  } catch (const Error& e) {
+    log_warn("{}; the peak is not cached, so the next run measures it again", e.what());
+  }
+}
+
+}  // namespace
+
+fs::path peak_cache_path() {
+  // XDG: a relative XDG_CACHE_HOME is invalid and ignored.
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0] == '/') {
+    return fs::path(x) / "tetra" / "peak.json";
+  }
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    return fs::path(home) / ".cache" / "tetra" / "peak.json";
+  }
+  return {};
+}
+
+PeakSource machine_peak_source() {
+  return {measure, proc_load_average, cpu_model() + " (" + onednn_isa() + ")"};
+}
+
+double fp32_peak_gflops(int threads, bool* from_cache) {
+  const fs::path path = peak_cache_path();
+  if (path.empty()) {
+    log_warn(
+        "[peak] neither XDG_CACHE_HOME nor HOME is set, so the measured matmul peak is not "
+        "cached; set HOME to keep it between runs");
+  }
+  return fp32_peak_gflops(threads, path, machine_peak_source(), from_cache);
+}
+
+double fp32_peak_gflops(int threads, const fs::path& cache, const PeakSource& source,
+                        bool* from_cache) {
+  TETRA_CHECK(threads >= 1, "[peak] the thread count must be at least 1 (got {})", threads);
+  const std::string key = std::to_string(threads);
+  CacheRead read = cache.empty() ? CacheRead{} : read_cache(cache, source.machine);
+  const double load = source.load_average();
+  if (const auto it = read.entries.find(key); it != read.entries.end()) {
+    const std::string problem = entry_problem(*it);
+    if (!problem.empty()) {
+      read.problem = fmt::format("has a malformed {}-thread entry ({})", threads, problem);
+      read.damaged = true;
+    } else if ((*it)["load_average"].get<double>() > kBusyLoad && load < kQuietLoad) {
+      log_info(
+          "[peak] the {}-thread peak in {} was measured with load average {:.1f}; the machine "
+          "is quiet now (load {:.1f}), so it is measured again",
+          threads, cache.string(), (*it)["load_average"].get<double>(), load);
+    } else {
+      if (from_cache) *from_cache = true;
+      return (*it)["gflops"].get<double>();
+    }
+  }
+  if (!read.problem.empty()) {
+    const std::string what =
+        fmt::format("[peak] {} {}; measuring the {}-thread matmul peak and rewriting it",
+                    cache.string(), read.problem, threads);
+    if (read.damaged) {
+      log_warn("{}", what);
+    } else {
+      log_info("{}", what);
+    }
+  }
+  const double g = source.measure(threads);
+  if (load > kBusyLoad) {
+    log_warn(
+        "[peak] the fp32 peak ({:.1f} GFLOP/s at {} threads) was measured with load average "
+        "{:.1f}: other work was running, so it is low (MFU reads high, plan estimates slow); it "
+        "is measured again once the machine is quieter",
+        g, threads, load);
+  }
+  if (!cache.empty()) {
+    write_entry(cache, source.machine, key,
+                {{"gflops", g}, {"load_average", load}, {"measured_at", utc_now()}});
+  }
+  if (from_cache) *from_cache = false;
+  return g;
+}
+
+}  // namespace tetra::cpu

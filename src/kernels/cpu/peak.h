@@ -1,0 +1,42 @@
+// The machine's measured fp32 matmul rate: the trainer's MFU denominator and the planner's `cpu`
+// device. Measured per thread count with the oneDNN path the model uses (the best 2048^3 product
+// over a second) and kept in one cache, $XDG_CACHE_HOME/tetra/peak.json (default
+// $HOME/.cache/tetra/peak.json), that the trainer and the planner both read and write here:
+//
+//   {"schema": 2, "machine": "<CPU model> (<oneDNN ISA>)",
+//    "threads": {"2": {"gflops": 151.2, "load_average": 0.31,
+//                      "measured_at": "2025-01-31T12:00:00Z"}, ...}}
+//
+// The cache never stops a run: a missing, damaged, older-format or other-machine file, or a
+// missing or malformed entry, is measured (again) and the file rewritten, with a warning at most.
+// A value measured on a busy machine (load average > 1) is measured again the first time the
+// machine is quiet (< 0.5). Writes are atomic, so concurrent runs see the old file or the new.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+namespace tetra::cpu {
+
+/** GFLOP/s of an fp32 2048^3 matmul at `threads` threads, from the cache or measured now. */
+double fp32_peak_gflops(int threads, bool* from_cache = nullptr);
+
+/** $XDG_CACHE_HOME/tetra/peak.json, else $HOME/.cache/tetra/peak.json; empty when neither is
+ *  set (the peak is then measured each time and not cached). */
+std::filesystem::path peak_cache_path();
+
+/** What the cache logic reads from the machine; tests substitute their own. */
+struct PeakSource {
+  std::function<double(int threads)> measure;  // GFLOP/s at `threads` threads
+  std::function<double()> load_average;        // 1-minute load average
+  std::string machine;  // cache entries of another machine or ISA are measured again
+};
+/** The real machine: oneDNN measurement, /proc/loadavg, CPU model and oneDNN ISA. */
+PeakSource machine_peak_source();
+
+/** fp32_peak_gflops with the cache at `cache` (none when empty) and the machine `source`. */
+double fp32_peak_gflops(int threads, const std::filesystem::path& cache, const PeakSource& source,
+                        bool* from_cache = nullptr);
+
+}  // namespace tetra::cpu

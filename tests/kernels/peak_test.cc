@@ -1,0 +1,206 @@
+// The peak cache: every partial, stale or damaged file still gives a usable peak and is rewritten
+// in the current schema; a good entry is reused; a busy measurement is repeated once quiet. A
+// stand-in machine (fixed rates, a chosen load) keeps these tests independent of this CPU and its
+// load; one case measures the real machine.
+#include "kernels/cpu/peak.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tests/test_util.h"
+
+namespace tetra::cpu {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::ScopedEnv;
+
+constexpr const char* kMachine = "Test CPU 9000 (avx2)";
+
+class PeakCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tetra_peak_test_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = dir_ / "cache" / "peak.json";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The stand-in machine: `threads` x 100 GFLOP/s, measured under `load_`.
+  PeakSource source() {
+    return {[this](int threads) {
+              ++measured_;
+              return 100.0 * threads;
+            },
+            [this] { return load_; }, kMachine};
+  }
+  double peak(int threads, bool* from_cache = nullptr) {
+    return fp32_peak_gflops(threads, path_, source(), from_cache);
+  }
+  void write(const std::string& text) {
+    fs::create_directories(path_.parent_path());
+    std::ofstream(path_) << text;
+  }
+  json cache() const {
+    std::ifstream in(path_);
+    return json::parse(in);
+  }
+  // A current-schema file holding `entries` for the stand-in machine.
+  static std::string current(const json& entries) {
+    return json{{"schema", 2}, {"machine", kMachine}, {"threads", entries}}.dump();
+  }
+  // The file is in the current schema and holds a well-formed entry of `gflops` at `threads`.
+  void expect_entry(int threads, double gflops) const {
+    const json j = cache();
+    EXPECT_EQ(j["schema"], 2) << j.dump();
+    EXPECT_EQ(j["machine"], kMachine) << j.dump();
+    const json& e = j["threads"][std::to_string(threads)];
+    EXPECT_DOUBLE_EQ(e["gflops"].get<double>(), gflops) << j.dump();
+    EXPECT_DOUBLE_EQ(e["load_average"].get<double>(), load_) << j.dump();
+    EXPECT_EQ(e["measured_at"].get<std::string>().size(), 20u) << j.dump();  // ISO 8601, UTC
+  }
+
+  fs::path dir_, path_;
+  int measured_ = 0;
+  double load_ = 0.1;
+};
+
+TEST_F(PeakCache, MissingFileIsMeasuredWrittenAndThenReused) {
+  bool from_cache = true;
+  EXPECT_DOUBLE_EQ(peak(2, &from_cache), 200.0);
+  EXPECT_FALSE(from_cache);
+  expect_entry(2, 200.0);
+  EXPECT_DOUBLE_EQ(peak(2, &from_cache), 200.0);
+  EXPECT_TRUE(from_cache);
+  EXPECT_EQ(measured_, 1);
+}
+
+TEST_F(PeakCache, DamagedFilesAreMeasuredAgainAndRewritten) {
+  const std::vector<std::string> damaged = {
+      "{\"schema\": 2, \"machine\"", "", "[1, 2]", "42", "\xff\xfe", current(json(7))};
+  for (const std::string& text : damaged) {
+    write(text);
+    measured_ = 0;
+    EXPECT_DOUBLE_EQ(peak(2), 200.0) << text;
+    EXPECT_EQ(measured_, 1) << text;
+    expect_entry(2, 200.0);
+  }
+}
+
+TEST_F(PeakCache, OlderFormatsAreReplaced) {
+  // The per-thread keys the trainer wrote before, and the planner's all-core key alone.
+  for (const char* text : {R"({"fp32_gflops_2t": 80.5, "load_at_fp32_gflops_2t": 0.1})",
+                           R"({"fp32_gflops": 250.5})", R"({"schema": 1, "threads": {}})"}) {
+    write(text);
+    measured_ = 0;
+    EXPECT_DOUBLE_EQ(peak(2), 200.0) << text;
+    EXPECT_EQ(measured_, 1) << text;
+    expect_entry(2, 200.0);
+    EXPECT_FALSE(cache().contains("fp32_gflops")) << text;
+    EXPECT_FALSE(cache().contains("fp32_gflops_2t")) << text;
+  }
+}
+
+TEST_F(PeakCache, MissingThreadCountIsMeasuredAndAddedBesideTheOthers) {
+  write(current({{"1", {{"gflops", 61.0}, {"load_average", 0.2}, {"measured_at", "x"}}}}));
+  EXPECT_DOUBLE_EQ(peak(2), 200.0);
+  EXPECT_EQ(measured_, 1);
+  expect_entry(2, 200.0);
+  bool from_cache = false;
+  EXPECT_DOUBLE_EQ(peak(1, &from_cache), 61.0);
+  EXPECT_TRUE(from_cache);
+  EXPECT_EQ(measured_, 1);
+}
+
+TEST_F(PeakCache, MalformedEntriesAreMeasuredAgain) {
+  const json good = {{"gflops", 61.0}, {"load_average", 0.2}, {"measured_at", "x"}};
+  for (const json& bad :
+       {json{{"gflops", "fast"}, {"load_average", 0.1}},
+        json{{"gflops", nullptr}, {"load_average", 0.1}},
+        json{{"gflops", -3.0}, {"load_average", 0.1}}, json{{"gflops", 0}, {"load_average", 0.1}},
+        json{{"gflops", 90.0}, {"load_average", "low"}}, json{{"gflops", 90.0}}, json(90.0),
+        json::array({90.0})}) {
+    write(current({{"1", good}, {"2", bad}}));
+    measured_ = 0;
+    EXPECT_DOUBLE_EQ(peak(2), 200.0) << bad.dump();
+    EXPECT_EQ(measured_, 1) << bad.dump();
+    expect_entry(2, 200.0);
+    EXPECT_EQ(cache()["threads"]["1"], good) << "a good entry beside a bad one is kept";
+  }
+}
+
+TEST_F(PeakCache, AnotherMachinesFileIsMeasuredAgain) {
+  write(json{{"schema", 2},
+             {"machine", "Other CPU (avx512_core_amx)"},
+             {"threads", {{"2", {{"gflops", 900.0}, {"load_average", 0.0}}}}}}
+            .dump());
+  EXPECT_DOUBLE_EQ(peak(2), 200.0);
+  EXPECT_EQ(measured_, 1);
+  expect_entry(2, 200.0);
+}
+
+TEST_F(PeakCache, BusyMeasurementIsRepeatedOnceTheMachineIsQuiet) {
+  write(current({{"2", {{"gflops", 50.0}, {"load_average", 3.0}, {"measured_at", "x"}}}}));
+  load_ = 2.0;  // still busy: the low value stands rather than another low one
+  EXPECT_DOUBLE_EQ(peak(2), 50.0);
+  EXPECT_EQ(measured_, 0);
+  load_ = 0.1;  // quiet: measured again, and the quiet value replaces it
+  EXPECT_DOUBLE_EQ(peak(2), 200.0);
+  EXPECT_EQ(measured_, 1);
+  expect_entry(2, 200.0);
+}
+
+TEST_F(PeakCache, UnwritableOrAbsentCacheStillGivesAPeak) {
+  std::ofstream(dir_ / "file") << "a file where the cache directory should be";
+  path_ = dir_ / "file" / "peak.json";
+  EXPECT_DOUBLE_EQ(peak(2), 200.0);
+  EXPECT_DOUBLE_EQ(peak(2), 200.0);
+  EXPECT_EQ(measured_, 2);
+  path_.clear();  // no cache at all (no HOME)
+  EXPECT_DOUBLE_EQ(peak(1), 100.0);
+  EXPECT_EQ(measured_, 3);
+}
+
+TEST_F(PeakCache, ThreadCountBelowOneIsRefused) {
+  EXPECT_THROW(peak(0), Error);
+  EXPECT_EQ(measured_, 0);
+}
+
+TEST_F(PeakCache, PathFollowsXdgCacheHomeThenHome) {
+  ScopedEnv home("HOME", "/h"), xdg("XDG_CACHE_HOME", "/x/cache");
+  EXPECT_EQ(peak_cache_path(), fs::path("/x/cache/tetra/peak.json"));
+  {
+    ScopedEnv relative("XDG_CACHE_HOME", "relative");  // invalid under XDG: ignored
+    EXPECT_EQ(peak_cache_path(), fs::path("/h/.cache/tetra/peak.json"));
+  }
+  ScopedEnv no_xdg("XDG_CACHE_HOME", nullptr);
+  EXPECT_EQ(peak_cache_path(), fs::path("/h/.cache/tetra/peak.json"));
+  ScopedEnv no_home("HOME", nullptr);
+  EXPECT_TRUE(peak_cache_path().empty());
+}
+
+TEST_F(PeakCache, MeasuresThisMachineIntoTheCacheUnderHome) {
+  ScopedEnv xdg("XDG_CACHE_HOME", (dir_ / "xdg").c_str());
+  const double g = fp32_peak_gflops(1);
+  EXPECT_GT(g, 0.1);
+  std::ifstream in(dir_ / "xdg" / "tetra" / "peak.json");
+  ASSERT_TRUE(in) << "no cache written under XDG_CACHE_HOME";
+  const json j = json::parse(in);
+  EXPECT_EQ(j["machine"], machine_peak_source().machine);
+  EXPECT_DOUBLE_EQ(j["threads"]["1"]["gflops"].get<double>(), g);
+  std::cout << "[ peak     ] " << j["machine"].get<std::string>() << ": " << g
+            << " GFLOP/s at 1 thread" << std::endl;
+}
+
+}  // namespace
+}  // namespace tetra::cpu
