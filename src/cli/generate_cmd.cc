@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "ckpt/safetensors.h"
+#include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/flag_values.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
@@ -30,11 +30,7 @@ constexpr const char* kUsage =
     "Continues each prompt with tokens sampled from the model and prints the text.\n"
     "The model shape comes from --config (the config.toml `tetra train` writes into run.dir) or\n"
     "is read off the tensor shapes, which cannot tell the head count: then --model.n_head=N is\n"
-    "required. --model.KEY=VALUE overrides either.\n"
-    "\n"
-    "  --temperature T   0 is greedy; higher is more random (default 0.8)\n"
-    "  --top-k K         draw among the K most likely tokens; 0 = all (default 40)\n"
-    "  --seed S          the same seed, model and prompt give the same text (default 1)\n";
+    "required. --model.KEY=VALUE overrides either (keys as in tetra train --help).\n";
 
 /** model.* overrides read off the tensor shapes: layers, width, vocabulary and positions. */
 std::vector<std::string> shape_from_tensors(const std::string& path) {
@@ -64,54 +60,46 @@ std::vector<std::string> shape_from_tensors(const std::string& path) {
 }  // namespace
 
 int generate_main(const Args& args) {
-  std::string model_path, tokenizer_spec, config_path;
-  std::vector<std::string> prompts, overrides;
-  int max_tokens = 64, threads = 0;
+  ArgParser p(
+      "generate", "tetra generate", kUsage,
+      {{{"--model", ValueKind::String, "\"\"", "the weights (required)"}, "FILE.safetensors"},
+       {{"--tokenizer", ValueKind::String, "\"\"",
+         "the tokenizer the model was trained with (required)"},
+        "FILE.json|byte"},
+       {.spec = {"--prompt", ValueKind::String, "\"\"", "text to continue (at least one)"},
+        .metavar = "TEXT",
+        .repeatable = true},
+       {{"--config", ValueKind::String, "\"\"", "the run's config.toml, for the model shape"},
+        "FILE.toml"},
+       {{"--max-tokens", ValueKind::Int, "64", "tokens to add to each prompt", "[0, 65536]"}, "N"},
+       {{"--temperature", ValueKind::Float, "0.8", "0 is greedy; higher is more random",
+         "[0, 100]"},
+        "T"},
+       {{"--top-k", ValueKind::Int, "40", "draw among the K most likely tokens; 0 = all",
+         "[0, 16777216]"},
+        "K"},
+       {{"--seed", ValueKind::Int, "1", "the same seed, model and prompt give the same text",
+         "[0, inf)"},
+        "S"},
+       {{"--threads", ValueKind::Int, "0", "compute threads; 0 = all cores", "[0, 1024]"}, "N"}});
+  p.allow_overrides(train_config_schema(), "model.");
+  if (!p.parse(args)) return 0;
+  const std::string& model_path = p.s("--model");
+  const std::string& tokenizer_spec = p.s("--tokenizer");
+  const std::string& config_path = p.s("--config");
+  const std::vector<std::string>& prompts = p.all("--prompt");
+  std::vector<std::string> overrides = p.overrides();
+  const int max_tokens = int(p.i("--max-tokens"));
   SamplingOptions sampling;
-  sampling.temperature = 0.8f;
-  sampling.top_k = 40;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (a.rfind("--model.", 0) == 0) {
-      TETRA_CHECK(a.find('=') != std::string::npos,
-                  "[generate] {}: model overrides look like --model.n_head=4", a);
-      overrides.push_back(a.substr(2));
-      continue;
-    }
-    TETRA_CHECK(i + 1 < args.size(), "[generate] {} needs a value; see tetra generate --help", a);
-    const std::string& v = args[++i];
-    if (a == "--model") {
-      model_path = v;
-    } else if (a == "--tokenizer") {
-      tokenizer_spec = v;
-    } else if (a == "--prompt") {
-      prompts.push_back(v);
-    } else if (a == "--config") {
-      config_path = v;
-    } else if (a == "--max-tokens") {
-      max_tokens = int(flag_int("generate", a, v));
-    } else if (a == "--temperature") {
-      sampling.temperature = float(flag_double("generate", a, v, "0.8"));
-    } else if (a == "--top-k") {
-      sampling.top_k = int(flag_int("generate", a, v));
-    } else if (a == "--seed") {
-      sampling.seed = uint64_t(flag_int("generate", a, v));
-    } else if (a == "--threads") {
-      threads = int(flag_int("generate", a, v));
-    } else {
-      fail("[generate] unknown option '{}'; see tetra generate --help", a);
-    }
-  }
+  sampling.temperature = float(p.f("--temperature"));
+  sampling.top_k = int(p.i("--top-k"));
+  sampling.seed = uint64_t(p.i("--seed"));
   TETRA_CHECK(!model_path.empty(), "[generate] give the weights: --model FILE.safetensors");
   TETRA_CHECK(!tokenizer_spec.empty(),
               "[generate] give the tokenizer the model was trained with: --tokenizer "
               "DIR/tokenizer.json (written by tetra data prepare) or --tokenizer byte");
   TETRA_CHECK(!prompts.empty(), "[generate] give at least one --prompt TEXT");
-  if (threads > 0) omp_set_num_threads(threads);
+  if (p.i("--threads") > 0) omp_set_num_threads(int(p.i("--threads")));
 
   if (config_path.empty()) {
     std::vector<std::string> inferred = shape_from_tensors(model_path);
@@ -121,10 +109,7 @@ int generate_main(const Args& args) {
   TETRA_CHECK(!config_path.empty() || config.is_set("model.n_head"),
               "[generate] the head count cannot be read off the weights; pass --config "
               "RUN_DIR/config.toml or --model.n_head=N");
-  GptConfig shape =
-      GptConfig::make(int(config.i("model.vocab_size")), int(config.i("model.n_layer")),
-                      int(config.i("model.n_head")), int(config.i("model.d_model")),
-                      int(config.i("model.max_seq")), int(config.i("model.vocab_multiple")));
+  const GptConfig shape = gpt_config_from(config);
   auto tokenizer = load_tokenizer(tokenizer_spec);
   TETRA_CHECK(tokenizer->vocab_size() <= size_t(shape.vocab_size),
               "[generate] the tokenizer has {} tokens but the model only {}; use the tokenizer "

@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -63,40 +63,30 @@ std::string self_exe() {
   return p.string();
 }
 
-void usage_error(const std::string& what) {
-  fail(
-      "[launch] {}. usage: tetra launch -n N [--hosts h1,h2[:slots]] [--dry-run] -- <command> "
-      "[args]  (e.g. tetra launch -n 4 -- train --config gpt.toml)",
-      what);
-}
-
 }  // namespace
 
 int launch_main(const Args& args) {
-  int ranks = 0;
-  std::string hosts;
-  bool dry_run = false;
-  Args rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      rest.assign(args.begin() + long(i) + 1, args.end());
-      break;
-    } else if ((a == "-n" || a == "-np" || a == "--np") && i + 1 < args.size()) {
-      char* end = nullptr;
-      long v = std::strtol(args[++i].c_str(), &end, 10);
-      if (!end || *end || v < 1 || v > INT_MAX) usage_error("-n needs a positive rank count");
-      ranks = int(v);
-    } else if (a == "--hosts" && i + 1 < args.size()) {
-      hosts = args[++i];
-    } else if (a == "--dry-run") {
-      dry_run = true;
-    } else {
-      usage_error(fmt::format("unexpected argument '{}'", a));
-    }
-  }
-  if (ranks < 1) usage_error("missing -n N");
-  if (rest.empty()) usage_error("missing the command to run after --");
+  ArgParser p("launch", "tetra launch",
+              "usage: tetra launch -n N [--hosts h1,h2[:slots]] [--dry-run] -- <command> [args]\n"
+              "  e.g. tetra launch -n 4 -- train --config gpt.toml\n\n"
+              "Runs this tetra binary on N ranks through mpirun and returns its exit status;\n"
+              "everything after -- is passed on untouched.\n",
+              {{.spec = {"-n", ValueKind::Int, "1", "ranks to start (required)", "[1, 1048576]"},
+                .metavar = "N",
+                .aliases = {"-np", "--np"}},
+               {{"--hosts", ValueKind::String, "\"\"",
+                 "hosts to spread the ranks over, each with an optional slot count"},
+                "h1,h2[:slots]"},
+               {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
+  p.allow_rest();
+  if (!p.parse(args)) return 0;
+  const int ranks = int(p.i("-n"));
+  const std::string& hosts = p.s("--hosts");
+  const Args& rest = p.rest();
+  TETRA_CHECK(p.given("-n"), "[launch] missing -n N, the number of ranks; see tetra launch --help");
+  TETRA_CHECK(!rest.empty(),
+              "[launch] missing the command to run after --, e.g. tetra launch -n 4 -- train "
+              "--config gpt.toml");
 
   std::vector<std::string> cmd = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to", "none"};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
@@ -125,7 +115,7 @@ int launch_main(const Args& args) {
   cmd.push_back(self_exe());
   cmd.insert(cmd.end(), rest.begin(), rest.end());
 
-  if (dry_run) {
+  if (p.b("--dry-run")) {
     std::printf("%s\n", fmt::format("{}", fmt::join(cmd, " ")).c_str());
     return 0;
   }

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "train/train_config.h"
@@ -10,13 +11,6 @@
 namespace tetra::cli {
 
 namespace {
-
-void print_keys() {
-  std::printf("tetra train --config FILE.toml [--section.key=value ...]\n\nkeys (default):\n");
-  for (const auto& k : train_config_schema()) {
-    std::printf("  %-22s %-16s %s\n", k.key.c_str(), k.default_value.c_str(), k.help.c_str());
-  }
-}
 
 // True when a launcher (mpirun, srun with PMIx) started this process as one of several ranks.
 bool launched_by_mpi() {
@@ -29,24 +23,19 @@ bool launched_by_mpi() {
 }  // namespace
 
 int train_main(const Args& args) {
-  std::string config_path;
-  std::vector<std::string> overrides;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h" || a == "--help-config") {
-      print_keys();
-      return 0;
-    } else if (a == "--config") {
-      TETRA_CHECK(i + 1 < args.size(), "[train] --config needs a file: --config FILE.toml");
-      config_path = args[++i];
-    } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
-    } else {
-      TETRA_CHECK(a.rfind("--", 0) == 0 && a.find('=') != std::string::npos,
-                  "[train] unexpected argument '{}'; overrides look like --section.key=value", a);
-      overrides.push_back(a);
-    }
-  }
+  ArgParser p("train", "tetra train",
+              "usage: tetra train --config FILE.toml [--section.key=value ...]\n\n"
+              "Trains a GPT model as the config says; any key can be overridden on the command\n"
+              "line as --section.key=value (or --section.key value). See docs/training.md.\n",
+              {{{"--config", ValueKind::String, "\"\"",
+                 "the run's TOML config; without it every key has its default"},
+                "FILE.toml"}});
+  p.allow_overrides(train_config_schema());
+  p.set_epilog("keys, as --section.key=default (valid values):\n" +
+               describe_keys(train_config_schema()));
+  if (!p.parse(args)) return 0;
+  const std::string& config_path = p.s("--config");
+  const std::vector<std::string>& overrides = p.overrides();
   Config config = Config::load(train_config_schema(), config_path, overrides);
   TrainOptions options = TrainOptions::from(config);
   comm::Communicator world;

@@ -167,16 +167,48 @@ ConfigValue from_toml(const KeySpec& spec, const toml::node& node, const std::st
   }
   std::ostringstream type;
   type << node.type();
+  if (node.is_table() || node.is_array()) {
+    fail("{}'{}' must be {}, got a TOML {}", where, spec.key, describe_valid(spec), type.str());
+  }
   fail("{}'{}' must be {}, got {} (a TOML {})", where, spec.key, describe_valid(spec),
        shown(typed.str()), type.str());
 }
 
-void flatten(const toml::table& table, const std::string& prefix,
+// toml++ recurses once per level of a dotted key ("a.b.c = 1" or "[a.b.c]") and overflows the
+// stack at tens of thousands of levels. A key lies on one line, so a line with this many dots
+// is refused before parsing; a tetra key has one dot.
+constexpr size_t kMaxDotsPerLine = 1000;
+
+void check_key_depth(std::string_view text, const std::string& origin) {
+  size_t line = 1, dots = 0;
+  for (char c : text) {
+    if (c == '\n') {
+      ++line;
+      dots = 0;
+    } else if (c == '.' && ++dots > kMaxDotsPerLine) {
+      fail(
+          "[config] {}:{}: more than {} dots on one line; keys are section.key, so this is not "
+          "a tetra config",
+          origin, line, kMaxDotsPerLine);
+    }
+  }
+}
+
+// "section.key" entries of a parsed document. A table is descended into unless the schema knows
+// its name as a key (then it is a value of the wrong type); an empty table that is not a
+// section of the schema is kept as an entry, so a misspelt empty section is still reported.
+void flatten(const toml::table& table, const std::string& prefix, const ConfigSchema& schema,
              std::vector<std::pair<std::string, const toml::node*>>& out) {
   for (const auto& [k, v] : table) {
     std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (const auto* t = v.as_table()) {
-      flatten(*t, key, out);
+    const auto* t = v.as_table();
+    const bool is_key =
+        std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
+    const bool is_section = std::any_of(schema.begin(), schema.end(), [&](auto& s) {
+      return s.key.size() > key.size() && s.key.compare(0, key.size() + 1, key + ".") == 0;
+    });
+    if (t && !is_key && (!t->empty() || is_section)) {
+      flatten(*t, key, schema, out);
     } else {
       out.emplace_back(key, &v);
     }
@@ -260,17 +292,18 @@ std::string closest_suggestion(const std::vector<std::string>& candidates,
                                const std::string& typed) {
   // No name is this long; comparing a huge typo against every candidate would only cost time.
   if (typed.size() > 200) return "";
+  // The name without its section or leading dashes: "optim.lr" and "--lr" both give "lr".
+  auto tail = [](const std::string& name) {
+    const auto dot = name.find('.');
+    if (dot != std::string::npos) return name.substr(dot + 1);
+    return name.substr(std::min(name.find_first_not_of('-'), name.size()));
+  };
   const std::string* best = nullptr;
   size_t best_d = SIZE_MAX;
-  const auto dot = typed.find('.');
   for (const auto& c : candidates) {
     size_t d = edit_distance(c, typed);
-    // Also match the part after the dot alone ("lr" under a wrong section).
-    const auto cdot = c.find('.');
-    if (dot != std::string::npos && cdot != std::string::npos &&
-        typed.substr(dot + 1) == c.substr(cdot + 1)) {
-      d = std::min<size_t>(d, 1);
-    }
+    // A right key under a wrong or missing section is one step away.
+    if (tail(c) == tail(typed) && !tail(c).empty()) d = std::min<size_t>(d, 1);
     if (d < best_d) best_d = d, best = &c;
   }
   if (best && best_d <= std::max<size_t>(3, typed.size() / 3)) {
@@ -312,6 +345,7 @@ Config Config::parse(const ConfigSchema& schema, std::string_view toml_text,
     c.set_[s.key] = false;
   }
   if (!origin.empty()) {
+    check_key_depth(toml_text, origin);
     toml::table table;
     try {
       table = toml::parse(toml_text, origin);
@@ -320,7 +354,7 @@ Config Config::parse(const ConfigSchema& schema, std::string_view toml_text,
            e.source().begin.column, e.description());
     }
     std::vector<std::pair<std::string, const toml::node*>> entries;
-    flatten(table, "", entries);
+    flatten(table, "", schema, entries);
     for (const auto& [key, node] : entries) {
       const auto where = fmt::format("[config] {}:{}:{}: ", origin, node->source().begin.line,
                                      node->source().begin.column);
@@ -339,7 +373,7 @@ Config Config::parse(const ConfigSchema& schema, std::string_view toml_text,
     bool known = std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
     TETRA_CHECK(known, "[config] unknown key '{}' (from --{}).{}", shown(key), shown(o),
                 suggestion(schema, key));
-    c.values_[key] = parse_value(c.spec(key), o.substr(eq + 1), "[config] --" + key + ": ");
+    c.values_[key] = parse_value(c.spec(key), o.substr(eq + 1), "[config] command line: ");
     c.set_[key] = true;
   }
   return c;

@@ -76,7 +76,7 @@ TEST(Config, UnknownKeySuggestsTheClosest) {
 
 TEST(Config, WrongTypesAreRefused) {
   EXPECT_TRUE(has(override_error("model.n_layer", "abc"),
-                  "[config] --model.n_layer: 'model.n_layer' must be an integer in [1, 1024], "
+                  "[config] command line: 'model.n_layer' must be an integer in [1, 1024], "
                   "got 'abc'"));
   EXPECT_TRUE(has(file_error("[data]\nshuffle = 3\n"),
                   "'data.shuffle' must be true or false, got 3 (a TOML integer)"));
@@ -258,6 +258,8 @@ TEST(Config, EditDistance) {
   EXPECT_EQ(edit_distance("same", "same"), 0u);
   EXPECT_EQ(closest_suggestion({"--top-k", "--seed"}, "--topk"), " Did you mean '--top-k'?");
   EXPECT_EQ(closest_suggestion({"--top-k", "--seed"}, "--completely-different"), "");
+  EXPECT_EQ(closest_suggestion({"--config", "--train.steps"}, "--steps"),
+            " Did you mean '--train.steps'?");
 }
 
 }  // namespace

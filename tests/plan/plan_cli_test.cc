@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -111,6 +113,83 @@ TEST(PlanCli, HelpListsKeys) {
   const CliResult r = tetra_plan("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_TRUE(has(r, "--layout.zero")) << r.out;
+}
+
+TEST(PlanCli, BadNumbersAreRefusedWithTheKeyTheValueAndTheRange) {
+  const std::string cfg = "--config configs/plan/70b-512-h100.toml ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--cluster.gpu_mtbf_years=-1",
+       "'cluster.gpu_mtbf_years' must be a finite number in [0, 1e4], got '-1'"},
+      {"--cluster.gpu_mtbf_years=nan", "got 'nan'"},
+      {"--cluster.gpus=4294967297",
+       "'cluster.gpus' must be an integer in [0, 10000000], got '4294967297'"},
+      {"--cluster.gpus_per_node=100000", "'cluster.gpus_per_node' must be an integer in [0, 1024]"},
+      {"--cluster.usable_fraction=1.5",
+       "'cluster.usable_fraction' must be a finite number in [0, 1]"},
+      {"--cluster.peak_tflops=inf", "got 'inf'"},
+      {"--training.target_mfu=0", "'training.target_mfu' must be a finite number in (0, 1]"},
+      {"--training.tokens=-1", "'training.tokens' must be a finite number in [0, 1e18]"},
+      {"--training.global_batch=1e30", "got '1e30'"},
+      {"--model.layers=-1", "'model.layers' must be an integer in [0, 10000], got '-1'"},
+      {"--layout.zero=4", "'layout.zero' must be an integer in [-1, 3], got '4'"},
+      {"--layout.tp=-1", "'layout.tp' must be an integer in [0, 10000000], got '-1'"},
+      {"--layout.schedule=zb", "'layout.schedule' must be one of: \"\", gpipe, 1f1b, interleaved"},
+      {"--training.precision=fp8", "'training.precision' must be one of: bf16, bf16-mixed, fp32"},
+      {"--model.arch=bert", "'model.arch' must be one of: gpt2, llama"},
+  };
+  for (const auto& [arg, message] : cases) {
+    const CliResult r = tetra_plan(cfg + arg);
+    EXPECT_EQ(r.code, 2) << arg << "\n" << r.out;
+    EXPECT_TRUE(has(r, "error: [config] command line: ")) << arg << "\n" << r.out;
+    EXPECT_TRUE(has(r, message)) << arg << "\n  expected: " << message << "\n  got: " << r.out;
+  }
+  // From a preset, a key left at 0 still takes the preset's value.
+  const CliResult r = tetra_plan(cfg + "--cluster.gpu_mtbf_years=0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+}
+
+TEST(PlanCli, ArgumentErrorsSayWhatToChange) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--top 0", "[plan] '--top' must be an integer in [1, 1000], got '0'"},
+      {"--top=abc", "got 'abc'"},
+      {"--top 4294967297", "got '4294967297'"},
+      {"--top", "[plan] --top needs a value: --top N"},
+      {"--config", "[plan] --config needs a value: --config FILE.toml"},
+      {"--jsn", "[plan] unknown option '--jsn'. Did you mean '--json'?"},
+      {"--json=true", "[plan] --json is a switch and takes no value"},
+      {"--gpus=8", "Did you mean '--cluster.gpus'?"},
+      {"configs/plan/70b-512-h100.toml", "[plan] unexpected argument"},
+      {"--layout.tp", "[plan] --layout.tp needs a value"},
+  };
+  for (const auto& [arg, message] : cases) {
+    const CliResult r = tetra_plan(arg);
+    EXPECT_EQ(r.code, 2) << arg << "\n" << r.out;
+    EXPECT_TRUE(has(r, message)) << arg << "\n  expected: " << message << "\n  got: " << r.out;
+  }
+}
+
+TEST(PlanCli, FlagSpellings) {
+  const CliResult a =
+      tetra_plan("--config=configs/plan/70b-512-h100.toml --layout.tp 8 --top=2 --json");
+  const CliResult b =
+      tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tp=8 --top 2 --json");
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(nlohmann::json::parse(a.out)["layout"]["tp"], 8);
+}
+
+TEST(PlanCli, HelpShowsEveryKeyWithItsRange) {
+  for (const char* flag : {"--help", "-h"}) {
+    const CliResult r = tetra_plan(flag);
+    EXPECT_EQ(r.code, 0) << r.out;
+    for (const char* s : {"--top N", "(an integer in [1, 1000]; default 5)", "--json",
+                          "--cluster.gpu_mtbf_years=0  (a finite number in [0, 1e4])",
+                          "--layout.zero=-1  (an integer in [-1, 3])",
+                          "--training.recompute=\"selective\"  (one of: none, selective, full)"}) {
+      EXPECT_TRUE(has(r, s)) << s << "\n" << r.out;
+    }
+  }
 }
 
 }  // namespace

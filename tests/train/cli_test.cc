@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "ckpt/safetensors.h"
+#include "core/config.h"
 #include "data/token_shard.h"
+#include "train/train_config.h"
 
 namespace tetra {
 namespace {
@@ -156,6 +158,198 @@ TEST_F(TrainCli, RepeatRunsAreBitIdenticalAndKeepOldMetrics) {
     EXPECT_EQ(first[i]["grad_norm"].get<double>(), second[i]["grad_norm"].get<double>());
   }
   EXPECT_TRUE(fs::exists(path("run/metrics.jsonl.1")));  // the first run's file was kept
+}
+
+// Integers are checked as 64-bit values before any narrowing and echoed as typed: 2^32 + 1
+// layers once trained 1 layer, micro_batch 2^32 + 4 trained 4, 2^32 was refused as "got 0".
+TEST_F(TrainCli, IntegersNeverWrap) {
+  const std::string layers = "'model.n_layer' must be an integer in [1, 1024], got '";
+  for (const char* typed : {"4294967297", "4294967296", "2147483648", "9223372036854775808",
+                            "-9223372036854775809", "1e30", "nan", "inf", "12abc", "0"}) {
+    EXPECT_REFUSED(tetra(base() + " --model.n_layer=" + typed), layers + typed + "'");
+  }
+  EXPECT_REFUSED(tetra(base() + " --train.micro_batch=4294967300"),
+                 "'train.micro_batch' must be an integer in [1, 16384], got '4294967300'");
+  EXPECT_REFUSED(tetra(base() + " --train.steps=9223372036854775807"),
+                 "'train.steps' must be an integer in [1, 1000000000000]");
+}
+
+TEST_F(TrainCli, OutOfRangeSettingsAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"optim.eps=-1", "'optim.eps' must be a finite number in [1e-30, 1], got '-1'"},
+      {"optim.min_lr_ratio=5", "'optim.min_lr_ratio' must be a finite number in [0, 1], got '5'"},
+      {"optim.weight_decay=-1", "'optim.weight_decay' must be a finite number in [0, 1000]"},
+      {"eval.every=-1", "'eval.every' must be an integer in [0, 2147483647], got '-1'"},
+      {"optim.lr=inf", "'optim.lr' must be a finite number in (0, 1000], got 'inf'"},
+      {"optim.lr=nan", "got 'nan'"},
+      {"optim.lr=0", "got '0'"},
+      {"optim.beta2=1", "'optim.beta2' must be a finite number in [0, 0.9999999], got '1'"},
+      {"optim.grad_clip=-1", "'optim.grad_clip' must be a finite number in [0, inf)"},
+      {"run.threads=100000", "'run.threads' must be an integer in [0, 1024], got '100000'"},
+      {"run.threads=5000", "got '5000'"},
+      {"run.progress=sometimes", "'run.progress' must be one of: auto, always, never"},
+      {"optim.schedule=linear", "'optim.schedule' must be one of: cosine, constant"},
+      {"train.on_nonfinite=ignore", "'train.on_nonfinite' must be one of: skip, stop"},
+      {"train.max_skipped=0", "'train.max_skipped' must be an integer in [1, 1000000]"},
+      {"debug.nan_grad_step=-1", "'debug.nan_grad_step' must be an integer in [0, inf)"},
+      {"dp.bucket_mb=0", "'dp.bucket_mb' must be a finite number in (0, 65536]"},
+      {"data.verify=maybe", "'data.verify' must be true or false, got 'maybe'"},
+      {"train.seq_len=17", "train.seq_len=17 exceeds model.max_seq=16"},
+  };
+  for (const auto& [arg, message] : cases) {
+    EXPECT_REFUSED(tetra(base() + " --" + arg), message);
+  }
+}
+
+TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {
+  Config c = Config::from_overrides(train_config_schema(), {"data.train=x.bin"});
+  TrainOptions o = TrainOptions::from(c);
+  EXPECT_TRUE(o.verify_data);
+  EXPECT_EQ(o.on_nonfinite, "skip");
+  EXPECT_EQ(o.max_skipped, 5);
+  EXPECT_EQ(o.nan_grad_step, 0);
+  o = TrainOptions::from(Config::from_overrides(
+      train_config_schema(),
+      {"data.train=x.bin", "data.verify=false", "train.on_nonfinite=stop", "train.max_skipped=2",
+       "debug.nan_grad_step=3", "debug.nan_grad_rank=1", "train.seed=9223372036854775807"}));
+  EXPECT_FALSE(o.verify_data);
+  EXPECT_EQ(o.on_nonfinite, "stop");
+  EXPECT_EQ(o.max_skipped, 2);
+  EXPECT_EQ(o.nan_grad_step, 3);
+  EXPECT_EQ(o.nan_grad_rank, 1);
+  EXPECT_EQ(o.seed, uint64_t(INT64_MAX));
+}
+
+TEST_F(TrainCli, ArgumentErrorsSayWhatToChange) {
+  EXPECT_REFUSED(tetra("train --confg x.toml"),
+                 "[train] unknown option '--confg'. Did you mean '--config'?");
+  EXPECT_REFUSED(tetra("train --steps=3"), "Did you mean '--train.steps'?");
+  EXPECT_REFUSED(tetra("train --config"), "[train] --config needs a value: --config FILE.toml");
+  EXPECT_REFUSED(tetra("train --config --train.steps=3"), "--config needs a value");
+  EXPECT_REFUSED(tetra(base() + " --optim.lr"), "[train] --optim.lr needs a value");
+  EXPECT_REFUSED(tetra("train configs/tiny.toml"),
+                 "[train] unexpected argument 'configs/tiny.toml'");
+  EXPECT_REFUSED(tetra("train --config a.toml --config b.toml"), "--config is given twice");
+  EXPECT_REFUSED(tetra("train --config " + path("missing.toml")), "cannot open config file");
+}
+
+TEST_F(TrainCli, FlagValueSpellings) {
+  // --flag=value, --flag value and --section.key value all work.
+  std::ofstream(path("a.toml")) << "[train]\nsteps = 1\n";
+  CliRun r = tetra(base() + " --config=" + path("a.toml") + " --train.steps 2 --run.dir " +
+                   path("spaced"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(metrics(path("spaced")).size(), 2u);
+  r = tetra(base() + " --config " + path("a.toml") + " --run.dir=" + path("file"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(metrics(path("file")).size(), 3u) << "the command line wins over the file";
+}
+
+TEST_F(TrainCli, HelpShowsEveryKeyWithItsRange) {
+  for (const char* flag : {"--help", "-h"}) {
+    CliRun r = tetra(std::string("train ") + flag);
+    EXPECT_EQ(r.code, 0) << r.output;
+    for (const char* line :
+         {"--config FILE.toml", "--model.n_layer=4  (an integer in [1, 1024])",
+          "--optim.eps=1e-8  (a finite number in [1e-30, 1])",
+          "--run.threads=0  (an integer in [0, 1024])", "at most 1024",
+          "--run.progress=\"auto\"  (one of: auto, always, never)", "--data.verify=true",
+          "--train.on_nonfinite=\"skip\"  (one of: skip, stop)", "--debug.nan_grad_step=0"}) {
+      EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+    }
+  }
+}
+
+// Every file of tests/malformed/config/ is refused by the real schema before any compute.
+TEST_F(TrainCli, MalformedConfigFilesAreRefused) {
+  size_t files = 0;
+  for (const auto& e :
+       fs::directory_iterator(fs::path(TETRA_SOURCE_DIR) / "tests/malformed/config")) {
+    ++files;
+    CliRun r = tetra("train --config " + e.path().string());
+    EXPECT_EQ(r.code, 2) << e.path() << "\n" << r.output;
+    EXPECT_NE(r.output.find("error: [config] " + e.path().string()), std::string::npos) << r.output;
+  }
+  EXPECT_GE(files, 10u);
+}
+
+// The other commands share the parser: unknown flags get a suggestion, values are range-checked
+// as 64-bit numbers and echoed as typed.
+struct CommandCase {
+  std::string args, message;
+};
+
+void expect_refused(const std::vector<CommandCase>& cases) {
+  for (const auto& c : cases) {
+    CliRun r = tetra(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos)
+        << c.args << "\n  expected: " << c.message << "\n  got: " << r.output;
+  }
+}
+
+TEST(GenerateCli, FlagsAreChecked) {
+  expect_refused({
+      {"generate --top-k 4294967297",
+       "[generate] '--top-k' must be an integer in [0, 16777216], got '4294967297'"},
+      {"generate --top-k=-1", "got '-1'"},
+      {"generate --temperature nan", "'--temperature' must be a finite number in [0, 100]"},
+      {"generate --temperature -0.5", "got '-0.5'"},
+      {"generate --max-tokens 1e30", "'--max-tokens' must be an integer in [0, 65536], got '1e30'"},
+      {"generate --seed -1", "'--seed' must be an integer in [0, inf), got '-1'"},
+      {"generate --threads 100000", "'--threads' must be an integer in [0, 1024]"},
+      {"generate --topk 5", "[generate] unknown option '--topk'. Did you mean '--top-k'?"},
+      {"generate --prompt", "[generate] --prompt needs a value: --prompt TEXT"},
+      {"generate --optim.lr=1", "only --model.KEY=VALUE overrides apply to tetra generate"},
+      {"generate --model.n_head", "--model.n_head needs a value"},
+      {"generate --model x.safetensors --tokenizer byte", "give at least one --prompt TEXT"},
+  });
+  CliRun r = tetra("generate --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("--top-k K"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(an integer in [0, 16777216];"), std::string::npos) << r.output;
+}
+
+TEST(DataCli, FlagsAreChecked) {
+  expect_refused({
+      {"data prepare --input a --out b --shard-tokens 0",
+       "[data] '--shard-tokens' must be an integer in [1, 2147483647], got '0'"},
+      {"data prepare --input a --out b --shard-tokens=4294967297", "got '4294967297'"},
+      {"data prepare --input a --out b --val-fraction 1",
+       "'--val-fraction' must be a finite number in [0, 1), got '1'"},
+      {"data prepare --input a --out b --val-fraction nan", "got 'nan'"},
+      {"data prepare --input a --out b --threads 5000",
+       "'--threads' must be an integer in [0, 1024]"},
+      {"data prepare --inptu a", "[data] unknown option '--inptu'. Did you mean '--input'?"},
+      {"data prepare --input", "[data] --input needs a value: --input PATH"},
+      {"data prepare --allow-binary=1", "--allow-binary is a switch and takes no value"},
+      {"data prepare --out b", "[data] no --input given"},
+      {"data prepare stray", "[data] unexpected argument 'stray'"},
+      {"data prepre", "unknown subcommand 'prepre'"},
+  });
+  CliRun r = tetra("data prepare --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"--input PATH", "repeatable", "--allow-binary", "--no-progress",
+                        "(an integer in [1, 2147483647]; default 100000000)"}) {
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  }
+}
+
+TEST(LaunchCli, FlagsAreCheckedAndTheCommandPassesThroughUntouched) {
+  expect_refused({
+      {"launch -n 4294967297 -- train", "[launch] '-n' must be an integer in [1, 1048576]"},
+      {"launch -n 2 train", "the command to run goes after --: tetra launch [flags] -- train"},
+      {"launch --dryrun -n 2 -- train", "Did you mean '--dry-run'?"},
+      {"launch -n", "[launch] -n needs a value: -n N"},
+  });
+  CliRun r = tetra("launch --dry-run --np 3 -- train --config=x --bogus -- y --help");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("-np 3 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" train --config=x --bogus -- y --help\n"), std::string::npos)
+      << r.output;
+  r = tetra("launch --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("-n, -np, --np N"), std::string::npos) << r.output;
 }
 
 }  // namespace
