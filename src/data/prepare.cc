@@ -2,25 +2,31 @@
 // into train and validation shards, and describe the result in manifest.json.
 #include "data/prepare.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <span>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/bpe_train.h"
 #include "data/pretokenize.h"
+#include "data/text_check.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 
@@ -147,23 +153,196 @@ bool is_hidden(const fs::path& p) {
   return !name.empty() && name[0] == '.';
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o,
-                                          const std::vector<std::string>& files, int threads) {
-  const std::string& spec = o.tokenizer;
-  if (spec.rfind("train:", 0) != 0) return load_tokenizer(spec);
-  const std::string n = spec.substr(6);
-  size_t vocab = 0;
-  try {
+// True when `inner` is `outer` or lies inside it (both canonical).
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first == outer.end();
+}
+
+// Absolute, symlinks of the existing part resolved, no trailing separator.
+fs::path canonical_path(const std::string& p) {
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec) c = fs::absolute(p).lexically_normal();
+  if (c.has_relative_path() && c.filename().empty()) c = c.parent_path();
+  return c;
+}
+
+// The files `tetra data prepare` writes; an output folder holding anything else is refused.
+bool is_dataset_file(const std::string& name) {
+  static const std::regex kNames(
+      R"(((train|val)_\d{6}\.bin|manifest\.json|tokenizer\.json)(\.tmp\.\d+)?)");
+  return std::regex_match(name, kNames);
+}
+
+// The tokenizer to use, validated before anything is read or written: a vocabulary size to
+// train, or a loaded tokenizer.
+struct TokenizerChoice {
+  size_t train_vocab = 0;  // > 0: train a BPE of this size on the inputs
+  std::unique_ptr<Tokenizer> loaded;
+};
+
+TokenizerChoice check_tokenizer_spec(const std::string& spec) {
+  TokenizerChoice c;
+  if (spec.rfind("train:", 0) == 0) {
+    const std::string n = spec.substr(6);
     size_t used = 0;
-    vocab = std::stoul(n, &used);
-    if (used != n.size()) vocab = 0;
-  } catch (const std::exception&) {
-    vocab = 0;
+    try {
+      c.train_vocab = std::stoul(n, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TETRA_CHECK(
+        used == n.size() && n[0] != '-' && c.train_vocab >= 257 && c.train_vocab <= 0xFFFFFFFEu,
+        "[data] --tokenizer {}: expected train:<vocab size> with a size of at least 257, "
+        "e.g. train:4096",
+        spec);
+    return c;
   }
-  TETRA_CHECK(vocab >= 257,
-              "[data] --tokenizer {}: expected train:<vocab size> with a size of at least 257, "
-              "e.g. train:4096",
+  std::error_code ec;
+  TETRA_CHECK(spec == "byte" || fs::exists(spec, ec),
+              "[data] --tokenizer {}: no such file; expected byte, train:<vocab size> (e.g. "
+              "train:4096) or the path of a tokenizer.json",
               spec);
+  c.loaded = load_tokenizer(spec);
+  return c;
+}
+
+// Refuses output folders whose replacement would lose data: the input itself, a folder inside an
+// input (a re-run would read the dataset as input), a folder holding an input, or one holding
+// files that are not a dataset's.
+void check_output_folder(const PrepareOptions& o, const fs::path& out) {
+  TETRA_CHECK(out.has_relative_path(), "[data] --out {} is the root folder; choose a new folder",
+              o.out_dir);
+  for (const auto& in : o.inputs) {
+    const fs::path cin = canonical_path(in);
+    TETRA_CHECK(out != cin, "[data] --out {} is the input {}; write the dataset to another folder",
+                o.out_dir, in);
+    TETRA_CHECK(!is_within(out, cin),
+                "[data] --out {} lies inside the input folder {}; choose an --out outside it (the "
+                "dataset would be read as input by the next run)",
+                o.out_dir, in);
+    TETRA_CHECK(!is_within(cin, out),
+                "[data] input {} lies inside --out {}, which is replaced as a whole once the new "
+                "dataset is complete; move the input out of it or choose another --out",
+                in, o.out_dir);
+  }
+  std::error_code ec;
+  const fs::file_status st = fs::status(out, ec);
+  if (!fs::exists(st)) return;
+  TETRA_CHECK(fs::is_directory(st), "[data] --out {} exists and is not a folder; choose a folder",
+              o.out_dir);
+  for (auto it = fs::directory_iterator(out, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    TETRA_CHECK(is_dataset_file(name) && it->is_regular_file(ec),
+                "[data] --out {} holds '{}', which is not part of a tetra dataset; the folder is "
+                "replaced as a whole, so choose a new or empty folder or move '{}' away",
+                o.out_dir, name, name);
+  }
+  TETRA_CHECK(!ec, "[data] cannot list --out {}: {}", o.out_dir, ec.message());
+}
+
+// A temporary folder beside the output (same file system, so the final rename is atomic),
+// removed on failure; commit() puts it in the output's place and removes the old dataset.
+class StagingDir {
+ public:
+  explicit StagingDir(const fs::path& out) : out_(out) {
+    std::error_code ec;
+    fs::create_directories(out.parent_path(), ec);
+    TETRA_CHECK(fs::is_directory(out.parent_path()),
+                "[data] cannot create the folder {} for --out ({}); choose a writable --out",
+                out.parent_path().string(), ec.message());
+    path_ = out.parent_path() /
+            fmt::format(".{}.prepare-{}", out.filename().string(), static_cast<long>(::getpid()));
+    fs::remove_all(path_, ec);  // left by a killed run that had our pid
+    // Other runs' leftovers may belong to a run still going (on another host of a shared file
+    // system): name them, never delete them.
+    const std::string prefix = fmt::format(".{}.", out.filename().string());
+    for (auto it = fs::directory_iterator(out.parent_path(), ec);
+         !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const std::string rest = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : "";
+      if (rest.rfind("prepare-", 0) == 0 || rest.rfind("old-", 0) == 0) {
+        log_warn(
+            "[data] {} was left by an interrupted tetra data prepare; delete it if no other "
+            "run is writing to {}",
+            it->path().string(), out.string());
+      }
+    }
+    TETRA_CHECK(fs::create_directory(path_, ec) && !ec,
+                "[data] cannot create the temporary folder {} beside --out ({}); check that {} is "
+                "writable",
+                path_.string(), ec.message(), out.parent_path().string());
+  }
+  ~StagingDir() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+
+  const fs::path& path() const { return path_; }
+
+  void commit() {
+    std::error_code ec;
+    const bool replace = fs::exists(out_, ec);
+    if (replace) fs::permissions(path_, fs::status(out_, ec).permissions(), ec);
+    fs::path old;
+    if (!replace) {
+      rename_or_fail(path_, out_);
+    } else if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) == 0) {
+      old = path_;  // the exchange left the previous dataset at the staging path
+    } else {
+      // File systems without RENAME_EXCHANGE: two renames, with a moment without out_.
+      TETRA_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP,
+                  "[data] cannot put the new dataset in place of {} ({}); the old one is "
+                  "unchanged",
+                  out_.string(), std::strerror(errno));
+      old = out_.parent_path() /
+            fmt::format(".{}.old-{}", out_.filename().string(), static_cast<long>(::getpid()));
+      rename_or_fail(out_, old);
+      if (::rename(path_.c_str(), out_.c_str()) != 0) {
+        const int err = errno;
+        ::rename(old.c_str(), out_.c_str());
+        fail("[data] cannot put the new dataset in place of {} ({}); the old one is unchanged",
+             out_.string(), std::strerror(err));
+      }
+    }
+    committed_ = true;
+    sync_dir(out_.parent_path());
+    if (!old.empty()) {
+      fs::remove_all(old, ec);
+      if (ec) {
+        log_warn(
+            "[data] the new dataset is in {}, but removing the old one at {} failed ({}); "
+            "delete it by hand",
+            out_.string(), old.string(), ec.message());
+      }
+    }
+  }
+
+ private:
+  static void rename_or_fail(const fs::path& from, const fs::path& to) {
+    TETRA_CHECK(::rename(from.c_str(), to.c_str()) == 0,
+                "[data] cannot rename {} to {} ({}); the old dataset is unchanged", from.string(),
+                to.string(), std::strerror(errno));
+  }
+  static void sync_dir(const fs::path& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
+
+  fs::path out_, path_;
+  bool committed_ = false;
+};
+
+std::unique_ptr<Tokenizer> train_tokenizer(size_t vocab, const std::vector<std::string>& files,
+                                           int threads) {
   Stopwatch sw;
   BpeTrainer trainer(threads);
   for (const auto& f : files) {
@@ -179,17 +358,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o,
 
 }  // namespace
 
-std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
-                                          const std::string& exclude_dir) {
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs) {
   TETRA_CHECK(!inputs.empty(), "[data] no input given; pass --input FILE_OR_FOLDER (repeatable)");
   std::error_code ec;
-  const fs::path exclude = exclude_dir.empty() ? fs::path() : fs::weakly_canonical(exclude_dir, ec);
-  auto excluded = [&](const fs::path& p) {
-    if (exclude.empty()) return false;
-    const fs::path c = fs::weakly_canonical(p, ec);
-    auto [e, _] = std::mismatch(exclude.begin(), exclude.end(), c.begin(), c.end());
-    return e == exclude.end();
-  };
   std::vector<std::string> files;
   for (const auto& in : inputs) {
     const fs::path p(in);
@@ -207,12 +378,9 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
         if (it->is_directory(ec)) it.disable_recursion_pending();
         continue;
       }
-      if (it->is_directory(ec) && excluded(it->path())) {
-        it.disable_recursion_pending();
-        continue;
-      }
       if (it->is_regular_file(ec)) found.push_back(it->path().string());
     }
+    TETRA_CHECK(!ec, "[data] listing {} failed: {}", in, ec.message());
     TETRA_CHECK(!found.empty(), "[data] input folder {} holds no files", in);
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());
@@ -222,6 +390,8 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
 
 PrepareResult prepare_dataset(const PrepareOptions& o) {
   Stopwatch sw;
+  // Everything that can be checked is checked before anything is written: a mistake costs no
+  // data, and the old dataset in --out stays as it was until the new one is complete.
   TETRA_CHECK(!o.out_dir.empty(), "[data] no output folder; pass --out DIR");
   TETRA_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= 0x7FFFFFFF,
               "[data] --shard-tokens {} is out of range; use 1 .. 2147483647 (llm.c headers "
@@ -233,9 +403,10 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   const int threads = o.threads > 0
                           ? o.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  TokenizerChoice choice = check_tokenizer_spec(o.tokenizer);
 
   PrepareResult r;
-  const std::vector<std::string> files = list_input_files(o.inputs, o.out_dir);
+  const std::vector<std::string> files = list_input_files(o.inputs);
   r.input_files = files.size();
   std::error_code ec;
   for (const auto& f : files) {
@@ -245,120 +416,122 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   }
   TETRA_CHECK(r.input_bytes > 0, "[data] the {} input file(s) are all empty; nothing to tokenize",
               files.size());
-
-  fs::create_directories(o.out_dir, ec);
-  TETRA_CHECK(fs::is_directory(o.out_dir),
-              "[data] cannot create output folder {} ({}); choose a writable --out", o.out_dir,
-              ec.message());
-  // Shards of an earlier run would otherwise mix with this one's.
-  const std::regex shard_name(R"((train|val)_\d{6}\.bin)");
-  for (const auto& e : fs::directory_iterator(o.out_dir)) {
-    if (std::regex_match(e.path().filename().string(), shard_name)) fs::remove(e.path());
+  const fs::path out = canonical_path(o.out_dir);
+  check_output_folder(o, out);
+  if (!o.allow_binary) {
+    for (const auto& f : files) {
+      const std::string why = binary_input_reason(f);
+      TETRA_CHECK(why.empty(),
+                  "[data] input {} looks binary: {}; tetra data prepare tokenizes text, so remove "
+                  "it from the inputs, or pass --allow-binary to tokenize it anyway",
+                  f, why);
+    }
   }
 
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(o, files, threads);
-  const std::string tok_path = (fs::path(o.out_dir) / "tokenizer.json").string();
-  const bool is_file = o.tokenizer != "byte" && o.tokenizer.rfind("train:", 0) != 0;
-  if (is_file && fs::exists(tok_path) && fs::equivalent(o.tokenizer, tok_path)) {
-    // Already in place.
-  } else if (is_file) {
-    fs::copy_file(o.tokenizer, tok_path, fs::copy_options::overwrite_existing, ec);
-    TETRA_CHECK(!ec, "[data] cannot copy {} to {}: {}", o.tokenizer, tok_path, ec.message());
-  } else {
-    tok->save(tok_path);
-  }
-  r.tokenizer_hash = tok->hash();
-  r.vocab_size = tok->vocab_size();
-  const uint32_t eot = tok->eot_token();
+  StagingDir staging(out);
+  try {
+    const std::unique_ptr<Tokenizer> tok = choice.train_vocab > 0
+                                               ? train_tokenizer(choice.train_vocab, files, threads)
+                                               : std::move(choice.loaded);
+    tok->save((staging.path() / "tokenizer.json").string());
+    r.tokenizer_hash = tok->hash();
+    r.vocab_size = tok->vocab_size();
+    const uint32_t eot = tok->eot_token();
 
-  // Validation is the tail of the input bytes, cut at the first safe point at or after `cut`.
-  const size_t cut =
-      r.input_bytes - static_cast<size_t>(std::llround(o.val_fraction * double(r.input_bytes)));
-  ShardWriter train(o.out_dir, "train", o.shard_tokens, r.vocab_size);
-  ShardWriter val(o.out_dir, "val", o.shard_tokens, r.vocab_size);
-  bool in_val = false;
-  size_t offset = 0;
-  const bool show = o.progress && ::isatty(2);
-  Stopwatch encode_sw;
-  auto encode = [&](std::string_view text) {
-    const auto ids = encode_parallel(*tok, text, threads);
-    (in_val ? val : train).push(ids);
-  };
-  for (const auto& f : files) {
-    BlockReader reader(f);
-    std::string block;
-    bool doc_start = true;
-    while (reader.next(block)) {
-      if (!in_val && offset >= cut && o.val_fraction > 0) in_val = true;
-      // Every document starts with <|endoftext|>, as in llm.c's data scripts.
-      if (doc_start) (in_val ? val : train).push(eot);
-      doc_start = false;
-      std::string_view text(block);
-      if (!in_val && o.val_fraction > 0 && offset + text.size() > cut) {
-        const size_t p = cut > offset ? find_text_split(text, cut - offset) : 0;
-        if (p != std::string_view::npos) {
-          encode(text.substr(0, p));
-          in_val = true;
-          text = text.substr(p);
+    // Validation is the tail of the input bytes, cut at the first safe point at or after `cut`.
+    const size_t cut =
+        r.input_bytes - static_cast<size_t>(std::llround(o.val_fraction * double(r.input_bytes)));
+    ShardWriter train(staging.path().string(), "train", o.shard_tokens, r.vocab_size);
+    ShardWriter val(staging.path().string(), "val", o.shard_tokens, r.vocab_size);
+    bool in_val = false;
+    size_t offset = 0;
+    const bool show = o.progress && ::isatty(2);
+    Stopwatch encode_sw;
+    auto encode = [&](std::string_view text) {
+      const auto ids = encode_parallel(*tok, text, threads);
+      (in_val ? val : train).push(ids);
+    };
+    for (const auto& f : files) {
+      BlockReader reader(f);
+      std::string block;
+      bool doc_start = true;
+      while (reader.next(block)) {
+        if (!in_val && offset >= cut && o.val_fraction > 0) in_val = true;
+        // Every document starts with <|endoftext|>, as in llm.c's data scripts.
+        if (doc_start) (in_val ? val : train).push(eot);
+        doc_start = false;
+        std::string_view text(block);
+        if (!in_val && o.val_fraction > 0 && offset + text.size() > cut) {
+          const size_t p = cut > offset ? find_text_split(text, cut - offset) : 0;
+          if (p != std::string_view::npos) {
+            encode(text.substr(0, p));
+            in_val = true;
+            text = text.substr(p);
+          }
+        }
+        encode(text);
+        offset += block.size();
+        if (show) {
+          const double mb = offset / 1e6;
+          std::fprintf(stderr, "\r[data] %5.1f%%  %.1f / %.1f MB  %.1f MB/s  %zu tokens   ",
+                       100.0 * offset / r.input_bytes, mb, r.input_bytes / 1e6,
+                       mb / std::max(encode_sw.elapsed_s(), 1e-9), train.total() + val.total());
         }
       }
-      encode(text);
-      offset += block.size();
-      if (show) {
-        const double mb = offset / 1e6;
-        std::fprintf(stderr, "\r[data] %5.1f%%  %.1f / %.1f MB  %.1f MB/s  %zu tokens   ",
-                     100.0 * offset / r.input_bytes, mb, r.input_bytes / 1e6,
-                     mb / std::max(encode_sw.elapsed_s(), 1e-9), train.total() + val.total());
+    }
+    train.finish();
+    val.finish();
+    if (show) std::fprintf(stderr, "\n");
+    if (o.val_fraction > 0 && val.total() == 0) {
+      log_warn("[data] the validation split is empty: the input is too small for --val-fraction {}",
+               o.val_fraction);
+    }
+
+    r.train_tokens = train.total();
+    r.val_tokens = val.total();
+    r.train_shards = train.shards();
+    r.val_shards = val.shards();
+    r.seconds = sw.elapsed_s();
+    r.mb_per_s = r.input_bytes / 1e6 / std::max(r.seconds, 1e-9);
+    r.encode_mb_per_s = r.input_bytes / 1e6 / std::max(encode_sw.elapsed_s(), 1e-9);
+
+    using nlohmann::ordered_json;
+    auto shard_list = [](const std::vector<ShardInfo>& shards) {
+      ordered_json a = ordered_json::array();
+      for (const auto& s : shards) {
+        a.push_back(
+            {{"file", s.file}, {"tokens", s.tokens}, {"version", s.version}, {"xxh3", s.xxh3}});
       }
-    }
+      return a;
+    };
+    ordered_json m;
+    m["format"] = "tetra-dataset";
+    m["version"] = 1;
+    m["tokenizer"] = {{"name", tok->name()},
+                      {"file", "tokenizer.json"},
+                      {"hash", r.tokenizer_hash},
+                      {"vocab_size", r.vocab_size},
+                      {"eot_token", eot}};
+    m["inputs"] = {{"files", r.input_files}, {"bytes", r.input_bytes}};
+    m["shard_tokens"] = o.shard_tokens;
+    m["val_fraction"] = o.val_fraction;
+    m["total_tokens"] = r.train_tokens + r.val_tokens;
+    m["splits"] = {{"train", {{"tokens", r.train_tokens}, {"shards", shard_list(r.train_shards)}}},
+                   {"val", {{"tokens", r.val_tokens}, {"shards", shard_list(r.val_shards)}}}};
+    m["stats"] = {{"seconds", r.seconds},
+                  {"mb_per_s", r.mb_per_s},
+                  {"encode_mb_per_s", r.encode_mb_per_s},
+                  {"threads", threads}};
+    const std::string manifest = m.dump(2) + "\n";
+    write_file_atomically((staging.path() / "manifest.json").string(),
+                          {{reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()}},
+                          "data");
+  } catch (const Error& e) {
+    // Paths in the message are inside the staging folder, which the user never sees.
+    fail("{} (while writing the new dataset beside {}; {} is unchanged)", e.what(), o.out_dir,
+         o.out_dir);
   }
-  train.finish();
-  val.finish();
-  if (show) std::fprintf(stderr, "\n");
-  if (o.val_fraction > 0 && val.total() == 0) {
-    log_warn("[data] the validation split is empty: the input is too small for --val-fraction {}",
-             o.val_fraction);
-  }
-
-  r.train_tokens = train.total();
-  r.val_tokens = val.total();
-  r.train_shards = train.shards();
-  r.val_shards = val.shards();
-  r.seconds = sw.elapsed_s();
-  r.mb_per_s = r.input_bytes / 1e6 / std::max(r.seconds, 1e-9);
-  r.encode_mb_per_s = r.input_bytes / 1e6 / std::max(encode_sw.elapsed_s(), 1e-9);
-
-  using nlohmann::ordered_json;
-  auto shard_list = [](const std::vector<ShardInfo>& shards) {
-    ordered_json a = ordered_json::array();
-    for (const auto& s : shards) {
-      a.push_back(
-          {{"file", s.file}, {"tokens", s.tokens}, {"version", s.version}, {"xxh3", s.xxh3}});
-    }
-    return a;
-  };
-  ordered_json m;
-  m["format"] = "tetra-dataset";
-  m["version"] = 1;
-  m["tokenizer"] = {{"name", tok->name()},
-                    {"file", "tokenizer.json"},
-                    {"hash", r.tokenizer_hash},
-                    {"vocab_size", r.vocab_size},
-                    {"eot_token", eot}};
-  m["inputs"] = {{"files", r.input_files}, {"bytes", r.input_bytes}};
-  m["shard_tokens"] = o.shard_tokens;
-  m["val_fraction"] = o.val_fraction;
-  m["total_tokens"] = r.train_tokens + r.val_tokens;
-  m["splits"] = {{"train", {{"tokens", r.train_tokens}, {"shards", shard_list(r.train_shards)}}},
-                 {"val", {{"tokens", r.val_tokens}, {"shards", shard_list(r.val_shards)}}}};
-  m["stats"] = {{"seconds", r.seconds},
-                {"mb_per_s", r.mb_per_s},
-                {"encode_mb_per_s", r.encode_mb_per_s},
-                {"threads", threads}};
-  const std::string manifest = (fs::path(o.out_dir) / "manifest.json").string();
-  std::ofstream out(manifest, std::ios::binary);
-  out << m.dump(2) << "\n";
-  TETRA_CHECK(out.good(), "[data] writing {} failed (disk full?)", manifest);
+  staging.commit();
 
   std::fprintf(stderr,
                "[data] %zu tokens (train %zu in %zu shards, val %zu in %zu shards) from %.1f MB "

@@ -49,13 +49,15 @@ struct PrepareResult {
   double encode_mb_per_s = 0;  // the same over reading, encoding and writing only
 };
 
-/** Writes train_NNNNNN.bin, val_NNNNNN.bin, tokenizer.json and manifest.json into out_dir
- * (created if needed; earlier shards there are removed). Throws tetra::Error ("[data] ...") on
- * missing or empty input and on any I/O failure. */
+/** Writes train_NNNNNN.bin, val_NNNNNN.bin, tokenizer.json and manifest.json into a temporary
+ * folder beside out_dir and, once all are complete, puts it in out_dir's place (an old dataset
+ * there is removed only then). The tokenizer spec, the inputs (missing, empty, binary) and
+ * out_dir (an input, inside one, holding one, or holding files that are not a dataset's) are
+ * checked before anything is written. Throws tetra::Error ("[data] ...") on any of these and on
+ * any I/O failure, leaving out_dir as it was. */
 PrepareResult prepare_dataset(const PrepareOptions& options);
 
 /** The input files options.inputs expands to, in processing order. */
-std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
-                                          const std::string& exclude_dir = "");
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
 
 }  // namespace tetra

@@ -3,15 +3,19 @@
 #include "data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -154,6 +158,7 @@ class PrepareTest : public ::testing::Test {
 };
 
 using testing::error_of;
+using namespace std::string_literals;
 
 TEST_F(PrepareTest, ByteTokenizer) {
   const PrepareResult r = prepare_dataset(options("byte"));
@@ -209,10 +214,195 @@ TEST_F(PrepareTest, RefusesBadInput) {
   o = options("train:12");
   EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("at least 257"), std::string::npos);
   o = options((root_ / "nope.json").string());
-  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("[tokenizer]"), std::string::npos);
+  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("[data] --tokenizer"), std::string::npos);
   o = options("byte");
   o.val_fraction = 1.5;
   EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("--val-fraction"), std::string::npos);
+}
+
+// Every file under `dir` (relative path -> xxh3 of its bytes), and the names beside it.
+struct Snapshot {
+  std::map<std::string, uint64_t> files;
+  std::set<std::string> siblings;
+  bool operator==(const Snapshot&) const = default;
+};
+
+Snapshot snapshot(const fs::path& dir) {
+  Snapshot s;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string bytes = read_file(e.path());
+    s.files[fs::relative(e.path(), dir).string()] = XXH3_64bits(bytes.data(), bytes.size());
+  }
+  for (const auto& e : fs::directory_iterator(dir.parent_path())) {
+    s.siblings.insert(e.path().filename().string());
+  }
+  return s;
+}
+
+// Lowers this process's file-size limit so writes past `bytes` fail with EFBIG, as on a full
+// disk (SIGXFSZ ignored so the write returns the error instead of killing the process).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &old_);
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lower = old_;
+    lower.rlim_cur = bytes;
+    EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &lower), 0);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = nullptr;
+};
+
+// A good dataset in out/, then a run that must fail and leave it byte-identical.
+class PrepareKeepsOldDataset : public PrepareTest {
+ protected:
+  void SetUp() override {
+    PrepareTest::SetUp();
+    prepare_dataset(options("train:300"));
+    before_ = snapshot(root_ / "out");
+    ASSERT_GT(before_.files.size(), 5u);
+  }
+  // Runs prepare, expects an error holding each of `what`, and the old dataset untouched.
+  void expect_refused(const PrepareOptions& o, const std::vector<std::string>& what) {
+    const std::string err = error_of([&] { prepare_dataset(o); });
+    for (const auto& w : what) EXPECT_NE(err.find(w), std::string::npos) << w << "\n" << err;
+    EXPECT_TRUE(snapshot(root_ / "out") == before_) << err;
+  }
+  Snapshot before_;
+};
+
+TEST_F(PrepareKeepsOldDataset, BadTokenizerSpec) {
+  expect_refused(options("trian:4096"),
+                 {"[data] --tokenizer trian:4096: no such file; expected byte, train:<vocab "
+                  "size> (e.g. train:4096) or the path of a tokenizer.json"});
+  expect_refused(options("train:4k"), {"[data] --tokenizer train:4k: expected train:<vocab size>"});
+  expect_refused(options("train:-5"), {"[data] --tokenizer train:-5: expected train:<vocab size>"});
+  const fs::path corrupt = root_ / "corrupt.json";
+  const std::string good = read_file(root_ / "out" / "tokenizer.json");
+  write_file(corrupt, good.substr(0, good.size() / 2));
+  before_ = snapshot(root_ / "out");
+  expect_refused(options(corrupt.string()),
+                 {"[tokenizer] " + corrupt.string() + ": not valid JSON"});
+  write_file(corrupt, "");
+  expect_refused(options(corrupt.string()),
+                 {"[tokenizer] " + corrupt.string() + ": the file is empty"});
+}
+
+TEST_F(PrepareKeepsOldDataset, OutputOverlappingTheInput) {
+  PrepareOptions o = options("byte");
+  o.out_dir = (root_ / "in").string();
+  expect_refused(o, {"[data] --out " + o.out_dir + " is the input " + o.inputs[0]});
+  o.out_dir = (root_ / "in" / "sub" / "tok").string();
+  expect_refused(o, {"[data] --out " + o.out_dir + " lies inside the input folder"});
+  EXPECT_FALSE(fs::exists(o.out_dir));
+  o = options("byte");
+  o.inputs.push_back((root_ / "out" / "tokenizer.json").string());
+  expect_refused(o, {"[data] input " + o.inputs[1] + " lies inside --out " + o.out_dir,
+                     "replaced as a whole"});
+  o = options("byte");
+  o.inputs = {(root_ / "in" / "a.txt").string()};
+  o.out_dir = o.inputs[0];
+  expect_refused(o, {"is the input"});
+}
+
+TEST_F(PrepareKeepsOldDataset, OutputHoldingOtherFiles) {
+  write_file(root_ / "out" / "notes.txt", "mine");
+  before_ = snapshot(root_ / "out");
+  expect_refused(options("byte"), {"[data] --out " + (root_ / "out").string() +
+                                   " holds 'notes.txt', which is not part of a tetra dataset"});
+  PrepareOptions o = options("byte");
+  o.out_dir = (root_ / "in" / "a.txt").string();
+  o.inputs = {(root_ / "in" / "sub").string()};
+  expect_refused(o, {"exists and is not a folder"});
+}
+
+TEST_F(PrepareKeepsOldDataset, BinaryInput) {
+  write_file(root_ / "in" / "sub" / "z.bin", "text\0more"s);
+  expect_refused(options("byte"), {"[data] input " + (root_ / "in" / "sub" / "z.bin").string() +
+                                       " looks binary: a NUL byte at offset 4",
+                                   "--allow-binary"});
+  fs::remove(root_ / "in" / "sub" / "z.bin");
+  // Latin-1 text: every accented letter is an invalid UTF-8 byte.
+  std::string latin1;
+  while (latin1.size() < 5000) latin1 += "caf\xe9 na\xefve ";
+  write_file(root_ / "in" / "sub" / "latin1.txt", latin1);
+  expect_refused(options("byte"), {"latin1.txt looks binary: ",
+                                   "are not valid UTF-8, more than "
+                                   "1% of its 5005 bytes",
+                                   "iconv"});
+  PrepareOptions o = options("byte");
+  o.allow_binary = true;
+  const PrepareResult r = prepare_dataset(o);
+  EXPECT_EQ(r.input_files, 5u);
+}
+
+TEST_F(PrepareTest, FewInvalidBytesAreText) {
+  std::string text = text_of(9, 2000);
+  text[100] = '\xff';  // one stray byte: 0.05% of the file
+  write_file(root_ / "in" / "sub" / "stray.txt", text);
+  EXPECT_EQ(prepare_dataset(options("byte")).input_files, 5u);
+}
+
+// A write that fails part-way (a shard, or the manifest, the last file written) leaves the old
+// dataset byte-identical and no temporary folder behind.
+TEST_F(PrepareKeepsOldDataset, FullDisk) {
+  // The sizes of a successful run's files, from a run into another folder.
+  auto sizes = [&](const PrepareOptions& o) {
+    PrepareOptions probe = o;
+    probe.out_dir = (root_ / "probe").string();
+    prepare_dataset(probe);
+    std::map<std::string, uintmax_t> out;
+    for (const auto& e : fs::directory_iterator(probe.out_dir)) {
+      out[e.path().filename().string()] = e.file_size();
+    }
+    fs::remove_all(probe.out_dir);
+    return out;
+  };
+  PrepareOptions o = options("byte");
+  o.shard_tokens = 100000;  // one large train shard: larger than tokenizer.json
+  auto size = sizes(o);
+  ASSERT_GT(size["train_000000.bin"], size["tokenizer.json"]);
+  {
+    FileSizeLimit limit(size["tokenizer.json"]);
+    expect_refused(
+        o, {"[data] ", "train_000000.bin: write failed (File too large)", "out is unchanged"});
+  }
+  o.shard_tokens = 300;  // many small shards: the manifest is the largest file
+  size = sizes(o);
+  const uintmax_t manifest = size["manifest.json"];
+  size.erase("manifest.json");
+  uintmax_t largest_other = 0;
+  for (const auto& [name, bytes] : size) largest_other = std::max(largest_other, bytes);
+  ASSERT_GT(manifest, largest_other);
+  {
+    FileSizeLimit limit(largest_other);
+    expect_refused(o,
+                   {"[data] ", "manifest.json: write failed (File too large)", "out is unchanged"});
+  }
+  EXPECT_EQ(snapshot(root_ / "out").siblings, (std::set<std::string>{"in", "out"}));
+}
+
+TEST_F(PrepareTest, RerunReplacesTheWholeFolderAndLeavesNothingBeside) {
+  prepare_dataset(options("byte"));
+  PrepareOptions o = options("byte");
+  o.shard_tokens = 100000;
+  const PrepareResult r = prepare_dataset(o);
+  EXPECT_EQ(r.train_shards.size(), 1u);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(root_ / "out")) {
+    names.insert(e.path().filename().string());
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"manifest.json", "tokenizer.json", "train_000000.bin",
+                                          "val_000000.bin"}));
+  EXPECT_EQ(snapshot(root_ / "out").siblings, (std::set<std::string>{"in", "out"}));
+  check_output(r, 100000);
 }
 
 }  // namespace
