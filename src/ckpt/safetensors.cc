@@ -128,14 +128,17 @@ json parse_header(const std::string& path, const std::string& text) {
 std::vector<uint64_t> read_uints(const std::string& path, const std::string& name,
                                  const json& entry, const char* field) {
   auto it = entry.find(field);
-  TETRA_CHECK(it != entry.end(), "[safetensors] {}: tensor '{}' has no \"{}\" field", path, name,
+  TETRA_CHECK(it != entry.end(),
+              "[safetensors] {}: tensor '{}' has no \"{}\" field; the file is corrupt", path, name,
               field);
-  TETRA_CHECK(it->is_array(), "[safetensors] {}: tensor '{}': \"{}\" must be an array, got {}",
+  TETRA_CHECK(it->is_array(),
+              "[safetensors] {}: tensor '{}': \"{}\" must be an array, got {}; the file is corrupt",
               path, name, field, it->dump());
   std::vector<uint64_t> out;
   for (const json& v : *it) {
     TETRA_CHECK(v.is_number_unsigned(),
-                "[safetensors] {}: tensor '{}': \"{}\" must hold non-negative integers, got {}",
+                "[safetensors] {}: tensor '{}': \"{}\" must hold non-negative integers, got {}; "
+                "the file is corrupt",
                 path, name, field, it->dump());
     out.push_back(v.get<uint64_t>());
   }
@@ -223,21 +226,26 @@ SafeTensorsFile parse_safetensors_from(const std::string& path, uint64_t file_by
   std::vector<Extent> extents;
   for (const auto& [name, entry] : header.items()) {
     if (name == kMetadataKey) {
-      TETRA_CHECK(entry.is_object(), "[safetensors] {}: \"__metadata__\" must be an object, got {}",
-                  path, entry.dump());
+      TETRA_CHECK(
+          entry.is_object(),
+          "[safetensors] {}: \"__metadata__\" must be an object, got {}; the file is corrupt", path,
+          entry.dump());
       for (const auto& [k, v] : entry.items()) {
         TETRA_CHECK(v.is_string(),
-                    "[safetensors] {}: \"__metadata__\" value of '{}' must be a string, got {}",
+                    "[safetensors] {}: \"__metadata__\" value of '{}' must be a string, got {}; "
+                    "the file is corrupt",
                     path, k, v.dump());
         out.metadata[k] = v.get<std::string>();
       }
       continue;
     }
-    TETRA_CHECK(entry.is_object(), "[safetensors] {}: tensor '{}' must be an object, got {}", path,
-                name, entry.dump());
+    TETRA_CHECK(entry.is_object(),
+                "[safetensors] {}: tensor '{}' must be an object, got {}; the file is corrupt",
+                path, name, entry.dump());
     auto dt = entry.find("dtype");
     TETRA_CHECK(dt != entry.end() && dt->is_string(),
-                "[safetensors] {}: tensor '{}' has no string \"dtype\" field", path, name);
+                "[safetensors] {}: tensor '{}' has no string \"dtype\" field; the file is corrupt",
+                path, name);
     std::optional<DType> dtype = parse_safetensors_dtype(dt->get<std::string>());
     TETRA_CHECK(dtype.has_value(),
                 "[safetensors] {}: tensor '{}' has unsupported dtype '{}'; tetra reads F32, BF16, "
@@ -247,11 +255,12 @@ SafeTensorsFile parse_safetensors_from(const std::string& path, uint64_t file_by
     std::vector<uint64_t> offsets = read_uints(path, name, entry, "data_offsets");
     TETRA_CHECK(offsets.size() == 2,
                 "[safetensors] {}: tensor '{}': \"data_offsets\" must be [begin, end], got {} "
-                "values",
+                "values; the file is corrupt",
                 path, name, offsets.size());
     const uint64_t begin = offsets[0], end = offsets[1];
     TETRA_CHECK(begin <= end,
-                "[safetensors] {}: tensor '{}': data_offsets [{}, {}] are inverted (begin > end)",
+                "[safetensors] {}: tensor '{}': data_offsets [{}, {}] are inverted (begin > end); "
+                "the file is corrupt",
                 path, name, begin, end);
     TETRA_CHECK(end <= data_bytes,
                 "[safetensors] {}: tensor '{}': data_offsets [{}, {}] run past the data section "
@@ -259,16 +268,18 @@ SafeTensorsFile parse_safetensors_from(const std::string& path, uint64_t file_by
                 path, name, begin, end, data_bytes);
     Shape shape;
     for (uint64_t d : dims) {
-      TETRA_CHECK(d <= uint64_t(INT64_MAX), "[safetensors] {}: tensor '{}': dimension {} too large",
+      TETRA_CHECK(d <= uint64_t(INT64_MAX),
+                  "[safetensors] {}: tensor '{}': dimension {} too large; the file is corrupt",
                   path, name, d);
       shape.push_back(int64_t(d));
     }
     std::optional<uint64_t> expected = byte_size(shape, *dtype);
-    TETRA_CHECK(expected.has_value(), "[safetensors] {}: tensor '{}': shape {} overflows 64 bits",
+    TETRA_CHECK(expected.has_value(),
+                "[safetensors] {}: tensor '{}': shape {} overflows 64 bits; the file is corrupt",
                 path, name, shape_str(shape));
     TETRA_CHECK(end - begin == *expected,
                 "[safetensors] {}: tensor '{}': data_offsets [{}, {}] span {} bytes but shape {} "
-                "of {} needs {} bytes",
+                "of {} needs {} bytes; the file is corrupt",
                 path, name, begin, end, end - begin, shape_str(shape), dt->get<std::string>(),
                 *expected);
     SafeTensor& t = out.tensors[name];

@@ -18,6 +18,9 @@ using nlohmann::json;
 // A manifest lists a few numbers per shard; even a million shards stay far below this.
 constexpr uintmax_t kMaxManifestBytes = 256ull << 20;
 
+// The fix for a damaged manifest, ending the messages that have no more specific one.
+constexpr const char* kRerun = "; the manifest is damaged, re-run tetra data prepare";
+
 bool is_hex16(const std::string& s) {
   if (s.size() != 16) return false;
   for (char c : s) {
@@ -33,26 +36,26 @@ class Fields {
 
   const json& object(const json& parent, const std::string& key, const std::string& where) const {
     const json& v = member(parent, key, where);
-    TETRA_CHECK(v.is_object(), "[data] {}: {}{} is {}; expected an object", origin_, where, key,
-                json_excerpt(v));
+    TETRA_CHECK(v.is_object(), "[data] {}: {}{} is {}; expected an object{}", origin_, where, key,
+                json_excerpt(v), kRerun);
     return v;
   }
   const json& array(const json& parent, const std::string& key, const std::string& where) const {
     const json& v = member(parent, key, where);
-    TETRA_CHECK(v.is_array(), "[data] {}: {}{} is {}; expected a list", origin_, where, key,
-                json_excerpt(v));
+    TETRA_CHECK(v.is_array(), "[data] {}: {}{} is {}; expected a list{}", origin_, where, key,
+                json_excerpt(v), kRerun);
     return v;
   }
   std::string string(const json& parent, const std::string& key, const std::string& where) const {
     const json& v = member(parent, key, where);
-    TETRA_CHECK(v.is_string(), "[data] {}: {}{} is {}; expected a string", origin_, where, key,
-                json_excerpt(v));
+    TETRA_CHECK(v.is_string(), "[data] {}: {}{} is {}; expected a string{}", origin_, where, key,
+                json_excerpt(v), kRerun);
     return v.get<std::string>();
   }
   uint64_t uint(const json& parent, const std::string& key, const std::string& where) const {
     const json& v = member(parent, key, where);
-    TETRA_CHECK(v.is_number_unsigned(), "[data] {}: {}{} is {}; expected a non-negative integer",
-                origin_, where, key, json_excerpt(v));
+    TETRA_CHECK(v.is_number_unsigned(), "[data] {}: {}{} is {}; expected a non-negative integer{}",
+                origin_, where, key, json_excerpt(v), kRerun);
     return v.get<uint64_t>();
   }
 
@@ -61,7 +64,7 @@ class Fields {
     auto it = parent.find(key);
     TETRA_CHECK(it != parent.end(),
                 "[data] {}: {}{} is missing; the manifest is damaged or was not written by tetra "
-                "data prepare",
+                "data prepare: re-run tetra data prepare",
                 origin_, where, key);
     return *it;
   }
@@ -78,33 +81,31 @@ std::vector<ManifestShard> read_split(const Fields& f, const json& splits, const
   uint64_t sum = 0;
   for (size_t k = 0; k < list.size(); ++k) {
     const std::string at = fmt::format("{}shards[{}].", where, k);
-    TETRA_CHECK(list[k].is_object(), "[data] {}: {} is {}; expected an object", origin,
-                at.substr(0, at.size() - 1), json_excerpt(list[k]));
+    TETRA_CHECK(list[k].is_object(), "[data] {}: {} is {}; expected an object{}", origin,
+                at.substr(0, at.size() - 1), json_excerpt(list[k]), kRerun);
     ManifestShard s;
     s.file = f.string(list[k], "file", at);
     TETRA_CHECK(!s.file.empty() && s.file != "." && s.file != ".." &&
                     s.file.find('/') == std::string::npos && s.file.find('\0') == std::string::npos,
-                "[data] {}: {}file is \"{}\"; expected a file name in the manifest's folder",
-                origin, at, s.file);
+                "[data] {}: {}file is \"{}\"; expected a file name in the manifest's folder{}",
+                origin, at, s.file, kRerun);
     s.tokens = f.uint(list[k], "tokens", at);
     TETRA_CHECK(s.tokens <= uint64_t(std::numeric_limits<int32_t>::max()),
-                "[data] {}: {}tokens is {}; a shard holds at most 2147483647 tokens", origin, at,
-                s.tokens);
+                "[data] {}: {}tokens is {}; a shard holds at most 2147483647 tokens{}", origin, at,
+                s.tokens, kRerun);
     const uint64_t version = f.uint(list[k], "version", at);
     TETRA_CHECK(version == 1 || version == 2,
-                "[data] {}: {}version is {}; expected 1 (uint16 tokens) or 2 (uint32 tokens)",
-                origin, at, version);
+                "[data] {}: {}version is {}; expected 1 (uint16 tokens) or 2 (uint32 tokens){}",
+                origin, at, version, kRerun);
     s.version = int(version);
     s.xxh3 = f.string(list[k], "xxh3", at);
-    TETRA_CHECK(is_hex16(s.xxh3), "[data] {}: {}xxh3 is \"{}\"; expected 16 lowercase hex digits",
-                origin, at, s.xxh3);
+    TETRA_CHECK(is_hex16(s.xxh3), "[data] {}: {}xxh3 is \"{}\"; expected 16 lowercase hex digits{}",
+                origin, at, s.xxh3, kRerun);
     sum += s.tokens;  // at most 2^31 per shard and far fewer shards than 2^32: no overflow
     shards.push_back(std::move(s));
   }
-  TETRA_CHECK(sum == tokens,
-              "[data] {}: splits.{}.tokens is {} but its shards hold {} tokens; the manifest is "
-              "damaged",
-              origin, name, tokens, sum);
+  TETRA_CHECK(sum == tokens, "[data] {}: splits.{}.tokens is {} but its shards hold {} tokens{}",
+              origin, name, tokens, sum, kRerun);
   return shards;
 }
 
@@ -122,8 +123,8 @@ const ManifestShard* Manifest::find(std::string_view file) const {
 Manifest parse_manifest(std::string_view text, const std::string& origin) {
   TETRA_CHECK(!text.empty(), "[data] {}: the manifest is empty; re-run tetra data prepare", origin);
   const json root = parse_json_strict(text, "data", origin);
-  TETRA_CHECK(root.is_object(), "[data] {}: the manifest is {}; expected a JSON object", origin,
-              json_excerpt(root));
+  TETRA_CHECK(root.is_object(), "[data] {}: the manifest is {}; expected a JSON object{}", origin,
+              json_excerpt(root), kRerun);
   const Fields f(origin);
   const json format = root.value("format", json());
   TETRA_CHECK(format == "tetra-dataset",
@@ -142,13 +143,13 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
   m.tokenizer_file = f.string(tok, "file", "tokenizer.");
   m.tokenizer_hash = f.string(tok, "hash", "tokenizer.");
   TETRA_CHECK(is_hex16(m.tokenizer_hash),
-              "[data] {}: tokenizer.hash is \"{}\"; expected 16 lowercase hex digits", origin,
-              m.tokenizer_hash);
+              "[data] {}: tokenizer.hash is \"{}\"; expected 16 lowercase hex digits{}", origin,
+              m.tokenizer_hash, kRerun);
   m.vocab_size = f.uint(tok, "vocab_size", "tokenizer.");
   m.eot_token = f.uint(tok, "eot_token", "tokenizer.");
   TETRA_CHECK(m.vocab_size > 0 && m.eot_token < m.vocab_size,
-              "[data] {}: tokenizer.eot_token {} is not below tokenizer.vocab_size {}", origin,
-              m.eot_token, m.vocab_size);
+              "[data] {}: tokenizer.eot_token {} is not below tokenizer.vocab_size {}{}", origin,
+              m.eot_token, m.vocab_size, kRerun);
 
   const json& splits = f.object(root, "splits", "");
   m.train = read_split(f, splits, "train", origin);
@@ -156,8 +157,8 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
   std::set<std::string_view> names;
   for (const auto* split : {&m.train, &m.val}) {
     for (const auto& s : *split) {
-      TETRA_CHECK(names.insert(s.file).second,
-                  "[data] {}: shard {} is listed twice; the manifest is damaged", origin, s.file);
+      TETRA_CHECK(names.insert(s.file).second, "[data] {}: shard {} is listed twice{}", origin,
+                  s.file, kRerun);
     }
   }
   uint64_t total = 0;
@@ -166,9 +167,8 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
   }
   const uint64_t total_tokens = f.uint(root, "total_tokens", "");
   TETRA_CHECK(total_tokens == total,
-              "[data] {}: total_tokens is {} but the splits hold {} tokens; the manifest is "
-              "damaged",
-              origin, total_tokens, total);
+              "[data] {}: total_tokens is {} but the splits hold {} tokens{}", origin, total_tokens,
+              total, kRerun);
   return m;
 }
 

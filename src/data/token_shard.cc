@@ -42,9 +42,12 @@ ShardHeader parse_token_shard_header(std::span<const uint8_t, kShardHeaderBytes>
               path, uint32_t(header[0]), kShardMagic);
   TETRA_CHECK(header[1] == 1 || header[1] == 2,
               "[data] {}: unsupported shard version {} (expected 1 for uint16 tokens or 2 for "
-              "uint32 tokens)",
+              "uint32 tokens); is this an llm.c .bin file?",
               path, header[1]);
-  TETRA_CHECK(header[2] >= 0, "[data] {}: negative token count {} in the header", path, header[2]);
+  TETRA_CHECK(header[2] >= 0,
+              "[data] {}: negative token count {} in the header; the shard is corrupt, re-run "
+              "tetra data prepare",
+              path, header[2]);
   ShardHeader h;
   h.version = header[1];
   h.num_tokens = size_t(header[2]);
@@ -52,11 +55,12 @@ ShardHeader parse_token_shard_header(std::span<const uint8_t, kShardHeaderBytes>
   const uint64_t expected = kShardHeaderBytes + data_bytes;
   TETRA_CHECK(file_bytes >= expected,
               "[data] {}: truncated: header says {} tokens ({} bytes) but file has {} bytes "
-              "(expected {}: {}-byte header + tokens); re-run the tokenizer",
+              "(expected {}: {}-byte header + tokens); re-run tetra data prepare",
               path, h.num_tokens, data_bytes, file_bytes, expected, kShardHeaderBytes);
   TETRA_CHECK(file_bytes <= expected,
               "[data] {}: {} extra bytes: header says {} tokens ({} bytes) but file has {} bytes "
-              "(expected {}: {}-byte header + tokens); the shard is corrupt",
+              "(expected {}: {}-byte header + tokens); the shard is corrupt, re-run tetra data "
+              "prepare",
               path, file_bytes - expected, h.num_tokens, data_bytes, file_bytes, expected,
               kShardHeaderBytes);
   return h;
@@ -74,7 +78,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     const uint64_t file_bytes = uint64_t(st.st_size);
     TETRA_CHECK(file_bytes >= kShardHeaderBytes,
                 "[data] {}: file has {} bytes, shorter than the {}-byte shard header; the file is "
-                "empty or truncated, re-run the tokenizer",
+                "empty or truncated, re-run tetra data prepare",
                 path, file_bytes, kShardHeaderBytes);
     std::array<uint8_t, kShardHeaderBytes> header;
     read_bytes(0, header.size(), header.data());
