@@ -149,8 +149,8 @@ void TokenShard::read(size_t begin, size_t n, int32_t* out) const {
 }
 
 uint32_t TokenShard::max_token() const {
-  std::vector<uint8_t> buf(kScanBytes);
   const uint64_t end = file_bytes();
+  std::vector<uint8_t> buf(std::min<uint64_t>(kScanBytes, end - kShardHeaderBytes));
   uint32_t best = 0;
   for (uint64_t at = kShardHeaderBytes; at < end;) {
     const size_t k = size_t(std::min<uint64_t>(buf.size(), end - at));
@@ -178,7 +178,7 @@ uint32_t TokenShard::max_token() const {
 }
 
 std::string TokenShard::file_xxh3() const {
-  std::vector<uint8_t> buf(kScanBytes);
+  std::vector<uint8_t> buf(std::min<uint64_t>(kScanBytes, file_bytes()));
   XXH3_state_t* st = XXH3_createState();
   TETRA_CHECK(st != nullptr, "[data] {}: out of memory for the checksum state", path_);
   XXH3_64bits_reset(st);
