@@ -151,16 +151,16 @@ int run(int argc, char** argv) {
   const double loader_tps = batches * tokens_per_batch / clock.elapsed_s();
 
   // The model's appetite: forward + backward on the same shape (AdamW adds little).
-  Gpt model(o.model, o.micro_batch, o.seq_len);
-  model.init(1);
+  ParamStore store;
+  Gpt model(o.model, store, o.micro_batch, o.seq_len);
+  store.finalize({});
+  store.init(1);
   const Batch& b = prefetch.next();
-  model.forward(b.inputs.data());  // warm-up: oneDNN primitives
-  model.backward(b.targets.data(), 1.0f);
+  model.forward_backward(b.inputs.data(), b.targets.data(), 1.0f);  // warm-up: oneDNN primitives
   clock.reset();
   for (int s = 0; s < model_steps; ++s) {
     for (int m = 0; m < o.grad_accum; ++m) {
-      model.forward(b.inputs.data());
-      model.backward(b.targets.data(), 1.0f);
+      model.forward_backward(b.inputs.data(), b.targets.data(), 1.0f);
     }
   }
   const double model_tps = model_steps * tokens_per_batch / clock.elapsed_s();

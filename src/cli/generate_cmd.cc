@@ -116,8 +116,10 @@ int generate_main(const Args& args) {
               "the model was trained with",
               tokenizer->vocab_size(), shape.vocab_size);
 
-  Gpt model(shape, 1, 1);
-  load_gpt_safetensors(model, model_path);
+  ParamStore store;
+  Gpt model(shape, store, 1, 1);
+  store.finalize({});
+  load_safetensors_into(store, model_path, shape.describe());
   Generator gen(model);
   const int32_t eot = int32_t(tokenizer->eot_token());
   for (const std::string& prompt : prompts) {

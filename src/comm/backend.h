@@ -31,6 +31,7 @@ struct WorkState {
   std::string group;
   uint64_t seq = 0;
   size_t bytes = 0;
+  double sent_bytes = 0;  // ring-model bytes this rank sends
   double issue_s = 0, start_s = 0, end_s = 0;
   double timeout_s = 0;
   std::weak_ptr<ProgressHelper> helper;  // weak: only user threads may end the engine
@@ -67,6 +68,7 @@ class GroupImpl {
   virtual Work barrier() = 0;
   virtual std::shared_ptr<GroupImpl> split(int color, int key, const std::string& name) = 0;
   virtual void synchronize() = 0;
+  [[noreturn]] virtual void abort_job(const std::string& message, int exit_code) = 0;
 };
 
 std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc, char*** argv);

@@ -92,6 +92,28 @@ ConfigSchema comm_config_schema() {
   };
 }
 
+double ring_sent_bytes(OpKind op, size_t bytes, int n, bool is_root) {
+  const double d = double(bytes), share = n > 1 ? double(n - 1) / double(n) : 0.0;
+  switch (op) {
+    case OpKind::all_reduce:
+      return 2.0 * share * d;
+    case OpKind::reduce_scatter:
+    case OpKind::all_gather:
+    case OpKind::all_to_all:
+    case OpKind::all_to_allv:
+      return share * d;
+    case OpKind::broadcast:
+      return is_root && n > 1 ? d : 0.0;
+    case OpKind::send:
+      return d;
+    case OpKind::recv:
+    case OpKind::barrier:
+    case OpKind::split:
+      return 0.0;
+  }
+  return 0.0;
+}
+
 Range even_split(size_t total, int parts, int index) {
   TETRA_CHECK(parts > 0 && index >= 0 && index < parts,
               "[comm] even_split: index {} out of range for {} parts", index, parts);
@@ -149,6 +171,8 @@ bool Work::wait_until(double deadline_s) const {
 }
 
 bool Work::done() const { return !state_ || state_->done.load(std::memory_order_acquire); }
+
+double Work::sent_bytes() const { return state_ ? state_->sent_bytes : 0.0; }
 
 double Work::exec_seconds() const {
   if (!done() || !state_) return 0.0;
@@ -261,6 +285,11 @@ Communicator Communicator::split(int color, int key, const std::string& name) co
 }
 
 void Communicator::synchronize() const { impl().synchronize(); }
+
+void Communicator::abort_job(const std::string& message, int exit_code) const {
+  impl().abort_job(message, exit_code);
+  std::abort();  // unreachable: backends never return from abort_job
+}
 
 Communicator init_world(const CommOptions& options, int* argc, char*** argv) {
   if (options.backend == "mpi") return Communicator(detail::make_mpi_world(options, argc, argv));

@@ -15,6 +15,7 @@
 
 #include "core/config.h"
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace tetra::comm {
 
@@ -38,6 +39,8 @@ const char* op_name(OpKind op);
 const char* reduce_op_name(ReduceOp op);
 size_t elem_size(ElemType t);
 
+/** Exit code of a job aborted because one of its ranks failed (the CLI's error exit code). */
+inline constexpr int kExitError = 2;
 /** Exit code of a job aborted by the watchdog because a collective missed its deadline. */
 inline constexpr int kExitCollectiveTimeout = 75;
 /** Exit code of a job aborted because ranks issued different collective sequences. */
@@ -56,6 +59,9 @@ struct CommOptions {
 
 /** dist.* keys, for the trainer to append to its schema. */
 ConfigSchema comm_config_schema();
+
+/** The bytes sent per rank by `op` over `n` ranks moving `bytes` (see Work::sent_bytes). */
+double ring_sent_bytes(OpKind op, size_t bytes, int n, bool is_root);
 
 /** Near-equal split of `total` elements over `parts`; the first total % parts get one more. */
 struct Range {
@@ -112,6 +118,10 @@ class Work {
   bool done() const;
   /** Seconds from the start to the end of execution on the progress engine (0 until done). */
   double exec_seconds() const;
+  /** Bytes this rank sends for the operation under the bandwidth-optimal (ring) algorithm the
+   *  seeds' volumes assume: all-reduce 2(n-1)/n·D, reduce-scatter and all-gather (n-1)/n·D of the
+   *  whole buffer D, all-to-all (n-1)/n·D, a send D, a broadcast D on the root. */
+  double sent_bytes() const;
   /** Sequence number within its group, from 1: collectives are numbered alike on every member;
    *  sends and receives have their own count. */
   uint64_t seq() const;
@@ -177,6 +187,10 @@ class Communicator {
   Communicator split(int color, int key, const std::string& name) const;
   /** Waits for every operation this process has issued so far, on every group. */
   void synchronize() const;
+  /** Ends the whole job now: prints "error: [rank r] message" (r: world rank) and makes the
+   *  launcher stop every rank with `exit_code`. Nothing is unwound, so no rank blocks on peers
+   *  that will never arrive and no pending operation outlives the buffers it touches. */
+  [[noreturn]] void abort_job(const std::string& message, int exit_code) const;
 
   Work all_gather_view(View in, View out) const;
   Work all_to_all_view(View in, View out) const;
@@ -190,6 +204,25 @@ class Communicator {
   detail::GroupImpl& impl() const;
   std::shared_ptr<detail::GroupImpl> impl_;
 };
+
+/** Runs f(); when it throws and `world` spans several ranks, the job is aborted with the error's
+ *  message (see Communicator::abort_job) instead of unwinding into the destructors of groups and
+ *  buffers that peers still use. A single process rethrows. Call it where the state f uses is
+ *  still alive, i.e. inside the object that owns the buffers, not around its construction. */
+template <typename F>
+decltype(auto) run_or_abort(const Communicator& world, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (world.valid() && world.size() > 1) world.abort_job(e.what(), kExitError);
+    throw;
+  } catch (const std::exception& e) {
+    if (world.valid() && world.size() > 1) {
+      world.abort_job(std::string("unexpected: ") + e.what(), kExitError);
+    }
+    throw;
+  }
+}
 
 /** Starts the backend named by options.backend ("mpi"; "nccl" once built) and returns the world
  *  group. Call once per process; the engine stops when the last Communicator is destroyed. */

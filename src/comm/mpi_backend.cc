@@ -84,7 +84,9 @@ struct Op {
   std::vector<size_t> send_counts, recv_counts;
   int color = 0, key = 0;
   std::string split_name;
-  std::shared_ptr<MpiGroup>* split_result = nullptr;
+  // Shared with the issuing thread, so a split whose wait gave up (deadline) writes into memory
+  // that is still alive when the engine finally runs it.
+  std::shared_ptr<std::shared_ptr<MpiGroup>> split_result;
   uint64_t id = 0, seq = 0;
   std::shared_ptr<WorkState> work;
 };
@@ -113,6 +115,7 @@ class Engine : public ProgressHelper, public std::enable_shared_from_this<Engine
   void help(const WorkState& target) override;
   void synchronize();
   void release_comm(MPI_Comm comm);
+  [[noreturn]] void abort_job(const std::string& message, int exit_code);
 
   /** Hands a posted send/recv to the engine, which completes it when MPI says so (mpi_m_ held). */
   void add_p2p(PendingP2P p) {
@@ -232,17 +235,20 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
   Work barrier() override { return submit(make(OpKind::barrier), 0); }
 
   std::shared_ptr<GroupImpl> split(int color, int key, const std::string& name) override {
-    std::shared_ptr<MpiGroup> result;
+    auto result = std::make_shared<std::shared_ptr<MpiGroup>>();
     Op o = make(OpKind::split);
     o.color = color;
     o.key = key;
     o.split_name = name;
-    o.split_result = &result;
+    o.split_result = result;
     submit(std::move(o), 0).wait();
-    return result;
+    return *result;
   }
 
   void synchronize() override { engine_->synchronize(); }
+  [[noreturn]] void abort_job(const std::string& message, int exit_code) override {
+    engine_->abort_job(message, exit_code);
+  }
 
   // Executed on the engine, mpi_m_ held.
   void exec(Op& op);
@@ -333,6 +339,8 @@ std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes) {
   ws->op = op.kind;
   ws->group = op.group->name();
   ws->bytes = bytes;
+  ws->sent_bytes = ring_sent_bytes(op.kind, bytes, op.group->size(),
+                                   op.kind == OpKind::broadcast && op.peer == op.group->rank());
   ws->timeout_s = options_.timeout_s;
   ws->helper = shared_from_this();
   ws->issue_s = now_s();
@@ -375,6 +383,22 @@ void Engine::synchronize() {
     }
     if (outstanding_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+}
+
+void Engine::abort_job(const std::string& message, int exit_code) {
+  std::string line = fmt::format("error: [rank {}] {}\n", world_rank_, message);
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // MPI_Abort asks the launcher to kill every rank. It is called while the engine thread may sit
+  // in a collective that will never complete; should the abort itself hang there, the process
+  // still ends (the launcher then sees a rank exit without finalising and stops the others).
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    _exit(exit_code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  _exit(exit_code);
 }
 
 void Engine::release_comm(MPI_Comm comm) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -20,34 +21,24 @@ struct SamplingOptions {
 
 class Generator {
  public:
-  /** Reads the weights of `model` in place (it must outlive this); its micro-batch shape does not
-   * matter. The cache holds model.config().max_seq positions. */
-  explicit Generator(const Gpt& model);
+  /** Runs `model` (which must outlive this) one token at a time; its micro-batch shape does not
+   *  matter. The cache holds model.config().max_seq positions. */
+  explicit Generator(Gpt& model) : model_(model), state_(model.make_decode_state()) {}
 
   /** Empties the cache: the next step() is position 0. */
   void reset() { pos_ = 0; }
-  /** Feeds `token` at position position() and returns the logits for the next token, (V). Valid
+  /** Feeds `token` at position position() and returns the logits for the next token, (Vp). Valid
    * until the next call. */
   const float* step(int32_t token);
-  /** reset(), then feeds every prompt token; returns the logits after the last one, (V). */
+  /** reset(), then feeds every prompt token; returns the logits after the last one, (Vp). */
   const float* prefill(std::span<const int32_t> prompt);
 
   int position() const { return pos_; }
-  const GptConfig& config() const { return config_; }
+  const GptConfig& config() const { return model_.config(); }
 
  private:
-  struct Layer {
-    const float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    const float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  };
-
-  GptConfig config_;
-  const float *wte_, *wpe_, *lnfw_, *lnfb_;
-  std::vector<Layer> layers_;
-  std::vector<float> cache_;  // (L, 2, maxT, C): keys then values of every position fed so far
-  // one-position activations: x, ln (C); qkv (3C); atty (C); fch (4C); scores (maxT); logits (Vp)
-  std::vector<float> x_, ln_, qkv_, atty_, fch_, scores_, logits_;
-  float mean_ = 0, rstd_ = 0;
+  Gpt& model_;
+  std::unique_ptr<Gpt::DecodeState> state_;
   int pos_ = 0;
 };
 

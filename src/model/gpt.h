@@ -1,99 +1,118 @@
-// GPT-2 (Hugging Face GPT2LMHeadModel without dropout) with explicit forward and backward,
-// in f32 for training or f64 for gradient checks.
-// Parameters, gradients live in flat buffers in backward order; every tensor is a view with its
-// global Hugging Face name, so checkpoints, safetensors and RNG keys all agree.
+// GPT-2 (as Hugging Face's GPT2LMHeadModel) composed of modules — an embedding, L blocks and a
+// head tied to the embedding — over a parameter store that lives outside the model. Each block
+// is one unit of the store, and the embedding with ln_f is the last ("root") unit, so units run
+// in the order backward finishes them. Around every module the model tells the store's hooks
+// (ZeRO) what it is about to use and what it has finished, so parameters can be gathered just in
+// time and gradients reduced as soon as they are final.
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/arena.h"
-#include "core/tensor.h"
+#include "core/memory.h"
+#include "core/param_store.h"
+#include "model/block.h"
+#include "model/embedding.h"
 #include "model/gpt_config.h"
+#include "model/head.h"
 
 namespace tetra {
-
-/** A parameter tensor: a view plus how the optimizer and the HF format treat it. */
-struct Param {
-  TensorView view;           // internal layout; Linear weights are (out, in)
-  bool decay = false;        // AdamW weight decay applies (2-D weights)
-  bool conv1d = false;       // stored transposed, (in, out), in Hugging Face files
-  bool padded_rows = false;  // wte: rows >= vocab_size are padding, absent from files
-};
-
-/** Called during backward with n: the first n elements of the flat gradient are final. */
-using GradReadyFn = std::function<void(size_t n)>;
 
 template <typename F>
 class GptT {
  public:
-  /** Allocates parameters, gradients and activations for micro-batches of (B, T). */
-  GptT(const GptConfig& config, int B, int T);
+  /** Registers every tensor with `store` (not yet finalized) and allocates activations for
+   *  micro-batches of (B,T) with recomputation `r`, charged to `ledger`. */
+  GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r = Recompute::none,
+       MemoryLedger* ledger = nullptr);
 
-  /** GPT-2 init from Philox keyed by (seed, tensor name, element index). */
-  void init(uint64_t seed);
+  /** The residency manager the model reports to (null: every unit is always resident). */
+  void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
 
-  // inputs is (B,T): fills logits (B,T,Vp).
-  void forward(const int32_t* inputs);
-  // targets is (B,T). After forward(): loss, then backward accumulating into the gradients with
-  // d(loss)/d(mean loss) = loss_scale (1 / micro-batches for accumulation). Returns the mean loss.
-  double backward(const int32_t* targets, float loss_scale, const GradReadyFn& ready = {});
-  // targets is (B,T). After forward(): the mean loss, logits untouched.
-  double loss(const int32_t* targets);
+  // inputs and targets are (B,T). Forward and backward of one micro-batch; gradients accumulate
+  // with d(loss)/d(mean loss) = loss_scale (1 / micro-batches for accumulation). Returns the mean
+  // loss.
+  double forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale);
+  // Forward only: the mean loss (evaluation).
+  double forward_loss(const int32_t* inputs, const int32_t* targets);
+  // Forward only: the logits (B,T,Vp), valid until the next call.
+  const F* forward_logits(const int32_t* inputs);
 
-  void zero_grads() { grads_.zero(); }
+  /** Generation state: a key/value cache for B sequences of up to max_seq tokens, plus
+   *  one-position activations. */
+  struct DecodeState;
+  std::unique_ptr<DecodeState> make_decode_state(int B = 1) const;
+  // tokens is (B): position `pos` of each sequence; returns the next-token logits (B,Vp), valid
+  // until the next call.
+  const F* decode(DecodeState& state, const int32_t* tokens, int pos);
 
   const GptConfig& config() const { return config_; }
   int batch() const { return B_; }
   int seq() const { return T_; }
-  std::vector<Param>& params() { return params_; }
-  const std::vector<Param>& params() const { return params_; }
-  F* param_data() { return params_mem_.data(); }
-  const F* param_data() const { return params_mem_.data(); }
-  F* grad_data() { return grads_.data(); }
-  /** The parameter's values inside the flat buffer. */
-  F* data_of(const Param& p) { return params_mem_.data() + p.view.offset; }
-  size_t num_elements() const { return params_mem_.size(); }
-  /** Gradient view matching a parameter. */
-  F* grad_of(const Param& p) { return grads_.data() + p.view.offset; }
-  const F* logits() const { return acts_.logits; }
-  size_t activation_bytes() const { return act_mem_.size() * sizeof(F); }
+  Recompute recompute() const { return recompute_; }
+  ParamStoreT<F>& store() { return store_; }
+  int root_unit() const { return root_unit_; }
+  int block_unit(int layer) const { return block_unit_[size_t(layer)]; }
+  size_t activation_bytes() const { return acts_mem_.bytes(); }
+  size_t temporary_bytes() const { return tmp_mem_.bytes(); }
 
  private:
-  struct Layer {  // pointers into the flat parameter (or gradient) buffer
-    F *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    F *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  };
-  struct Weights {
-    F *wte, *wpe, *lnfw, *lnfb;
-    std::vector<Layer> layers;
-  };
-  struct LayerActs {
-    F* residual;  // (B,T,C): input of the block
-    F *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
-    F *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
-  };
-  struct Acts {
-    std::vector<LayerActs> layers;
-    F *encoded, *residual_out, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
-    // backward scratch
-    F *dresidual, *dln, *dqkv, *datt, *datty, *dfch;
-  };
+  void forward_pass(const int32_t* inputs);  // embedding and blocks, with hooks
+  const BlockActs<F>& saved_acts(int layer) const;
 
-  Weights bind(F* base) const;
-  void build_layout();
-  void allocate_activations();
+  void before_forward(int unit, int next) {
+    if (hooks_) hooks_->before_forward(unit, next);
+  }
+  void after_forward(int unit) {
+    if (hooks_) hooks_->after_forward(unit);
+  }
+  void before_backward(int unit, int next) {
+    if (hooks_) hooks_->before_backward(unit, next);
+  }
+  void after_backward(int unit) {
+    if (hooks_) hooks_->after_backward(unit);
+  }
+  void end_forward_only() {
+    if (hooks_) hooks_->end_forward_only();
+  }
 
   GptConfig config_;
+  ParamStoreT<F>& store_;
   int B_, T_;
-  std::vector<Param> params_;
-  Buffer<F> params_mem_, grads_, act_mem_;
-  Weights w_, g_;
-  Acts acts_;
-  std::vector<int32_t> inputs_;    // (B,T) copy of the last forward's inputs
-  std::vector<size_t> layer_end_;  // flat offset after layer l's parameters (backward order)
-  size_t lnf_end_ = 0;
+  Recompute recompute_;
+  UnitHooks* hooks_ = nullptr;
+
+  std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer
+  std::unique_ptr<EmbeddingT<F>> embedding_;
+  std::unique_ptr<HeadT<F>> head_;
+  std::vector<int> block_unit_;
+  int root_unit_ = 0;
+
+  // Activations: the residual stream at every block boundary (x_[l] is block l's input, x_[L] the
+  // head's), what each block saves, and the head's.
+  Buffer<F> acts_mem_, tmp_mem_;
+  std::vector<F*> x_;
+  std::vector<BlockActs<F>> layer_acts_;  // none/selective: one per layer; full: empty
+  HeadActs<F> head_acts_;
+  // Temporaries: the residual-stream gradient, backward scratch, and the activations of the block
+  // being run (forward under full recomputation, or recomputed in backward) with its output.
+  F* dres_ = nullptr;
+  BlockScratch<F> scratch_;
+  BlockActs<F> work_acts_;
+  F* work_out_ = nullptr;
+  std::vector<int32_t> inputs_;  // (B,T) copy of the last forward's inputs
+};
+
+template <typename F>
+struct GptT<F>::DecodeState {
+  int B = 1;
+  Buffer<F> mem;
+  std::vector<KvCache<F>> cache;  // per layer
+  BlockActs<F> acts;              // one position per sequence; att unused
+  HeadActs<F> head;
+  F *x = nullptr, *y = nullptr;  // (B,C): the residual stream in and out of a block
 };
 
 /** The training model (f32); GptT<double> serves whole-model gradient checks. */

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -11,11 +13,11 @@ namespace tetra {
 
 namespace {
 
-// The file-side shape of a parameter: Conv1D transposed, wte without padding rows.
-Shape file_shape(const Gpt& model, const Param& p) {
-  Shape s = p.view.shape;
-  if (p.conv1d) std::swap(s[0], s[1]);
-  if (p.padded_rows) s[0] = model.config().vocab_size;
+// The file-side shape of a tensor: transposed for Conv1D, without padding rows.
+Shape file_shape(const ParamEntry& e) {
+  Shape s = e.spec.shape;
+  if (e.spec.file.rows >= 0) s[0] = e.spec.file.rows;
+  if (e.spec.file.transposed) std::swap(s[0], s[1]);
   return s;
 }
 
@@ -28,70 +30,100 @@ bool ignorable(const std::string& name) {
   return ends(".attn.bias") || ends(".attn.masked_bias") || name == "lm_head.weight";
 }
 
+// The first non-finite value of v, or -1.
+int64_t first_non_finite(const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return -1;
+}
+
 }  // namespace
 
-void load_gpt_safetensors(Gpt& model, const std::string& path) {
+void load_safetensors_into(ParamStore& store, const std::string& path,
+                           const std::string& describe) {
   SafeTensorsFile file = read_safetensors(path);
   std::map<std::string, const SafeTensor*> by_name;
   std::vector<std::string> unknown;
-  std::set<std::string> known;
-  for (const auto& p : model.params()) known.insert(p.view.name);
   for (const auto& [name, t] : file.tensors) {
     std::string n = name.rfind("transformer.", 0) == 0 ? name : "transformer." + name;
-    if (known.count(n)) {
+    if (store.find(n) >= 0) {
       by_name[n] = &t;
     } else if (!ignorable(name)) {
       unknown.push_back(name);
     }
   }
   TETRA_CHECK(unknown.empty(),
-              "[init] {}: tensors not in a GPT-2 with this config: {}; is model.n_layer right?",
+              "[init] {}: tensors not in a model with this config: {}; is model.n_layer right?",
               path, fmt::join(unknown, ", "));
   std::vector<std::string> problems;
-  for (const auto& p : model.params()) {
-    auto it = by_name.find(p.view.name);
+  for (const ParamEntry& e : store.tensors()) {
+    auto it = by_name.find(e.spec.name);
     if (it == by_name.end()) {
-      problems.push_back(fmt::format("missing '{}'", p.view.name));
-      continue;
-    }
-    Shape want = file_shape(model, p);
-    if (it->second->shape != want) {
-      problems.push_back(fmt::format("'{}' has shape {} but this model needs {}", p.view.name,
-                                     shape_str(it->second->shape), shape_str(want)));
+      problems.push_back(fmt::format("missing '{}'", e.spec.name));
+    } else if (it->second->shape != file_shape(e)) {
+      problems.push_back(fmt::format("'{}' has shape {} but this model needs {}", e.spec.name,
+                                     shape_str(it->second->shape), shape_str(file_shape(e))));
     }
   }
   TETRA_CHECK(problems.empty(),
               "[init] {} does not match the model ({}): {}. Set model.* to the file's shape.", path,
-              model.config().describe(), fmt::join(problems, "; "));
+              describe, fmt::join(problems, "; "));
 
-  for (auto& p : model.params()) {
-    std::vector<float> v = by_name.at(p.view.name)->to_f32();
-    float* d = model.data_of(p);
-    if (p.conv1d) {
-      int64_t out = p.view.shape[0], in = p.view.shape[1];  // file is (in, out)
-      for (int64_t i = 0; i < in; ++i)
-        for (int64_t o = 0; o < out; ++o) d[o * in + i] = v[size_t(i * out + o)];
-    } else {
-      std::copy(v.begin(), v.end(), d);
-      if (p.padded_rows) std::fill(d + v.size(), d + p.view.numel(), 0.0f);
+  // Every value is checked before the first one is stored.
+  std::vector<std::vector<float>> globals(store.tensors().size());
+  for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
+    const ParamEntry& e = store.tensor(id);
+    std::vector<float> v = by_name.at(e.spec.name)->to_f32();
+    if (int64_t bad = first_non_finite(v.data(), int64_t(v.size())); bad >= 0) {
+      fail(
+          "[init] {}: tensor '{}' holds {} at element {} (of {} in the file's {} layout); the "
+          "weights are damaged — retrain or re-export them",
+          path, e.spec.name, v[size_t(bad)], bad, v.size(), shape_str(file_shape(e)));
     }
+    // Into tetra's layout and global shape: untranspose, zero the padding rows.
+    std::vector<float>& g = globals[size_t(id)];
+    g.assign(size_t(shape_numel(e.spec.shape)), 0.0f);
+    if (e.spec.file.transposed) {
+      const int64_t out = e.spec.shape[0], in = e.spec.shape[1];  // file is (in, out)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t o = 0; o < out; ++o) g[size_t(o * in + i)] = v[size_t(i * out + o)];
+    } else {
+      std::copy(v.begin(), v.end(), g.begin());
+    }
+  }
+  for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
+    store.load_global(id, globals[size_t(id)].data());
   }
 }
 
-SafeTensorsFile gpt_to_safetensors(const Gpt& model, const float* flat) {
+SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
+                                     bool check_finite) {
   SafeTensorsFile file;
   file.metadata["format"] = "pt";
-  for (const auto& p : model.params()) {
-    const float* d = flat + p.view.offset;
-    Shape s = file_shape(model, p);
-    if (p.conv1d) {
-      int64_t out = p.view.shape[0], in = p.view.shape[1];
+  for (const ParamEntry& e : store.tensors()) {
+    TETRA_CHECK(e.spec.slice.dim < 0,
+                "[save] internal: '{}' is a slice; assemble the global tensor before saving",
+                e.spec.name);
+    const float* d = flat + e.offset;
+    const Shape s = file_shape(e);
+    const int64_t n = shape_numel(s);
+    if (check_finite) {
+      if (int64_t bad = first_non_finite(d, n); bad >= 0) {
+        fail(
+            "[save] tensor '{}' holds {} at element {}; refusing to write non-finite weights "
+            "(the file was not written)",
+            e.spec.name, d[bad], bad);
+      }
+    }
+    if (e.spec.file.transposed) {
+      const int64_t out = e.spec.shape[0], in = e.spec.shape[1];
       std::vector<float> t(size_t(in * out));
       for (int64_t i = 0; i < in; ++i)
         for (int64_t o = 0; o < out; ++o) t[size_t(i * out + o)] = d[o * in + i];
-      file.tensors[p.view.name] = safetensor_f32(s, t.data());
+      file.tensors[e.spec.name] = safetensor_f32(s, t.data());
     } else {
-      file.tensors[p.view.name] = safetensor_f32(s, d);
+      file.tensors[e.spec.name] = safetensor_f32(s, d);
     }
   }
   return file;

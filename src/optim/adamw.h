@@ -1,11 +1,14 @@
-// AdamW over a model's flat parameter buffer, with global-norm clipping.
+// AdamW over a parameter store's owned segments, with global-norm clipping. It knows nothing of
+// the model: a segment is a run of one tensor's elements with its positions in the parameter,
+// gradient and optimizer-state buffers and whether weight decay applies.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "core/arena.h"
-#include "model/gpt.h"
+#include "core/memory.h"
+#include "core/param_store.h"
 
 namespace tetra {
 
@@ -15,28 +18,26 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(std::vector<Param>& params, const AdamWConfig& config, size_t num_elements);
+  /** State (m, v) for `state_size` elements, charged to `ledger` as optimizer memory. */
+  AdamW(const AdamWConfig& config, size_t state_size, MemoryLedger* ledger = nullptr);
 
-  /** One update with learning rate lr; grads are the flat gradient matching the parameters,
-   * multiplied by grad_scale on the fly (the clipping factor). */
-  void step(float* params_flat, const float* grads_flat, float lr, float grad_scale = 1.0f);
+  /** One update with learning rate lr of every segment; gradients are multiplied by grad_scale
+   *  on the fly (the clipping factor). */
+  void step(float* params, const float* grads, const std::vector<OwnedSegment>& segments, float lr,
+            float grad_scale = 1.0f);
 
   int64_t steps_taken() const { return t_; }
-  void set_steps_taken(int64_t t) { t_ = t; }
   Buffer<float>& m() { return m_; }
   Buffer<float>& v() { return v_; }
 
  private:
-  std::vector<Param>* params_;
   AdamWConfig config_;
   Buffer<float> m_, v_;
   int64_t t_ = 0;
 };
 
-/** Global L2 norm of grads (N). */
-double grad_norm(const float* grads, int64_t N);
 /** The factor torch.nn.utils.clip_grad_norm_ applies: clip / (norm + 1e-6) when clip > 0 and
- * the norm exceeds it, else 1. */
+ * the norm exceeds it, else 1. The norm must be finite (non-finite gradients skip the update). */
 float clip_scale(double norm, double clip);
 
 }  // namespace tetra

@@ -1,49 +1,333 @@
 #include "parallel/data_parallel.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <span>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/timer.h"
+#include "kernels/cpu/adamw.h"
 
 namespace tetra::parallel {
 
-GradBuckets::GradBuckets(comm::Communicator dp, float* grads, size_t n, size_t bucket_elems,
-                         bool overlap)
-    : dp_(std::move(dp)), grads_(grads), overlap_(overlap) {
-  TETRA_CHECK(bucket_elems > 0, "[dp] dp.bucket_mb must be positive");
-  for (size_t b = 0; b < n; b += bucket_elems) bounds_.push_back(b);
-  bounds_.push_back(n);
+struct DataParallel::Workspace {
+  Buffer<float> buf;
+  bool busy = false;
+};
+
+Sharding DataParallel::sharding_for(int stage, int dp_size, int dp_rank) {
+  Sharding s;
+  s.shards = dp_size;
+  s.index = dp_rank;
+  s.state = stage >= 1;
+  s.grads = stage >= 2;
+  s.params = stage >= 3;
+  return s;
 }
 
-void GradBuckets::issue_up_to(size_t n) {
-  while (next_ + 1 < bounds_.size() && bounds_[next_ + 1] <= n) {
-    size_t begin = bounds_[next_], end = bounds_[next_ + 1];
-    pending_.push_back(
-        dp_.all_reduce(std::span<float>(grads_ + begin, end - begin), comm::ReduceOp::avg));
-    ++next_;
+DataParallel::DataParallel(comm::Communicator dp, ParamStore& store, const ZeroOptions& options,
+                           MemoryLedger* ledger)
+    : dp_(std::move(dp)), store_(store), opt_(options), ledger_(ledger) {
+  if (dp_.valid()) {
+    n_ = dp_.size();
+    rank_ = dp_.rank();
+  }
+  const Sharding& s = store.sharding();
+  TETRA_CHECK(s.shards == n_ && s.index == rank_ && s.state == (opt_.stage >= 1) &&
+                  s.grads == (opt_.stage >= 2) && s.params == (opt_.stage >= 3),
+              "[zero] internal: the store is not sharded for stage {} over {} ranks", opt_.stage,
+              n_);
+  const size_t bucket = std::max<size_t>(1, size_t(opt_.bucket_mb * (1 << 20) / sizeof(float)));
+  for (size_t b = 0; b < store.flat_size(); b += bucket) bounds_.push_back(b);
+  bounds_.push_back(store.flat_size());
+  params_.resize(store.units().size());
+  grad_ws_.assign(store.units().size(), nullptr);
+}
+
+DataParallel::~DataParallel() {
+  // Buffers (the store's, the workspaces) must outlive the collectives writing into them. When
+  // an error unwinds mid-step, the operations already issued are still completed here; a rank
+  // that cannot complete them is ended by the watchdog rather than left writing freed memory.
+  try {
+    drain();
+  } catch (const std::exception& e) {
+    log_warn("[zero] while unwinding: {}", e.what());
   }
 }
 
-void GradBuckets::ready(size_t n) {
-  if (overlap_) issue_up_to(n);
+// ---------------------------------------------------------------------------------------------
+// Collectives and the pending queue
+
+void DataParallel::track(comm::Work w, std::function<void()> done) {
+  stats_.sent_bytes += w.sent_bytes();
+  ++stats_.ops;
+  pending_.push_back({std::move(w), std::move(done)});
 }
 
-BucketStats GradBuckets::finish() {
-  // Exposed time counts from the end of backward: issuing may run a reduction inline when the
-  // progress engine is idle, so the clock starts before the remaining buckets are issued.
+void DataParallel::poll() {
+  while (!pending_.empty() && pending_.front().work.done()) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    p.work.wait();  // rethrows a failure
+    stats_.exec_ms += 1e3 * p.work.exec_seconds();
+    if (p.on_done) p.on_done();
+  }
+}
+
+void DataParallel::drain(size_t keep) {
+  while (pending_.size() > keep) {
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    p.work.wait();
+    stats_.exec_ms += 1e3 * p.work.exec_seconds();
+    if (p.on_done) p.on_done();
+  }
+}
+
+void DataParallel::all_reduce_avg(float* data, size_t n) {
+  if (n_ > 1) track(dp_.all_reduce(std::span<float>(data, n), comm::ReduceOp::avg));
+}
+
+void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
+                                      std::function<void()> done) {
+  if (!dp_.valid()) {
+    if (out != in) std::memcpy(out, in, shard * sizeof(float));
+    if (done) done();
+    return;
+  }
+  track(dp_.reduce_scatter(std::span<const float>(in, shard * size_t(n_)),
+                           std::span<float>(out, shard), comm::ReduceOp::avg),
+        std::move(done));
+}
+
+comm::Work DataParallel::all_gather(const float* shard, float* full, size_t shard_n) {
+  if (!dp_.valid()) {
+    if (full != shard) std::memcpy(full, shard, shard_n * sizeof(float));
+    return comm::Work();
+  }
+  return dp_.all_gather(std::span<const float>(shard, shard_n),
+                        std::span<float>(full, shard_n * size_t(n_)));
+}
+
+float* DataParallel::acquire(size_t n, bool zero) {
+  for (auto& w : pool_) {
+    if (!w->busy && w->buf.size() == n) {
+      w->busy = true;
+      if (zero) w->buf.zero();
+      return w->buf.data();
+    }
+  }
+  auto w = std::make_unique<Workspace>();
+  w->buf = Buffer<float>(n, {ledger_, MemCategory::comm});  // zeroed
+  w->busy = true;
+  pool_.push_back(std::move(w));
+  return pool_.back()->buf.data();
+}
+
+void DataParallel::release(float* p) {
+  for (auto& w : pool_) {
+    if (w->buf.data() == p) {
+      w->busy = false;
+      return;
+    }
+  }
+  fail("[zero] internal: releasing a workspace that is not in the pool");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+void DataParallel::begin_step() {
+  drain();
+  stats_ = StepComm();
+  // Stages 0 and 1 accumulate into the full gradient, 2 and 3 into the shard.
+  store_.grads().zero();
+  next_bucket_ = 0;
+}
+
+void DataParallel::begin_micro_batch(bool last) { reduce_now_ = opt_.stage >= 2 || last; }
+
+void DataParallel::issue_buckets_up_to(size_t n) {
+  float* g = store_.grads().data();
+  while (next_bucket_ + 1 < bounds_.size() && bounds_[next_bucket_ + 1] <= n) {
+    all_reduce_avg(g + bounds_[next_bucket_], bounds_[next_bucket_ + 1] - bounds_[next_bucket_]);
+    ++next_bucket_;
+  }
+}
+
+void DataParallel::reduce_unit_grads(int unit) {
+  const ParamUnit& u = store_.units()[size_t(unit)];
+  float* g = store_.grads().data();
+  switch (opt_.stage) {
+    case 0:
+      issue_buckets_up_to(u.offset + u.padded);
+      return;
+    case 1:  // in place: this rank's slice of the unit receives the mean
+      reduce_scatter_avg(g + u.offset, g + store_.shard_begin(unit), u.shard, {});
+      return;
+    default: {  // 2, 3: the workspace is reduced into a scratch shard, then added to the shard
+      float* ws = std::exchange(grad_ws_[size_t(unit)], nullptr);
+      store_.bind_grads(unit, nullptr);
+      float* scratch = acquire(u.shard, false);
+      float* dst = g + u.shard_offset;
+      const size_t count = u.shard;
+      reduce_scatter_avg(ws, scratch, count, [this, ws, scratch, dst, count] {
+#pragma omp simd
+        for (size_t i = 0; i < count; ++i) dst[i] += scratch[i];
+        release(scratch);
+        release(ws);
+      });
+      return;
+    }
+  }
+}
+
+void DataParallel::issue_gather(int unit) {
+  const ParamUnit& u = store_.units()[size_t(unit)];
+  UnitParams& p = params_[size_t(unit)];
+  p.buf = acquire(u.padded, false);
+  p.gather = all_gather(store_.params().data() + u.shard_offset, p.buf, u.shard);
+  stats_.sent_bytes += p.gather.sent_bytes();
+  ++stats_.ops;
+  p.state = Residency::gathering;
+  ++in_flight_;
+}
+
+void DataParallel::prefetch_params(int unit) {
+  if (opt_.stage < 3 || unit < 0 || params_[size_t(unit)].state != Residency::absent) return;
+  if (in_flight_ >= opt_.prefetch) return;
+  issue_gather(unit);
+}
+
+void DataParallel::ensure_params(int unit) {
+  if (opt_.stage < 3) return;
+  UnitParams& p = params_[size_t(unit)];
+  if (p.state == Residency::resident) return;
+  if (p.state == Residency::absent) issue_gather(unit);
   Stopwatch sw;
-  issue_up_to(bounds_.back());
-  BucketStats stats;
-  for (auto& w : pending_) {
-    w.wait();
-    stats.reduce_ms += 1e3 * w.exec_seconds();
+  p.gather.wait();
+  stats_.gather_wait_ms += sw.elapsed_ms();
+  stats_.exec_ms += 1e3 * p.gather.exec_seconds();
+  p.gather = comm::Work();
+  p.state = Residency::resident;
+  --in_flight_;
+  store_.bind_params(unit, p.buf);
+}
+
+void DataParallel::release_params(int unit) {
+  if (opt_.stage < 3) return;
+  UnitParams& p = params_[size_t(unit)];
+  if (p.state == Residency::absent) return;
+  if (p.state == Residency::gathering) {  // prefetched but not used: let it land first
+    p.gather.wait();
+    --in_flight_;
   }
-  stats.exposed_ms = sw.elapsed_ms();
-  stats.buckets = pending_.size();
-  pending_.clear();
-  next_ = 0;
-  return stats;
+  store_.bind_params(unit, nullptr);
+  release(p.buf);
+  p = UnitParams();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model's passes
+
+void DataParallel::before_forward(int unit, int next) {
+  poll();
+  ensure_params(unit);
+  prefetch_params(next);
+}
+
+void DataParallel::after_forward(int unit) {
+  if (opt_.reshard_after_forward) release_params(unit);
+}
+
+void DataParallel::before_backward(int unit, int next) {
+  poll();
+  ensure_params(unit);
+  prefetch_params(next);
+  if (opt_.stage >= 2) {
+    // One unit reducing while the next is produced: overlap, with a bounded number of workspaces.
+    drain(1);
+    float* ws = acquire(store_.units()[size_t(unit)].padded, true);
+    grad_ws_[size_t(unit)] = ws;
+    store_.bind_grads(unit, ws);
+  }
+}
+
+void DataParallel::after_backward(int unit) {
+  if (reduce_now_ && (opt_.overlap || opt_.stage >= 2)) reduce_unit_grads(unit);
+  release_params(unit);
+}
+
+void DataParallel::end_forward_only() {
+  for (int u = 0; u < int(params_.size()); ++u) release_params(u);
+}
+
+void DataParallel::finish_gradients() {
+  Stopwatch sw;
+  if (!opt_.overlap && opt_.stage <= 1) {
+    for (int u = 0; u < int(store_.units().size()); ++u) reduce_unit_grads(u);
+  }
+  if (opt_.stage == 0) issue_buckets_up_to(store_.flat_size());
+  drain();
+  stats_.exposed_ms += sw.elapsed_ms();
+}
+
+double DataParallel::local_grad_sum_squares() const {
+  // Alignment gaps and unit padding hold zero gradients, so whole ranges can be summed.
+  const float* g = store_.grads().data();
+  if (opt_.stage != 1) return cpu::sum_squares(g, int64_t(store_.grads().size()));
+  double total = 0.0;
+  for (int u = 0; u < int(store_.units().size()); ++u) {
+    total += cpu::sum_squares(g + store_.shard_begin(u), int64_t(store_.units()[size_t(u)].shard));
+  }
+  return total;
+}
+
+TensorId DataParallel::first_nonfinite_grad() {
+  const float* g = store_.grads().data();
+  TensorId local = -1;
+  for (const OwnedSegment& s : store_.owned()) {
+    const float* p = g + s.grad_pos;
+    if (!std::all_of(p, p + s.count, [](float x) { return std::isfinite(x); })) {
+      local = s.tensor;
+      break;
+    }
+  }
+  if (n_ == 1) return local;
+  // The lowest id wins: reduce INT_MAX - id with max.
+  int32_t code = local < 0 ? 0 : INT32_MAX - local;
+  dp_.all_reduce(std::span<int32_t>(&code, 1), comm::ReduceOp::max).wait();
+  return code == 0 ? -1 : INT32_MAX - code;
+}
+
+void DataParallel::after_update() {
+  if (opt_.stage == 0 || opt_.stage == 3) return;
+  Stopwatch sw;
+  float* p = store_.params().data();
+  for (int u = 0; u < int(store_.units().size()); ++u) {
+    const ParamUnit& unit = store_.units()[size_t(u)];
+    track(all_gather(p + store_.shard_begin(u), p + unit.offset, unit.shard));
+  }
+  drain();
+  stats_.exposed_ms += sw.elapsed_ms();
+}
+
+std::vector<float> DataParallel::full_params() {
+  std::vector<float> out(store_.flat_size());
+  if (opt_.stage < 3) {
+    std::copy_n(store_.params().data(), out.size(), out.begin());
+    return out;
+  }
+  for (int u = 0; u < int(store_.units().size()); ++u) {
+    const ParamUnit& unit = store_.units()[size_t(u)];
+    all_gather(store_.params().data() + unit.shard_offset, out.data() + unit.offset, unit.shard)
+        .wait();
+  }
+  return out;
 }
 
 }  // namespace tetra::parallel

@@ -1,26 +1,16 @@
 #include "train/metrics.h"
 
-#include <filesystem>
+#include <cerrno>
+#include <cstring>
 
 #include "core/error.h"
-#include "core/log.h"
 
 namespace tetra {
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  namespace fs = std::filesystem;
-  if (fs::exists(path)) {
-    for (int i = 1;; ++i) {
-      std::string aside = path + "." + std::to_string(i);
-      if (!fs::exists(aside)) {
-        fs::rename(path, aside);
-        log_info("[train] kept the previous {} as {}", path, aside);
-        break;
-      }
-    }
-  }
   file_ = std::fopen(path.c_str(), "w");
-  TETRA_CHECK(file_, "[train] cannot write {}; check that run.dir is writable", path);
+  TETRA_CHECK(file_, "[train] cannot create {} ({}); check that run.dir is writable", path,
+              std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -28,9 +18,19 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
-  std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  const std::string line = record.dump() + "\n";
+  errno = 0;
+  const bool ok =
+      std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
+  TETRA_CHECK(ok, "[train] {}: write failed ({}); check free disk space and file-size limits",
+              path_, std::strerror(errno ? errno : EIO));
+}
+
+void MetricsWriter::close() {
+  std::FILE* f = std::exchange(file_, nullptr);
+  TETRA_CHECK(f && std::fclose(f) == 0,
+              "[train] {}: closing failed ({}); check free disk space and file-size limits", path_,
+              std::strerror(errno ? errno : EIO));
 }
 
 }  // namespace tetra

@@ -1,4 +1,6 @@
-// Metrics as JSON Lines: one object per line, appended and flushed as each step ends.
+// Metrics as JSON Lines: one object per line, appended and flushed as each step ends. A write
+// that fails (a full disk, a file-size limit) stops the run with the path and the OS error, so no
+// step goes unrecorded silently.
 #pragma once
 
 #include <cstdio>
@@ -9,13 +11,15 @@ namespace tetra {
 
 class MetricsWriter {
  public:
-  /** Opens `path` for a fresh run; an existing file is kept, renamed aside with a suffix. */
+  /** Creates `path` afresh (the trainer has already set a previous run's file aside). */
   explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
   void write(const nlohmann::json& record);
+  /** Closes the file, reporting a failure of the final flush. */
+  void close();
   const std::string& path() const { return path_; }
 
  private:

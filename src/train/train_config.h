@@ -9,6 +9,7 @@
 #include "model/gpt_config.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 
 namespace tetra {
@@ -35,8 +36,11 @@ struct TrainOptions {
   std::string init_from, save_final, dump_grads, dump_logits;
   int64_t nan_grad_step = 0;  // 1-based step whose gradient gets a NaN injected; 0 = never
   int nan_grad_rank = 0;      // the rank that injects it
-  double bucket_mb = 4.0;     // data-parallel gradient bucket size
-  bool overlap = true;        // reduce buckets during backward
+  int64_t skip_step = 0;      // 1-based step whose update is skipped as if non-finite; 0 = never
+  int64_t fail_step = 0;      // 1-based step in whose backward fail_rank throws; 0 = never
+  int fail_rank = 0;
+  std::string recompute = "none";  // "none" | "selective" | "full"
+  parallel::ZeroOptions zero;      // stage, resharding, prefetch, stage-0 buckets, overlap
   comm::CommOptions comm;
   parallel::MeshShape mesh;
 

@@ -1,21 +1,27 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/gpt_io.h"
-#include "parallel/data_parallel.h"
 #include "train/peak.h"
 
 namespace tetra {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -50,62 +56,197 @@ int default_threads() {
   return std::max(1, omp_get_num_procs() / local_ranks);
 }
 
+// A directory the run can create files in, proven by creating one.
+void check_writable_dir(const fs::path& dir, const std::string& key, const std::string& value) {
+  const fs::path probe = dir / fmt::format(".tetra-write-probe-{}", ::getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TETRA_CHECK(fd >= 0, "[train] {}={}: cannot create files in {} ({}); choose a writable place",
+              key, value, dir.string(), std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// A directory (created if missing) that the run can create files in.
+void prepare_dir(const fs::path& dir, const std::string& key, const std::string& value) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TETRA_CHECK(!ec && fs::is_directory(dir),
+              "[train] {}={}: cannot create the directory {} ({}); choose a writable place", key,
+              value, dir.string(), ec ? ec.message() : "a file of that name exists");
+  check_writable_dir(dir, key, value);
+}
+
+// An output file path: not a directory, in a writable directory (created if missing).
+void prepare_output_file(const std::string& key, const std::string& value) {
+  if (value.empty()) return;
+  const fs::path p(value);
+  std::error_code ec;
+  TETRA_CHECK(!fs::is_directory(p, ec),
+              "[train] {}={} is a directory; give a file path such as {}/model.safetensors", key,
+              value, value);
+  prepare_dir(p.parent_path().empty() ? fs::path(".") : p.parent_path(), key, value);
+}
+
 }  // namespace
+
+// Test seams of the debug.* keys, wrapped around the data-parallel engine: a NaN written into a
+// gradient just before its unit is reduced, or an error thrown in the middle of backward right
+// after a unit's reduction was issued (collectives in flight).
+class Trainer::DebugHooks final : public UnitHooks {
+ public:
+  DebugHooks(UnitHooks& inner, ParamStore& store) : inner_(inner), store_(store) {}
+  void arm(bool nan, bool fail) { nan_ = nan, fail_ = fail; }
+
+  void before_forward(int unit, int next) override { inner_.before_forward(unit, next); }
+  void after_forward(int unit) override { inner_.after_forward(unit); }
+  void before_backward(int unit, int next) override { inner_.before_backward(unit, next); }
+  void after_backward(int unit) override {
+    // The first unit backward finishes; its first tensor is the first gradient produced.
+    const TensorId first = store_.units()[size_t(unit)].first;
+    if (nan_ && unit == 0) {
+      store_.grad(first)[0] = std::numeric_limits<float>::quiet_NaN();
+      nan_ = false;
+    }
+    inner_.after_backward(unit);
+    if (fail_ && unit == 0) {
+      fail_ = false;
+      fail("[train] debug.fail_step: failing in the middle of backward, after '{}' was reduced",
+           store_.units()[size_t(unit)].name);
+    }
+  }
+  void end_forward_only() override { inner_.end_forward_only(); }
+
+ private:
+  UnitHooks& inner_;
+  ParamStore& store_;
+  bool nan_ = false, fail_ = false;
+};
 
 Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
                  const comm::Communicator& world)
-    : opt_(options) {
-  if (world.valid()) {
+    : opt_(options), world_(world) {
+  comm::run_or_abort(world_, [&] { setup(config_toml); });
+}
+
+Trainer::~Trainer() = default;
+
+TrainResult Trainer::run() {
+  return comm::run_or_abort(world_, [&] { return train(); });
+}
+
+void Trainer::setup(const std::string& config_toml) {
+  if (world_.valid()) {
     const parallel::MeshShape& shape = opt_.mesh;
     TETRA_CHECK(shape.tp == 1 && shape.pp == 1 && shape.ep == 1,
                 "[train] this trainer runs data parallelism only: set parallel.tp, parallel.pp "
                 "and parallel.ep to 1 (got {}, {}, {})",
                 shape.tp, shape.pp, shape.ep);
-    mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world, shape));
-    rank_ = world.rank();
-    dp_size_ = mesh_->dp().size();
-    dp_rank_ = mesh_->dp().rank();
+    mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
+    rank_ = world_.rank();
+    dp_ = mesh_->dp();
+    dp_size_ = dp_.size();
+    dp_rank_ = dp_.rank();
     log_state().rank = rank_;
   }
   threads_ = opt_.threads > 0 ? opt_.threads : default_threads();
   omp_set_num_threads(threads_);
+  recompute_ = parse_recompute(opt_.recompute);
+  TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
+              "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
 
-  // Everything that can be wrong with the inputs is checked before any compute.
-  train_ = std::make_unique<TokenDataset>(opt_.train_data, opt_.seq_len);
+  // Every input and output is checked before anything is computed or written.
+  if (is_root()) {
+    prepare_dir(opt_.run_dir, "run.dir", opt_.run_dir);
+    prepare_output_file("save.final", opt_.save_final);
+    prepare_output_file("debug.dump_grads", opt_.dump_grads);
+    prepare_output_file("debug.dump_logits", opt_.dump_logits);
+  }
+  train_ = std::make_unique<TokenDataset>(opt_.train_data, opt_.seq_len, opt_.verify_data);
   check_vocab(*train_, "data.train", opt_.model.vocab_size);
+  if (train_->verified_bytes() > 0) {
+    log_info(
+        "[data] verified {:.1f} MB of shards against their manifests in {:.2f} s ({:.2f} GB/s)",
+        train_->verified_bytes() / 1e6, train_->verify_seconds(),
+        train_->verified_bytes() / 1e9 / std::max(train_->verify_seconds(), 1e-9));
+  }
   if (!opt_.val_data.empty()) {
-    val_ = std::make_unique<TokenDataset>(opt_.val_data, opt_.seq_len);
+    val_ = std::make_unique<TokenDataset>(opt_.val_data, opt_.seq_len, opt_.verify_data);
     check_vocab(*val_, "data.val", opt_.model.vocab_size);
+    TETRA_CHECK(val_->num_samples() >= int64_t(opt_.eval_batches) * opt_.micro_batch,
+                "[train] data.val has {} samples but eval.batches={} micro-batches of {} need {}; "
+                "lower eval.batches or use more validation data",
+                val_->num_samples(), opt_.eval_batches, opt_.micro_batch,
+                int64_t(opt_.eval_batches) * opt_.micro_batch);
   }
-  model_ = std::make_unique<Gpt>(opt_.model, opt_.micro_batch, opt_.seq_len);
+  const int64_t global_batch = int64_t(opt_.micro_batch) * opt_.grad_accum * dp_size_;
+  if (global_batch > train_->num_samples()) {
+    log_warn(
+        "[train] a step takes {} sequences ({} ranks x {} micro-batches x {}) but data.train "
+        "has only {} samples of {} tokens: every step repeats samples. Lower train.micro_batch, "
+        "train.grad_accum or the rank count, or use more data",
+        global_batch, dp_size_, opt_.grad_accum, opt_.micro_batch, train_->num_samples(),
+        opt_.seq_len);
+  }
+  model_ = std::make_unique<Gpt>(opt_.model, store_, opt_.micro_batch, opt_.seq_len, recompute_,
+                                 &ledger_);
+  store_.finalize(parallel::DataParallel::sharding_for(opt_.zero.stage, dp_size_, dp_rank_),
+                  &ledger_);
+  if (opt_.zero.stage > 0 && dp_size_ == 1) {
+    log_info(
+        "[zero] zero.stage={} with one data-parallel rank shards nothing: this rank holds every "
+        "parameter, gradient and optimizer state (the stage's code paths still run)",
+        opt_.zero.stage);
+  }
+  zero_ = std::make_unique<parallel::DataParallel>(dp_, store_, opt_.zero, &ledger_);
+  debug_hooks_ = std::make_unique<DebugHooks>(*zero_, store_);
+  model_->set_hooks(debug_hooks_.get());
   if (!opt_.init_from.empty()) {
-    load_gpt_safetensors(*model_, opt_.init_from);
+    load_safetensors_into(store_, opt_.init_from, opt_.model.describe());
   } else {
-    model_->init(opt_.seed);
+    store_.init(opt_.seed);
   }
-  adamw_ = std::make_unique<AdamW>(model_->params(), opt_.adamw, model_->num_elements());
+  adamw_ = std::make_unique<AdamW>(opt_.adamw, store_.state_size(), &ledger_);
   // A global batch is every rank's micro-batches of one step; rank r takes its slice.
   prefetch_ = std::make_unique<Prefetcher>(
-      *train_, Sampler(train_->num_samples(), opt_.shuffle, opt_.seed,
-                       int64_t(opt_.micro_batch) * opt_.grad_accum * dp_size_, dp_rank_, dp_size_));
+      *train_,
+      Sampler(train_->num_samples(), opt_.shuffle, opt_.seed, global_batch, dp_rank_, dp_size_));
   window_.resize(size_t(opt_.seq_len) + 1);
   inputs_.resize(size_t(opt_.micro_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
 
-  if (is_root()) {
-    std::filesystem::create_directories(opt_.run_dir);
-    std::ofstream(std::filesystem::path(opt_.run_dir) / "config.toml") << config_toml;
-  }
+  if (is_root()) start_run_dir(config_toml);
   // One rank measures (or reads the cache) and tells the others, so that ranks sharing a host
   // neither disturb each other's measurement nor race on the cache file.
   if (!mesh_ || is_root()) peak_gflops_ = fp32_peak_gflops(threads_);
   if (mesh_) {
-    world
+    world_
         .broadcast(
             std::span<std::byte>(reinterpret_cast<std::byte*>(&peak_gflops_), sizeof peak_gflops_),
             0)
         .wait();
   }
+}
+
+void Trainer::start_run_dir(const std::string& config_toml) {
+  const fs::path dir(opt_.run_dir);
+  std::error_code ec;
+  // A previous run's metrics and config are kept side by side under the same suffix.
+  const fs::path metrics = dir / "metrics.jsonl", config = dir / "config.toml";
+  if (fs::exists(metrics) || fs::exists(config)) {
+    int n = 1;
+    auto aside = [&](const fs::path& p) { return fs::path(p.string() + "." + std::to_string(n)); };
+    while (fs::exists(aside(metrics)) || fs::exists(aside(config))) ++n;
+    for (const fs::path& p : {metrics, config}) {
+      if (!fs::exists(p)) continue;
+      fs::rename(p, aside(p), ec);
+      TETRA_CHECK(!ec, "[train] run.dir={}: cannot keep the previous {} as {} ({})", opt_.run_dir,
+                  p.filename().string(), aside(p).filename().string(), ec.message());
+    }
+    log_info("[train] kept the previous run's files in {} with suffix .{}", opt_.run_dir, n);
+  }
+  write_file_atomically(
+      config.string(), {{reinterpret_cast<const uint8_t*>(config_toml.data()), config_toml.size()}},
+      "train");
 }
 
 void Trainer::load_batch(TokenDataset& data, SampleOrder& order, int64_t first_sample) {
@@ -122,10 +263,26 @@ double Trainer::evaluate() {
   double sum = 0.0;
   for (int k = 0; k < opt_.eval_batches; ++k) {
     load_batch(*val_, order, int64_t(k) * opt_.micro_batch);
-    model_->forward(inputs_.data());
-    sum += model_->loss(targets_.data());
+    sum += model_->forward_loss(inputs_.data(), targets_.data());
   }
   return sum / opt_.eval_batches;
+}
+
+std::string Trainer::memory_table(const char* when) const {
+  constexpr double MB = 1.0 / (1 << 20);
+  std::string out = fmt::format("[memory] per rank {}: {:<12} {:>10} {:>10}\n", when, "category",
+                                "now MB", "peak MB");
+  for (size_t c = 0; c < kMemCategories; ++c) {
+    const auto cat = MemCategory(c);
+    out += fmt::format("[memory]   {:<12} {:>10.1f} {:>10.1f}\n", mem_category_name(cat),
+                       double(ledger_.current(cat)) * MB, double(ledger_.peak(cat)) * MB);
+  }
+  const Rss rss = read_rss();
+  out +=
+      fmt::format("[memory]   {:<12} {:>10.1f} {:>10.1f}   (process RSS: {:.1f} / {:.1f} MB)",
+                  "total", double(ledger_.current_total()) * MB, double(ledger_.peak_total()) * MB,
+                  double(rss.current) * MB, double(rss.peak) * MB);
+  return out;
 }
 
 void Trainer::print_header() const {
@@ -138,133 +295,180 @@ void Trainer::print_header() const {
            dp_size_, opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(), opt_.steps,
            opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
-  const double mb = 1.0 / (1 << 20),
-               params_mb = double(model_->num_elements()) * sizeof(float) * mb;
-  log_info(
-      "[train] memory per rank: parameters {:.1f} MB, gradients {:.1f} MB, AdamW state "
-      "{:.1f} MB, activations {:.1f} MB (micro-batch {} x {})",
-      params_mb, params_mb, 2 * params_mb, double(model_->activation_bytes()) * mb,
-      opt_.micro_batch, opt_.seq_len);
+  log_info("[train] ZeRO stage {} over {} data-parallel rank(s){}; recompute {}", opt_.zero.stage,
+           dp_size_,
+           opt_.zero.stage == 3 ? fmt::format(", reshard after forward {}, prefetch {}",
+                                              opt_.zero.reshard_after_forward, opt_.zero.prefetch)
+                                : "",
+           recompute_name(recompute_));
+  log_info("{}", memory_table("before step 1"));
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
       "model FLOPs/token {:.3g}",
       threads_, peak_gflops_, m.flops_per_token(opt_.seq_len));
 }
 
-TrainResult Trainer::run() {
+void Trainer::save_final() {
+  std::vector<float> params = zero_->full_params();  // collective under ZeRO-3
+  if (!is_root()) return;
+  write_safetensors(opt_.save_final, store_to_safetensors(store_, params.data(), true));
+  log_info("[train] saved weights to {}", opt_.save_final);
+}
+
+TrainResult Trainer::train() {
   print_header();
   std::unique_ptr<MetricsWriter> metrics;
   if (is_root()) {
-    metrics = std::make_unique<MetricsWriter>(
-        (std::filesystem::path(opt_.run_dir) / "metrics.jsonl").string());
+    metrics = std::make_unique<MetricsWriter>((fs::path(opt_.run_dir) / "metrics.jsonl").string());
   }
   const bool tty =
       is_root() && (opt_.progress == "always" || (opt_.progress == "auto" && isatty(2)));
   const double flops_per_token = opt_.model.flops_per_token(opt_.seq_len);
   const int64_t tokens_per_step = this->tokens_per_step();
-  std::unique_ptr<parallel::GradBuckets> buckets;
-  if (mesh_) {
-    if (is_root()) log_info("{}", mesh_->layout_table());
-    buckets = std::make_unique<parallel::GradBuckets>(
-        mesh_->dp(), model_->grad_data(), model_->num_elements(),
-        size_t(opt_.bucket_mb * (1 << 20) / sizeof(float)), opt_.overlap);
-  }
+  if (mesh_ && is_root()) log_info("{}", mesh_->layout_table());
   TrainResult result;
   std::vector<double> rates;
+  int64_t consecutive_skips = 0;
   Stopwatch total;
 
   for (int64_t s = 0; s < opt_.steps; ++s) {
+    const int64_t step = s + 1;
     Stopwatch step_clock;
     const Batch& batch = prefetch_->next();
     const double data_ms = prefetch_->last_wait_ms();
-    model_->zero_grads();
-    double loss = 0.0;
-    for (int m = 0; m < opt_.grad_accum; ++m) {
-      const size_t row = size_t(m) * opt_.micro_batch * opt_.seq_len;  // micro-batch m of (B,T)
-      model_->forward(batch.inputs.data() + row);
-      if (s == 0 && m == 0 && !opt_.dump_logits.empty() && is_root()) {
-        const GptConfig& c = opt_.model;
+    if (s == 0 && !opt_.dump_logits.empty()) {
+      const GptConfig& c = opt_.model;
+      const float* all = model_->forward_logits(batch.inputs.data());
+      if (is_root()) {
         std::vector<float> logits(size_t(opt_.micro_batch) * opt_.seq_len * c.vocab_size);
         for (size_t r = 0; r < size_t(opt_.micro_batch) * opt_.seq_len; ++r) {
-          std::copy_n(model_->logits() + r * c.padded_vocab, c.vocab_size,
-                      logits.begin() + r * c.vocab_size);
+          std::copy_n(all + r * c.padded_vocab, c.vocab_size, logits.begin() + r * c.vocab_size);
         }
         SafeTensorsFile f;
         f.tensors["logits"] =
             safetensor_f32({opt_.micro_batch, opt_.seq_len, c.vocab_size}, logits.data());
         write_safetensors(opt_.dump_logits, f);
       }
-      // Gradients are reduced once per step: buckets start during the last micro-batch's backward.
-      GradReadyFn ready;
-      if (buckets && m + 1 == opt_.grad_accum) ready = [&](size_t n) { buckets->ready(n); };
-      loss += model_->backward(batch.targets.data() + row, 1.0f / float(opt_.grad_accum), ready);
+    }
+    zero_->begin_step();
+    debug_hooks_->arm(step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank,
+                      step == opt_.fail_step && rank_ == opt_.fail_rank);
+    double loss = 0.0;
+    for (int m = 0; m < opt_.grad_accum; ++m) {
+      const size_t row = size_t(m) * opt_.micro_batch * opt_.seq_len;  // micro-batch m of (B,T)
+      zero_->begin_micro_batch(m + 1 == opt_.grad_accum);
+      loss += model_->forward_backward(batch.inputs.data() + row, batch.targets.data() + row,
+                                       1.0f / float(opt_.grad_accum));
     }
     loss /= opt_.grad_accum;
-    parallel::BucketStats comm_stats;
-    if (buckets) {
-      comm_stats = buckets->finish();
-      float l = float(loss);
-      mesh_->dp().all_reduce(std::span<float>(&l, 1), comm::ReduceOp::avg).wait();
-      loss = l;
-    }
-    TETRA_CHECK(std::isfinite(loss),
-                "[train] step {}: loss is {}; stopping before the update so the weights stay "
-                "finite. Lower optim.lr or check the data.",
-                s + 1, loss);
-    if (s == 0 && !opt_.dump_grads.empty() && is_root()) {
-      write_safetensors(opt_.dump_grads, gpt_to_safetensors(*model_, model_->grad_data()));
-    }
-    double norm = grad_norm(model_->grad_data(), int64_t(model_->num_elements()));
-    double lr = opt_.schedule.at(s);
-    adamw_->step(model_->param_data(), model_->grad_data(), float(lr),
-                 clip_scale(norm, opt_.grad_clip));
+    zero_->finish_gradients();
 
-    double step_s = step_clock.elapsed_s();
-    double tps = tokens_per_step / step_s;
+    // The step's scalars over the data-parallel group, summed: the loss, the squared gradient
+    // norm (under stage 0 every rank holds every reduced gradient, so one rank contributes) and
+    // a count of ranks that saw a non-finite value, so that every rank takes the same decision.
+    const double local_sq = zero_->local_grad_sum_squares();
+    double norm_sq = local_sq;
+    bool nonfinite = !std::isfinite(local_sq) || !std::isfinite(loss);
+    if (dp_size_ > 1) {
+      const bool counts = opt_.zero.stage > 0 || dp_rank_ == 0;
+      float scalars[3] = {float(loss),
+                          counts ? float(std::min(local_sq, double(FLT_MAX) / dp_size_)) : 0.0f,
+                          nonfinite ? 1.0f : 0.0f};
+      dp_.all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
+      loss = scalars[0] / dp_size_;
+      norm_sq = scalars[1];
+      nonfinite = scalars[2] != 0.0f || !std::isfinite(scalars[0]) || !std::isfinite(scalars[1]);
+    }
+    const double norm = std::sqrt(norm_sq);
+    if (s == 0 && !opt_.dump_grads.empty() && is_root()) {
+      write_safetensors(opt_.dump_grads, store_to_safetensors(store_, store_.grads().data()));
+    }
+    const double lr = opt_.schedule.at(s);
+    const bool skip = nonfinite || step == opt_.skip_step;
+    if (skip) {
+      ++result.skipped;
+      ++consecutive_skips;
+      std::string what = fmt::format("loss {}, gradient norm {}", loss, norm);
+      if (nonfinite) {
+        const TensorId bad = zero_->first_nonfinite_grad();  // collective: every rank is here
+        if (bad >= 0)
+          what += fmt::format("; first non-finite gradient: {}", store_.tensor(bad).spec.name);
+      } else {
+        what += " (debug.skip_step)";
+      }
+      TETRA_CHECK(opt_.on_nonfinite == "skip" || !nonfinite,
+                  "[train] step {}: {}; stopping before the update (train.on_nonfinite=stop), so "
+                  "the weights stay those of step {}. Lower optim.lr or check the data.",
+                  step, what, s);
+      TETRA_CHECK(consecutive_skips < opt_.max_skipped,
+                  "[train] step {}: {}; that is {} skipped updates in a row "
+                  "(train.max_skipped={}): stopping. The weights stay those of step {}; lower "
+                  "optim.lr or check the data and --init.from.",
+                  step, what, consecutive_skips, opt_.max_skipped, step - consecutive_skips);
+      log_warn("[train] step {}: {}; update skipped ({} in a row, train.max_skipped={})", step,
+               what, consecutive_skips, opt_.max_skipped);
+    } else {
+      consecutive_skips = 0;
+      adamw_->step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
+                   clip_scale(norm, opt_.grad_clip));
+      zero_->after_update();
+    }
+
+    const double step_s = step_clock.elapsed_s();
+    const double tps = double(tokens_per_step) / step_s;
     rates.push_back(tps);
-    double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * dp_size_);
-    nlohmann::json rec = {{"step", s + 1},
+    const double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * dp_size_);
+    const parallel::StepComm& comm = zero_->step_comm();
+    nlohmann::json rec = {{"step", step},
                           {"loss", loss},
                           {"lr", lr},
                           {"grad_norm", norm},
-                          {"tokens", (s + 1) * tokens_per_step},
+                          {"skipped", result.skipped},
+                          {"tokens", step * tokens_per_step},
                           {"tokens_per_s", tps},
                           {"step_ms", step_s * 1e3},
                           {"data_wait_ms", data_ms},
-                          {"mfu", mfu}};
-    if (buckets) {
-      rec["comm_ms"] = comm_stats.exposed_ms;
-      rec["reduce_ms"] = comm_stats.reduce_ms;
+                          {"mfu", mfu},
+                          {"comm_ms", comm.exposed_ms + comm.gather_wait_ms},
+                          {"comm_exec_ms", comm.exec_ms},
+                          {"comm_bytes", comm.sent_bytes}};
+    for (size_t c = 0; c < kMemCategories; ++c) {
+      rec[fmt::format("mem_{}", mem_category_name(MemCategory(c)))] = ledger_.peak(MemCategory(c));
     }
-    bool last = s + 1 == opt_.steps;
-    if (val_ && (last || (opt_.eval_every > 0 && (s + 1) % opt_.eval_every == 0))) {
+    const Rss rss = read_rss();
+    rec["rss"] = rss.current;
+    rec["rss_peak"] = rss.peak;
+    const bool last = step == opt_.steps;
+    if (val_ && (last || (opt_.eval_every > 0 && step % opt_.eval_every == 0))) {
       rec["val_loss"] = evaluate();
       result.final_val_loss = rec["val_loss"];
     }
     if (metrics) metrics->write(rec);
+    if (s == 0 && is_root()) log_info("{}", memory_table("after step 1"));
     result.final_loss = loss;
     if (tty) {
-      double eta = (opt_.steps - s - 1) * (total.elapsed_s() / double(s + 1));
+      double eta = double(opt_.steps - step) * (total.elapsed_s() / double(step));
       std::fprintf(stderr,
                    "\r\033[K[train] step %lld/%lld  loss %.4f  %.0f tok/s  mfu %.1f%%  ETA %s",
-                   (long long)(s + 1), (long long)opt_.steps, loss, tps, 100.0 * mfu,
+                   (long long)step, (long long)opt_.steps, loss, tps, 100.0 * mfu,
                    format_duration(eta).c_str());
       if (last) std::fprintf(stderr, "\n");
-    } else if (last || (s + 1) % std::max<int64_t>(1, opt_.steps / 10) == 0 || s == 0) {
-      log_info("[train] step {}/{}  loss {:.4f}  {:.0f} tok/s  mfu {:.1f}%", s + 1, opt_.steps,
-               loss, tps, 100.0 * mfu);
+    } else if (last || step % std::max<int64_t>(1, opt_.steps / 10) == 0 || s == 0) {
+      log_info("[train] step {}/{}  loss {:.4f}  {:.0f} tok/s  mfu {:.1f}%", step, opt_.steps, loss,
+               tps, 100.0 * mfu);
     }
   }
   result.steps = opt_.steps;
   result.tokens_per_s = median(rates);
-  if (!opt_.save_final.empty() && is_root()) {
-    write_safetensors(opt_.save_final, gpt_to_safetensors(*model_, model_->param_data()));
-    log_info("[train] saved weights to {}", opt_.save_final);
-  }
+  if (metrics) metrics->close();
+  if (!opt_.save_final.empty()) save_final();
   std::string val =
       result.final_val_loss >= 0 ? fmt::format(", val loss {:.4f}", result.final_val_loss) : "";
-  log_info("[train] done: {} steps in {}, final loss {:.4f}{}, median {:.0f} tok/s", result.steps,
-           format_duration(total.elapsed_s()), result.final_loss, val, result.tokens_per_s);
+  std::string skipped =
+      result.skipped > 0 ? fmt::format(", {} update(s) skipped", result.skipped) : "";
+  log_info("[train] done: {} steps in {}, final loss {:.4f}{}{}, median {:.0f} tok/s", result.steps,
+           format_duration(total.elapsed_s()), result.final_loss, val, skipped,
+           result.tokens_per_s);
   return result;
 }
 

@@ -1,15 +1,19 @@
-// The single-process training loop: micro-batches with gradient accumulation, global-norm
-// clipping, the LR schedule, AdamW, periodic validation, metrics and the progress line.
+// The training loop: micro-batches with gradient accumulation, data parallelism with ZeRO, the
+// global gradient norm with its non-finite check, clipping, the LR schedule, AdamW, periodic
+// validation, metrics (with the memory ledger) and the progress line.
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/memory.h"
+#include "core/param_store.h"
 #include "data/prefetch.h"
 #include "data/token_dataset.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "train/metrics.h"
 #include "train/train_config.h"
@@ -18,6 +22,7 @@ namespace tetra {
 
 struct TrainResult {
   int64_t steps = 0;
+  int64_t skipped = 0;  // updates skipped for a non-finite gradient
   double final_loss = 0.0;
   double final_val_loss = -1.0;  // < 0 when no validation data
   double tokens_per_s = 0.0;     // median over steps
@@ -25,29 +30,45 @@ struct TrainResult {
 
 class Trainer {
  public:
-  /** Validates data against the model (token ids < vocab) and allocates everything. `world` is
-   * the job's world group when launched on several ranks (invalid for a single process). */
+  /** Checks every input and output path, then allocates everything. `world` is the job's world
+   * group when launched on several ranks (invalid for a single process); an error on any rank
+   * then ends the whole job with that rank's message (comm::run_or_abort). */
   Trainer(const TrainOptions& options, const std::string& config_toml,
           const comm::Communicator& world = {});
+  ~Trainer();
   TrainResult run();
 
-  Gpt& model() { return *model_; }
-
  private:
+  class DebugHooks;
+
+  void setup(const std::string& config_toml);
+  void start_run_dir(const std::string& config_toml);  // sets a previous run aside
+  TrainResult train();
   void load_batch(TokenDataset& data, SampleOrder& order, int64_t first_sample);
   double evaluate();
   void print_header() const;
+  std::string memory_table(const char* when) const;
+  void save_final();
 
   bool is_root() const { return rank_ == 0; }
   int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * dp_size_; }
 
   TrainOptions opt_;
+  comm::Communicator world_;
   std::unique_ptr<parallel::Mesh> mesh_;  // absent for a single process
+  comm::Communicator dp_;                 // invalid for a single process
   int rank_ = 0, dp_size_ = 1, dp_rank_ = 0;
   int threads_ = 1;
   double peak_gflops_ = 0.0;
+  MemoryLedger ledger_;
+  Recompute recompute_ = Recompute::none;
+  // Destroyed in reverse order: the data-parallel engine completes its pending collectives before
+  // the model's and the store's buffers go.
+  ParamStore store_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<parallel::DataParallel> zero_;
+  std::unique_ptr<DebugHooks> debug_hooks_;
   std::unique_ptr<TokenDataset> train_, val_;
   std::unique_ptr<Prefetcher> prefetch_;            // training batches, assembled ahead of the step
   std::vector<int32_t> window_, inputs_, targets_;  // (T+1) scratch, (B,T), (B,T)

@@ -11,22 +11,12 @@
 #include <set>
 
 #include "core/error.h"
+#include "tests/model/test_model.h"
 
 namespace tetra {
 namespace {
 
-/** A model with every parameter perturbed, so biases and LayerNorm carry signal. */
-void randomise(Gpt& model, uint64_t seed) {
-  model.init(seed);
-  std::mt19937 gen(uint32_t(seed) + 1);
-  std::normal_distribution<float> noise(0.0f, 0.1f);
-  const GptConfig& c = model.config();
-  for (auto& p : model.params()) {
-    float* d = model.data_of(p);
-    int64_t n = p.padded_rows ? int64_t(c.vocab_size) * c.d_model : p.view.numel();
-    for (int64_t i = 0; i < n; ++i) d[i] += noise(gen);
-  }
-}
+using testing::TestModel;
 
 std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -40,15 +30,15 @@ class KvCache : public ::testing::TestWithParam<GptConfig> {};
 TEST_P(KvCache, LogitsEqualTheFullForwardAtEveryPosition) {
   const GptConfig c = GetParam();
   const int T = c.max_seq;
-  Gpt full(c, 1, T);
-  randomise(full, 5);
+  TestModel<float> full(c, 1, T);
+  full.randomise(5);
   std::vector<int32_t> in = tokens(T, c.vocab_size, 9);
-  full.forward(in.data());
-  Generator gen(full);
+  const float* logits = full.model.forward_logits(in.data());
+  Generator gen(full.model);
   double worst = 0;
   for (int t = 0; t < T; ++t) {
     const float* got = gen.step(in[size_t(t)]);
-    const float* ref = full.logits() + size_t(t) * c.padded_vocab;
+    const float* ref = logits + size_t(t) * c.padded_vocab;
     double diff = 0, scale = 0;
     for (int v = 0; v < c.vocab_size; ++v) {
       diff = std::max(diff, std::abs(double(got[v]) - ref[v]));
@@ -59,7 +49,7 @@ TEST_P(KvCache, LogitsEqualTheFullForwardAtEveryPosition) {
   EXPECT_LE(worst, 1e-5) << c.describe();
   // prefill is the same as stepping through the prompt.
   const float* last = gen.prefill(in);
-  const float* ref = full.logits() + size_t(T - 1) * c.padded_vocab;
+  const float* ref = logits + size_t(T - 1) * c.padded_vocab;
   for (int v = 0; v < c.vocab_size; ++v)
     EXPECT_NEAR(last[v], ref[v], 1e-5 * std::abs(ref[v]) + 1e-6);
 }
@@ -71,8 +61,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, KvCache,
 
 class Sampling : public ::testing::Test {
  protected:
-  Sampling() : model_(GptConfig::make(50, 2, 2, 32, 40, 64), 1, 1) { randomise(model_, 3); }
-  Gpt model_;
+  Sampling() : built_(GptConfig::make(50, 2, 2, 32, 40, 64), 1, 1) { built_.randomise(3); }
+  TestModel<float> built_;
+  Gpt& model_ = built_.model;
 };
 
 TEST_F(Sampling, TheSameSeedReproducesAndAnotherSeedDiffers) {
@@ -105,12 +96,12 @@ TEST_F(Sampling, TopKOneIsGreedy) {
   std::vector<int32_t> seq = prompt;
   seq.insert(seq.end(), a.begin(), a.end());
   const int T = int(seq.size()) - 1;
-  Gpt full(model_.config(), 1, T);
-  std::copy_n(model_.param_data(), model_.num_elements(), full.param_data());
-  full.forward(seq.data());
+  TestModel<float> full(model_.config(), 1, T);
+  std::copy_n(built_.store.params().data(), built_.store.flat_size(), full.store.params().data());
+  const float* logits = full.model.forward_logits(seq.data());
   const int Vp = model_.config().padded_vocab, V = model_.config().vocab_size;
   for (size_t i = 0; i < a.size(); ++i) {
-    const float* row = full.logits() + (prompt.size() - 1 + i) * Vp;
+    const float* row = logits + (prompt.size() - 1 + i) * Vp;
     EXPECT_EQ(a[i], int32_t(std::max_element(row, row + V) - row)) << "token " << i;
   }
 }

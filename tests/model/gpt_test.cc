@@ -1,131 +1,182 @@
 // Whole-model checks on a tiny GPT-2: finite differences in double precision, the f32 model
-// against the f64 one, the gradient-ready callback, and init keyed by tensor names.
+// against the f64 one, the units the model reports in backward order, recomputation changing no
+// number, and init keyed by tensor names.
 #include "model/gpt.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 
 #include "core/error.h"
+#include "tests/model/test_model.h"
 
 namespace tetra {
 namespace {
+
+using testing::TestModel;
 
 // V=37 pads to Vp=64: the padding path is exercised.
 GptConfig tiny() { return GptConfig::make(37, 2, 2, 16, 8, 64); }
 
 std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
   std::mt19937 gen(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(gen() % V);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(gen() % uint32_t(V));
   return t;
 }
 
 TEST(Gpt, WholeModelGradientMatchesFiniteDifferences) {
   const int B = 2, T = 5;
-  GptT<double> model(tiny(), B, T);
-  model.init(3);
-  // Nonzero biases and LN params so that every path carries signal.
-  std::mt19937 gen(4);
-  std::normal_distribution<double> noise(0.0, 0.1);
-  for (auto& p : model.params()) {
-    double* d = model.data_of(p);
-    int64_t n = p.padded_rows ? int64_t(37) * 16 : p.view.numel();
-    for (int64_t i = 0; i < n; ++i) d[i] += noise(gen);
-  }
+  TestModel<double> m(tiny(), B, T);
+  m.randomise(3);
   auto in = tokens(B * T, 37, 5), tg = tokens(B * T, 37, 6);
-  model.zero_grads();
-  model.forward(in.data());
-  model.backward(tg.data(), 1.0f);
-  std::vector<double> grads(model.grad_data(), model.grad_data() + model.num_elements());
-  auto loss = [&] {
-    model.forward(in.data());
-    return model.loss(tg.data());
-  };
+  m.store.grads().zero();
+  m.model.forward_backward(in.data(), tg.data(), 1.0f);
   const double eps = 1e-5;
   double worst = 0;
-  for (auto& p : model.params()) {
-    double* d = model.data_of(p);
-    int64_t n = p.padded_rows ? int64_t(37) * 16 : p.view.numel();
+  for (TensorId id = 0; id < TensorId(m.store.tensors().size()); ++id) {
+    double* d = m.store.param(id);
+    const double* g = m.store.grad(id);
+    const int64_t n = m.real_elements(id);
     double max_diff = 0, max_ref = 1e-12;
     for (int64_t k = 0; k < std::min<int64_t>(n, 24); ++k) {
       int64_t i = (k * 7919) % n;  // spread over the tensor
       double saved = d[i];
       d[i] = saved + eps;
-      double up = loss();
+      double up = m.model.forward_loss(in.data(), tg.data());
       d[i] = saved - eps;
-      double down = loss();
+      double down = m.model.forward_loss(in.data(), tg.data());
       d[i] = saved;
       double numeric = (up - down) / (2 * eps);
-      max_diff = std::max(max_diff, std::abs(numeric - grads[p.view.offset + i]));
+      max_diff = std::max(max_diff, std::abs(numeric - g[i]));
       max_ref = std::max(max_ref, std::abs(numeric));
     }
     double rel = max_diff / max_ref;
     worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-6) << p.view.name;
-    if (p.padded_rows) {
-      for (int64_t i = n; i < p.view.numel(); ++i) EXPECT_EQ(grads[p.view.offset + i], 0.0);
-    }
+    const std::string& name = m.store.tensor(id).spec.name;
+    EXPECT_LT(rel, 1e-6) << name;
+    for (int64_t i = n; i < m.store.tensor(id).numel(); ++i) EXPECT_EQ(g[i], 0.0) << name;
   }
   RecordProperty("max_relative_error", std::to_string(worst));
 }
 
 TEST(Gpt, FloatModelTracksDouble) {
   const int B = 2, T = 8;
-  GptT<double> d(tiny(), B, T);
-  Gpt f(tiny(), B, T);
-  d.init(9);
-  f.init(9);
-  for (size_t i = 0; i < f.num_elements(); ++i)
-    EXPECT_EQ(float(d.param_data()[i]), f.param_data()[i]);
+  TestModel<double> d(tiny(), B, T);
+  TestModel<float> f(tiny(), B, T);
+  d.store.init(9);
+  f.store.init(9);
+  for (size_t i = 0; i < f.store.flat_size(); ++i) {
+    ASSERT_EQ(float(d.store.params()[i]), f.store.params()[i]) << i;
+  }
   auto in = tokens(B * T, 37, 10), tg = tokens(B * T, 37, 11);
-  d.zero_grads();
-  f.zero_grads();
-  d.forward(in.data());
-  f.forward(in.data());
-  double ld = d.backward(tg.data(), 1.0f), lf = f.backward(tg.data(), 1.0f);
+  double ld = d.model.forward_backward(in.data(), tg.data(), 1.0f);
+  double lf = f.model.forward_backward(in.data(), tg.data(), 1.0f);
   EXPECT_NEAR(lf, ld, 1e-6 * ld);
-  for (const auto& p : f.params()) {
+  for (TensorId id = 0; id < TensorId(f.store.tensors().size()); ++id) {
     double max_diff = 0, max_ref = 1e-30;
-    for (int64_t i = 0; i < p.view.numel(); ++i) {
-      double a = f.grad_of(p)[i], b = d.grad_data()[p.view.offset + i];
+    for (int64_t i = 0; i < f.store.tensor(id).numel(); ++i) {
+      double a = f.store.grad(id)[i], b = d.store.grad(id)[i];
       max_diff = std::max(max_diff, std::abs(a - b));
       max_ref = std::max(max_ref, std::abs(b));
     }
-    EXPECT_LT(max_diff / max_ref, 1e-4) << p.view.name;
+    EXPECT_LT(max_diff / max_ref, 1e-4) << f.store.tensor(id).spec.name;
   }
 }
 
-TEST(Gpt, GradientsBecomeReadyInBackwardOrder) {
-  Gpt model(tiny(), 1, 4);
-  model.init(1);
+// Records what the model tells its residency manager.
+struct Recorder final : UnitHooks {
+  std::vector<std::string> calls;
+  void before_forward(int u, int next) override { add("bf", u, next); }
+  void after_forward(int u) override { add("af", u); }
+  void before_backward(int u, int next) override { add("bb", u, next); }
+  void after_backward(int u) override { add("ab", u); }
+  void end_forward_only() override { calls.push_back("end"); }
+  void add(const char* what, int u, int next = -2) {
+    calls.push_back(std::string(what) + std::to_string(u) +
+                    (next == -2 ? "" : ">" + std::to_string(next)));
+  }
+};
+
+TEST(Gpt, UnitsRunAndFinishInBackwardOrder) {
+  TestModel<float> m(tiny(), 1, 4);
+  m.store.init(1);
+  const auto& units = m.store.units();
+  // Blocks last to first, then the root: the embedding and ln_f, wte's gradient finished last.
+  ASSERT_EQ(units.size(), 3u);
+  EXPECT_EQ(units[0].name, "h.1");
+  EXPECT_EQ(units[1].name, "h.0");
+  EXPECT_EQ(units[2].name, "root");
+  for (size_t u = 1; u < units.size(); ++u) {
+    EXPECT_EQ(units[u].offset, units[u - 1].offset + units[u - 1].padded);
+  }
+  EXPECT_EQ(m.store.flat_size(), units.back().offset + units.back().padded);
+  EXPECT_EQ(m.store.tensors().front().spec.name, "transformer.h.1.mlp.c_proj.weight");
+  EXPECT_EQ(m.store.tensors().back().spec.name, "transformer.ln_f.bias");
+  EXPECT_EQ(m.model.block_unit(1), 0);
+  EXPECT_EQ(m.model.root_unit(), 2);
+
+  Recorder r;
+  m.model.set_hooks(&r);
   auto in = tokens(4, 37, 1), tg = tokens(4, 37, 2);
-  std::vector<size_t> ready;
-  model.forward(in.data());
-  model.backward(tg.data(), 1.0f, [&](size_t n) { ready.push_back(n); });
-  ASSERT_EQ(ready.size(), 2u + 2u);  // ln_f, two blocks, embeddings
-  for (size_t i = 1; i < ready.size(); ++i) EXPECT_GT(ready[i], ready[i - 1]);
-  EXPECT_EQ(ready.back(), model.num_elements());
-  EXPECT_EQ(model.params().front().view.name, "transformer.ln_f.weight");
-  EXPECT_EQ(model.params().back().view.name, "transformer.wte.weight");
+  m.model.forward_backward(in.data(), tg.data(), 1.0f);
+  // Forward: root (embedding), h.0, h.1; the head reacquires the root for its forward and
+  // backward; backward: h.1, h.0, then the root (embedding) is finished.
+  const std::vector<std::string> train = {"bf2>1", "af2",   "bf1>0", "af1",    "bf0>2", "af0",
+                                          "bb2>0", "bb0>1", "ab0",   "bb1>-1", "ab1",   "ab2"};
+  EXPECT_EQ(r.calls, train);
+  r.calls.clear();
+  m.model.forward_loss(in.data(), tg.data());
+  const std::vector<std::string> eval = {"bf2>1", "af2",    "bf1>0", "af1", "bf0>2",
+                                         "af0",   "bf2>-1", "af2",   "end"};
+  EXPECT_EQ(r.calls, eval);
+}
+
+TEST(Gpt, RecomputationChangesNoNumber) {
+  const int B = 2, T = 8;
+  auto in = tokens(B * T, 37, 21), tg = tokens(B * T, 37, 22);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  std::vector<size_t> activation_bytes;
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    TestModel<float> m(tiny(), B, T, r);
+    m.randomise(5);
+    losses.push_back(m.model.forward_backward(in.data(), tg.data(), 0.5f));
+    losses.push_back(m.model.forward_backward(in.data(), tg.data(), 0.5f));  // accumulates
+    grads.emplace_back(m.store.grads().data(), m.store.grads().data() + m.store.flat_size());
+    activation_bytes.push_back(m.model.activation_bytes());
+  }
+  for (size_t k = 1; k < 3; ++k) {
+    EXPECT_EQ(losses[2 * k], losses[0]) << recompute_name(Recompute(k));
+    EXPECT_EQ(losses[2 * k + 1], losses[1]) << recompute_name(Recompute(k));
+    EXPECT_EQ(std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * sizeof(float)), 0)
+        << recompute_name(Recompute(k));
+  }
+  // Each mode keeps less for backward than the one before.
+  EXPECT_LT(activation_bytes[1], activation_bytes[0]);
+  EXPECT_LT(activation_bytes[2], activation_bytes[1]);
 }
 
 TEST(Gpt, InitDependsOnNamesNotShapes) {
   // The same weights whatever the micro-batch, and the GPT-2 init statistics.
-  Gpt a(tiny(), 1, 4), b(tiny(), 3, 8);
-  a.init(77);
-  b.init(77);
-  for (size_t i = 0; i < a.num_elements(); ++i) ASSERT_EQ(a.param_data()[i], b.param_data()[i]);
-  GptConfig big = GptConfig::make(64, 4, 4, 64, 16, 64);
-  Gpt m(big, 1, 4);
-  m.init(5);
-  for (const auto& p : m.params()) {
-    const float* d = m.data_of(p);
+  TestModel<float> a(tiny(), 1, 4), b(tiny(), 3, 8);
+  a.store.init(77);
+  b.store.init(77);
+  for (size_t i = 0; i < a.store.flat_size(); ++i) {
+    ASSERT_EQ(a.store.params()[i], b.store.params()[i]);
+  }
+  TestModel<float> m(GptConfig::make(64, 4, 4, 64, 16, 64), 1, 4);
+  m.store.init(5);
+  for (TensorId id = 0; id < TensorId(m.store.tensors().size()); ++id) {
+    const ParamEntry& e = m.store.tensor(id);
+    const float* d = m.store.param(id);
     double sq = 0;
-    for (int64_t i = 0; i < p.view.numel(); ++i) sq += double(d[i]) * d[i];
-    double std = std::sqrt(sq / double(p.view.numel()));
-    const std::string& n = p.view.name;
+    for (int64_t i = 0; i < e.numel(); ++i) sq += double(d[i]) * d[i];
+    double std = std::sqrt(sq / double(e.numel()));
+    const std::string& n = e.spec.name;
     if (n.ends_with("bias")) {
       EXPECT_EQ(std, 0.0) << n;
     } else if (n.ends_with("ln_1.weight") || n.ends_with("ln_2.weight") ||
@@ -148,7 +199,8 @@ TEST(Gpt, ShapeErrorsSayWhatToChange) {
     EXPECT_NE(m.find("model.n_head=5 does not divide model.d_model=64"), std::string::npos) << m;
     EXPECT_NE(m.find("use n_head=4 or 8"), std::string::npos) << m;
   }
-  EXPECT_THROW(Gpt(tiny(), 1, 9), Error);  // T > max_seq
+  ParamStore store;
+  EXPECT_THROW(Gpt(tiny(), store, 1, 9), Error);  // T > max_seq
   EXPECT_EQ(GptConfig::make(50257, 12, 12, 768, 1024, 64).padded_vocab, 50304);
   EXPECT_EQ(GptConfig::make(50257, 12, 12, 768, 1024, 64).num_params(), 124439808);
 }

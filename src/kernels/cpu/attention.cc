@@ -38,7 +38,7 @@ void product(int B, int NH, int64_t M, int64_t N, int64_t K, const F* a, Strides
 }  // namespace
 
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
+void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const int64_t TT = int64_t(T) * T;
   const Strides att_s{NH * TT, TT, T, 1};
@@ -69,12 +69,67 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH
     for (int j = 0; j <= t; ++j) a[j] *= inv;
     for (int j = t + 1; j < T; ++j) a[j] = 0;
   }
+}
 
+template <typename F>
+void attention_apply(F* out, const F* att, const F* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int64_t TT = int64_t(T) * T;
+  const Strides att_s{NH * TT, TT, T, 1};
   // out (B,T,NH,hs) = att · v
   for (int q0 = 0; q0 < T; q0 += kCausalBlock) {
     const int q1 = std::min(T, q0 + kCausalBlock);
     product<F>(B, NH, q1 - q0, hs, q1, att + int64_t(q0) * T, att_s, qkv + 2 * C,
                qkv_strides(T, C, hs, false), out + int64_t(q0) * C, {int64_t(T) * C, hs, C, 1});
+  }
+}
+
+template <typename F>
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
+  attention_probs(att, qkv, B, T, C, NH);
+  attention_apply(out, att, qkv, B, T, C, NH);
+}
+
+template <typename F>
+void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scores, int pos0, int B, int T,
+                      int C, int NH, int maxT) {
+  const int hs = C / NH;
+  const F scale = F(1) / std::sqrt(F(hs));
+  for (int b = 0; b < B; ++b) {
+    F* keys = kcache + int64_t(b) * maxT * C;  // (maxT, C)
+    F* values = vcache + int64_t(b) * maxT * C;
+    for (int t = 0; t < T; ++t) {
+      const F* row = qkv + (int64_t(b) * T + t) * 3 * C;
+      std::copy(row + C, row + 2 * C, keys + int64_t(pos0 + t) * C);
+      std::copy(row + 2 * C, row + 3 * C, values + int64_t(pos0 + t) * C);
+    }
+    for (int t = 0; t < T; ++t) {
+      const F* q0 = qkv + (int64_t(b) * T + t) * 3 * C;
+      const int last = pos0 + t;  // causal: positions 0..last
+      for (int h = 0; h < NH; ++h) {
+        const F* q = q0 + h * hs;
+        F mx = -INFINITY;
+        for (int j = 0; j <= last; ++j) {
+          const F* k = keys + int64_t(j) * C + h * hs;
+          F dot = 0;
+          for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
+          scores[j] = dot * scale;
+          mx = std::max(mx, scores[j]);
+        }
+        F sum = 0;
+        for (int j = 0; j <= last; ++j) {
+          scores[j] = exp_approx(scores[j] - mx);
+          sum += scores[j];
+        }
+        F* y = out + (int64_t(b) * T + t) * C + h * hs;
+        std::fill(y, y + hs, F(0));
+        for (int j = 0; j <= last; ++j) {
+          const F p = scores[j] / sum;
+          const F* v = values + int64_t(j) * C + h * hs;
+          for (int d = 0; d < hs; ++d) y[d] += p * v[d];
+        }
+      }
+    }
   }
 }
 
@@ -127,8 +182,14 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
-template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
+#define TETRA_INSTANTIATE(F)                                                    \
+  template void attention_probs<F>(F*, const F*, int, int, int, int);           \
+  template void attention_apply<F>(F*, const F*, const F*, int, int, int, int); \
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int);     \
+  template void attention_decode<F>(F*, const F*, F*, F*, F*, int, int, int, int, int, int);
+TETRA_INSTANTIATE(float)
+TETRA_INSTANTIATE(double)
+#undef TETRA_INSTANTIATE
 template void attention_backward<float>(float*, float*, const float*, const float*, const float*,
                                         int, int, int, int);
 template void attention_backward<double>(double*, double*, const double*, const double*,

@@ -4,13 +4,13 @@ namespace tetra::cpu {
 
 template <typename F>
 void embedding_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
-                       int C) {
+                       int C, int pos0) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       F* o = out + (int64_t(b) * T + t) * C;
       const F* e = wte + int64_t(tokens[b * T + t]) * C;
-      const F* p = wpe + int64_t(t) * C;
+      const F* p = wpe + int64_t(pos0 + t) * C;
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
     }
   }
@@ -39,9 +39,9 @@ void embedding_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, 
 }
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int, int,
-                                       int);
+                                       int, int);
 template void embedding_forward<double>(double*, const int32_t*, const double*, const double*, int,
-                                        int, int);
+                                        int, int, int);
 template void embedding_backward<float>(float*, float*, const float*, const int32_t*, int, int,
                                         int);
 template void embedding_backward<double>(double*, double*, const double*, const int32_t*, int, int,

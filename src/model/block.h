@@ -1,0 +1,78 @@
+// One GPT-2 transformer block as a module: pre-LayerNorm causal self-attention and a GELU MLP,
+// each added to the residual stream. The block registers its twelve tensors with the parameter
+// store under their global Hugging Face names and reads them back by id at every call, so the
+// same code runs whether the store holds the weights permanently or a ZeRO-3 layer gathers them
+// just in time. One forward serves training (saving what backward needs) and generation
+// (attending over a key/value cache); a tensor-parallel block will split c_attn and c_fc by
+// columns and the two c_proj by rows inside these same functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/param_store.h"
+#include "model/gpt_config.h"
+
+namespace tetra {
+
+/** Activation recomputation: keep everything; drop the attention probabilities (recomputed from
+ *  the saved q, k in backward); or keep only each block's input and rerun the block in backward. */
+enum class Recompute : uint8_t { none, selective, full };
+Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
+const char* recompute_name(Recompute r);
+
+/** What one micro-batch's forward through a block leaves for backward. Pointers into memory the
+ *  model owns; att is null when the probabilities are recomputed. */
+template <typename F>
+struct BlockActs {
+  F *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
+  F *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+
+  /** Elements of every buffer for micro-batches (B,T), with or without att. */
+  static size_t elements(const GptConfig& c, int B, int T, bool with_att);
+  /** Carves the buffers out of `p` (elements(...) long). */
+  static BlockActs carve(F* p, const GptConfig& c, int B, int T, bool with_att);
+};
+
+/** Backward scratch shared by every block: (B,T,C), (B,T,3C), (B,NH,T,T) twice, (B,T,C), (B,T,4C).
+ *  att holds recomputed probabilities under selective recomputation. */
+template <typename F>
+struct BlockScratch {
+  F *dln, *dqkv, *datt, *att, *datty, *dfch;
+  static size_t elements(const GptConfig& c, int B, int T);
+  static BlockScratch carve(F* p, const GptConfig& c, int B, int T);
+};
+
+/** Keys and values of every position fed so far, for generation: each (B,maxT,C). */
+template <typename F>
+struct KvCache {
+  F *keys = nullptr, *values = nullptr, *scores = nullptr;  // scores: (maxT) scratch
+};
+
+template <typename F>
+class BlockT {
+ public:
+  /** Registers "transformer.h.<layer>.*" in `store`, inside the unit the caller opened, in the
+   *  order backward produces their gradients. */
+  BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store);
+
+  // x and y are (B,T,C), y = block(x); `a` receives the activations. With `cache`, the T tokens
+  // are positions pos0.. of a sequence whose earlier keys and values are in the cache (a.att is
+  // then unused).
+  void forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
+               const KvCache<F>* cache = nullptr, int pos0 = 0);
+  // dres (B,T,C): dL/dy in, dL/dx out. x is the block's input, `a` its activations (att null:
+  // recomputed into s.att). Parameter gradients accumulate (+=).
+  void backward(F* dres, const F* x, const BlockActs<F>& a, const BlockScratch<F>& s, int B, int T);
+
+  int layer() const { return layer_; }
+
+ private:
+  const GptConfig& c_;
+  ParamStoreT<F>& store_;
+  int layer_;
+  TensorId fcprojw_, fcprojb_, fcw_, fcb_, ln2w_, ln2b_, attprojw_, attprojb_, qkvw_, qkvb_, ln1w_,
+      ln1b_;
+};
+
+}  // namespace tetra

@@ -1,0 +1,43 @@
+// The language-model head as a module: the final LayerNorm and the logits through the tied
+// embedding matrix, with the fused softmax cross-entropy. It registers ln_f and reads wte, which
+// the embedding owns, by id.
+#pragma once
+
+#include <cstdint>
+
+#include "core/param_store.h"
+#include "model/gpt_config.h"
+
+namespace tetra {
+
+/** What the head's forward leaves for its backward: lnf (B,T,C), its mean and rstd (B,T), the
+ *  logits (B,T,Vp) (overwritten by their gradient in backward) and per-token losses (B,T). */
+template <typename F>
+struct HeadActs {
+  F *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+  static size_t elements(const GptConfig& c, int B, int T);
+  static HeadActs carve(F* p, const GptConfig& c, int B, int T);
+};
+
+template <typename F>
+class HeadT {
+ public:
+  /** Registers ln_f inside the caller's open unit; `wte` is the tied embedding's id. */
+  HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte);
+
+  // x (B,T,C) -> logits (B,T,Vp) in a.logits.
+  void forward(const F* x, const HeadActs<F>& a, int B, int T);
+  // The mean loss over the (B,T) targets; logits untouched.
+  double loss(const int32_t* targets, const HeadActs<F>& a, int B, int T);
+  // After forward: the mean loss, and dres (B,T,C) = dL/dx for d(L)/d(mean loss) = loss_scale.
+  // dln (B,T,C) is scratch. Accumulates the gradients of ln_f and wte.
+  double backward(F* dres, F* dln, const F* x, const int32_t* targets, const HeadActs<F>& a, int B,
+                  int T, float loss_scale);
+
+ private:
+  const GptConfig& c_;
+  ParamStoreT<F>& store_;
+  TensorId lnfw_, lnfb_, wte_;
+};
+
+}  // namespace tetra
