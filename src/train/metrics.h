@@ -1,9 +1,9 @@
 // Metrics as JSON Lines: one object per line, appended and flushed as each step ends. A write
 // that fails (a full disk, a file-size limit) stops the run with the path and the OS error, so no
-// step goes unrecorded silently.
+// step goes unrecorded silently, and cuts the file back to its last complete line.
 #pragma once
 
-#include <cstdio>
+#include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -24,7 +24,8 @@ class MetricsWriter {
 
  private:
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  size_t written_ = 0;  // bytes of complete lines in the file
 };
 
 }  // namespace tetra

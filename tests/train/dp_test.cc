@@ -1,11 +1,12 @@
-// Serial ≡ parallel for data parallelism: with a fixed global batch, dp = 1, 2, 4 (and gradient
-// accumulation 1 vs 4) give the same loss on every step and the same final weights; the same
-// layout run twice is bit-identical. Ranks are real processes under mpirun.
+// Serial ≡ parallel for data parallelism and ZeRO: with a fixed global batch, dp = 1, 2, 4 (with
+// gradient accumulation) and every ZeRO stage give the loss of the single-rank run at every step
+// and its final weights; the same layout run twice is bit-identical; the bytes each rank sends
+// per step are exactly the seeds' volumes. Ranks are real processes under mpirun.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,18 +15,25 @@
 
 #include "ckpt/safetensors.h"
 #include "data/token_shard.h"
+#include "tests/train/run_tetra.h"
 
 namespace tetra {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::run_command;
+using testing::tetra_command;
 
 struct Result {
   int code = 0;
   std::string output;
-  std::vector<double> loss, grad_norm;
+  std::vector<double> loss, grad_norm, comm_bytes;
   SafeTensorsFile weights;
 };
+
+// A vocabulary of 333 with no padding (vocab_multiple 1): wte's rows divide by no rank count.
+constexpr int kVocab = 333;
+constexpr int kSteps = 5;
 
 class DataParallel : public ::testing::Test {
  protected:
@@ -36,46 +44,42 @@ class DataParallel : public ::testing::Test {
     fs::create_directories(dir_);
     std::vector<uint32_t> tokens(20000);
     uint32_t x = 1;
-    for (auto& t : tokens) t = (x = x * 1103515245u + 12345u) >> 16 & 63;
+    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kVocab;
     write_token_shard((dir_ / "train.bin").string(), tokens);
   }
 
-  // Global batch 8 sequences per step, whatever the layout.
+  // Global batch 8 sequences per step, whatever the layout; shuffled data, warm-up + cosine.
   static Result train(int ranks, int micro_batch, int accum, const std::string& name,
                       const std::string& extra = "") {
     fs::path run = dir_ / name;
-    std::string args =
-        "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
-        "--model.max_seq=16 --train.seq_len=16 --train.steps=5 --optim.lr=1e-2 "
-        "--optim.warmup_steps=1 --run.threads=1 --dp.bucket_mb=0.01 --dist.timeout_s=60 "
-        "--train.micro_batch=" +
+    const std::string args =
+        "train --model.vocab_size=" + std::to_string(kVocab) +
+        " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
+        "--model.max_seq=16 --train.seq_len=16 --train.steps=" +
+        std::to_string(kSteps) +
+        " --optim.lr=1e-2 --optim.warmup_steps=2 --data.shuffle=true --run.threads=1 "
+        "--dp.bucket_mb=0.01 --dist.timeout_s=60 --train.micro_batch=" +
         std::to_string(micro_batch) + " --train.grad_accum=" + std::to_string(accum) +
         " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string() +
         " --save.final=" + (run / "w.safetensors").string() + " " + extra;
-    std::string cmd = ranks == 1 ? std::string(TETRA_BINARY) + " " + args
-                                 : std::string(TETRA_MPIEXEC) +
-                                       " --oversubscribe --allow-run-as-root --bind-to none "
-                                       "--mca btl self,vader -np " +
-                                       std::to_string(ranks) + " " + TETRA_BINARY + " " + args;
+    testing::Ran ran = run_command(tetra_command(ranks, args));
     Result r;
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-    int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.code = ran.code;
+    r.output = ran.output;
     if (r.code != 0) return r;
     std::ifstream in(run / "metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
       auto j = nlohmann::json::parse(line);
       r.loss.push_back(j["loss"]);
       r.grad_norm.push_back(j["grad_norm"]);
+      r.comm_bytes.push_back(j["comm_bytes"]);
     }
     r.weights = read_safetensors((run / "w.safetensors").string());
     return r;
   }
 
   static void expect_same_trajectory(const Result& a, const Result& b, double tol) {
-    ASSERT_EQ(a.loss.size(), 5u);
+    ASSERT_EQ(a.loss.size(), size_t(kSteps));
     ASSERT_EQ(a.loss.size(), b.loss.size());
     for (size_t i = 0; i < a.loss.size(); ++i) {
       EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
@@ -86,6 +90,7 @@ class DataParallel : public ::testing::Test {
     // of arbitrary sign, so an elementwise maximum would measure noise, not the layout.
     // The key third of c_attn.bias is therefore compared on its own: it must stay at noise level.
     double worst = 0;
+    ASSERT_EQ(a.weights.tensors.size(), b.weights.tensors.size());
     for (const auto& [name, t] : a.weights.tensors) {
       auto x = t.to_f32(), y = b.weights.tensors.at(name).to_f32();
       if (name.ends_with("attn.c_attn.bias")) {
@@ -126,15 +131,93 @@ TEST_F(DataParallel, EveryLayoutReproducesTheSingleRankTrajectory) {
   expect_same_trajectory(serial, dp4, 1e-5);
 }
 
+// Every ZeRO stage (and stage 3 keeping parameters between forward and backward) on 1, 2 and 4
+// ranks, with gradient accumulation.
+TEST_F(DataParallel, EveryZeroStageReproducesTheSingleRankTrajectory) {
+  Result serial = train(1, 8, 1, "z_serial");
+  ASSERT_EQ(serial.code, 0) << serial.output;
+  for (int ranks : {1, 2, 4}) {
+    int variant = 0;
+    for (std::string stage : {"1", "2", "3", "3 --zero.reshard_after_forward=false"}) {
+      const std::string name = fmt::format("z{}_{}", ranks, variant++);
+      SCOPED_TRACE(std::to_string(ranks) + " ranks, --zero.stage=" + stage);
+      Result r = train(ranks, 8 / ranks / 2, 2, name, "--zero.stage=" + stage);
+      ASSERT_EQ(r.code, 0) << r.output;
+      expect_same_trajectory(serial, r, 1e-5);
+      if (ranks == 1) {
+        EXPECT_NE(r.output.find("shards nothing"), std::string::npos) << r.output;
+      }
+    }
+  }
+}
+
+// Elements of the flat parameter layout on `ranks` ranks: every tensor 16-aligned, every unit (a
+// block; the embeddings with ln_f) padded to a multiple of 16 * ranks.
+double flat_elements(int ranks) {
+  const int64_t C = 32, V = kVocab, T = 16;
+  auto align = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  const int64_t block_tensors[] = {C * 4 * C, C, 4 * C * C, 4 * C, C, C,
+                                   C * C,     C, 3 * C * C, 3 * C, C, C};
+  int64_t block = 0;
+  for (int64_t n : block_tensors) block += align(n, 16);
+  const int64_t root = align(T * C, 16) + align(V * C, 16) + 2 * align(C, 16);
+  return double(2 * align(block, 16 * ranks) + align(root, 16 * ranks));
+}
+
+// 000/004: data parallelism all-reduces the gradient, 2(N-1)/N of its bytes per rank; ZeRO-1 and
+// 2 reduce-scatter it and all-gather the parameters, (N-1)/N each, the same total; ZeRO-3
+// all-gathers the parameters twice (forward, backward), 1.5x; without resharding once, 1x.
+// Stages 2 and 3 reduce every micro-batch.
+TEST_F(DataParallel, BytesSentPerStepAreTheSeedsVolumes) {
+  for (int ranks : {2, 4}) {
+    const double D = 4.0 * flat_elements(ranks), share = double(ranks - 1) / ranks;
+    struct Case {
+      std::string flags;
+      int accum;
+      double volume;
+    };
+    const Case cases[] = {
+        {"--zero.stage=0", 1, 2 * share * D},
+        {"--zero.stage=1", 1, 2 * share * D},
+        {"--zero.stage=2", 1, 2 * share * D},
+        {"--zero.stage=3", 1, 3 * share * D},
+        {"--zero.stage=3 --zero.reshard_after_forward=false", 1, 2 * share * D},
+        {"--zero.stage=0", 2, 2 * share * D},
+        {"--zero.stage=2", 2, 3 * share * D},
+        {"--zero.stage=3", 2, 6 * share * D},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks, accumulation " + std::to_string(c.accum) + " " +
+                   c.flags);
+      Result r = train(ranks, 8 / ranks / c.accum, c.accum, "bytes", c.flags);
+      ASSERT_EQ(r.code, 0) << r.output;
+      for (double sent : r.comm_bytes) EXPECT_NEAR(sent, c.volume, 1e-9 * c.volume);
+    }
+  }
+}
+
 TEST_F(DataParallel, SameLayoutTwiceIsBitIdentical) {
-  for (bool overlap : {true, false}) {
-    std::string flag = overlap ? "--dp.overlap=true" : "--dp.overlap=false";
-    Result a = train(2, 4, 1, "twice_a", flag), b = train(2, 4, 1, "twice_b", flag);
+  for (std::string flags : {"--dp.overlap=true", "--dp.overlap=false", "--zero.stage=3"}) {
+    Result a = train(2, 4, 1, "twice_a", flags), b = train(2, 4, 1, "twice_b", flags);
     ASSERT_EQ(a.code, 0) << a.output;
     ASSERT_EQ(b.code, 0) << b.output;
-    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.loss, b.loss) << flags;
     for (const auto& [name, t] : a.weights.tensors) {
-      EXPECT_EQ(t.bytes, b.weights.tensors.at(name).bytes) << name;
+      EXPECT_EQ(t.bytes, b.weights.tensors.at(name).bytes) << flags << " " << name;
+    }
+  }
+}
+
+TEST_F(DataParallel, RecomputationIsBitIdenticalAtTheSameLayout) {
+  Result none = train(2, 2, 2, "rc_none", "--zero.stage=3");
+  ASSERT_EQ(none.code, 0) << none.output;
+  for (std::string mode : {"selective", "full"}) {
+    Result r = train(2, 2, 2, "rc_" + mode, "--zero.stage=3 --train.recompute=" + mode);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.loss, none.loss) << mode;
+    EXPECT_EQ(r.grad_norm, none.grad_norm) << mode;
+    for (const auto& [name, t] : none.weights.tensors) {
+      EXPECT_EQ(t.bytes, r.weights.tensors.at(name).bytes) << mode << " " << name;
     }
   }
 }
@@ -146,6 +229,9 @@ TEST_F(DataParallel, InconsistentLayoutIsRefused) {
   Result tp = train(2, 4, 1, "bad_tp", "--parallel.tp=2 --parallel.dp=1");
   EXPECT_NE(tp.code, 0);
   EXPECT_NE(tp.output.find("data parallelism only"), std::string::npos) << tp.output;
+  Result stage = train(1, 8, 1, "bad_stage", "--zero.stage=4");
+  EXPECT_NE(stage.code, 0);
+  EXPECT_NE(stage.output.find("zero.stage"), std::string::npos) << stage.output;
 }
 
 }  // namespace
