@@ -215,6 +215,30 @@ void flatten(const toml::table& table, const std::string& prefix, const ConfigSc
   }
 }
 
+// Well-formed UTF-8: no stray continuation bytes, overlong forms, surrogates or code points
+// beyond U+10FFFF.
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinOfLength[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
 }  // namespace
 
 ConfigValue parse_value(const KeySpec& spec, const std::string& text, const std::string& where) {
@@ -355,7 +379,9 @@ Config Config::parse(const ConfigSchema& schema, std::string_view toml_text,
     }
     std::vector<std::pair<std::string, const toml::node*>> entries;
     flatten(table, "", schema, entries);
-    for (const auto& [key, node] : entries) {
+    for (const auto& entry : entries) {
+      const std::string& key = entry.first;
+      const toml::node* node = entry.second;
       const auto where = fmt::format("[config] {}:{}:{}: ", origin, node->source().begin.line,
                                      node->source().begin.column);
       bool known = std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
@@ -373,7 +399,11 @@ Config Config::parse(const ConfigSchema& schema, std::string_view toml_text,
     bool known = std::any_of(schema.begin(), schema.end(), [&](auto& s) { return s.key == key; });
     TETRA_CHECK(known, "[config] unknown key '{}' (from --{}).{}", shown(key), shown(o),
                 suggestion(schema, key));
-    c.values_[key] = parse_value(c.spec(key), o.substr(eq + 1), "[config] command line: ");
+    const KeySpec& spec = c.spec(key);
+    // A TOML document holds only UTF-8, and the config is saved as one (config.toml of a run).
+    TETRA_CHECK(spec.kind != ValueKind::String || valid_utf8(o),
+                "[config] command line: '{}' must be UTF-8 text; the value has invalid bytes", key);
+    c.values_[key] = parse_value(spec, o.substr(eq + 1), "[config] command line: ");
     c.set_[key] = true;
   }
   return c;
@@ -415,8 +445,10 @@ std::string Config::to_toml() const {
     toml::table& t = *root[section].as_table();
     std::visit([&](const auto& v) { t.insert(name, v); }, values_.at(s.key));
   }
+  // Basic strings only: toml++'s literal and multi-line forms cannot hold every string (a value
+  // with three quotes and a newline was written as a multi-line literal that did not parse back).
   std::ostringstream os;
-  os << root << "\n";
+  os << toml::toml_formatter(root, toml::format_flags::indentation) << "\n";
   return os.str();
 }
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -250,6 +251,23 @@ TEST(Config, RoundTripsThroughToml) {
   EXPECT_DOUBLE_EQ(d.f("optim.lr"), 0.5);
   EXPECT_EQ(d.s("run.dir"), "a b");
   EXPECT_EQ(d.i("model.n_layer"), 4);
+}
+
+// Whatever a string holds, the saved config loads back to it: a value with three single quotes
+// and a newline was once saved as a multi-line literal string that did not parse (found by
+// fuzz/config_fuzz.cc).
+TEST(Config, StringsRoundTripThroughToml) {
+  for (const std::string& dir :
+       std::vector<std::string>{"m'''x\nline", "a\"b\\c", "tab\there", "caf\xc3\xa9",
+                                std::string("nul\0byte", 8), "\"\"\"\n"}) {
+    Config c = Config::from_overrides(kSchema, {"run.dir=" + dir});
+    EXPECT_EQ(c.s("run.dir"), dir);
+    Config d = Config::parse(kSchema, c.to_toml(), "saved", {});
+    EXPECT_EQ(d.s("run.dir"), dir) << c.to_toml();
+  }
+  EXPECT_TRUE(has(override_error("run.dir", "a\xff"), "'run.dir' must be UTF-8 text"));
+  EXPECT_TRUE(has(override_error("run.dir", "\xed\xa0\x80"), "must be UTF-8 text"));
+  EXPECT_TRUE(has(override_error("run.dir", "\xc0\xaf"), "must be UTF-8 text"));
 }
 
 TEST(Config, EditDistance) {

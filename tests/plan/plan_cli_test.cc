@@ -2,10 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "core/config.h"
+#include "plan/plan_config.h"
 
 namespace {
 
@@ -190,6 +195,19 @@ TEST(PlanCli, HelpShowsEveryKeyWithItsRange) {
       EXPECT_TRUE(has(r, s)) << s << "\n" << r.out;
     }
   }
+}
+
+// docs/plan.md's key table is the schema's (see the same test for docs/training.md).
+TEST(PlanDocs, KeyTableMatchesTheSchema) {
+  std::ifstream in(std::string(TETRA_SOURCE_DIR) + "/docs/plan.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string missing;
+  for (const tetra::KeySpec& k : tetra::plan::plan_schema()) {
+    const std::string row = "| `" + k.key + "` | `" + k.default_value + "` | " +
+                            tetra::describe_valid(k) + " | " + k.help + " |";
+    if (doc.find(row + "\n") == std::string::npos) missing += row + "\n";
+  }
+  EXPECT_EQ(missing, "") << "rows missing from or different in docs/plan.md:\n" << missing;
 }
 
 }  // namespace

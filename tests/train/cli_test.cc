@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -271,6 +272,20 @@ TEST_F(TrainCli, MalformedConfigFilesAreRefused) {
     EXPECT_NE(r.output.find("error: [config] " + e.path().string()), std::string::npos) << r.output;
   }
   EXPECT_GE(files, 10u);
+}
+
+// docs/training.md's key table is the schema's: a key added, or a range changed, without its row
+// fails here, and the message lists the rows to paste.
+TEST(TrainDocs, KeyTableMatchesTheSchema) {
+  std::ifstream in(fs::path(TETRA_SOURCE_DIR) / "docs/training.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string missing;
+  for (const KeySpec& k : train_config_schema()) {
+    const std::string row = "| `" + k.key + "` | `" + k.default_value + "` | " + describe_valid(k) +
+                            " | " + k.help + " |";
+    if (doc.find(row + "\n") == std::string::npos) missing += row + "\n";
+  }
+  EXPECT_EQ(missing, "") << "rows missing from or different in docs/training.md:\n" << missing;
 }
 
 // The other commands share the parser: unknown flags get a suggestion, values are range-checked
