@@ -47,7 +47,7 @@ def run_tetra(a, ranks, overlap, data, workdir):
     rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))][a.warmup:]
     return dict(tokens_per_s=statistics.median(r["tokens_per_s"] for r in rows),
                 comm_ms=statistics.median(r.get("comm_ms", 0.0) for r in rows),
-                reduce_ms=statistics.median(r.get("reduce_ms", 0.0) for r in rows))
+                reduce_ms=statistics.median(r.get("comm_exec_ms", 0.0) for r in rows))
 
 
 def torch_worker(rank, world, steps, warmup, data, port, out):

@@ -634,7 +634,7 @@ void MpiGroup::exec_reduce_scatter(Op& op) {
   const size_t total = op.in.count;
   const int n = size_, r = rank_;
   if (n == 1) {
-    if (total) std::memcpy(out, in, total * sizeof(float));
+    if (total && out != in) std::memcpy(out, in, total * sizeof(float));
     return;
   }
   if (total == 0) return;

@@ -46,6 +46,7 @@ DataParallel::DataParallel(comm::Communicator dp, ParamStore& store, const ZeroO
   bounds_.push_back(store.flat_size());
   params_.resize(store.units().size());
   grad_ws_.assign(store.units().size(), nullptr);
+  reserve_workspaces();
 }
 
 DataParallel::~DataParallel() {
@@ -113,6 +114,32 @@ comm::Work DataParallel::all_gather(const float* shard, float* full, size_t shar
                         std::span<float>(full, shard_n * size_t(n_)));
 }
 
+void DataParallel::reserve_workspaces() {
+  // The most workspaces the passes hold at once. Gradients (stages 2, 3): the root's for the whole
+  // backward, and two blocks' (one produced while the previous one reduces; before_backward waits
+  // for older reductions). Parameters (stage 3): the root's, and the block being computed plus
+  // zero.prefetch gathers ahead — or, kept between forward and backward, every block (the one
+  // whose gradient is produced is among them). They are allocated up front, so the memory a run
+  // holds is this bound, the figure `tetra plan` predicts, whatever the timing.
+  if (opt_.stage < 2) return;
+  const auto& units = store_.units();
+  const size_t blocks = units.size() - 1;
+  size_t block_bufs = std::min<size_t>(2, blocks), root_bufs = 1;
+  if (opt_.stage == 3) {
+    root_bufs = 2;
+    block_bufs = opt_.reshard_after_forward
+                     ? std::min<size_t>(1 + size_t(opt_.prefetch), blocks) + block_bufs
+                     : blocks + 1;
+  }
+  auto add = [&](size_t n) {
+    auto w = std::make_unique<Workspace>();
+    w->buf = Buffer<float>(n, {ledger_, MemCategory::comm});
+    pool_.push_back(std::move(w));
+  };
+  for (size_t i = 0; i < root_bufs; ++i) add(units.back().padded);
+  for (size_t i = 0; blocks > 0 && i < block_bufs; ++i) add(units.front().padded);
+}
+
 float* DataParallel::acquire(size_t n, bool zero) {
   for (auto& w : pool_) {
     if (!w->busy && w->buf.size() == n) {
@@ -121,11 +148,7 @@ float* DataParallel::acquire(size_t n, bool zero) {
       return w->buf.data();
     }
   }
-  auto w = std::make_unique<Workspace>();
-  w->buf = Buffer<float>(n, {ledger_, MemCategory::comm});  // zeroed
-  w->busy = true;
-  pool_.push_back(std::move(w));
-  return pool_.back()->buf.data();
+  fail("[zero] internal: no free workspace of {} elements (the bound of reserve_workspaces)", n);
 }
 
 void DataParallel::release(float* p) {
@@ -169,16 +192,15 @@ void DataParallel::reduce_unit_grads(int unit) {
     case 1:  // in place: this rank's slice of the unit receives the mean
       reduce_scatter_avg(g + u.offset, g + store_.shard_begin(unit), u.shard, {});
       return;
-    default: {  // 2, 3: the workspace is reduced into a scratch shard, then added to the shard
+    default: {  // 2, 3: reduce-scatter the workspace in place, then add this rank's slice
       float* ws = std::exchange(grad_ws_[size_t(unit)], nullptr);
       store_.bind_grads(unit, nullptr);
-      float* scratch = acquire(u.shard, false);
+      float* mine = ws + size_t(rank_) * u.shard;
       float* dst = g + u.shard_offset;
       const size_t count = u.shard;
-      reduce_scatter_avg(ws, scratch, count, [this, ws, scratch, dst, count] {
+      reduce_scatter_avg(ws, mine, count, [this, ws, mine, dst, count] {
 #pragma omp simd
-        for (size_t i = 0; i < count; ++i) dst[i] += scratch[i];
-        release(scratch);
+        for (size_t i = 0; i < count; ++i) dst[i] += mine[i];
         release(ws);
       });
       return;

@@ -105,6 +105,7 @@ class DataParallel final : public UnitHooks {
   void poll();
   void drain(size_t keep = 0);  // waits until at most `keep` operations are pending
 
+  void reserve_workspaces();
   float* acquire(size_t n, bool zero);
   void release(float* p);
 

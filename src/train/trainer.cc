@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/gpt_io.h"
+#include "plan/run_memory.h"
 #include "train/peak.h"
 
 namespace tetra {
@@ -268,20 +269,45 @@ double Trainer::evaluate() {
   return sum / opt_.eval_batches;
 }
 
+plan::RunShape Trainer::run_shape() const {
+  const GptConfig& m = opt_.model;
+  plan::RunShape s;
+  s.vocab = m.vocab_size;
+  s.padded_vocab = m.padded_vocab;
+  s.layers = m.n_layer;
+  s.d_model = m.d_model;
+  s.heads = m.n_head;
+  s.max_seq = m.max_seq;
+  s.micro_batch = opt_.micro_batch;
+  s.seq = opt_.seq_len;
+  s.recompute = recompute_ == Recompute::full        ? plan::Recompute::Full
+                : recompute_ == Recompute::selective ? plan::Recompute::Selective
+                                                     : plan::Recompute::None;
+  s.zero = opt_.zero.stage;
+  s.dp = dp_size_;
+  s.reshard_after_forward = opt_.zero.reshard_after_forward;
+  s.prefetch = opt_.zero.prefetch;
+  return s;
+}
+
 std::string Trainer::memory_table(const char* when) const {
   constexpr double MB = 1.0 / (1 << 20);
-  std::string out = fmt::format("[memory] per rank {}: {:<12} {:>10} {:>10}\n", when, "category",
-                                "now MB", "peak MB");
+  const plan::RunMemory p = plan::run_memory(run_shape());
+  const double planned[kMemCategories] = {p.params,      p.grads, p.optimizer,
+                                          p.activations, p.comm,  p.temporaries};
+  std::string out = fmt::format("[memory] per rank {}: {:<12} {:>10} {:>10} {:>10}\n", when,
+                                "category", "now MB", "peak MB", "plan MB");
   for (size_t c = 0; c < kMemCategories; ++c) {
     const auto cat = MemCategory(c);
-    out += fmt::format("[memory]   {:<12} {:>10.1f} {:>10.1f}\n", mem_category_name(cat),
-                       double(ledger_.current(cat)) * MB, double(ledger_.peak(cat)) * MB);
+    out += fmt::format("[memory]   {:<12} {:>10.1f} {:>10.1f} {:>10.1f}\n", mem_category_name(cat),
+                       double(ledger_.current(cat)) * MB, double(ledger_.peak(cat)) * MB,
+                       planned[c] * MB);
   }
   const Rss rss = read_rss();
-  out +=
-      fmt::format("[memory]   {:<12} {:>10.1f} {:>10.1f}   (process RSS: {:.1f} / {:.1f} MB)",
-                  "total", double(ledger_.current_total()) * MB, double(ledger_.peak_total()) * MB,
-                  double(rss.current) * MB, double(rss.peak) * MB);
+  out += fmt::format(
+      "[memory]   {:<12} {:>10.1f} {:>10.1f} {:>10.1f}   (process RSS: {:.1f} / {:.1f} MB)",
+      "total", double(ledger_.current_total()) * MB, double(ledger_.peak_total()) * MB,
+      p.total() * MB, double(rss.current) * MB, double(rss.peak) * MB);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "plan/run_memory.h"
 #include "train/metrics.h"
 #include "train/train_config.h"
 
@@ -47,6 +48,7 @@ class Trainer {
   void load_batch(TokenDataset& data, SampleOrder& order, int64_t first_sample);
   double evaluate();
   void print_header() const;
+  plan::RunShape run_shape() const;  // this run, for the planner's memory ledger
   std::string memory_table(const char* when) const;
   void save_final();
 

@@ -1,0 +1,40 @@
+// The memory ledger of a tetra training run, by the trainer's own categories: what `tetra train`
+// allocates per rank for a GPT-2 model, micro-batch, recomputation and ZeRO layout (fp32). The
+// trainer prints it next to what it measures, and `tetra plan` reports it for the layout it
+// plans; tests hold the two within 5% of each other (docs/training.md, "Memory").
+#pragma once
+
+#include <cstdint>
+
+#include "plan/training_spec.h"
+
+namespace tetra::plan {
+
+struct RunShape {
+  int64_t vocab = 0, padded_vocab = 0;  // V and the padded rows of wte
+  int64_t layers = 0, d_model = 0, heads = 0, max_seq = 0;
+  int64_t micro_batch = 1, seq = 1;  // B, T
+  Recompute recompute = Recompute::None;
+  int zero = 0;
+  int64_t dp = 1;
+  bool reshard_after_forward = true;
+  int64_t prefetch = 1;
+};
+
+/** Bytes per rank by category; the names are the trainer's (core/memory.h). */
+struct RunMemory {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, temporaries = 0;
+  double total() const { return params + grads + optimizer + activations + comm + temporaries; }
+};
+
+/** Parameter elements of the flat layout: a block per unit and the embeddings with ln_f as the
+ *  last, each tensor aligned to 16 elements and each unit padded to a multiple of 16 * dp. */
+struct FlatLayout {
+  double block = 0, root = 0;  // padded elements of one block unit and of the root unit
+  double total = 0;
+};
+FlatLayout flat_layout(const RunShape& s);
+
+RunMemory run_memory(const RunShape& s);
+
+}  // namespace tetra::plan
