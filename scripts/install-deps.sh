@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git clang-format
   libdnnl-dev libomp-dev
   openmpi-bin libopenmpi-dev
-  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
+  libtomlplusplus-dev nlohmann-json3-dev libfmt-dev libxxhash-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # clang and its runtime libraries (libFuzzer, ASan, UBSan) for the fuzz targets in fuzz/.
   clang libclang-rt-14-dev

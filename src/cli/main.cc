@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/config.h"
 #include "core/error.h"
 
 namespace {
@@ -66,7 +67,10 @@ int main(int argc, char** argv) {
       return 3;
     }
   }
-  std::fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
+  std::vector<std::string> names;
+  for (const auto& c : kCommands) names.emplace_back(c.name);
+  std::fprintf(stderr, "error: [tetra] unknown command '%s'.%s\n\n", argv[1],
+               tetra::closest_suggestion(names, argv[1]).c_str());
   usage();
   return 2;
 }

@@ -70,25 +70,23 @@ CommOptions CommOptions::from_config(const Config& config) {
   o.debug_hash = config.b("dist.debug_hash");
   o.debug_hash_every = config.i("dist.debug_hash_every");
   o.history = config.i("dist.history");
-  TETRA_CHECK(o.timeout_s > 0, "[comm] dist.timeout_s must be > 0 seconds, got {}", o.timeout_s);
-  TETRA_CHECK(o.debug_hash_every >= 1, "[comm] dist.debug_hash_every must be >= 1, got {}",
-              o.debug_hash_every);
-  TETRA_CHECK(o.history >= 1, "[comm] dist.history must be >= 1, got {}", o.history);
   return o;
 }
 
 ConfigSchema comm_config_schema() {
   return {
       {"dist.backend", ValueKind::String, "\"mpi\"",
-       "communication backend: mpi (CPU) or nccl (needs a CUDA build)"},
+       "communication backend: mpi (CPU) or nccl (needs a CUDA build)", "mpi | nccl"},
       {"dist.timeout_s", ValueKind::Float, "300",
-       "seconds a collective may stay pending before the watchdog reports and aborts (exit 75)"},
+       "seconds a collective may stay pending before the watchdog reports and aborts (exit 75)",
+       "(0, 1e6]"},
       {"dist.debug_hash", ValueKind::Bool, "false",
        "compare a hash of the collective sequence across ranks; a mismatch aborts (exit 76)"},
       {"dist.debug_hash_every", ValueKind::Int, "1",
-       "with dist.debug_hash: compare every K-th collective of a group (and at every barrier)"},
+       "with dist.debug_hash: compare every K-th collective of a group (and at every barrier)",
+       "[1, 1000000]"},
       {"dist.history", ValueKind::Int, "64",
-       "collectives kept per rank in the ring buffer dumped by the watchdog"},
+       "collectives kept per rank in the ring buffer dumped by the watchdog", "[1, 1000000]"},
   };
 }
 

@@ -172,7 +172,12 @@ void DataParallel::begin_step() {
   next_bucket_ = 0;
 }
 
-void DataParallel::begin_micro_batch(bool last) { reduce_now_ = opt_.stage >= 2 || last; }
+void DataParallel::begin_micro_batch(bool last) {
+  // The previous micro-batch's reductions release their workspaces before this one needs them
+  // (the root's is reduced at the very end of backward).
+  drain();
+  reduce_now_ = opt_.stage >= 2 || last;
+}
 
 void DataParallel::issue_buckets_up_to(size_t n) {
   float* g = store_.grads().data();

@@ -29,11 +29,14 @@ MeshShape MeshShape::from_config(const Config& config) {
 
 ConfigSchema mesh_config_schema() {
   return {
-      {"parallel.dp", ValueKind::Int, "0", "data-parallel size; 0 = world size / (tp * pp)"},
-      {"parallel.tp", ValueKind::Int, "1", "tensor-parallel size (fastest-varying rank dimension)"},
-      {"parallel.pp", ValueKind::Int, "1", "pipeline-parallel size (slowest-varying)"},
+      {"parallel.dp", ValueKind::Int, "0", "data-parallel size; 0 = world size / (tp * pp)",
+       "[0, 1048576]"},
+      {"parallel.tp", ValueKind::Int, "1", "tensor-parallel size (fastest-varying rank dimension)",
+       "[1, 1048576]"},
+      {"parallel.pp", ValueKind::Int, "1", "pipeline-parallel size (slowest-varying)",
+       "[1, 1048576]"},
       {"parallel.ep", ValueKind::Int, "1",
-       "expert-parallel size; borrows DP ranks, so it must divide dp"},
+       "expert-parallel size; borrows DP ranks, so it must divide dp", "[1, 1048576]"},
   };
 }
 

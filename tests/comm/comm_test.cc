@@ -36,8 +36,9 @@ TEST(CommOptions, DefaultsAndOverrides) {
   EXPECT_TRUE(o.debug_hash);
   EXPECT_EQ(o.debug_hash_every, 1);
   EXPECT_EQ(o.history, 64);
-  Config bad = Config::from_overrides(schema, {"dist.timeout_s=0"});
-  EXPECT_THROW(CommOptions::from_config(bad), Error);
+  EXPECT_THROW(Config::from_overrides(schema, {"dist.timeout_s=0"}), Error);
+  EXPECT_THROW(Config::from_overrides(schema, {"dist.history=0"}), Error);
+  EXPECT_THROW(Config::from_overrides(schema, {"dist.backend=gloo"}), Error);
 }
 
 TEST(Backend, NcclStubSaysItIsNotBuilt) {
