@@ -1,9 +1,8 @@
 // The reported failure, end to end: `tetra plan` for the `cpu` cluster right after a 1-thread
 // `tetra train` in the same HOME. The train run leaves only a 1-thread peak in the shared cache;
 // the planner must measure the peak of its device's threads and add it, not refuse the file.
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,8 +23,9 @@ TEST(PlanAfterTrain, CpuPlanRunsAfterAOneThreadTrainRunInTheSameHome) {
   fs::remove_all(dir);
   fs::create_directories(dir / "home");
   // Both commands see only this HOME (and no XDG_CACHE_HOME that would move the cache).
-  const std::string run = std::string("cd ") + TETRA_SOURCE_DIR + " && env -u XDG_CACHE_HOME HOME=" +
-                          (dir / "home").string() + " " + TETRA_BINARY + " ";
+  const std::string run = std::string("cd ") + TETRA_SOURCE_DIR +
+                          " && env -u XDG_CACHE_HOME HOME=" + (dir / "home").string() + " " +
+                          TETRA_BINARY + " ";
   const fs::path cache = dir / "home" / ".cache" / "tetra" / "peak.json";
 
   const testing::CommandResult train =
