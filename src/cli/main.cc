@@ -1,6 +1,7 @@
 // tetra: thin dispatcher over the subcommands. Errors become one clear line and exit code 2.
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -50,6 +51,9 @@ void set_thread_wait_policy(char** argv) {
 
 int main(int argc, char** argv) {
   set_thread_wait_policy(argv);
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which tetra reports with
+  // the path, instead of the process dying silently of SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? 2 : 0;

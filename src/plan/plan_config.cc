@@ -20,6 +20,8 @@ const ConfigSchema& plan_schema() {
       {"model.ffn", ValueKind::Int, "0", "MLP width per expert (0 = 4 * d_model)", "[0, 1048576]"},
       {"model.vocab", ValueKind::Int, "0", "vocabulary size", "[0, 16777216]"},
       {"model.seq", ValueKind::Int, "0", "training sequence length", "[0, 16777216]"},
+      {"model.vocab_multiple", ValueKind::Int, "64",
+       "tetra pads the vocabulary (wte rows) to a multiple of this", "[1, 65536]"},
       {"model.experts", ValueKind::Int, "0", "MoE experts (0/1 = dense)", "[0, 1024]"},
       {"model.top_k", ValueKind::Int, "0", "experts per token", "[0, 1024]"},
       {"cluster.preset", ValueKind::String, "\"\"", "h100, h200, a100-80g or cpu"},
@@ -67,6 +69,9 @@ const ConfigSchema& plan_schema() {
       {"layout.v", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)", "[0, 1024]"},
       {"layout.microbatches", ValueKind::Int, "0", "micro-batches per step (0 = from the batch)",
        "[0, 1000000000]"},
+      {"zero.reshard_after_forward", ValueKind::Bool, "true",
+       "ZeRO-3: parameters freed after forward and gathered again for backward"},
+      {"zero.prefetch", ValueKind::Int, "1", "ZeRO-3: parameter gathers in flight ahead", "[0, 8]"},
   };
   return schema;
 }
@@ -98,6 +103,7 @@ ModelSpec model_from(const Config& cfg) {
   take("model.seq", m.seq);
   take("model.experts", m.experts);
   take("model.top_k", m.top_k);
+  m.vocab_multiple = cfg.i("model.vocab_multiple");
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   if (m.ffn == 0) m.ffn = 4 * m.d_model;
   if (m.experts == 0) m.experts = 1;
@@ -154,6 +160,8 @@ TrainingSpec training_from(const Config& cfg) {
   t.target_mfu = cfg.f("training.target_mfu");
   t.kernel_efficiency = cfg.f("training.kernel_efficiency");
   t.restart_seconds = cfg.f("training.restart_minutes") * 60;
+  t.reshard_after_forward = cfg.b("zero.reshard_after_forward");
+  t.zero_prefetch = cfg.i("zero.prefetch");
   positive(t.tokens, "training.tokens", "the total tokens to train on, e.g. 15e12");
   positive(double(t.global_batch_tokens), "training.global_batch",
            "the tokens per optimizer step, e.g. 4194304");

@@ -22,6 +22,7 @@ struct ModelSpec {
   int64_t experts = 1;   // 1 = dense
   int64_t top_k = 1;     // experts per token
   bool gpt2_style = false;
+  int64_t vocab_multiple = 64;  // tetra pads the vocabulary (wte rows) to a multiple of this
 };
 
 /** Parameter count by part; per-layer parts are for one layer. */

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "plan/bubble.h"
 #include "plan/checkpoint_math.h"
+#include "plan/run_memory.h"
 #include "plan/units.h"
 
 namespace tetra::plan {
@@ -124,6 +125,30 @@ json plan_report(const PlanInputs& in, int top) {
                  {"min_devices_for_state", min_devices_for_state(P, c.memory_bytes, t.precision)},
                  {"layout", memory_json(chosen.memory, chosen.usable_bytes)},
                  {"zero_stages", stages}};
+
+  // What `tetra train` allocates for this layout, by its own memory categories (plan/run_memory).
+  if (m.gpt2_style && t.precision == Precision::Fp32 && m.experts == 1 && l.tp == 1 && l.pp == 1 &&
+      l.ep == 1) {
+    RunShape rs;
+    rs.vocab = m.vocab;
+    rs.padded_vocab = (m.vocab + m.vocab_multiple - 1) / m.vocab_multiple * m.vocab_multiple;
+    rs.layers = m.layers;
+    rs.d_model = m.d_model;
+    rs.heads = m.heads;
+    rs.max_seq = m.seq;
+    rs.micro_batch = l.micro_batch;
+    rs.seq = m.seq;
+    rs.recompute = t.recompute;
+    rs.zero = l.zero;
+    rs.dp = l.dp;
+    rs.reshard_after_forward = t.reshard_after_forward;
+    rs.prefetch = t.zero_prefetch;
+    const RunMemory run = run_memory(rs);
+    r["memory"]["tetra_run"] = {{"params", run.params},       {"grads", run.grads},
+                                {"optimizer", run.optimizer}, {"activations", run.activations},
+                                {"comm", run.comm},           {"temporaries", run.temporaries},
+                                {"total", run.total()}};
+  }
 
   // 2. Compute.
   const FlopsPerToken f = flops_per_token(m, t.recompute);
@@ -251,6 +276,14 @@ std::string format_report(const json& r) {
         s);
   }
   line(fmt::format("  usable per device: {}", hb(mem["layout"]["usable"])));
+  if (mem.contains("tetra_run")) {
+    const json& x = mem["tetra_run"];
+    line(fmt::format(
+        "  tetra train, this layout, per rank: params {}, grads {}, optimizer {}, activations {}, "
+        "comm {}, temporaries {}; total {}",
+        hb(x["params"]), hb(x["grads"]), hb(x["optimizer"]), hb(x["activations"]), hb(x["comm"]),
+        hb(x["temporaries"]), hb(x["total"])));
+  }
 
   const json& cp = r["compute"];
   line("");

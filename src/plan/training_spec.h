@@ -22,10 +22,12 @@ struct TrainingSpec {
   int64_t micro_batch = 0;          // sequences per micro-batch; 0 = let the search choose
   Precision precision = Precision::Bf16Mixed;
   Recompute recompute = Recompute::Selective;
-  double target_mfu = 0.4;         // for the compute ledger's wall-clock
-  double kernel_efficiency = 0.6;  // fraction of peak large matmuls reach; for step times
-  double restart_seconds = 600;    // detect + reschedule + reload after a failure
-  double bucket_bytes = 25e6;      // DP gradient bucket
+  double target_mfu = 0.4;            // for the compute ledger's wall-clock
+  double kernel_efficiency = 0.6;     // fraction of peak large matmuls reach; for step times
+  double restart_seconds = 600;       // detect + reschedule + reload after a failure
+  double bucket_bytes = 25e6;         // DP gradient bucket
+  bool reshard_after_forward = true;  // ZeRO-3: parameters gathered again for backward
+  int64_t zero_prefetch = 1;          // ZeRO-3: parameter gathers in flight ahead
 };
 
 }  // namespace tetra::plan

@@ -16,9 +16,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/peak.h"
 #include "model/gpt_io.h"
 #include "plan/run_memory.h"
-#include "train/peak.h"
 
 namespace tetra {
 
@@ -218,7 +219,7 @@ void Trainer::setup(const std::string& config_toml) {
   if (is_root()) start_run_dir(config_toml);
   // One rank measures (or reads the cache) and tells the others, so that ranks sharing a host
   // neither disturb each other's measurement nor race on the cache file.
-  if (!mesh_ || is_root()) peak_gflops_ = fp32_peak_gflops(threads_);
+  if (!mesh_ || is_root()) peak_gflops_ = cpu::fp32_peak_gflops(threads_);
   if (mesh_) {
     world_
         .broadcast(
@@ -330,8 +331,9 @@ void Trainer::print_header() const {
   log_info("{}", memory_table("before step 1"));
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
-      "model FLOPs/token {:.3g}",
-      threads_, peak_gflops_, m.flops_per_token(opt_.seq_len));
+      "model FLOPs/token {:.3g}; oneDNN ISA {}, bf16 matmuls {}",
+      threads_, peak_gflops_, m.flops_per_token(opt_.seq_len), cpu::onednn_isa(),
+      cpu::bf16_matmul_path().describe());
 }
 
 void Trainer::save_final() {

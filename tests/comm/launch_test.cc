@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -72,16 +73,19 @@ TEST(Launch, ReturnsTheRanksExitStatus) {
 }
 
 TEST(Launch, ForwardsSigtermToMpirun) {
-  // A stand-in for mpirun that reports the signal it gets through its exit status.
-  char path[] = "/tmp/tetra_fake_mpirun_XXXXXX";
-  int fd = mkstemp(path);
+  // A stand-in for mpirun that announces it started and reports the signal it gets through its
+  // exit status; the signal is sent only once it runs, so the test does not race its start.
+  std::string path = (std::filesystem::temp_directory_path() / "tetra_fake_mpirun_XXXXXX").string();
+  int fd = mkstemp(path.data());
   ASSERT_GE(fd, 0);
-  std::string script = "#!/bin/sh\ntrap 'exit 42' TERM\nwhile true; do sleep 0.05; done\n";
+  std::string script =
+      "#!/bin/sh\ntrap 'exit 42' TERM\ntouch \"$0.started\"\nwhile true; do sleep 0.05; done\n";
   ASSERT_EQ(write(fd, script.data(), script.size()), ssize_t(script.size()));
   close(fd);
-  chmod(path, 0700);
-  std::string cmd = std::string("bash -c 'MPIEXEC=") + path + " " + TETRA_BINARY +
-                    " launch -n 1 -- train & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; "
+  chmod(path.c_str(), 0700);
+  std::string cmd = "bash -c 'MPIEXEC=" + path + " " + TETRA_BINARY +
+                    " launch -n 1 -- train & pid=$!; while [ ! -e " + path +
+                    ".started ]; do sleep 0.05; done; kill -TERM $pid; wait $pid; "
                     "echo status=$?' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -90,7 +94,8 @@ TEST(Launch, ForwardsSigtermToMpirun) {
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   pclose(p);
-  unlink(path);
+  unlink(path.c_str());
+  unlink((path + ".started").c_str());
   EXPECT_NE(out.find("status=42"), std::string::npos) << out;
 }
 

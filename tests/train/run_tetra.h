@@ -12,15 +12,15 @@ namespace tetra::testing {
 
 struct Ran {
   int code = -1;
-  std::string output;  // stdout and stderr together
+  std::string output;  // stdout and (unless asked otherwise) stderr
   double seconds = 0;
 };
 
-/** Runs `cmd` through the shell, capturing both output streams. */
-inline Ran run_command(const std::string& cmd) {
+/** Runs `cmd` through the shell, capturing both output streams (or stdout alone). */
+inline Ran run_command(const std::string& cmd, bool with_stderr = true) {
   Ran r;
   Stopwatch clock;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : "")).c_str(), "r");
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
   const int status = pclose(p);

@@ -1,0 +1,127 @@
+// The memory ledger: for the gpt2-124m shape on 2 and 4 ranks, what every ZeRO stage measures per
+// rank in each category (the trainer's mem_* metrics) is within 5% of what `tetra plan` predicts
+// for the same model and layout, and the stages divide the state as the seeds say: ZeRO-1 the
+// optimizer state by N, ZeRO-2 also the gradients, ZeRO-3 also the parameters.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "data/token_shard.h"
+#include "tests/train/run_tetra.h"
+
+namespace tetra {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::Ran;
+using testing::run_command;
+using testing::tetra_command;
+
+constexpr int kB = 1, kT = 32;
+const char* const kCategories[] = {"params",      "grads", "optimizer",
+                                   "activations", "comm",  "temporaries"};
+
+class MemoryLedger : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("tetra_memory_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::vector<uint32_t> tokens(4096);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i * 7919 % 50257);
+    write_token_shard((dir_ / "train.bin").string(), tokens);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // The trainer's high-water marks per category after one step.
+  static json measured(int ranks, int stage, const std::string& recompute) {
+    const fs::path run = dir_ / ("run_" + std::to_string(ranks) + "_" + std::to_string(stage));
+    const Ran r = run_command(tetra_command(
+        ranks,
+        "train --model.vocab_size=50257 --model.n_layer=12 --model.n_head=12 "
+        "--model.d_model=768 --model.max_seq=" +
+            std::to_string(kT) + " --train.seq_len=" + std::to_string(kT) +
+            " --train.micro_batch=" + std::to_string(kB) +
+            " --train.steps=1 --run.threads=1 --zero.stage=" + std::to_string(stage) +
+            " --train.recompute=" + recompute + " --data.train=" + (dir_ / "train.bin").string() +
+            " --run.dir=" + run.string()));
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::ifstream in(run / "metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    return line.empty() ? json::object() : json::parse(line);
+  }
+
+  // `tetra plan`'s ledger of a tetra run for the same model and layout.
+  static json planned(int ranks, int stage, const std::string& recompute) {
+    const Ran r = run_command(
+        tetra_command(1, "plan --json --config " + std::string(TETRA_SOURCE_DIR) +
+                             "/configs/plan/gpt2-124m-cpu.toml --model.seq=" + std::to_string(kT) +
+                             " --cluster.gpus=" + std::to_string(ranks) +
+                             " --cluster.gpus_per_node=" + std::to_string(ranks) +
+                             " --training.global_batch=" + std::to_string(ranks * kT) +
+                             " --training.micro_batch=" + std::to_string(kB) +
+                             " --training.recompute=" + recompute +
+                             " --layout.tp=1 --layout.pp=1 --layout.dp=" + std::to_string(ranks) +
+                             " --layout.zero=" + std::to_string(stage)),
+        /*with_stderr=*/false);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return json::parse(r.output)["memory"]["tetra_run"];
+  }
+
+  static fs::path dir_;
+};
+fs::path MemoryLedger::dir_;
+
+TEST_F(MemoryLedger, EveryStageMatchesThePlanAndTheSeedsRatios) {
+  for (int ranks : {2, 4}) {
+    std::vector<json> runs;
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks, ZeRO stage " + std::to_string(stage));
+      const json got = measured(ranks, stage, "none"), want = planned(ranks, stage, "none");
+      for (const char* c : kCategories) {
+        const double m = got.value(std::string("mem_") + c, -1.0), p = want[c];
+        if (p == 0) {
+          EXPECT_EQ(m, 0.0) << c;
+        } else {
+          EXPECT_NEAR(m, p, 0.05 * p) << c;
+        }
+        RecordProperty(std::to_string(ranks) + "_" + std::to_string(stage) + "_" + c,
+                       std::to_string(m / std::max(p, 1.0)));
+      }
+      runs.push_back(got);
+    }
+    const double N = ranks;
+    auto ratio = [&](int stage, const char* c) {
+      return runs[size_t(stage)][std::string("mem_") + c].get<double>() /
+             runs[0][std::string("mem_") + c].get<double>();
+    };
+    EXPECT_NEAR(ratio(1, "optimizer"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(1, "grads"), 1.0, 1e-9);
+    EXPECT_NEAR(ratio(2, "optimizer"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(2, "grads"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(2, "params"), 1.0, 1e-9);
+    EXPECT_NEAR(ratio(3, "params"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(3, "grads"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(3, "optimizer"), 1 / N, 0.01 / N);
+  }
+}
+
+TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
+  const json none = measured(2, 0, "none"), full = measured(2, 0, "full");
+  const json want = planned(2, 0, "full");
+  const double got = full["mem_activations"];
+  EXPECT_NEAR(got, want["activations"].get<double>(), 0.05 * want["activations"].get<double>());
+  EXPECT_NEAR(full["mem_temporaries"].get<double>(), want["temporaries"].get<double>(),
+              0.05 * want["temporaries"].get<double>());
+  EXPECT_LT(got, 0.5 * none["mem_activations"].get<double>());
+}
+
+}  // namespace
+}  // namespace tetra
