@@ -1,4 +1,4 @@
-// Non-owning tensor views. A view is a pointer into a flat buffer plus a shape; it never frees.
+// Tensor shapes.
 #pragma once
 
 #include <cstdint>
@@ -6,8 +6,6 @@
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include "core/dtype.h"
 
 namespace tetra {
 
@@ -18,15 +16,5 @@ inline int64_t shape_numel(const Shape& s) {
 }
 
 std::string shape_str(const Shape& s);  // "(768, 2304)"
-
-/** A named tensor living inside a flat buffer at `offset` elements; the owner of the buffer
- * turns it into a pointer (one layout serves parameters, gradients and optimizer state). */
-struct TensorView {
-  std::string name;
-  Shape shape;
-  size_t offset = 0;  // elements from the start of the owning flat buffer
-
-  int64_t numel() const { return shape_numel(shape); }
-};
 
 }  // namespace tetra

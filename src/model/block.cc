@@ -12,25 +12,6 @@
 
 namespace tetra {
 
-Recompute parse_recompute(const std::string& text) {
-  if (text == "none") return Recompute::none;
-  if (text == "selective") return Recompute::selective;
-  if (text == "full") return Recompute::full;
-  fail("[train] train.recompute='{}' is unknown; use none, selective or full", text);
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none:
-      return "none";
-    case Recompute::selective:
-      return "selective";
-    case Recompute::full:
-      return "full";
-  }
-  return "?";
-}
-
 template <typename F>
 size_t BlockActs<F>::elements(const GptConfig& c, int B, int T, bool with_att) {
   const size_t BT = size_t(B) * T, C = size_t(c.d_model);

@@ -11,15 +11,10 @@
 #include <cstdint>
 
 #include "core/param_store.h"
+#include "core/recompute.h"
 #include "model/gpt_config.h"
 
 namespace tetra {
-
-/** Activation recomputation: keep everything; drop the attention probabilities (recomputed from
- *  the saved q, k in backward); or keep only each block's input and rerun the block in backward. */
-enum class Recompute : uint8_t { none, selective, full };
-Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
-const char* recompute_name(Recompute r);
 
 /** What one micro-batch's forward through a block leaves for backward. Pointers into memory the
  *  model owns; att is null when the probabilities are recomputed. */

@@ -40,7 +40,7 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
   const double ffn = double(m.ffn), NH = double(m.heads), T = double(m.seq);
   const double k = double(m.top_k);
   const double e = act_bytes(p) / 2.0;                        // scale the bf16 counts for fp32
-  if (r == Recompute::Full) return 2.0 * C * e / double(tp);  // the layer input only
+  if (r == Recompute::full) return 2.0 * C * e / double(tp);  // the layer input only
   double attn, scores, mlp;
   const double norms = 4.0 * C;  // inputs of the two norms
   if (m.gpt2_style) {
@@ -52,7 +52,7 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
     scores = 2.0 * NH * T;                   // softmax out
     mlp = 2 * C + k * 6 * ffn;               // in, gate, up, gate*up
   }
-  const double bytes = attn + mlp + norms + (r == Recompute::None ? scores : 0.0);
+  const double bytes = attn + mlp + norms + (r == Recompute::none ? scores : 0.0);
   return bytes * e / double(tp);
 }
 
@@ -88,10 +88,10 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
   const double inflight = inflight_microbatches(l.schedule, l.pp, l.microbatches, l.v);
   const double per_layer = activation_bytes_per_token_layer(m, t.recompute, t.precision, l.tp);
   mem.activations = per_layer * tokens * layers * inflight;
-  if (t.recompute == Recompute::Full) {
+  if (t.recompute == Recompute::full) {
     // The layer being recomputed materialises its activations once more.
     mem.activations +=
-        activation_bytes_per_token_layer(m, Recompute::Selective, t.precision, l.tp) * tokens;
+        activation_bytes_per_token_layer(m, Recompute::selective, t.precision, l.tp) * tokens;
   }
   const double ab = act_bytes(t.precision);
   if (l.pp == 1) mem.activations += tokens * double(m.vocab) / double(l.tp) * 4.0;  // fp32 logits
@@ -119,8 +119,8 @@ FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r) {
   FlopsPerToken f;
   f.dense = 6.0 * P;
   f.attention = 3.0 * attn_fwd;
-  if (r == Recompute::Selective) f.recompute = attn_fwd;
-  if (r == Recompute::Full) f.recompute = 2.0 * P + attn_fwd;
+  if (r == Recompute::selective) f.recompute = attn_fwd;
+  if (r == Recompute::full) f.recompute = 2.0 * P + attn_fwd;
   return f;
 }
 
@@ -130,7 +130,7 @@ double gpu_seconds(double flops, double peak_flops, double mfu) {
 
 ComputeLedger compute_ledger(const ModelSpec& m, double tokens, int64_t devices, double peak_flops,
                              double mfu) {
-  const FlopsPerToken f = flops_per_token(m, Recompute::None);
+  const FlopsPerToken f = flops_per_token(m, Recompute::none);
   ComputeLedger c;
   c.flops_6pt = f.dense * tokens;
   c.flops_total = f.model() * tokens;

@@ -156,7 +156,7 @@ TrainingSpec training_from(const Config& cfg) {
   t.global_batch_tokens = cfg.i("training.global_batch");
   t.micro_batch = cfg.i("training.micro_batch");
   t.precision = parse_precision(cfg.s("training.precision"));
-  t.recompute = parse_recompute(cfg.s("training.recompute"));
+  t.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
   t.target_mfu = cfg.f("training.target_mfu");
   t.kernel_efficiency = cfg.f("training.kernel_efficiency");
   t.restart_seconds = cfg.f("training.restart_minutes") * 60;

@@ -101,7 +101,7 @@ json plan_report(const PlanInputs& in, int top) {
                    {"global_batch", t.global_batch_tokens},
                    {"steps", steps},
                    {"precision", to_string(t.precision)},
-                   {"recompute", to_string(t.recompute)},
+                   {"recompute", recompute_name(t.recompute)},
                    {"target_mfu", t.target_mfu}};
 
   // 1. Memory.

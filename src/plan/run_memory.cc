@@ -48,13 +48,13 @@ RunMemory run_memory(const RunShape& s) {
   const double head = BTC + 3 * BT + BT * double(s.padded_vocab);  // ln_f, logits, losses
   const double stream = (L + 1) * BTC;  // the residual stream at every block boundary
   const double kept =
-      s.recompute == Recompute::Full ? 0.0 : L * block_saves(s.recompute == Recompute::None);
+      s.recompute == Recompute::full ? 0.0 : L * block_saves(s.recompute == Recompute::none);
   m.activations = f32 * (stream + kept + head);
 
   // Backward's residual gradient and scratch (dln, dqkv, datt, recomputed att, datty, dfch), and
   // under full recomputation one block's activations with its output.
   const double scratch = 2 * BTC + 3 * BTC + 2 * att + 4 * BTC;
-  const double rerun = s.recompute == Recompute::Full ? block_saves(false) + BTC : 0.0;
+  const double rerun = s.recompute == Recompute::full ? block_saves(false) + BTC : 0.0;
   m.temporaries = f32 * (BTC + scratch + rerun);
 
   // ZeRO workspaces (parallel/data_parallel.h): gradients of the root and of two blocks at once;

@@ -14,7 +14,7 @@ struct RunShape {
   int64_t vocab = 0, padded_vocab = 0;  // V and the padded rows of wte
   int64_t layers = 0, d_model = 0, heads = 0, max_seq = 0;
   int64_t micro_batch = 1, seq = 1;  // B, T
-  Recompute recompute = Recompute::None;
+  Recompute recompute = Recompute::none;
   int zero = 0;
   int64_t dp = 1;
   bool reshard_after_forward = true;

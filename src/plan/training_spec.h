@@ -4,24 +4,22 @@
 #include <cstdint>
 #include <string>
 
+#include "core/recompute.h"
+
 namespace tetra::plan {
 
 /** bf16 mixed precision (bf16 weights/grads, fp32 master + Adam) or plain fp32 Adam. */
 enum class Precision { Bf16Mixed, Fp32 };
-/** Activation recomputation: keep everything, drop attention scores, or keep layer inputs only. */
-enum class Recompute { None, Selective, Full };
 
 Precision parse_precision(const std::string& text);
-Recompute parse_recompute(const std::string& text);
 const char* to_string(Precision p);
-const char* to_string(Recompute r);
 
 struct TrainingSpec {
   double tokens = 0;                // total training tokens
   int64_t global_batch_tokens = 0;  // tokens per optimizer step
   int64_t micro_batch = 0;          // sequences per micro-batch; 0 = let the search choose
   Precision precision = Precision::Bf16Mixed;
-  Recompute recompute = Recompute::Selective;
+  Recompute recompute = Recompute::selective;
   double target_mfu = 0.4;            // for the compute ledger's wall-clock
   double kernel_efficiency = 0.6;     // fraction of peak large matmuls reach; for step times
   double restart_seconds = 600;       // detect + reschedule + reload after a failure

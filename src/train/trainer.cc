@@ -152,7 +152,7 @@ void Trainer::setup(const std::string& config_toml) {
   }
   threads_ = opt_.threads > 0 ? opt_.threads : default_threads();
   omp_set_num_threads(threads_);
-  recompute_ = parse_recompute(opt_.recompute);
+  recompute_ = parse_recompute(opt_.recompute, "train.recompute");
   TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
 
@@ -281,9 +281,7 @@ plan::RunShape Trainer::run_shape() const {
   s.max_seq = m.max_seq;
   s.micro_batch = opt_.micro_batch;
   s.seq = opt_.seq_len;
-  s.recompute = recompute_ == Recompute::full        ? plan::Recompute::Full
-                : recompute_ == Recompute::selective ? plan::Recompute::Selective
-                                                     : plan::Recompute::None;
+  s.recompute = recompute_;
   s.zero = opt_.zero.stage;
   s.dp = dp_size_;
   s.reshard_after_forward = opt_.zero.reshard_after_forward;

@@ -72,7 +72,7 @@ TEST(Ledger, ComputeLedgerUsesSixPTPlusAttention) {
   EXPECT_DOUBLE_EQ(c.flops_6pt, 6 * P * 15e12);
   EXPECT_DOUBLE_EQ(c.flops_total - c.flops_6pt, 12.0 * 80 * 8192 * 8192 * 15e12);
   EXPECT_NEAR(c.gpu_years, c.flops_total / (990e12 * 0.4) / kSecondsPerYear, 1e-9);
-  const FlopsPerToken full = flops_per_token(m, Recompute::Full);
+  const FlopsPerToken full = flops_per_token(m, Recompute::full);
   EXPECT_NEAR(full.recompute / full.model(), 1.0 / 3.0, 1e-12);  // one more forward: 1/3 more
 }
 
@@ -80,12 +80,12 @@ TEST(Ledger, ActivationsMatchKorthikantiForGpt) {
   // GPT (ffn = 4C, multi-head): 34*C + 5*NH*T bytes per token per layer, /t with SP.
   ModelSpec m = model_preset("gpt3-175b");
   const double C = 12288, NH = 96, T = 2048;
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::None, Precision::Bf16Mixed, 1),
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 1),
                    34 * C + 5 * NH * T);
   EXPECT_DOUBLE_EQ(
-      activation_bytes_per_token_layer(m, Recompute::Selective, Precision::Bf16Mixed, 8),
+      activation_bytes_per_token_layer(m, Recompute::selective, Precision::Bf16Mixed, 8),
       34 * C / 8);
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::Full, Precision::Bf16Mixed, 8),
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::full, Precision::Bf16Mixed, 8),
                    2 * C / 8);
 }
 
