@@ -355,6 +355,7 @@ TrainResult Trainer::train() {
   TrainResult result;
   std::vector<double> rates;
   int64_t consecutive_skips = 0;
+  bool mfu_warned = false;
   Stopwatch total;
 
   for (int64_t s = 0; s < opt_.steps; ++s) {
@@ -444,6 +445,14 @@ TrainResult Trainer::train() {
     const double tps = double(tokens_per_step) / step_s;
     rates.push_back(tps);
     const double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * dp_size_);
+    if (mfu > 1.0 && !mfu_warned) {
+      mfu_warned = true;
+      log_warn(
+          "[train] step {}: MFU {:.0f}% is above 100%, so the fp32 peak of {:.1f} GFLOP/s at {} "
+          "threads is too low: it was measured while other work ran. It is measured again when "
+          "tetra next starts on a quieter machine ({})",
+          step, 100.0 * mfu, peak_gflops_, threads_, cpu::peak_cache_path().string());
+    }
     const parallel::StepComm& comm = zero_->step_comm();
     nlohmann::json rec = {{"step", step},
                           {"loss", loss},
