@@ -114,13 +114,15 @@ TEST_F(MemoryLedger, EveryStageMatchesThePlanAndTheSeedsRatios) {
 }
 
 TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
-  const json none = measured(2, 0, "none"), full = measured(2, 0, "full");
-  const json want = planned(2, 0, "full");
-  const double got = full["mem_activations"];
-  EXPECT_NEAR(got, want["activations"].get<double>(), 0.05 * want["activations"].get<double>());
-  EXPECT_NEAR(full["mem_temporaries"].get<double>(), want["temporaries"].get<double>(),
-              0.05 * want["temporaries"].get<double>());
-  EXPECT_LT(got, 0.5 * none["mem_activations"].get<double>());
+  const json full = measured(2, 0, "full");
+  const json want = planned(2, 0, "full"), none = planned(2, 0, "none");
+  for (const char* c : {"activations", "temporaries"}) {
+    EXPECT_NEAR(full[std::string("mem_") + c].get<double>(), want[c].get<double>(),
+                0.05 * want[c].get<double>())
+        << c;
+  }
+  // The 12 block inputs instead of everything each block saves: under a third here.
+  EXPECT_LT(full["mem_activations"].get<double>(), none["activations"].get<double>() / 3);
 }
 
 }  // namespace
