@@ -1,12 +1,10 @@
 #include "data/manifest.h"
 
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "data/json_strict.h"
 
 namespace tetra {
@@ -173,20 +171,9 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
 }
 
 Manifest read_manifest(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  TETRA_CHECK(fs::is_regular_file(path, ec), "[data] {}: not found or not a regular file", path);
-  const uintmax_t size = fs::file_size(path, ec);
-  TETRA_CHECK(!ec && size <= kMaxManifestBytes,
-              "[data] {}: {} bytes, more than the {} MB a manifest may have; the file is not a "
-              "tetra manifest",
-              path, size, kMaxManifestBytes >> 20);
-  std::ifstream in(path, std::ios::binary);
-  TETRA_CHECK(in, "[data] {}: cannot open it; check its permissions", path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  TETRA_CHECK(!in.bad(), "[data] {}: reading it failed", path);
-  return parse_manifest(buf.str(), path);
+  return parse_manifest(
+      read_small_file(path, kMaxManifestBytes, "data", "a manifest", "re-run tetra data prepare"),
+      path);
 }
 
 }  // namespace tetra

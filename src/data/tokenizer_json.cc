@@ -1,12 +1,10 @@
 // Reading Hugging Face tokenizer.json files (byte-level BPE, as GPT-2's).
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/read_file.h"
 #include "data/byte_level.h"
 #include "data/json_strict.h"
 #include "data/tokenizer.h"
@@ -232,31 +230,10 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(std::string_view text, const std
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(spec, ec);
-  TETRA_CHECK(fs::exists(st),
-              "[tokenizer] {}: cannot open it (no such file); pass \"byte\" or the path of a "
-              "Hugging Face tokenizer.json",
-              spec);
-  TETRA_CHECK(fs::is_regular_file(st),
-              "[tokenizer] {}: not a regular file; pass \"byte\" or the path of a Hugging Face "
-              "tokenizer.json",
-              spec);
-  const uintmax_t size = fs::file_size(spec, ec);
-  TETRA_CHECK(!ec && size <= kMaxTokenizerBytes,
-              "[tokenizer] {}: {} bytes, more than the {} MB a tokenizer.json may have; is this "
-              "the right file?",
-              spec, size, kMaxTokenizerBytes >> 20);
-  std::ifstream in(spec, std::ios::binary);
-  TETRA_CHECK(in,
-              "[tokenizer] {}: cannot open it; pass \"byte\" or the path of a Hugging Face "
-              "tokenizer.json",
-              spec);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  TETRA_CHECK(!in.bad(), "[tokenizer] {}: reading it failed", spec);
-  return parse_tokenizer_json(buf.str(), spec);
+  return parse_tokenizer_json(
+      read_small_file(spec, kMaxTokenizerBytes, "tokenizer", "a tokenizer.json",
+                      "pass \"byte\" or the path of a Hugging Face tokenizer.json"),
+      spec);
 }
 
 }  // namespace tetra
