@@ -163,6 +163,10 @@ ConfigValue from_toml(const KeySpec& spec, const toml::node& node, const std::st
       break;
     case ValueKind::String:
       if (auto v = node.value_exact<std::string>()) return checked(spec, *v, *v, where);
+      // A free-form key takes a bare integer as its text, as on the command line (every = 50).
+      if (spec.valid.empty() && node.is_integer()) {
+        return checked(spec, typed.str(), typed.str(), where);
+      }
       break;
   }
   std::ostringstream type;

@@ -27,6 +27,8 @@ class AdamW {
             float grad_scale = 1.0f);
 
   int64_t steps_taken() const { return t_; }
+  /** Continues from a checkpoint that had taken `t` steps (its moments are loaded in m(), v()). */
+  void set_steps_taken(int64_t t) { t_ = t; }
   Buffer<float>& m() { return m_; }
   Buffer<float>& v() { return v_; }
 

@@ -147,6 +147,61 @@ const std::vector<TrainKey>& train_keys() {
       {{"debug.fail_rank", ValueKind::Int, "0", "the rank that fails at debug.fail_step",
         "[0, 1048576]"},
        into<&O::fail_rank>()},
+      {{"debug.kill_step", ValueKind::Int, "0",
+        "debug.fault_rank dies by SIGKILL after this 1-based step (0: never); for tests",
+        "[0, inf)"},
+       into<&O::kill_step>()},
+      {{"debug.kill_in_save_step", ValueKind::Int, "0",
+        "debug.fault_rank dies by SIGKILL halfway through writing this step's checkpoint (0: "
+        "never); for tests",
+        "[0, inf)"},
+       into<&O::kill_in_save_step>()},
+      {{"debug.save_error_step", ValueKind::Int, "0",
+        "debug.fault_rank's write of this step's checkpoint fails as on a full disk (0: never); "
+        "for tests",
+        "[0, inf)"},
+       into<&O::save_error_step>()},
+      {{"debug.hang_step", ValueKind::Int, "0",
+        "debug.fault_rank stops making progress after this 1-based step (0: never); for tests",
+        "[0, inf)"},
+       into<&O::hang_step>()},
+      {{"debug.fault_rank", ValueKind::Int, "0", "the rank the debug.kill/save/hang keys act on",
+        "[0, 1048576]"},
+       into<&O::fault_rank>()},
+      {{"ckpt.dir", ValueKind::String, "\"\"",
+        "write checkpoints here (empty: none); see docs/checkpoints.md"},
+       into<&O::ckpt, &CkptOptions::dir>()},
+      {{"ckpt.every", ValueKind::String, "\"0\"",
+        "steps between checkpoints (0: only after the last step), or auto: the Young/Daly "
+        "interval from the measured save stall and ckpt.mtbf_hours"},
+       [](O& o, const ConfigValue& v) {
+         const std::string& t = std::get<std::string>(v);
+         if (t == "auto") {
+           o.ckpt.every_auto = true;
+           return;
+         }
+         TETRA_CHECK(
+             !t.empty() && t.size() <= 12 && t.find_first_not_of("0123456789") == std::string::npos,
+             "[config] ckpt.every='{}' must be a number of steps (0: only after the last "
+             "step) or auto",
+             t);
+         o.ckpt.every = std::stoll(t);
+       }},
+      {{"ckpt.keep", ValueKind::Int, "3", "newest checkpoints kept (0: all)", "[0, 1000000]"},
+       into<&O::ckpt, &CkptOptions::keep>()},
+      {{"ckpt.async", ValueKind::Bool, "true",
+        "write checkpoints on a background thread (the step loop only waits for a copy)"},
+       into<&O::ckpt, &CkptOptions::async>()},
+      {{"ckpt.mtbf_hours", ValueKind::Float, "24",
+        "the job's mean time between failures, for ckpt.every=auto", "(0, inf)"},
+       into<&O::ckpt, &CkptOptions::mtbf_hours>()},
+      {{"ckpt.on_error", ValueKind::String, "\"continue\"",
+        "a checkpoint that cannot be written: keep training, or stop the run", "continue | stop"},
+       into<&O::ckpt, &CkptOptions::on_error>()},
+      {{"ckpt.resume", ValueKind::String, "\"\"",
+        "auto: continue from the newest checkpoint in ckpt.dir that verifies (start fresh when "
+        "there is none); or a checkpoint directory to continue from"},
+       into<&O::ckpt, &CkptOptions::resume>()},
       {{"train.recompute", ValueKind::String, "\"none\"",
         "activation recomputation: keep all; selective: recompute attention probabilities; "
         "full: keep block inputs only",
@@ -201,6 +256,9 @@ TrainOptions TrainOptions::from(const Config& c) {
               "[config] train.seq_len={} exceeds model.max_seq={}; lower seq_len or raise max_seq",
               o.seq_len, o.model.max_seq);
   o.schedule.total_steps = o.steps;
+  TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),
+              "[config] ckpt.resume=auto looks for checkpoints in ckpt.dir, which is not set; set "
+              "ckpt.dir or give ckpt.resume a checkpoint directory");
   o.comm = comm::CommOptions::from_config(c);
   o.mesh = parallel::MeshShape::from_config(c);
   TETRA_CHECK(!o.train_data.empty(),

@@ -16,6 +16,18 @@ namespace tetra {
 
 const ConfigSchema& train_config_schema();
 
+/** Checkpointing and resume (ckpt.*); see docs/checkpoints.md. */
+struct CkptOptions {
+  std::string dir;           // empty: no checkpoints
+  int64_t every = 0;         // steps between checkpoints; 0: only after the last step
+  bool every_auto = false;   // ckpt.every=auto: the Young/Daly interval from the measured stall
+  int keep = 3;              // published checkpoints kept; 0 keeps all
+  bool async = true;         // write on a background thread
+  double mtbf_hours = 24.0;  // the job's mean time between failures, for every=auto
+  std::string on_error = "continue";  // a failed save: "continue" training or "stop"
+  std::string resume;                 // "" | "auto" | a checkpoint directory
+};
+
 struct TrainOptions {
   GptConfig model;
   std::string train_data, val_data;
@@ -39,8 +51,14 @@ struct TrainOptions {
   int64_t skip_step = 0;      // 1-based step whose update is skipped as if non-finite; 0 = never
   int64_t fail_step = 0;      // 1-based step in whose backward fail_rank throws; 0 = never
   int fail_rank = 0;
+  int64_t kill_step = 0;          // 1-based step after which fault_rank dies by SIGKILL; 0 = never
+  int64_t kill_in_save_step = 0;  // fault_rank dies halfway through writing this step's checkpoint
+  int64_t save_error_step = 0;    // fault_rank's write of this step's checkpoint fails (disk full)
+  int64_t hang_step = 0;          // fault_rank stops making progress after this step
+  int fault_rank = 0;
   std::string recompute = "none";  // "none" | "selective" | "full"
-  parallel::ZeroOptions zero;      // stage, resharding, prefetch, stage-0 buckets, overlap
+  CkptOptions ckpt;
+  parallel::ZeroOptions zero;  // stage, resharding, prefetch, stage-0 buckets, overlap
   comm::CommOptions comm;
   parallel::MeshShape mesh;
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <omp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "core/atomic_file.h"
@@ -19,6 +21,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
 #include "model/gpt_io.h"
+#include "plan/checkpoint_math.h"
 #include "plan/run_memory.h"
 
 namespace tetra {
@@ -126,11 +129,13 @@ class Trainer::DebugHooks final : public UnitHooks {
 
 Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
                  const comm::Communicator& world)
-    : opt_(options), world_(world) {
+    : opt_(options), world_(world), config_toml_(config_toml) {
   comm::run_or_abort(world_, [&] { setup(config_toml); });
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (heartbeat_fd_ >= 0) ::close(heartbeat_fd_);
+}
 
 TrainResult Trainer::run() {
   return comm::run_or_abort(world_, [&] { return train(); });
@@ -162,6 +167,7 @@ void Trainer::setup(const std::string& config_toml) {
     prepare_output_file("save.final", opt_.save_final);
     prepare_output_file("debug.dump_grads", opt_.dump_grads);
     prepare_output_file("debug.dump_logits", opt_.dump_logits);
+    if (!opt_.ckpt.dir.empty()) prepare_dir(opt_.ckpt.dir, "ckpt.dir", opt_.ckpt.dir);
   }
   train_ = std::make_unique<TokenDataset>(opt_.train_data, opt_.seq_len, opt_.verify_data);
   check_vocab(*train_, "data.train", opt_.model.vocab_size);
@@ -209,9 +215,11 @@ void Trainer::setup(const std::string& config_toml) {
   }
   adamw_ = std::make_unique<AdamW>(opt_.adamw, store_.state_size(), &ledger_);
   // A global batch is every rank's micro-batches of one step; rank r takes its slice.
-  prefetch_ = std::make_unique<Prefetcher>(
-      *train_,
-      Sampler(train_->num_samples(), opt_.shuffle, opt_.seed, global_batch, dp_rank_, dp_size_));
+  Sampler sampler(train_->num_samples(), opt_.shuffle, opt_.seed, global_batch, dp_rank_, dp_size_);
+  if (!opt_.ckpt.resume.empty()) {
+    if (std::optional<SamplerState> state = resume()) sampler.restore(*state);
+  }
+  prefetch_ = std::make_unique<Prefetcher>(*train_, std::move(sampler));
   window_.resize(size_t(opt_.seq_len) + 1);
   inputs_.resize(size_t(opt_.micro_batch) * opt_.seq_len);
   targets_.resize(inputs_.size());
@@ -227,6 +235,184 @@ void Trainer::setup(const std::string& config_toml) {
             0)
         .wait();
   }
+  if (!opt_.ckpt.dir.empty()) {
+    // Every rank names the save's temporary directory the same way.
+    uint64_t nonce = uint64_t(now_s() * 1e9) ^ (uint64_t(::getpid()) << 40);
+    if (mesh_) {
+      world_.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&nonce), sizeof nonce), 0)
+          .wait();
+    }
+    ckpt::WriterOptions w;
+    w.dir = opt_.ckpt.dir;
+    w.keep = opt_.ckpt.keep;
+    w.async = opt_.ckpt.async;
+    w.rank = rank_;
+    w.world = mesh_ ? world_.size() : 1;
+    w.nonce = fmt::format("{:016x}", nonce);
+    w.publish_timeout_s = opt_.comm.timeout_s;
+    w.fault_rank = opt_.fault_rank;
+    w.kill_in_save_step = opt_.kill_in_save_step;
+    w.error_step = opt_.save_error_step;
+    ckpt_ = std::make_unique<ckpt::Writer>(w, &ledger_);
+    const int64_t every = opt_.ckpt.every;
+    next_save_ = opt_.ckpt.every_auto ? start_step_ + 1
+                 : every > 0          ? (start_step_ / every + 1) * every
+                                      : opt_.steps;
+  }
+  if (const char* dir = std::getenv("TETRA_HEARTBEAT_DIR"); dir && *dir) {
+    const std::string path = fmt::format("{}/rank-{}", dir, rank_);
+    heartbeat_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TETRA_CHECK(heartbeat_fd_ >= 0, "[train] TETRA_HEARTBEAT_DIR: cannot create {} ({})", path,
+                std::strerror(errno));
+    heartbeat(start_step_);
+  }
+}
+
+std::optional<SamplerState> Trainer::resume() {
+  const CkptOptions& c = opt_.ckpt;
+  const fs::path given(c.resume == "auto" ? c.dir : c.resume);
+  std::error_code ec;
+  const std::vector<fs::path> candidates = fs::is_regular_file(given / "manifest.json", ec)
+                                               ? std::vector<fs::path>{given}
+                                               : ckpt::list_checkpoints(given);
+  if (candidates.empty()) {
+    TETRA_CHECK(c.resume == "auto",
+                "[ckpt] ckpt.resume={}: no checkpoint there (no manifest.json in it or in a "
+                "step-* directory under it); give a checkpoint directory or use ckpt.resume=auto",
+                c.resume);
+    log_info("[ckpt] ckpt.resume=auto: no checkpoint in {} yet; starting from step 0", c.dir);
+    return std::nullopt;
+  }
+  for (const fs::path& dir : candidates) {
+    std::string error;
+    nlohmann::json trainer;
+    SamplerState sampler;
+    ckpt::Manifest m;
+    try {
+      m = ckpt::Manifest::read(dir);
+      trainer = m.trainer;
+      sampler = SamplerState::from_json(trainer.at("sampler"));
+      // Refuses other data before anything is loaded.
+      Sampler(train_->num_samples(), opt_.shuffle, opt_.seed, 1, 0, 1).restore(sampler);
+      ckpt::load(m, store_, adamw_->m().data(), adamw_->v().data());
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const nlohmann::json::exception& e) {
+      error = fmt::format("[ckpt] {}: malformed trainer state ({})", dir.string(), e.what());
+    }
+    // Every rank must load the same checkpoint.
+    float refused = error.empty() ? 0.0f : 1.0f;
+    if (mesh_) world_.all_reduce(std::span<float>(&refused, 1)).wait();
+    if (refused == 0.0f) {
+      start_step_ = trainer.at("step").get<int64_t>();
+      skipped_ = trainer.at("skipped").get<int64_t>();
+      consecutive_skips_ = trainer.at("consecutive_skips").get<int64_t>();
+      adamw_->set_steps_taken(trainer.at("adamw_steps").get<int64_t>());
+      log_info(
+          "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
+          "parallel rank(s), ZeRO stage {})",
+          dir.string(), start_step_, m.layout.dump(), dp_size_, opt_.zero.stage);
+      return sampler;
+    }
+    if (!error.empty()) log_warn("{}", error);
+    if (is_root()) {
+      log_warn("[ckpt] {} was refused on {} rank(s) (reason above); trying the previous one",
+               dir.string(), int(refused));
+    }
+  }
+  fail(
+      "[ckpt] ckpt.resume={}: none of the {} checkpoint(s) under {} can be loaded (reasons "
+      "above); move the damaged ones aside, or start without ckpt.resume",
+      c.resume, candidates.size(), given.string());
+}
+
+double Trainer::save_checkpoint(int64_t step, double median_step_s) {
+  const nlohmann::json header = {{"trainer",
+                                  {{"step", step},
+                                   {"skipped", skipped_},
+                                   {"consecutive_skips", consecutive_skips_},
+                                   {"adamw_steps", adamw_->steps_taken()},
+                                   {"next_lr", opt_.schedule.at(step)},
+                                   {"sampler", prefetch_->state().to_json()}}},
+                                 {"layout",
+                                  {{"world", mesh_ ? world_.size() : 1},
+                                   {"dp", dp_size_},
+                                   {"tp", 1},
+                                   {"pp", 1},
+                                   {"ep", 1},
+                                   {"zero", opt_.zero.stage}}},
+                                 {"config", config_toml_},
+                                 {"model", opt_.model.describe()}};
+  // tetra draws no random stream during training: every value is keyed by (seed, tensor name,
+  // element index), so a rank's generator state is its seed.
+  const nlohmann::json rank_state = {
+      {"rank", rank_},
+      {"dp_rank", dp_rank_},
+      {"rng", {{"generator", "philox4x32-10"}, {"seed", opt_.seed}, {"counter", "keyed"}}}};
+  // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
+  const bool replica = !store_.sharding().state && dp_rank_ != 0;
+  const double blocked =
+      ckpt_->save(step, ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), replica),
+                  header, rank_state);
+  if (!opt_.ckpt.every_auto) {
+    next_save_ = opt_.ckpt.every > 0 ? step + opt_.ckpt.every : opt_.steps;
+    return blocked;
+  }
+  // Young/Daly from the stall just measured; rank 0 decides for every rank.
+  int64_t every = 0;
+  if (is_root()) {
+    const double tau = plan::young_daly_interval(blocked, opt_.ckpt.mtbf_hours * 3600.0);
+    every = std::max<int64_t>(1, std::llround(tau / std::max(median_step_s, 1e-9)));
+  }
+  if (mesh_) {
+    world_.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&every), sizeof every), 0)
+        .wait();
+  }
+  if (is_root() && every != auto_every_) {
+    log_info(
+        "[ckpt] ckpt.every=auto: the save stalled the loop {:.1f} ms, steps take {:.3f} s, "
+        "MTBF {} h: Young/Daly interval {:.0f} s = every {} step(s)",
+        1e3 * blocked, median_step_s, opt_.ckpt.mtbf_hours,
+        plan::young_daly_interval(blocked, opt_.ckpt.mtbf_hours * 3600.0), every);
+  }
+  auto_every_ = every;
+  next_save_ = step + every;
+  return blocked;
+}
+
+void Trainer::note_checkpoints(nlohmann::json& rec) {
+  for (const ckpt::SaveReport& r : ckpt_->take_reports()) {
+    if (!r.error.empty()) {
+      TETRA_CHECK(opt_.ckpt.on_error == "continue",
+                  "{}; stopping (ckpt.on_error=stop). The newest published checkpoint is "
+                  "unchanged.",
+                  r.error);
+      log_warn(
+          "{}; training continues (ckpt.on_error=continue) and the newest published "
+          "checkpoint is unchanged",
+          r.error);
+      rec["ckpt_failed_step"] = r.step;
+      continue;
+    }
+    rec["ckpt_saved_step"] = r.step;
+    rec["ckpt_write_ms"] = 1e3 * r.write_s;
+    rec["ckpt_bytes"] = r.bytes;
+    if (r.published) {
+      log_info(
+          "[ckpt] step {} saved to {}: {:.1f} MB written in {:.2f} s; the step loop waited "
+          "{:.1f} ms",
+          r.step, (fs::path(opt_.ckpt.dir) / ckpt::checkpoint_name(r.step)).string(),
+          double(r.bytes) / 1e6, r.write_s, 1e3 * r.block_s);
+    }
+  }
+}
+
+void Trainer::heartbeat(int64_t step) {
+  if (heartbeat_fd_ < 0) return;
+  // Fixed width, so each beat overwrites the last in place: "<step> <newest checkpoint step>".
+  const std::string beat = fmt::format(
+      "{:>20} {:>20}\n", step, std::max(start_step_, ckpt_ ? ckpt_->last_published() : int64_t(0)));
+  (void)!::pwrite(heartbeat_fd_, beat.data(), beat.size(), 0);
 }
 
 void Trainer::start_run_dir(const std::string& config_toml) {
@@ -238,6 +424,7 @@ void Trainer::start_run_dir(const std::string& config_toml) {
     int n = 1;
     auto aside = [&](const fs::path& p) { return fs::path(p.string() + "." + std::to_string(n)); };
     while (fs::exists(aside(metrics)) || fs::exists(aside(config))) ++n;
+    if (fs::exists(metrics)) previous_metrics_ = aside(metrics).string();
     for (const fs::path& p : {metrics, config}) {
       if (!fs::exists(p)) continue;
       fs::rename(p, aside(p), ec);
@@ -352,13 +539,25 @@ TrainResult Trainer::train() {
   const double flops_per_token = opt_.model.flops_per_token(opt_.seq_len);
   const int64_t tokens_per_step = this->tokens_per_step();
   if (mesh_ && is_root()) log_info("{}", mesh_->layout_table());
+  if (metrics && start_step_ > 0 && !previous_metrics_.empty()) {
+    // A resumed run's metrics.jsonl is the whole history: the records up to the checkpoint come
+    // from the run it continues (kept whole as previous_metrics_).
+    std::ifstream in(previous_metrics_);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json rec = nlohmann::json::parse(line, nullptr, false);
+      if (!rec.is_discarded() && rec.contains("step") && rec["step"].is_number_integer() &&
+          rec["step"].get<int64_t>() <= start_step_) {
+        metrics->write(rec);
+      }
+    }
+  }
   TrainResult result;
+  result.skipped = skipped_;
   std::vector<double> rates;
-  int64_t consecutive_skips = 0;
   bool mfu_warned = false;
   Stopwatch total;
 
-  for (int64_t s = 0; s < opt_.steps; ++s) {
+  for (int64_t s = start_step_; s < opt_.steps; ++s) {
     const int64_t step = s + 1;
     Stopwatch step_clock;
     const Batch& batch = prefetch_->next();
@@ -414,7 +613,7 @@ TrainResult Trainer::train() {
     const bool skip = nonfinite || step == opt_.skip_step;
     if (skip) {
       ++result.skipped;
-      ++consecutive_skips;
+      ++consecutive_skips_;
       std::string what = fmt::format("loss {}, gradient norm {}", loss, norm);
       if (nonfinite) {
         const TensorId bad = zero_->first_nonfinite_grad();  // collective: every rank is here
@@ -427,15 +626,15 @@ TrainResult Trainer::train() {
                   "[train] step {}: {}; stopping before the update (train.on_nonfinite=stop), so "
                   "the weights stay those of step {}. Lower optim.lr or check the data.",
                   step, what, s);
-      TETRA_CHECK(consecutive_skips < opt_.max_skipped,
+      TETRA_CHECK(consecutive_skips_ < opt_.max_skipped,
                   "[train] step {}: {}; that is {} skipped updates in a row "
                   "(train.max_skipped={}): stopping. The weights stay those of step {}; lower "
                   "optim.lr or check the data and --init.from.",
-                  step, what, consecutive_skips, opt_.max_skipped, step - consecutive_skips);
+                  step, what, consecutive_skips_, opt_.max_skipped, step - consecutive_skips_);
       log_warn("[train] step {}: {}; update skipped ({} in a row, train.max_skipped={})", step,
-               what, consecutive_skips, opt_.max_skipped);
+               what, consecutive_skips_, opt_.max_skipped);
     } else {
-      consecutive_skips = 0;
+      consecutive_skips_ = 0;
       adamw_->step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
                    clip_scale(norm, opt_.grad_clip));
       zero_->after_update();
@@ -478,17 +677,32 @@ TrainResult Trainer::train() {
       rec["val_loss"] = evaluate();
       result.final_val_loss = rec["val_loss"];
     }
+    skipped_ = result.skipped;
+    if (ckpt_ && (step == next_save_ || last)) {
+      rec["ckpt_block_ms"] = 1e3 * save_checkpoint(step, double(tokens_per_step) / median(rates));
+      if (last) ckpt_->wait();  // the run's last checkpoint is in place before it returns
+    }
+    if (ckpt_) note_checkpoints(rec);
     if (metrics) metrics->write(rec);
-    if (s == 0 && is_root()) log_info("{}", memory_table("after step 1"));
+    heartbeat(step);
+    if (rank_ == opt_.fault_rank && step == opt_.kill_step) {
+      log_warn("[train] debug.kill_step={}: rank {} dies by SIGKILL", step, rank_);
+      ::raise(SIGKILL);
+    }
+    if (rank_ == opt_.fault_rank && step == opt_.hang_step) {
+      log_warn("[train] debug.hang_step={}: rank {} stops making progress", step, rank_);
+      for (;;) ::pause();
+    }
+    if (s == start_step_ && is_root()) log_info("{}", memory_table("after step 1"));
     result.final_loss = loss;
     if (tty) {
-      double eta = double(opt_.steps - step) * (total.elapsed_s() / double(step));
+      double eta = double(opt_.steps - step) * (total.elapsed_s() / double(step - start_step_));
       std::fprintf(stderr,
                    "\r\033[K[train] step %lld/%lld  loss %.4f  %.0f tok/s  mfu %.1f%%  ETA %s",
                    (long long)step, (long long)opt_.steps, loss, tps, 100.0 * mfu,
                    format_duration(eta).c_str());
       if (last) std::fprintf(stderr, "\n");
-    } else if (last || step % std::max<int64_t>(1, opt_.steps / 10) == 0 || s == 0) {
+    } else if (last || step % std::max<int64_t>(1, opt_.steps / 10) == 0 || s == start_step_) {
       log_info("[train] step {}/{}  loss {:.4f}  {:.0f} tok/s  mfu {:.1f}%", step, opt_.steps, loss,
                tps, 100.0 * mfu);
     }

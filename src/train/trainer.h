@@ -4,8 +4,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "core/param_store.h"
@@ -51,6 +53,14 @@ class Trainer {
   plan::RunShape run_shape() const;  // this run, for the planner's memory ledger
   std::string memory_table(const char* when) const;
   void save_final();
+  // Checkpoints (docs/checkpoints.md).
+  // ckpt.resume: loads the newest checkpoint every rank can read and verify; returns its sampler
+  // state (none when ckpt.resume=auto finds no checkpoint).
+  std::optional<SamplerState> resume();
+  // Returns the seconds the step loop was blocked.
+  double save_checkpoint(int64_t step, double median_step_s);
+  void note_checkpoints(nlohmann::json& rec);  // saves finished since the last step, into rec
+  void heartbeat(int64_t step);
 
   bool is_root() const { return rank_ == 0; }
   int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * dp_size_; }
@@ -72,7 +82,15 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> zero_;
   std::unique_ptr<DebugHooks> debug_hooks_;
   std::unique_ptr<TokenDataset> train_, val_;
-  std::unique_ptr<Prefetcher> prefetch_;            // training batches, assembled ahead of the step
+  std::unique_ptr<Prefetcher> prefetch_;  // training batches, assembled ahead of the step
+  std::unique_ptr<ckpt::Writer> ckpt_;    // absent without ckpt.dir
+  std::string config_toml_;
+  int64_t start_step_ = 0;  // steps done before this process started (a resume)
+  int64_t skipped_ = 0, consecutive_skips_ = 0;
+  int64_t next_save_ = 0;         // the step after which the next checkpoint is saved
+  int64_t auto_every_ = 0;        // ckpt.every=auto: the interval in use
+  std::string previous_metrics_;  // the metrics file a resume continues
+  int heartbeat_fd_ = -1;         // TETRA_HEARTBEAT_DIR/rank-N, watched by tetra launch
   std::vector<int32_t> window_, inputs_, targets_;  // (T+1) scratch, (B,T), (B,T)
 };
 

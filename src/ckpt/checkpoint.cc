@@ -1,0 +1,638 @@
+#include "ckpt/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <regex>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/read_file.h"
+#include "core/timer.h"
+
+#ifndef TETRA_VERSION
+#define TETRA_VERSION "unknown"
+#endif
+
+namespace tetra::ckpt {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormat = "tetra-checkpoint";
+constexpr uintmax_t kMaxManifestBytes = uintmax_t(1) << 30;
+
+std::string rank_file(int rank) { return fmt::format("rank-{:05}.safetensors", rank); }
+std::string fragment_file(int rank) { return fmt::format("rank-{:05}.json", rank); }
+std::string failed_file(int rank) { return fmt::format("rank-{:05}.failed", rank); }
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+uint64_t checksum(const float* p, int64_t count) {
+  return XXH3_64bits(p, size_t(count) * sizeof(float));
+}
+
+// The global element index of element i of a writer's (or reader's) part of a tensor.
+struct PartMap {
+  ParamEntry entry;
+  PartMap(const Shape& shape, const Slice& slice) {
+    entry.spec.shape = shape;
+    entry.spec.slice = slice;
+    entry.local_shape = shape;
+    if (slice.dim >= 0) entry.local_shape[size_t(slice.dim)] = slice.extent;
+  }
+  int64_t global(int64_t i) const { return entry.global_index(i); }
+  int64_t numel() const { return entry.numel(); }
+};
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Reads [offset, offset + n) of a file whole; errors name the checkpoint file.
+void pread_all(int fd, void* out, size_t n, uint64_t offset, const fs::path& path) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    ssize_t got = ::pread(fd, p, n, off_t(offset));
+    if (got < 0 && errno == EINTR) continue;
+    TETRA_CHECK(got > 0,
+                "[ckpt] {}: cannot read {} bytes at offset {} ({}); the file is truncated "
+                "or unreadable",
+                path.string(), n, offset, got < 0 ? std::strerror(errno) : "end of file");
+    p += got, n -= size_t(got), offset += uint64_t(got);
+  }
+}
+
+class OpenFiles {
+ public:
+  explicit OpenFiles(fs::path dir) : dir_(std::move(dir)) {}
+  ~OpenFiles() {
+    for (auto& [name, fd] : fds_) ::close(fd);
+  }
+  int get(const std::string& name) {
+    auto it = fds_.find(name);
+    if (it != fds_.end()) return it->second;
+    const fs::path p = dir_ / name;
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    TETRA_CHECK(fd >= 0, "[ckpt] {}: cannot open ({})", p.string(), std::strerror(errno));
+    fds_[name] = fd;
+    return fd;
+  }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  fs::path dir_;
+  std::map<std::string, int> fds_;
+};
+
+// One chunk's values, checked against its checksum.
+std::vector<float> read_chunk(OpenFiles& files, const Chunk& c, const std::string& name,
+                              const std::string& kind) {
+  std::vector<float> data(size_t(c.count));
+  pread_all(files.get(c.file), data.data(), data.size() * sizeof(float), c.offset,
+            files.dir() / c.file);
+  TETRA_CHECK(checksum(data.data(), c.count) == c.xxh3,
+              "[ckpt] {}: the chunk of {} ({}, elements {}..{}) at byte {} fails its checksum: "
+              "the file is damaged",
+              (files.dir() / c.file).string(), name, kind, c.first, c.first + c.count, c.offset);
+  return data;
+}
+
+// Writes global elements [lo, hi) of (name, kind) into out from every chunk that overlaps them.
+void read_range(OpenFiles& files, const std::string& name, const TensorRecord& rec,
+                const std::string& kind, int64_t lo, int64_t hi, float* out) {
+  for (const Chunk& c : rec.chunks.at(kind)) {
+    const PartMap part(rec.shape, c.slice);
+    const int64_t g0 = part.global(c.first), g1 = part.global(c.first + c.count - 1) + 1;
+    if (g1 <= lo || g0 >= hi) continue;
+    const std::vector<float> data = read_chunk(files, c, name, kind);
+    if (c.slice.dim < 0) {
+      const int64_t a = std::max(lo, g0), b = std::min(hi, g1);
+      std::copy(data.begin() + (a - g0), data.begin() + (b - g0), out + (a - lo));
+      continue;
+    }
+    for (int64_t k = 0; k < c.count; ++k) {
+      const int64_t g = part.global(c.first + k);
+      if (g >= lo && g < hi) out[g - lo] = data[size_t(k)];
+    }
+  }
+}
+
+json slice_json(const Slice& s) {
+  return {{"dim", s.dim}, {"offset", s.offset}, {"extent", s.extent}};
+}
+
+int64_t step_of(const std::string& name) {
+  static const std::regex re("step-([0-9]{9,})");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return -1;
+  return std::stoll(m[1].str());
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step-{:09}", step); }
+
+std::vector<fs::path> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && fs::is_regular_file(e.path() / "manifest.json", ec)) {
+      found.emplace_back(step, e.path());
+    }
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& [step, p] : found) out.push_back(p);
+  return out;
+}
+
+Manifest Manifest::read(const fs::path& dir) {
+  const std::string where = (dir / "manifest.json").string();
+  const std::string text =
+      read_small_file(where, kMaxManifestBytes, "ckpt", "a checkpoint manifest",
+                      "it is written by tetra train with ckpt.dir set");
+  Manifest m;
+  m.dir = dir;
+  try {
+    const json j = json::parse(text);
+    TETRA_CHECK(j.at("format") == kFormat && j.at("version") == kFormatVersion,
+                "[ckpt] {}: not a tetra checkpoint of format version {} (format {}, version {})",
+                where, kFormatVersion, j.at("format").dump(), j.at("version").dump());
+    m.step = j.at("step").get<int64_t>();
+    m.trainer = j.at("trainer");
+    m.layout = j.at("layout");
+    m.ranks = j.at("ranks");
+    m.config_toml = j.at("config").get<std::string>();
+    m.model = j.at("model").get<std::string>();
+    m.tetra_version = j.at("tetra_version").get<std::string>();
+    std::map<std::string, uintmax_t> sizes;
+    for (const auto& [name, t] : j.at("tensors").items()) {
+      TensorRecord rec;
+      rec.shape = t.at("shape").get<Shape>();
+      const int64_t numel = shape_numel(rec.shape);
+      for (const char* kind : kKinds) {
+        std::vector<Chunk>& chunks = rec.chunks[kind];
+        int64_t covered = 0;
+        for (const json& c : t.at("chunks").at(kind)) {
+          Chunk k;
+          k.file = c.at("file").get<std::string>();
+          static const std::regex file_re("rank-[0-9]{5,}\\.safetensors");
+          TETRA_CHECK(std::regex_match(k.file, file_re), "[ckpt] {}: {} names the file '{}'", where,
+                      name, k.file);
+          k.offset = c.at("offset").get<uint64_t>();
+          k.slice = {c.at("slice").at("dim").get<int>(), c.at("slice").at("offset").get<int64_t>(),
+                     c.at("slice").at("extent").get<int64_t>()};
+          k.first = c.at("first").get<int64_t>();
+          k.count = c.at("count").get<int64_t>();
+          k.xxh3 = std::stoull(c.at("xxh3").get<std::string>(), nullptr, 16);
+          const Slice& s = k.slice;
+          TETRA_CHECK(s.dim < int(rec.shape.size()) &&
+                          (s.dim < 0 || (s.offset >= 0 && s.extent > 0 &&
+                                         s.offset + s.extent <= rec.shape[size_t(s.dim)])),
+                      "[ckpt] {}: {} ({}) has a slice outside its shape {}", where, name, kind,
+                      shape_str(rec.shape));
+          TETRA_CHECK(
+              k.first >= 0 && k.count > 0 && k.first + k.count <= PartMap(rec.shape, s).numel(),
+              "[ckpt] {}: {} ({}) has a chunk of elements {}..{} outside its part", where, name,
+              kind, k.first, k.first + k.count);
+          if (!sizes.count(k.file)) {
+            std::error_code ec;
+            sizes[k.file] = fs::file_size(dir / k.file, ec);
+            TETRA_CHECK(!ec, "[ckpt] {}: {} is missing ({})", where, k.file, ec.message());
+          }
+          TETRA_CHECK(k.offset + uint64_t(k.count) * sizeof(float) <= sizes[k.file],
+                      "[ckpt] {}: {} is truncated: {} ({}) needs bytes up to {}, the file has {}",
+                      where, k.file, name, kind, k.offset + uint64_t(k.count) * sizeof(float),
+                      sizes[k.file]);
+          covered += k.count;
+          m.bytes += uint64_t(k.count) * sizeof(float);
+          chunks.push_back(k);
+        }
+        // Whole-tensor chunks must tile the tensor; sliced ones at least add up to it.
+        std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+          return a.slice.dim != b.slice.dim         ? a.slice.dim < b.slice.dim
+                 : a.slice.offset != b.slice.offset ? a.slice.offset < b.slice.offset
+                                                    : a.first < b.first;
+        });
+        int64_t next = 0;
+        for (const Chunk& c : chunks) {
+          if (c.slice.dim >= 0) continue;
+          TETRA_CHECK(c.first == next,
+                      "[ckpt] {}: {} ({}) has overlapping or missing elements "
+                      "at {}",
+                      where, name, kind, next);
+          next = c.first + c.count;
+        }
+        TETRA_CHECK(covered == numel,
+                    "[ckpt] {}: the chunks of {} ({}) hold {} elements, its shape {} has {}", where,
+                    name, kind, covered, shape_str(rec.shape), numel);
+      }
+      m.tensors[name] = std::move(rec);
+    }
+  } catch (const json::exception& e) {
+    fail("[ckpt] {}: malformed manifest ({}); the checkpoint cannot be used", where, e.what());
+  }
+  return m;
+}
+
+std::vector<std::string> verify(const Manifest& m) {
+  std::vector<std::string> problems;
+  OpenFiles files(m.dir);
+  for (const auto& [name, rec] : m.tensors) {
+    for (const auto& [kind, chunks] : rec.chunks) {
+      for (const Chunk& c : chunks) {
+        try {
+          read_chunk(files, c, name, kind);
+        } catch (const Error& e) {
+          problems.push_back(e.what());
+        }
+      }
+    }
+  }
+  return problems;
+}
+
+std::vector<Source> sources(ParamStore& store, const float* m, const float* v, bool replica) {
+  std::vector<Source> out;
+  if (replica) return out;
+  const float* params = store.params().data();
+  for (int k = 0; k < 3; ++k) {
+    for (const OwnedSegment& s : store.owned()) {
+      const float* data = k == 0 ? params + s.param_pos : (k == 1 ? m : v) + s.state_pos;
+      out.push_back(
+          {kKinds[k], &store.tensor(s.tensor), int64_t(s.element), int64_t(s.count), data});
+    }
+  }
+  return out;
+}
+
+void load(const Manifest& manifest, ParamStore& store, float* m, float* v) {
+  const std::string where = manifest.dir.string();
+  for (const auto& [name, rec] : manifest.tensors) {
+    TETRA_CHECK(store.find(name) >= 0,
+                "[ckpt] {} holds '{}', which this model does not have: it was saved from another "
+                "model ({})",
+                where, name, manifest.model);
+  }
+  OpenFiles files(manifest.dir);
+  std::vector<float> buf;
+  auto fill = [&](const std::string& name, const TensorRecord& rec, const ParamEntry& e,
+                  const char* kind, int64_t first, int64_t count, float* out) {
+    if (count == 0) return;
+    const int64_t lo = e.global_index(first), hi = e.global_index(first + count - 1) + 1;
+    buf.assign(size_t(hi - lo), 0.0f);
+    read_range(files, name, rec, kind, lo, hi, buf.data());
+    for (int64_t k = 0; k < count; ++k) out[k] = buf[size_t(e.global_index(first + k) - lo)];
+  };
+  for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
+    const ParamEntry& e = store.tensor(id);
+    auto it = manifest.tensors.find(e.spec.name);
+    TETRA_CHECK(it != manifest.tensors.end(),
+                "[ckpt] {} has no '{}': it was saved from another model ({}); this run's model "
+                "needs it",
+                where, e.spec.name, manifest.model);
+    TETRA_CHECK(it->second.shape == e.spec.shape,
+                "[ckpt] {}: '{}' has shape {} there but {} in this model; the model.* keys must "
+                "match the run that saved it ({})",
+                where, e.spec.name, shape_str(it->second.shape), shape_str(e.spec.shape),
+                manifest.model);
+    const ParamStore::HeldRun run = store.held(id);
+    fill(e.spec.name, it->second, e, kKinds[0], run.first, run.count, run.data);
+  }
+  for (const OwnedSegment& s : store.owned()) {
+    const ParamEntry& e = store.tensor(s.tensor);
+    const TensorRecord& rec = manifest.tensors.at(e.spec.name);
+    fill(e.spec.name, rec, e, kKinds[1], int64_t(s.element), int64_t(s.count), m + s.state_pos);
+    fill(e.spec.name, rec, e, kKinds[2], int64_t(s.element), int64_t(s.count), v + s.state_pos);
+  }
+}
+
+std::vector<float> read_global(const Manifest& manifest, const std::string& name,
+                               const std::string& kind) {
+  auto it = manifest.tensors.find(name);
+  TETRA_CHECK(it != manifest.tensors.end(), "[ckpt] {} has no tensor '{}'", manifest.dir.string(),
+              name);
+  std::vector<float> out(size_t(shape_numel(it->second.shape)));
+  OpenFiles files(manifest.dir);
+  read_range(files, name, it->second, kind, 0, int64_t(out.size()), out.data());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Writer::Job {
+  int64_t step = 0;
+  json header, rank_state;
+  struct Part {
+    std::string kind, name;
+    Shape shape;
+    Slice slice;
+    int64_t first = 0, count = 0;
+    size_t at = 0;  // element offset in the snapshot
+  };
+  std::vector<Part> parts;
+  size_t elements = 0;
+  double block_s = 0;
+};
+
+Writer::Writer(WriterOptions options, MemoryLedger* ledger)
+    : opt_(std::move(options)), tag_{ledger, MemCategory::temporaries} {
+  if (opt_.rank == 0) {
+    // Temporary directories of saves that never completed (a crash, a kill) are not checkpoints.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(opt_.dir, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool stale = (name.find(".tmp-") != std::string::npos &&
+                          name.find(".tmp-" + opt_.nonce) == std::string::npos) ||
+                         name.find(".old-") != std::string::npos;
+      if (stale && name.rfind("step-", 0) == 0) {
+        log_info("[ckpt] removing {}, left by a save that did not finish", e.path().string());
+        fs::remove_all(e.path(), ec);
+      }
+    }
+  }
+  if (opt_.async) thread_ = std::thread([this] { run(); });
+}
+
+Writer::~Writer() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+double Writer::save(int64_t step, const std::vector<Source>& sources, json header,
+                    json rank_state) {
+  Stopwatch clock;
+  wait();
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->header = std::move(header);
+  job->rank_state = std::move(rank_state);
+  for (const Source& s : sources) {
+    job->parts.push_back({s.kind, s.tensor->spec.name, s.tensor->spec.shape, s.tensor->spec.slice,
+                          s.first, s.count, job->elements});
+    job->elements += size_t(s.count);
+  }
+  if (snapshot_.size() != job->elements) {
+    snapshot_ = Buffer<float>(job->elements, tag_);
+  }
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::copy_n(sources[i].data, sources[i].count, snapshot_.data() + job->parts[i].at);
+  }
+  if (!opt_.async) {
+    SaveReport r = write(*job);
+    r.block_s = clock.elapsed_s();
+    std::lock_guard lock(mu_);
+    reports_.push_back(r);
+    return r.block_s;
+  }
+  job->block_s = clock.elapsed_s();
+  const double blocked = job->block_s;
+  {
+    std::lock_guard lock(mu_);
+    pending_ = std::move(job);
+    busy_ = true;
+  }
+  cv_.notify_all();
+  return blocked;
+}
+
+void Writer::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+}
+
+std::vector<SaveReport> Writer::take_reports() {
+  std::lock_guard lock(mu_);
+  return std::exchange(reports_, {});
+}
+
+int64_t Writer::last_published() const {
+  std::lock_guard lock(mu_);
+  return last_published_;
+}
+
+void Writer::run() {
+  for (;;) {
+    std::unique_ptr<Job> job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || pending_; });
+      if (!pending_) return;
+      job = std::move(pending_);
+    }
+    SaveReport r = write(*job);
+    r.block_s = job->block_s;
+    {
+      std::lock_guard lock(mu_);
+      reports_.push_back(r);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+SaveReport Writer::write(Job& job) {
+  SaveReport r;
+  r.step = job.step;
+  r.bytes = job.elements * sizeof(float);
+  Stopwatch clock;
+  const fs::path tmp = opt_.dir / (checkpoint_name(job.step) + ".tmp-" + opt_.nonce);
+  try {
+    std::error_code ec;
+    fs::create_directories(tmp, ec);
+    TETRA_CHECK(fs::is_directory(tmp),
+                "[ckpt] {}: cannot create the directory ({}); check "
+                "ckpt.dir is writable",
+                tmp.string(), ec.message());
+    // The rank file is a safetensors file: one 1-D F32 tensor per part, in snapshot order.
+    json st = json::object();
+    for (const Job::Part& p : job.parts) {
+      st[fmt::format("{}:{}:{}:{}", p.kind, p.name, p.slice.offset, p.first)] = {
+          {"dtype", "F32"},
+          {"shape", {p.count}},
+          {"data_offsets", {p.at * sizeof(float), (p.at + size_t(p.count)) * sizeof(float)}}};
+    }
+    st["__metadata__"] = {{"format", "tetra-checkpoint-shard"}, {"step", std::to_string(job.step)}};
+    std::string header = st.dump();
+    header.append((8 - header.size() % 8) % 8, ' ');
+    const uint64_t data_start = 8 + header.size();
+    const fs::path file = tmp / rank_file(opt_.rank);
+    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TETRA_CHECK(fd >= 0, "[ckpt] {}: cannot create ({}); check ckpt.dir is writable", file.string(),
+                std::strerror(errno));
+    int err = 0;
+    auto put = [&](const void* data, size_t n) {
+      const char* p = static_cast<const char*>(data);
+      while (err == 0 && n > 0) {
+        ssize_t w = ::write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+          err = w < 0 ? errno : EIO;
+          break;
+        }
+        p += w, n -= size_t(w);
+      }
+    };
+    const uint64_t len = header.size();
+    put(&len, sizeof len);
+    put(header.data(), header.size());
+    const bool faulty = opt_.rank == opt_.fault_rank;
+    const size_t half = r.bytes / 2;
+    if (faulty && (job.step == opt_.kill_in_save_step || job.step == opt_.error_step)) {
+      put(snapshot_.data(), half);
+      if (job.step == opt_.kill_in_save_step) {
+        ::fsync(fd);
+        ::raise(SIGKILL);
+      }
+      if (err == 0) err = ENOSPC;
+    } else {
+      put(snapshot_.data(), r.bytes);
+    }
+    if (err == 0 && ::fsync(fd) != 0) err = errno;
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) {
+      ::unlink(file.c_str());
+      fail(
+          "[ckpt] {}: writing {:.1f} MB failed ({}); free disk space under ckpt.dir or raise "
+          "the file-size limit (ulimit -f)",
+          file.string(), double(data_start + r.bytes) / 1e6, std::strerror(err));
+    }
+    json chunks = json::array();
+    for (const Job::Part& p : job.parts) {
+      chunks.push_back({{"kind", p.kind},
+                        {"name", p.name},
+                        {"shape", p.shape},
+                        {"slice", slice_json(p.slice)},
+                        {"first", p.first},
+                        {"count", p.count},
+                        {"file", rank_file(opt_.rank)},
+                        {"offset", data_start + p.at * sizeof(float)},
+                        {"xxh3", hex64(checksum(snapshot_.data() + p.at, p.count))}});
+    }
+    const std::string frag =
+        json{{"rank", opt_.rank}, {"state", job.rank_state}, {"chunks", chunks}}.dump();
+    write_file_atomically((tmp / fragment_file(opt_.rank)).string(),
+                          {{reinterpret_cast<const uint8_t*>(frag.data()), frag.size()}}, "ckpt");
+    if (opt_.rank == 0) publish(job, r);
+  } catch (const Error& e) {
+    r.error = e.what();
+    if (opt_.rank != 0) {
+      // Tell rank 0 not to wait for this rank's part.
+      const std::string msg = r.error;
+      int fd = ::open((tmp / failed_file(opt_.rank)).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        (void)!::write(fd, msg.data(), msg.size());
+        ::close(fd);
+      }
+    } else {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  }
+  r.write_s = clock.elapsed_s();
+  return r;
+}
+
+void Writer::publish(Job& job, SaveReport& report) {
+  const fs::path tmp = opt_.dir / (checkpoint_name(job.step) + ".tmp-" + opt_.nonce);
+  const std::string name = checkpoint_name(job.step);
+  // Every rank's fragment (or its failure) must be there.
+  Stopwatch waited;
+  json ranks = json::array();
+  json tensors = json::object();
+  uint64_t total = 0;
+  for (int r = 0; r < opt_.world; ++r) {
+    const fs::path frag = tmp / fragment_file(r), failed = tmp / failed_file(r);
+    for (;;) {
+      std::error_code ec;
+      if (fs::exists(frag, ec)) break;
+      if (fs::exists(failed, ec)) {
+        const std::string why =
+            read_small_file(failed.string(), 1 << 20, "ckpt", "a failure note", "");
+        fail("[ckpt] {} not published: rank {} could not write its part: {}", name, r, why);
+      }
+      TETRA_CHECK(waited.elapsed_s() < opt_.publish_timeout_s,
+                  "[ckpt] {} not published: rank {} did not write its part within {:.0f} s", name,
+                  r, opt_.publish_timeout_s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const json f = json::parse(
+        read_small_file(frag.string(), kMaxManifestBytes, "ckpt", "a checkpoint fragment", ""));
+    ranks.push_back({{"rank", r}, {"state", f.at("state")}});
+    for (const json& c : f.at("chunks")) {
+      total += c.at("count").get<uint64_t>() * sizeof(float);
+      json& t = tensors[c.at("name").get<std::string>()];
+      t["shape"] = c.at("shape");
+      for (const char* kind : kKinds) {
+        if (!t.contains("chunks") || !t["chunks"].contains(kind)) t["chunks"][kind] = json::array();
+      }
+      json chunk = c;
+      chunk.erase("kind");
+      chunk.erase("name");
+      chunk.erase("shape");
+      t["chunks"][c.at("kind").get<std::string>()].push_back(std::move(chunk));
+    }
+  }
+  json manifest = job.header;
+  manifest["format"] = kFormat;
+  manifest["version"] = kFormatVersion;
+  manifest["tetra_version"] = TETRA_VERSION;
+  manifest["step"] = job.step;
+  manifest["ranks"] = std::move(ranks);
+  manifest["tensors"] = std::move(tensors);
+  const std::string text = manifest.dump(1);
+  write_file_atomically((tmp / "manifest.json").string(),
+                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "ckpt");
+  for (int r = 0; r < opt_.world; ++r) fs::remove(tmp / fragment_file(r));
+  fsync_dir(tmp);
+  // A checkpoint of the same step from an earlier attempt (one that did not verify) is set
+  // aside first: rename cannot replace a non-empty directory.
+  const fs::path final_dir = opt_.dir / name, aside = opt_.dir / (name + ".old-" + opt_.nonce);
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) fs::rename(final_dir, aside);
+  fs::rename(tmp, final_dir);
+  fsync_dir(opt_.dir);
+  fs::remove_all(aside, ec);
+  write_file_atomically((opt_.dir / "latest").string(),
+                        {{reinterpret_cast<const uint8_t*>(name.data()), name.size()}}, "ckpt");
+  report.published = true;
+  report.bytes = total;
+  {
+    std::lock_guard lock(mu_);
+    last_published_ = job.step;
+  }
+  prune();
+}
+
+void Writer::prune() {
+  if (opt_.keep <= 0) return;
+  const std::vector<fs::path> all = list_checkpoints(opt_.dir);
+  for (size_t i = size_t(opt_.keep); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove_all(all[i], ec);
+  }
+}
+
+}  // namespace tetra::ckpt
