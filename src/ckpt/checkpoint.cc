@@ -268,12 +268,14 @@ std::vector<std::string> verify(const Manifest& m) {
   return problems;
 }
 
-std::vector<Source> sources(ParamStore& store, const float* m, const float* v, bool replica) {
+std::vector<Source> sources(ParamStore& store, const float* m, const float* v, bool dp_replica,
+                            bool slice_replica) {
   std::vector<Source> out;
-  if (replica) return out;
+  if (dp_replica) return out;
   const float* params = store.params().data();
   for (int k = 0; k < 3; ++k) {
     for (const OwnedSegment& s : store.owned()) {
+      if (slice_replica && store.tensor(s.tensor).spec.slice.dim < 0) continue;
       const float* data = k == 0 ? params + s.param_pos : (k == 1 ? m : v) + s.state_pos;
       out.push_back(
           {kKinds[k], &store.tensor(s.tensor), int64_t(s.element), int64_t(s.count), data});

@@ -82,9 +82,13 @@ struct Source {
 };
 
 /** What this rank writes of `store` and its moments m and v (indexed like the store's optimizer
- * state): the parameters and moments of every segment it updates. `replica` ranks (data-parallel
- * copies of state another rank also holds) write nothing. */
-std::vector<Source> sources(ParamStore& store, const float* m, const float* v, bool replica);
+ * state): the parameters and moments of every segment it updates, each element written by
+ * exactly one rank. `dp_replica`: another data-parallel rank holds the same state (unsharded
+ * optimizer state, dp rank > 0), so this rank writes nothing. `slice_replica`: this rank is not
+ * the first of its tensor-parallel group, whose members all hold the tensors that are not sliced,
+ * so it writes only its slices. */
+std::vector<Source> sources(ParamStore& store, const float* m, const float* v, bool dp_replica,
+                            bool slice_replica);
 
 /** Fills what this rank holds of parameters (store.held) and moments (store.owned, into m and v)
  * from checkpoint `m`, reading only the chunks that overlap it; each chunk read is checked

@@ -350,10 +350,10 @@ double Trainer::save_checkpoint(int64_t step, double median_step_s) {
       {"dp_rank", dp_rank_},
       {"rng", {{"generator", "philox4x32-10"}, {"seed", opt_.seed}, {"counter", "keyed"}}}};
   // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
-  const bool replica = !store_.sharding().state && dp_rank_ != 0;
-  const double blocked =
-      ckpt_->save(step, ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), replica),
-                  header, rank_state);
+  const bool dp_replica = !store_.sharding().state && dp_rank_ != 0;
+  const double blocked = ckpt_->save(
+      step, ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica, false),
+      header, rank_state);
   if (!opt_.ckpt.every_auto) {
     next_save_ = opt_.ckpt.every > 0 ? step + opt_.ckpt.every : opt_.steps;
     return blocked;
@@ -370,9 +370,9 @@ double Trainer::save_checkpoint(int64_t step, double median_step_s) {
   }
   if (is_root() && every != auto_every_) {
     log_info(
-        "[ckpt] ckpt.every=auto: the save stalled the loop {:.1f} ms, steps take {:.3f} s, "
-        "MTBF {} h: Young/Daly interval {:.0f} s = every {} step(s)",
-        1e3 * blocked, median_step_s, opt_.ckpt.mtbf_hours,
+        "[ckpt] ckpt.every=auto: the save stalled the loop {:.1f} ms, steps take {:.1f} ms, "
+        "MTBF {} h: Young/Daly interval {:.3g} s = every {} step(s)",
+        1e3 * blocked, 1e3 * median_step_s, opt_.ckpt.mtbf_hours,
         plan::young_daly_interval(blocked, opt_.ckpt.mtbf_hours * 3600.0), every);
   }
   auto_every_ = every;

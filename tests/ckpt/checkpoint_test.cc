@@ -1,0 +1,285 @@
+// The checkpoint layer on its own: what ranks of one layout write is read back by the ranks of
+// another (tensor slices along either dimension, ZeRO shards of any count), every element exact;
+// a damaged or incomplete checkpoint is refused with what is wrong; old ones are pruned.
+#include "ckpt/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tetra::ckpt {
+namespace {
+
+// Two tensors of one unit and one of another, each optionally sliced along `dim` into `parts`.
+struct Layout {
+  int slice_dim = -1, parts = 1, part = 0;  // "tensor parallel" slicing of the 2-D tensors
+  int shards = 1, shard = 0;                // ZeRO-3-style sharding of everything
+};
+
+const Shape kA = {6, 10}, kB = {10}, kC = {4, 6};
+
+// The value of element g of tensor `t` of kind `k`: distinct everywhere.
+float value(int t, int k, int64_t g) { return float(t * 100000 + k * 10000 + g) * 0.5f; }
+
+struct Rank {
+  ParamStore store;
+  std::vector<float> m, v;
+  explicit Rank(const Layout& l) {
+    auto spec = [&](const std::string& name, const Shape& shape) {
+      ParamSpec s;
+      s.name = name;
+      s.shape = shape;
+      if (shape.size() == 2 && l.slice_dim >= 0) {
+        const int64_t n = shape[size_t(l.slice_dim)] / l.parts;
+        s.slice = {l.slice_dim, n * l.part, n};
+      }
+      return s;
+    };
+    store.begin_unit("u0");
+    store.add(spec("a", kA));
+    store.add(spec("b", kB));
+    store.end_unit();
+    store.begin_unit("u1");
+    store.add(spec("c", kC));
+    store.end_unit();
+    Sharding sh;
+    sh.shards = l.shards;
+    sh.index = l.shard;
+    sh.params = sh.grads = sh.state = l.shards > 1;
+    store.finalize(sh);
+    m.assign(store.state_size(), 0.0f);
+    v.assign(store.state_size(), 0.0f);
+  }
+  // Fills what this rank holds with the global values.
+  void fill() {
+    for (TensorId id = 0; id < 3; ++id) {
+      const ParamEntry& e = store.tensor(id);
+      const auto run = store.held(id);
+      for (int64_t k = 0; k < run.count; ++k)
+        run.data[k] = value(id, 0, e.global_index(run.first + k));
+    }
+    for (const OwnedSegment& s : store.owned()) {
+      const ParamEntry& e = store.tensor(s.tensor);
+      for (size_t k = 0; k < s.count; ++k) {
+        const int64_t g = e.global_index(int64_t(s.element + k));
+        m[s.state_pos + k] = value(s.tensor, 1, g);
+        v[s.state_pos + k] = value(s.tensor, 2, g);
+      }
+    }
+  }
+  // Every element this rank holds equals the global value; returns the elements checked.
+  int64_t check() {
+    int64_t n = 0;
+    for (TensorId id = 0; id < 3; ++id) {
+      const ParamEntry& e = store.tensor(id);
+      const auto run = store.held(id);
+      for (int64_t k = 0; k < run.count; ++k, ++n) {
+        EXPECT_EQ(run.data[k], value(id, 0, e.global_index(run.first + k))) << e.spec.name;
+      }
+    }
+    for (const OwnedSegment& s : store.owned()) {
+      const ParamEntry& e = store.tensor(s.tensor);
+      for (size_t k = 0; k < s.count; ++k, n += 2) {
+        const int64_t g = e.global_index(int64_t(s.element + k));
+        EXPECT_EQ(m[s.state_pos + k], value(s.tensor, 1, g)) << e.spec.name;
+        EXPECT_EQ(v[s.state_pos + k], value(s.tensor, 2, g)) << e.spec.name;
+      }
+    }
+    return n;
+  }
+};
+
+class Checkpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tetra_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Every rank of `layouts` writes step `step`; returns the published directory.
+  fs::path save(const std::vector<Layout>& layouts, int64_t step, int keep = 0) {
+    std::vector<std::unique_ptr<Rank>> ranks;
+    std::vector<std::unique_ptr<Writer>> writers;
+    for (size_t r = 0; r < layouts.size(); ++r) {
+      ranks.push_back(std::make_unique<Rank>(layouts[r]));
+      ranks.back()->fill();
+      WriterOptions o;
+      o.dir = dir_;
+      o.keep = keep;
+      o.rank = int(r);
+      o.world = int(layouts.size());
+      o.nonce = "test";
+      o.publish_timeout_s = 30;
+      writers.push_back(std::make_unique<Writer>(o, nullptr));
+    }
+    for (size_t r = 0; r < layouts.size(); ++r) {
+      Rank& k = *ranks[r];
+      writers[r]->save(step, sources(k.store, k.m.data(), k.v.data(), false, layouts[r].part > 0),
+                       {{"trainer", {{"step", step}}},
+                        {"layout", {{"world", layouts.size()}}},
+                        {"config", ""},
+                        {"model", "test model"}},
+                       {{"rank", r}});
+    }
+    for (auto& w : writers) w->wait();
+    for (auto& w : writers) {
+      for (const SaveReport& rep : w->take_reports()) EXPECT_EQ(rep.error, "");
+    }
+    return dir_ / checkpoint_name(step);
+  }
+
+  // Every rank of `layouts` loads `dir` and holds exactly the global values.
+  void load_everywhere(const fs::path& dir, const std::vector<Layout>& layouts) {
+    const Manifest m = Manifest::read(dir);
+    int64_t checked = 0;
+    for (const Layout& l : layouts) {
+      Rank r(l);
+      load(m, r.store, r.m.data(), r.v.data());
+      checked += r.check();
+    }
+    EXPECT_GT(checked, 0);
+  }
+
+  fs::path dir_;
+};
+
+std::vector<Layout> tp(int dim, int parts) {
+  std::vector<Layout> out;
+  for (int p = 0; p < parts; ++p) out.push_back({dim, parts, p, 1, 0});
+  return out;
+}
+std::vector<Layout> zero(int shards) {
+  std::vector<Layout> out;
+  for (int s = 0; s < shards; ++s) out.push_back({-1, 1, 0, shards, s});
+  return out;
+}
+
+TEST_F(Checkpoint, AnyLayoutReadsWhatAnyOtherWrote) {
+  const std::vector<std::vector<Layout>> layouts = {
+      {Layout{}}, zero(2), zero(3), tp(0, 2), tp(1, 2)};
+  int64_t step = 0;
+  for (const auto& writer : layouts) {
+    const fs::path dir = save(writer, ++step);
+    const Manifest m = Manifest::read(dir);
+    EXPECT_EQ(m.step, step);
+    // Three kinds of every element, once: the checkpoint holds 12 bytes per parameter.
+    EXPECT_EQ(m.bytes, 12u * uint64_t(shape_numel(kA) + shape_numel(kB) + shape_numel(kC)));
+    EXPECT_TRUE(verify(m).empty());
+    for (const auto& reader : layouts) load_everywhere(dir, reader);
+    const std::vector<float> a = read_global(m, "a", "adam_v");
+    for (int64_t g = 0; g < shape_numel(kA); ++g) ASSERT_EQ(a[size_t(g)], value(0, 2, g));
+  }
+  std::ifstream latest(dir_ / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, checkpoint_name(step));
+}
+
+TEST_F(Checkpoint, KeepsTheNewestAndIgnoresUnfinishedSaves) {
+  for (int64_t step : {2, 4, 6, 8}) save(zero(2), step, 2);
+  fs::create_directories(dir_ / (checkpoint_name(10) + ".tmp-other"));
+  const std::vector<fs::path> all = list_checkpoints(dir_);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].filename(), checkpoint_name(8));
+  EXPECT_EQ(all[1].filename(), checkpoint_name(6));
+  // A new writer (rank 0) clears the temporary directory a crashed save left.
+  WriterOptions o;
+  o.dir = dir_;
+  o.nonce = "mine";
+  Writer w(o, nullptr);
+  EXPECT_FALSE(fs::exists(dir_ / (checkpoint_name(10) + ".tmp-other")));
+}
+
+TEST_F(Checkpoint, DamageIsFoundAndNamed) {
+  const fs::path dir = save(zero(2), 3);
+  const fs::path file = dir / "rank-00001.safetensors";
+  // A flipped byte in the data: verify and load name the file and the tensor.
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(-3, std::ios::end);
+    f.write(&c, 1);
+  }
+  const Manifest m = Manifest::read(dir);
+  const std::vector<std::string> problems = verify(m);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("rank-00001.safetensors"), std::string::npos) << problems[0];
+  EXPECT_NE(problems[0].find("fails its checksum"), std::string::npos) << problems[0];
+  Rank r(Layout{});
+  EXPECT_THROW(load(m, r.store, r.m.data(), r.v.data()), Error);
+  // A truncated file is refused when the manifest is read.
+  fs::resize_file(file, fs::file_size(file) - 8);
+  try {
+    Manifest::read(dir);
+    FAIL() << "a truncated checkpoint was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Checkpoint, MalformedManifestsAreRefused) {
+  const fs::path dir = save({Layout{}}, 1);
+  const fs::path path = dir / "manifest.json";
+  std::string good;
+  {
+    std::ifstream in(path);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& what) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    edit(j);
+    std::ofstream(path) << j.dump();
+    try {
+      Manifest::read(dir);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused([](auto& j) { j["version"] = 99; }, "format version 1");
+  refused([](auto& j) { j["tensors"]["a"]["chunks"]["param"][0]["file"] = "../x"; },
+          "names the file");
+  refused([](auto& j) { j["tensors"]["a"]["chunks"]["adam_m"][0]["count"] = 59; },
+          "hold 59 elements");
+  refused([](auto& j) { j["tensors"]["b"]["chunks"]["adam_v"][0]["first"] = 1; },
+          "outside its part");
+  refused([](auto& j) { j.erase("trainer"); }, "malformed manifest");
+  // A model with another tensor shape is refused by tensor.
+  std::ofstream(path) << good;
+  const Manifest m = Manifest::read(dir);
+  ParamStore other;
+  other.begin_unit("u");
+  for (const auto& [name, shape] :
+       std::vector<std::pair<std::string, Shape>>{{"a", {6, 11}}, {"b", kB}, {"c", kC}}) {
+    ParamSpec s;
+    s.name = name;
+    s.shape = shape;
+    other.add(s);
+  }
+  other.end_unit();
+  other.finalize({});
+  std::vector<float> mv(other.state_size());
+  try {
+    load(m, other, mv.data(), mv.data());
+    FAIL() << "a mis-shaped tensor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'a' has shape (6, 10) there but (6, 11)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tetra::ckpt
