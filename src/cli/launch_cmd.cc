@@ -99,7 +99,8 @@ std::vector<Beat> read_beats(const fs::path& dir) {
   return out;
 }
 
-// --inject-fault kill:R@K,hang:R@K: entry i is applied to attempt i, as debug.* keys of train.
+// --inject-fault kill:R@K,hang:R@K,kill_in_save:R@K: entry i is applied to attempt i, as the
+// debug.kill_step, debug.hang_step or debug.kill_in_save_step keys of train.
 std::vector<std::vector<std::string>> parse_faults(const std::string& spec) {
   std::vector<std::vector<std::string>> out;
   size_t start = 0;
@@ -110,12 +111,12 @@ std::vector<std::vector<std::string>> parse_faults(const std::string& spec) {
     start = end + 1;
     int rank = -1;
     long long step = 0;
-    char kind[8] = {};
-    TETRA_CHECK(std::sscanf(item.c_str(), "%7[a-z]:%d@%lld", kind, &rank, &step) == 3 &&
-                    (std::string(kind) == "kill" || std::string(kind) == "hang") && rank >= 0 &&
-                    step > 0,
-                "[launch] --inject-fault '{}': each entry is kill:RANK@STEP or hang:RANK@STEP, "
-                "e.g. kill:1@5",
+    char kind[16] = {};
+    const std::string k =
+        std::sscanf(item.c_str(), "%15[a-z_]:%d@%lld", kind, &rank, &step) == 3 ? kind : "";
+    TETRA_CHECK((k == "kill" || k == "hang" || k == "kill_in_save") && rank >= 0 && step > 0,
+                "[launch] --inject-fault '{}': each entry is kill:RANK@STEP, hang:RANK@STEP or "
+                "kill_in_save:RANK@STEP, e.g. kill:1@5",
                 item);
     out.push_back({fmt::format("--debug.{}_step={}", kind, step),
                    fmt::format("--debug.fault_rank={}", rank)});
@@ -214,7 +215,8 @@ int launch_main(const Args& args) {
                  "[0, inf)"},
                 "SECONDS"},
                {{"--inject-fault", ValueKind::String, "\"\"",
-                 "for tests: kill:RANK@STEP or hang:RANK@STEP per attempt, comma-separated "
+                 "for tests: kill:RANK@STEP, hang:RANK@STEP or kill_in_save:RANK@STEP per attempt, "
+                 "comma-separated "
                  "(entry i applies to attempt i of a train command)"},
                 "LIST"},
                {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
