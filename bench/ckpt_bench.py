@@ -54,18 +54,21 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
     p.add_argument("--ranks", type=int, default=1)
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--every", type=int, default=2,
+                   help="steps between saves: at 2 a write has a step to finish before the next")
     p.add_argument("--json")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tetra-ckpt-bench-", dir=ROOT) as workdir:
         data = os.path.join(workdir, "train.bin")
         write_tokens(data)
         rows = {}
-        # Saves after every step after the first (warm-up) one: delta per save.
+        # Saves every --every steps; the last step's save is left out of the medians (the run
+        # waits for it to finish).
         for name, flags in [("no checkpoints", []),
                             ("async", ["--ckpt.async=true"]),
                             ("sync", ["--ckpt.async=false"])]:
-            ck = [f"--ckpt.dir={os.path.join(workdir, name.replace(' ', '_'))}", "--ckpt.every=1",
+            ck = [f"--ckpt.dir={os.path.join(workdir, name.replace(' ', '_'))}", f"--ckpt.every={a.every}",
                   "--ckpt.keep=1"] if flags else []
             m = run(a, name.replace(" ", "_"), flags + ck, data, workdir)
             steps = m[1:]
@@ -78,7 +81,8 @@ def main():
                               bytes=nbytes[-1] if nbytes else None)
     C, L, Vp = MODEL["d_model"], MODEL["n_layer"], -(-MODEL["vocab_size"] // 64) * 64
     params = Vp * C + MODEL["max_seq"] * C + L * (12 * C * C + 13 * C) + 2 * C
-    print(f"# checkpoint cost, gpt2-124m (T{T} B{B}), {a.ranks} rank(s); CPU: {cpu_name()}")
+    print(f"# checkpoint cost, gpt2-124m (T{T} B{B}), {a.ranks} rank(s), a save every {a.every} "
+          f"step(s); CPU: {cpu_name()}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'variant':<16} {'step ms':>9} {'stall ms':>9} {'write ms':>9} {'MB':>8} {'GB/s':>6}")
     for name, r in rows.items():
         mb = r["bytes"] / 1e6 if r["bytes"] else 0

@@ -56,6 +56,9 @@ RunMemory run_memory(const RunShape& s) {
   const double scratch = 2 * BTC + 3 * BTC + 2 * att + 4 * BTC;
   const double rerun = s.recompute == Recompute::full ? block_saves(false) + BTC : 0.0;
   m.temporaries = f32 * (BTC + scratch + rerun);
+  // A checkpoint's snapshot: parameters and both moments of what this rank writes (all of them
+  // on data-parallel rank 0 without ZeRO, its shard with ZeRO; padding is not written).
+  if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);
 
   // ZeRO workspaces (parallel/data_parallel.h): gradients of the root and of two blocks at once;
   // under stage 3 also parameters of the root and of the computed block plus those prefetched,

@@ -19,6 +19,7 @@ struct RunShape {
   int64_t dp = 1;
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
+  bool checkpoint = false;  // ckpt.dir set: the host snapshot of what a save writes
 };
 
 /** Bytes per rank by category; the names are the trainer's (core/memory.h). */

@@ -473,6 +473,7 @@ plan::RunShape Trainer::run_shape() const {
   s.dp = dp_size_;
   s.reshard_after_forward = opt_.zero.reshard_after_forward;
   s.prefetch = opt_.zero.prefetch;
+  s.checkpoint = !opt_.ckpt.dir.empty();
   return s;
 }
 
