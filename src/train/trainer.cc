@@ -312,6 +312,12 @@ std::optional<SamplerState> Trainer::resume() {
           "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
           "parallel rank(s), ZeRO stage {})",
           dir.string(), start_step_, m.layout.dump(), dp_size_, opt_.zero.stage);
+      if (start_step_ >= opt_.steps) {
+        log_warn(
+            "[ckpt] the checkpoint is already at step {} and train.steps={}: nothing is left "
+            "to train; raise train.steps to continue",
+            start_step_, opt_.steps);
+      }
       return sampler;
     }
     if (!error.empty()) log_warn("{}", error);
