@@ -1,0 +1,231 @@
+#include "pipeline/schedule.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace tetra::pipeline {
+
+Kind parse_kind(const std::string& text) {
+  if (text == "gpipe") return Kind::gpipe;
+  if (text == "1f1b") return Kind::one_f_one_b;
+  if (text == "interleaved") return Kind::interleaved;
+  fail("[pipeline] unknown schedule '{}'; use gpipe, 1f1b or interleaved", text);
+}
+
+const char* to_string(Kind k) {
+  switch (k) {
+    case Kind::gpipe:
+      return "gpipe";
+    case Kind::one_f_one_b:
+      return "1f1b";
+    case Kind::interleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+const char* to_string(Op op) {
+  switch (op) {
+    case Op::recv_act:
+      return "recv_act";
+    case Op::forward:
+      return "forward";
+    case Op::send_act:
+      return "send_act";
+    case Op::recv_grad:
+      return "recv_grad";
+    case Op::backward:
+      return "backward";
+    case Op::send_grad:
+      return "send_grad";
+    case Op::reduce_grads:
+      return "reduce_grads";
+    case Op::optimizer_step:
+      return "optimizer_step";
+  }
+  return "?";
+}
+
+namespace {
+
+// Appends a forward or backward of (mb, chunk) on `rank` with the transfers around it.
+struct Emitter {
+  const Schedule& s;
+  std::vector<Instr>& out;
+  int rank;
+
+  int prev() const { return (rank - 1 + s.p) % s.p; }
+  int next() const { return (rank + 1) % s.p; }
+  bool first(int chunk) const { return s.stage(rank, chunk) == 0; }
+  bool last(int chunk) const { return s.stage(rank, chunk) == s.p * s.v - 1; }
+
+  void forward(int mb, int chunk) {
+    if (!first(chunk)) out.push_back({Op::recv_act, mb, chunk, prev()});
+    out.push_back({Op::forward, mb, chunk, -1});
+    if (!last(chunk)) out.push_back({Op::send_act, mb, chunk, next()});
+  }
+  void backward(int mb, int chunk) {
+    if (!last(chunk)) out.push_back({Op::recv_grad, mb, chunk, next()});
+    out.push_back({Op::backward, mb, chunk, -1});
+    if (!first(chunk)) out.push_back({Op::send_grad, mb, chunk, prev()});
+  }
+};
+
+}  // namespace
+
+Schedule make_schedule(Kind kind, int p, int m, int v) {
+  TETRA_CHECK(p >= 1 && m >= 1,
+              "[pipeline] {} needs at least one stage and one micro-batch (got "
+              "p={}, m={})",
+              to_string(kind), p, m);
+  if (kind == Kind::interleaved) {
+    TETRA_CHECK(p >= 2 && v >= 2,
+                "[pipeline] the interleaved schedule needs pp>=2 and at least 2 chunks per rank "
+                "(got pp={}, v={}); set v=2, or use 1f1b",
+                p, v);
+    TETRA_CHECK(m % p == 0,
+                "[pipeline] the interleaved schedule sends micro-batches round the ranks in groups "
+                "of pp, so the micro-batch count must be a multiple of pp={} (got m={}); use m={} "
+                "or {}, or 1f1b",
+                p, m, std::max(p, m / p * p), (m / p + 1) * p);
+  } else {
+    TETRA_CHECK(v == 1,
+                "[pipeline] {} runs one chunk per rank (got v={}); set v=1, or use the "
+                "interleaved schedule",
+                to_string(kind), v);
+  }
+  Schedule s;
+  s.kind = kind;
+  s.p = p;
+  s.m = m;
+  s.v = v;
+  s.ranks.resize(size_t(p));
+  for (int r = 0; r < p; ++r) {
+    std::vector<Instr>& out = s.ranks[size_t(r)];
+    Emitter e{s, out, r};
+    switch (kind) {
+      case Kind::gpipe:
+        for (int i = 0; i < m; ++i) e.forward(i, 0);
+        for (int i = 0; i < m; ++i) e.backward(i, 0);
+        break;
+      case Kind::one_f_one_b: {
+        // Warm-up forwards fill the pipe below this rank; then one forward, one backward.
+        const int warm = std::min(p - r - 1, m);
+        for (int i = 0; i < warm; ++i) e.forward(i, 0);
+        for (int i = 0; i < m - warm; ++i) {
+          e.forward(warm + i, 0);
+          e.backward(i, 0);
+        }
+        for (int i = m - warm; i < m; ++i) e.backward(i, 0);
+        break;
+      }
+      case Kind::interleaved: {
+        // Megatron-LM's order: micro-batches go round in groups of p, each group through chunk
+        // 0, 1, ..., v-1 (forward) or v-1, ..., 0 (backward).
+        const int total = m * v, group = p * v;
+        auto mb_of = [&](int k) { return k / group * p + k % p; };
+        auto fwd_chunk = [&](int k) { return k % group / p; };
+        auto bwd_chunk = [&](int k) { return v - 1 - k % group / p; };
+        const int warm = m == p ? total : std::min(total, (p - r - 1) * 2 + (v - 1) * p);
+        for (int k = 0; k < warm; ++k) e.forward(mb_of(k), fwd_chunk(k));
+        for (int k = 0; k < total - warm; ++k) {
+          e.forward(mb_of(warm + k), fwd_chunk(warm + k));
+          e.backward(mb_of(k), bwd_chunk(k));
+        }
+        for (int k = total - warm; k < total; ++k) e.backward(mb_of(k), bwd_chunk(k));
+        break;
+      }
+    }
+    out.push_back({Op::reduce_grads, -1, 0, -1});
+    out.push_back({Op::optimizer_step, -1, 0, -1});
+  }
+  return s;
+}
+
+Split balance_split(int layers, int stages, double embedding_cost, double head_cost) {
+  TETRA_CHECK(stages >= 1 && layers >= stages,
+              "[pipeline] {} layers cannot fill {} stages: each stage needs at least one layer; "
+              "use at most {} stages",
+              layers, stages, layers);
+  const double inf = std::numeric_limits<double>::infinity();
+  auto cost = [&](int k, int a, int b) {  // stage k holding layers [a, b)
+    return double(b - a) + (k == 0 ? embedding_cost : 0.0) + (k == stages - 1 ? head_cost : 0.0);
+  };
+  // best[k][j]: over splits of layers [0, j) into stages 0..k-1, the least maximum stage cost,
+  // then the least sum of squared costs (the most even among them); cut[k][j] its last cut.
+  using Score = std::pair<double, double>;
+  std::vector<std::vector<Score>> best(size_t(stages) + 1,
+                                       std::vector<Score>(size_t(layers) + 1, {inf, inf}));
+  std::vector<std::vector<int>> cut(size_t(stages) + 1, std::vector<int>(size_t(layers) + 1, 0));
+  best[0][0] = {0, 0};
+  for (int k = 1; k <= stages; ++k) {
+    for (int j = k; j <= layers - (stages - k); ++j) {
+      // The latest cut among equals keeps later stages no heavier than earlier ones.
+      for (int a = k - 1; a < j; ++a) {
+        const Score& prev = best[size_t(k) - 1][size_t(a)];
+        const double c = cost(k - 1, a, j);
+        const Score score{std::max(prev.first, c), prev.second + c * c};
+        if (score <= best[size_t(k)][size_t(j)]) {
+          best[size_t(k)][size_t(j)] = score;
+          cut[size_t(k)][size_t(j)] = a;
+        }
+      }
+    }
+  }
+  Split split(static_cast<size_t>(stages));
+  for (int k = stages, j = layers; k > 0; --k) {
+    const int a = cut[size_t(k)][size_t(j)];
+    split[size_t(k) - 1] = j - a;
+    j = a;
+  }
+  return split;
+}
+
+Split parse_split(const std::string& text, int layers, int stages, double embedding_cost,
+                  double head_cost, const std::string& key) {
+  TETRA_CHECK(stages >= 1 && layers >= stages,
+              "[pipeline] {} pipeline stages for {} layers: each stage needs at least one layer; "
+              "use at most {} stages (pp x v)",
+              stages, layers, layers);
+  if (text == "auto") return balance_split(layers, stages, embedding_cost, head_cost);
+  if (text.empty()) {
+    TETRA_CHECK(layers % stages == 0,
+                "[pipeline] {} layers do not split evenly over {} stages; give {} an explicit "
+                "split such as \"{}\" or auto",
+                layers, stages, key, [&] {
+                  std::string out;
+                  for (int v : balance_split(layers, stages, 0, 0)) {
+                    if (!out.empty()) out += ',';
+                    out += std::to_string(v);
+                  }
+                  return out;
+                }());
+    return Split(size_t(stages), layers / stages);
+  }
+  Split split;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    TETRA_CHECK(!item.empty() && item.size() <= 6 &&
+                    item.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoi(item) >= 1,
+                "[pipeline] {}=\"{}\": '{}' is not a layer count; give one positive count per "
+                "stage, e.g. \"5,6,6,5\", or auto",
+                key, text, item);
+    split.push_back(std::stoi(item));
+    start = end + 1;
+  }
+  int sum = 0;
+  for (int n : split) sum += n;
+  TETRA_CHECK(int(split.size()) == stages && sum == layers,
+              "[pipeline] {}=\"{}\" gives {} stage(s) holding {} layers, but the model has {} "
+              "layers on {} stages (pp x v): give {} counts that sum to {}",
+              key, text, split.size(), sum, layers, stages, stages, layers);
+  return split;
+}
+
+}  // namespace tetra::pipeline

@@ -1,0 +1,105 @@
+#include "pipeline/simulate.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace tetra::pipeline {
+
+Costs Costs::uniform(int stages, double forward, double backward) {
+  Costs c;
+  c.forward.assign(size_t(stages), forward);
+  c.backward.assign(size_t(stages), backward);
+  return c;
+}
+
+double Timeline::idle_share(int r) const { return flush > 0 ? 1.0 - busy[size_t(r)] / flush : 0.0; }
+
+double Timeline::bubble() const {
+  double sum = 0;
+  for (size_t r = 0; r < busy.size(); ++r) sum += idle_share(int(r));
+  return busy.empty() ? 0.0 : sum / double(busy.size());
+}
+
+Timeline simulate(const Schedule& s, const Costs& c) {
+  const int stages = s.p * s.v;
+  TETRA_CHECK(int(c.forward.size()) == stages && int(c.backward.size()) == stages,
+              "[pipeline] internal: costs for {} stages given for a schedule of {}",
+              c.forward.size(), stages);
+  Timeline t;
+  const size_t P = size_t(s.p);
+  t.busy.assign(P, 0.0);
+  t.last_backward.assign(P, 0.0);
+  t.peak_inflight.assign(P, 0);
+  std::vector<size_t> pc(P, 0);
+  std::vector<double> clock(P, 0.0);
+  std::vector<int> inflight(P, 0);
+  // (is gradient, destination stage, micro-batch) -> arrival time
+  std::map<std::tuple<bool, int, int>, double> arrived;
+  size_t done = 0;
+  while (done < P) {
+    bool progress = false;
+    done = 0;
+    for (size_t r = 0; r < P; ++r) {
+      const std::vector<Instr>& prog = s.ranks[r];
+      while (pc[r] < prog.size()) {
+        const Instr& in = prog[pc[r]];
+        const int stage = s.stage(int(r), in.chunk);
+        double& now = clock[r];
+        if (in.op == Op::recv_act || in.op == Op::recv_grad) {
+          auto it = arrived.find({in.op == Op::recv_grad, stage, in.mb});
+          if (it == arrived.end()) break;
+          if (it->second > now) {
+            t.spans.push_back({int(r), std::string("wait ") + to_string(in.op), in.mb, in.chunk,
+                               now, it->second});
+            now = it->second;
+          }
+          arrived.erase(it);
+        } else if (in.op == Op::send_act) {
+          arrived[{false, stage + 1, in.mb}] = now + c.transfer;
+        } else if (in.op == Op::send_grad) {
+          arrived[{true, stage - 1, in.mb}] = now + c.transfer;
+        } else {
+          double cost = 0;
+          if (in.op == Op::forward) cost = c.forward[size_t(stage)];
+          if (in.op == Op::backward) cost = c.backward[size_t(stage)];
+          if (in.op == Op::reduce_grads) cost = c.reduce;
+          if (in.op == Op::optimizer_step) cost = c.step;
+          t.spans.push_back({int(r), to_string(in.op), in.mb, in.chunk, now, now + cost});
+          now += cost;
+          if (in.op == Op::forward || in.op == Op::backward) t.busy[r] += cost;
+          if (in.op == Op::forward) {
+            t.peak_inflight[r] = std::max(t.peak_inflight[r], ++inflight[r]);
+          }
+          if (in.op == Op::backward) {
+            --inflight[r];
+            t.last_backward[r] = now;
+          }
+        }
+        ++pc[r];
+        progress = true;
+      }
+      if (pc[r] == prog.size()) ++done;
+    }
+    if (!progress && done < P) {
+      std::string stuck;
+      for (size_t r = 0; r < P; ++r) {
+        if (pc[r] == s.ranks[r].size()) continue;
+        const Instr& in = s.ranks[r][pc[r]];
+        stuck += fmt::format("; rank {} at instruction {} ({} mb {} chunk {})", r, pc[r],
+                             to_string(in.op), in.mb, in.chunk);
+      }
+      fail("[pipeline] the {} schedule (p={}, m={}, v={}) deadlocks{}", to_string(s.kind), s.p, s.m,
+           s.v, stuck);
+    }
+  }
+  for (size_t r = 0; r < P; ++r) {
+    t.flush = std::max(t.flush, t.last_backward[r]);
+    t.makespan = std::max(t.makespan, clock[r]);
+  }
+  return t;
+}
+
+}  // namespace tetra::pipeline

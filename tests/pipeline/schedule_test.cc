@@ -1,0 +1,203 @@
+// Pipeline schedules as data and their simulation: every generated program is complete and
+// deadlock-free, the simulated bubble reproduces the seeds' (p-1)/(m+p-1) and the interleaved
+// reduction, in-flight activations are m (GPipe) against p - r (1F1B), impossible configurations
+// and splits are refused with what would work.
+#include "pipeline/schedule.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "pipeline/simulate.h"
+#include "pipeline/trace.h"
+
+namespace tetra::pipeline {
+namespace {
+
+// Each (micro-batch, chunk) is computed forward then backward exactly once on each rank, every
+// transfer has its counterpart, and the update comes last.
+void expect_complete(const Schedule& s) {
+  SCOPED_TRACE(fmt::format("{} p={} m={} v={}", to_string(s.kind), s.p, s.m, s.v));
+  std::multiset<std::tuple<bool, int, int, int>> sends, recvs;  // (grad, from stage, to stage, mb)
+  for (int r = 0; r < s.p; ++r) {
+    const auto& prog = s.ranks[size_t(r)];
+    std::map<std::pair<int, int>, int> seen;  // (mb, chunk) -> 1 after forward, 2 after backward
+    for (const Instr& in : prog) {
+      const int stage = s.stage(r, in.chunk);
+      const std::pair<int, int> key{in.mb, in.chunk};
+      if (in.op == Op::forward) {
+        EXPECT_EQ(seen[key]++, 0);
+      }
+      if (in.op == Op::backward) {
+        EXPECT_EQ(seen[key]++, 1);
+      }
+      if (in.op == Op::send_act) sends.insert({false, stage, stage + 1, in.mb});
+      if (in.op == Op::recv_act) recvs.insert({false, stage - 1, stage, in.mb});
+      if (in.op == Op::send_grad) sends.insert({true, stage, stage - 1, in.mb});
+      if (in.op == Op::recv_grad) recvs.insert({true, stage + 1, stage, in.mb});
+      if (in.op == Op::send_act || in.op == Op::recv_grad) {
+        EXPECT_EQ(in.peer, (r + 1) % s.p);
+      }
+      if (in.op == Op::send_grad || in.op == Op::recv_act) {
+        EXPECT_EQ(in.peer, (r - 1 + s.p) % s.p);
+      }
+    }
+    EXPECT_EQ(seen.size(), size_t(s.m * s.v));
+    for (const auto& [key, n] : seen) EXPECT_EQ(n, 2);
+    ASSERT_GE(prog.size(), 2u);
+    EXPECT_EQ(prog[prog.size() - 2].op, Op::reduce_grads);
+    EXPECT_EQ(prog.back().op, Op::optimizer_step);
+  }
+  EXPECT_EQ(sends, recvs);
+}
+
+TEST(Schedule, EveryGeneratedProgramIsCompleteAndDeadlockFree) {
+  int checked = 0;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      for (Kind k : {Kind::gpipe, Kind::one_f_one_b}) {
+        const Schedule s = make_schedule(k, p, m);
+        expect_complete(s);
+        EXPECT_NO_THROW(simulate(s, Costs::uniform(p, 1.0, 2.0)));
+        ++checked;
+      }
+      for (int v = 2; v <= 4 && p >= 2 && m % p == 0; ++v) {
+        const Schedule s = make_schedule(Kind::interleaved, p, m, v);
+        expect_complete(s);
+        EXPECT_NO_THROW(simulate(s, Costs::uniform(p * v, 1.0, 2.0)));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 250);
+}
+
+TEST(Schedule, UniformCostsGiveTheSeedsBubble) {
+  // 000 パイプライン並列: 47% at p = m = 8, about 10% at m = 64 and 3% at m = 256.
+  struct Case {
+    int p, m;
+  };
+  for (Kind k : {Kind::gpipe, Kind::one_f_one_b}) {
+    for (const Case c : {Case{8, 8}, Case{8, 64}, Case{8, 256}, Case{4, 4}, Case{2, 16}}) {
+      const Timeline t = simulate(make_schedule(k, c.p, c.m), Costs::uniform(c.p, 1.0, 2.0));
+      const double formula = double(c.p - 1) / double(c.m + c.p - 1);
+      EXPECT_NEAR(t.bubble(), formula, 1e-12) << to_string(k) << " p=" << c.p << " m=" << c.m;
+      EXPECT_NEAR(t.flush, 3.0 * (c.m + c.p - 1), 1e-9);
+      for (int r = 0; r < c.p; ++r) EXPECT_NEAR(t.idle_share(r), formula, 1e-12);
+    }
+  }
+  EXPECT_NEAR(simulate(make_schedule(Kind::gpipe, 8, 8), Costs::uniform(8, 1, 2)).bubble(), 0.47,
+              0.005);
+  // Interleaving v chunks (each 1/v of a stage's layers) divides the idle time by v.
+  for (int v : {2, 4}) {
+    for (const Case c : {Case{4, 8}, Case{8, 64}, Case{2, 4}}) {
+      const Timeline t = simulate(make_schedule(Kind::interleaved, c.p, c.m, v),
+                                  Costs::uniform(c.p * v, 1.0 / v, 2.0 / v));
+      const double formula = double(c.p - 1) / double(v * c.m + c.p - 1);
+      EXPECT_NEAR(t.bubble(), formula, 1e-9) << "v=" << v << " p=" << c.p << " m=" << c.m;
+      EXPECT_LT(t.bubble(),
+                simulate(make_schedule(Kind::one_f_one_b, c.p, c.m), Costs::uniform(c.p, 1.0, 2.0))
+                    .bubble());
+    }
+  }
+}
+
+TEST(Schedule, OneFOneBHoldsAtMostPMicroBatchesGPipeHoldsM) {
+  const int p = 4, m = 12;
+  const Timeline g = simulate(make_schedule(Kind::gpipe, p, m), Costs::uniform(p, 1, 2));
+  const Timeline f = simulate(make_schedule(Kind::one_f_one_b, p, m), Costs::uniform(p, 1, 2));
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(g.peak_inflight[size_t(r)], m);
+    EXPECT_EQ(f.peak_inflight[size_t(r)], p - r);
+  }
+  // Same bubble, a quarter of the activations on the first stage.
+  EXPECT_NEAR(g.bubble(), f.bubble(), 1e-12);
+}
+
+TEST(Schedule, TransfersAndUnevenStagesShowInTheTimeline) {
+  // A transfer delay lengthens the flush by one delay per stage boundary, both ways.
+  const int p = 4, m = 8;
+  Costs c = Costs::uniform(p, 1.0, 2.0);
+  c.transfer = 0.25;
+  const Timeline g = simulate(make_schedule(Kind::gpipe, p, m), c);
+  EXPECT_NEAR(g.flush, 3.0 * (m + p - 1) + 2 * (p - 1) * 0.25, 1e-9);
+  // 1F1B's steady state also waits a round trip whenever a backward's input is late.
+  const Timeline f = simulate(make_schedule(Kind::one_f_one_b, p, m), c);
+  EXPECT_GE(f.flush, g.flush - 1e-9);
+  // One slow stage sets the pace: the others wait for it.
+  Costs slow = Costs::uniform(p, 1.0, 2.0);
+  slow.forward[2] = 2.0, slow.backward[2] = 4.0;
+  const Timeline u = simulate(make_schedule(Kind::one_f_one_b, p, m), slow);
+  EXPECT_LT(u.idle_share(2), u.idle_share(0));
+  EXPECT_GE(u.flush, 6.0 * m);
+}
+
+TEST(Schedule, ImpossibleConfigurationsAreRefusedWithWhatWouldWork) {
+  auto refused = [](auto f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused([] { make_schedule(Kind::interleaved, 4, 6, 2); },
+          "multiple of pp=4 (got m=6); use m=4 or 8");
+  refused([] { make_schedule(Kind::interleaved, 4, 8, 1); }, "set v=2, or use 1f1b");
+  refused([] { make_schedule(Kind::interleaved, 1, 8, 2); }, "needs pp>=2");
+  refused([] { make_schedule(Kind::one_f_one_b, 4, 8, 2); }, "set v=1, or use the interleaved");
+  refused([] { make_schedule(Kind::gpipe, 0, 8); }, "at least one stage");
+  refused([] { parse_kind("zb"); }, "use gpipe, 1f1b or interleaved");
+  refused([] { parse_split("5,6,6", 22, 4, 0, 0, "pp.layers"); },
+          "gives 3 stage(s) holding 17 layers, but the model has 22 layers on 4 stages");
+  refused([] { parse_split("5,6,x,5", 22, 4, 0, 0, "pp.layers"); }, "'x' is not a layer count");
+  refused([] { parse_split("5,0,12,5", 22, 4, 0, 0, "pp.layers"); }, "'0' is not a layer count");
+  refused([] { parse_split("", 22, 4, 0, 0, "pp.layers"); },
+          "22 layers do not split evenly over 4 stages; give pp.layers an explicit split such "
+          "as \"6,6,5,5\" or auto");
+  refused([] { parse_split("auto", 4, 8, 0, 0, "pp.layers"); }, "use at most 4 stages");
+}
+
+TEST(Schedule, SplitsAreParsedAndBalanced) {
+  EXPECT_EQ(parse_split("", 12, 4, 0, 0, "k"), Split({3, 3, 3, 3}));
+  EXPECT_EQ(parse_split("5,6,6,5", 22, 4, 0, 0, "k"), Split({5, 6, 6, 5}));
+  // Llama 3 405B: 126 layers on 16 stages, one layer fewer on the first and the last stage,
+  // which carry the embedding and the head.
+  Split llama(16, 8);
+  llama.front() = llama.back() = 7;
+  EXPECT_EQ(balance_split(126, 16, 1.0, 1.0), llama);
+  EXPECT_EQ(parse_split("auto", 126, 16, 1.0, 1.0, "k"), llama);
+  // Without the embedding and head, the least maximum is still 8 layers per stage.
+  const Split even = balance_split(126, 16, 0, 0);
+  EXPECT_EQ(*std::max_element(even.begin(), even.end()), 8);
+  int sum = 0;
+  for (int n : even) sum += n;
+  EXPECT_EQ(sum, 126);
+}
+
+TEST(Schedule, TimelinesOpenAsChromeTraces) {
+  const Timeline t = simulate(make_schedule(Kind::one_f_one_b, 2, 4), Costs::uniform(2, 1, 2));
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("tetra_trace_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  write_chrome_trace(path, t.spans, "simulated");
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  size_t complete = 0;
+  for (const auto& e : j["traceEvents"]) complete += e["ph"] == "X";
+  EXPECT_EQ(complete, t.spans.size());
+  // Rank 1 (the last stage) waits for its first input: one forward's time.
+  bool waited = false;
+  for (const Span& s : t.spans) waited |= s.rank == 1 && s.name == "wait recv_act" && s.end == 1.0;
+  EXPECT_TRUE(waited);
+}
+
+}  // namespace
+}  // namespace tetra::pipeline
