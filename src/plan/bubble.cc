@@ -6,7 +6,7 @@ namespace tetra::plan {
 
 namespace {
 int64_t chunks(Schedule s, int64_t v) {
-  return s == Schedule::Interleaved ? std::max<int64_t>(v, 1) : 1;
+  return s == Schedule::interleaved ? std::max<int64_t>(v, 1) : 1;
 }
 }  // namespace
 
@@ -20,9 +20,9 @@ double bubble_ratio(Schedule s, int64_t p, int64_t m, int64_t v) {
 }
 
 double inflight_microbatches(Schedule s, int64_t p, int64_t m, int64_t v) {
-  if (s == Schedule::GPipe) return double(m);
+  if (s == Schedule::gpipe) return double(m);
   const double warm = double(std::min(m, p));
-  if (s == Schedule::OneFOneB) return warm;
+  if (s == Schedule::one_f_one_b) return warm;
   return warm * (1.0 + double(p - 1) / double(p * chunks(s, v)));
 }
 

@@ -45,7 +45,7 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
   std::vector<DimComm> out;
   const double ab = act_bytes(t.precision);
   const double tokens = double(l.micro_batch * m.seq);
-  const int64_t layers = m.layers / l.pp;
+  const int64_t layers = max_rank_layers(l, m.layers);  // the slowest stage paces the pipeline
   const double mb = double(l.microbatches);
 
   if (l.dp > 1) {
@@ -109,7 +109,7 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     // One activation forward and one gradient backward per micro-batch and chunk boundary,
     // scattered over the TP ranks.
     DimComm d{"pp", "send activations fwd + gradients bwd at stage boundaries", l.pp};
-    const int64_t v = l.schedule == Schedule::Interleaved ? l.v : 1;
+    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
     d.calls = 2 * l.microbatches * v;
     d = on_link(d, c, l.tp * l.dp, 1, tokens * double(m.d_model) * ab / double(l.tp));
     out.push_back(d);

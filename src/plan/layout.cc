@@ -2,27 +2,22 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
+#include <algorithm>
 
 namespace tetra::plan {
 
-Schedule parse_schedule(const std::string& text) {
-  if (text == "gpipe") return Schedule::GPipe;
-  if (text == "1f1b") return Schedule::OneFOneB;
-  if (text == "interleaved") return Schedule::Interleaved;
-  fail("[plan] unknown layout.schedule '{}'; use gpipe, 1f1b or interleaved", text);
+int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank) {
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  if (l.split.empty()) return layers / l.pp;
+  int64_t n = 0;
+  for (int64_t c = 0; c < v; ++c) n += l.split[size_t(c * l.pp + rank)];
+  return n;
 }
 
-const char* to_string(Schedule s) {
-  switch (s) {
-    case Schedule::GPipe:
-      return "gpipe";
-    case Schedule::OneFOneB:
-      return "1f1b";
-    case Schedule::Interleaved:
-      return "interleaved";
-  }
-  return "?";
+int64_t max_rank_layers(const Layout& l, int64_t layers) {
+  int64_t most = 0;
+  for (int64_t r = 0; r < l.pp; ++r) most = std::max(most, rank_layers(l, layers, r));
+  return most;
 }
 
 std::string describe(const Layout& l) {
@@ -31,7 +26,12 @@ std::string describe(const Layout& l) {
   s += l.zero ? fmt::format(", ZeRO-{}", l.zero) : std::string(", no ZeRO");
   if (l.pp > 1) {
     s += fmt::format(", {}", to_string(l.schedule));
-    if (l.schedule == Schedule::Interleaved) s += fmt::format(" v={}", l.v);
+    if (l.schedule == Schedule::interleaved) s += fmt::format(" v={}", l.v);
+    if (!l.split.empty()) {
+      s += ", layers ";
+      for (size_t i = 0; i < l.split.size(); ++i)
+        s += fmt::format("{}{}", i ? "," : "", l.split[i]);
+    }
   }
   s += fmt::format(", mbs={} m={}", l.micro_batch, l.microbatches);
   return s;

@@ -4,13 +4,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "pipeline/schedule.h"
 
 namespace tetra::plan {
 
-enum class Schedule { GPipe, OneFOneB, Interleaved };
-
-Schedule parse_schedule(const std::string& text);
-const char* to_string(Schedule s);
+/** The planner's schedules are the pipeline layer's: one representation, simulated here. */
+using Schedule = pipeline::Kind;
+using pipeline::to_string;
 
 /** gpus = tp * pp * dp. Rank order is tp fastest, then dp, then pp (DESIGN.md: tp-ep-dp-pp);
  *  the ep expert groups are carved out of consecutive dp ranks, so ep divides dp. */
@@ -20,11 +22,17 @@ struct Layout {
   int64_t dp = 1;
   int64_t ep = 1;
   int zero = 0;  // 0 = plain DP, 1/2/3 = ZeRO stage
-  Schedule schedule = Schedule::OneFOneB;
+  Schedule schedule = Schedule::one_f_one_b;
   int64_t v = 1;             // model chunks per pipeline rank (interleaved only)
   int64_t micro_batch = 1;   // sequences per micro-batch
   int64_t microbatches = 1;  // m: micro-batches per step per pipeline
+  std::vector<int> split;    // layers per virtual stage (pp*v); empty: layers/(pp*v) each
 };
+
+/** Layers held by pipeline rank `rank` (its chunks' layers together). */
+int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank);
+/** The most layers any pipeline rank holds. */
+int64_t max_rank_layers(const Layout& l, int64_t layers);
 
 /** "TP 8 x PP 4 x DP 16, ZeRO-1, 1f1b, m=32" */
 std::string describe(const Layout& l);

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "pipeline/simulate.h"
 #include "plan/bubble.h"
 #include "plan/units.h"
 
@@ -33,6 +34,23 @@ int64_t sequences_per_step(const ModelSpec& m, const TrainingSpec& t) {
 }
 
 }  // namespace
+
+std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l) {
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  l.split.clear();
+  if (spec.empty() && m.layers % (l.pp * v) == 0) return "";
+  const ParamCounts pc = count_params(m);
+  const double layer = double(pc.attention + pc.norms + pc.router + pc.experts * pc.expert_mlp);
+  const double embedding = double(pc.embedding) / layer;
+  const double head = double(pc.head > 0 ? pc.head : m.vocab * m.d_model) / layer;
+  try {
+    l.split = pipeline::parse_split(spec, int(m.layers), int(l.pp * v), embedding, head,
+                                    "layout.pp_layers");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                            const Layout& l) {
@@ -79,12 +97,22 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
     return fmt::format("[plan] ffn={} is not divisible by tp={}; use a tp that divides ffn", m.ffn,
                        l.tp);
   }
-  const int64_t v = l.schedule == Schedule::Interleaved ? l.v : 1;
-  if (m.layers % (l.pp * v) != 0) {
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  if (l.split.empty() && m.layers % (l.pp * v) != 0) {
     return fmt::format(
-        "[plan] layers={} is not divisible by pp={}{}; each stage needs the same number of "
-        "layers, use pp (x v) dividing {}",
+        "[plan] layers={} is not divisible by pp={}{}; use pp (x v) dividing {}, or uneven "
+        "stages with layout.pp_layers=auto or explicit counts",
         m.layers, l.pp, v > 1 ? fmt::format(" x v={}", v) : std::string(), m.layers);
+  }
+  if (!l.split.empty()) {
+    int64_t sum = 0;
+    for (int n : l.split) sum += n;
+    if (int64_t(l.split.size()) != l.pp * v || sum != m.layers) {
+      return fmt::format(
+          "[plan] the stage split holds {} layers on {} stages, the layout has {} "
+          "layers on pp x v = {}",
+          sum, l.split.size(), m.layers, l.pp * v);
+    }
   }
   if (m.experts == 1 && l.ep != 1) {
     return fmt::format("[plan] ep={} but model '{}' is dense (experts=1); set layout.ep=1", l.ep,
@@ -104,18 +132,12 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
     return fmt::format("[plan] layout.zero={} is not a ZeRO stage; use 0 (plain DP), 1, 2 or 3",
                        l.zero);
   }
-  if (l.schedule == Schedule::Interleaved) {
-    if (l.pp < 2 || l.v < 2) {
-      return fmt::format(
-          "[plan] the interleaved schedule needs pp>=2 and v>=2 (got pp={}, v={}); set "
-          "layout.v=2 or use 1f1b",
-          l.pp, l.v);
-    }
-    if (l.microbatches % l.pp != 0) {
-      return fmt::format(
-          "[plan] interleaved needs micro-batches divisible by pp (m={}, pp={}); change the "
-          "global batch or micro-batch size",
-          l.microbatches, l.pp);
+  if (l.pp > 1 || l.schedule == Schedule::interleaved) {
+    // The pipeline layer refuses what it cannot schedule, with the reason.
+    try {
+      pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(l.v));
+    } catch (const Error& e) {
+      return e.what();
     }
   }
   if (t.global_batch_tokens % m.seq != 0) {
@@ -161,12 +183,32 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   const double mb = double(l.microbatches);
   // TP and EP collectives stretch every pipeline slot, so the bubble scales them too.
   const double slot = e.microbatch_seconds + critical / mb;
-  const double ratio = l.pp > 1 ? bubble_ratio(l.schedule, l.pp, l.microbatches, l.v) : 0.0;
   e.compute_seconds = mb * e.microbatch_seconds;
-  e.bubble_seconds = slot * mb * ratio;
-  e.bubble = l.pp > 1 ? bubble_fraction(l.schedule, l.pp, l.microbatches, l.v) : 0.0;
+  double pipeline_seconds = slot * mb;
+  if (l.pp > 1) {
+    // The schedule that would run, simulated: each virtual stage costs its share of the layers
+    // of a slot, a third forward (two thirds backward and any recomputation).
+    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const int stages = int(l.pp * v);
+    const pipeline::Schedule sched =
+        pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
+    const double fwd = f.model() / 3.0 / f.hardware();
+    pipeline::Costs costs;
+    for (int k = 0; k < stages; ++k) {
+      const double layers =
+          l.split.empty() ? double(m.layers) / stages : double(l.split[size_t(k)]);
+      const double stage = slot * double(l.pp) * layers / double(m.layers);
+      costs.forward.push_back(fwd * stage);
+      costs.backward.push_back((1.0 - fwd) * stage);
+    }
+    const pipeline::Timeline tl = pipeline::simulate(sched, costs);
+    pipeline_seconds = tl.flush;
+    e.bubble = tl.bubble();
+    e.bubble_formula = bubble_fraction(l.schedule, l.pp, l.microbatches, l.v);
+  }
+  e.bubble_seconds = pipeline_seconds - slot * mb;
   e.exposed_comm_seconds = critical + pp_s + dp_exposed;
-  e.step_seconds = slot * mb * (1.0 + ratio) + pp_s + dp_exposed;
+  e.step_seconds = pipeline_seconds + pp_s + dp_exposed;
   e.mfu =
       f.model() * double(t.global_batch_tokens) / (double(c.gpus) * c.peak_flops * e.step_seconds);
   return e;
@@ -181,8 +223,8 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   l.dp = k.dp;
   l.ep = k.ep ? k.ep : 1;
   l.zero = k.zero;
-  l.schedule = k.schedule.value_or(Schedule::OneFOneB);
-  l.v = l.schedule == Schedule::Interleaved ? (k.v ? k.v : 2) : 1;
+  l.schedule = k.schedule.value_or(Schedule::one_f_one_b);
+  l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1;
   const int64_t per_replica = seqs / std::max<int64_t>(l.dp, 1);
   if (k.microbatches) {
     l.microbatches = k.microbatches;
@@ -191,6 +233,9 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   } else {
     l.micro_batch = t.micro_batch ? t.micro_batch : 1;
     l.microbatches = std::max<int64_t>(1, per_replica / l.micro_batch);
+  }
+  if (const std::string problem = resolve_split(m, k.pp_layers, l); !problem.empty()) {
+    throw Error(problem);
   }
   return l;
 }
@@ -202,7 +247,9 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
   std::vector<LayoutEstimate> all;
   for (int64_t tp : divisors(c.gpus_per_node)) {
     if ((k.tp && tp != k.tp) || c.gpus % tp != 0) continue;
-    for (int64_t pp : divisors(m.layers)) {
+    // Uneven stages (layout.pp_layers=auto) make every pp up to the layer count possible.
+    for (int64_t pp : k.pp_layers == "auto" ? divisors(c.gpus) : divisors(m.layers)) {
+      if (pp > m.layers) continue;
       if ((k.pp && pp != k.pp) || c.gpus % (tp * pp) != 0) continue;
       const int64_t dp = c.gpus / (tp * pp);
       if ((k.dp && dp != k.dp) || seqs % dp != 0) continue;
@@ -223,17 +270,18 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
       std::vector<std::pair<Schedule, int64_t>> schedules;
       if (k.schedule) {
         schedules.push_back(
-            {*k.schedule, *k.schedule == Schedule::Interleaved ? (k.v ? k.v : 2) : 1});
+            {*k.schedule, *k.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1});
       } else {
-        schedules.push_back({Schedule::OneFOneB, 1});
-        if (pp > 1) schedules.push_back({Schedule::Interleaved, k.v ? k.v : 2});
+        schedules.push_back({Schedule::one_f_one_b, 1});
+        if (pp > 1) schedules.push_back({Schedule::interleaved, k.v ? k.v : 2});
       }
       for (int64_t ep : eps) {
         for (int64_t mbs : mbss) {
           for (auto [sched, v] : schedules) {
             for (int zero = 0; zero <= 3; ++zero) {
               if (k.zero >= 0 && zero != k.zero) continue;
-              Layout l{tp, pp, dp, ep, zero, sched, v, mbs, per_replica / mbs};
+              Layout l{tp, pp, dp, ep, zero, sched, v, mbs, per_replica / mbs, {}};
+              if (!resolve_split(m, k.pp_layers, l).empty()) continue;
               if (!layout_problem(m, c, t, l).empty()) continue;
               ++r.considered;
               LayoutEstimate e = evaluate_layout(m, c, t, l);
@@ -346,7 +394,8 @@ std::vector<std::string> explain_layout(const ModelSpec& m, const ClusterSpec& c
     x.push_back("PP 1: the model fits without a pipeline, so there is no bubble");
   }
   const MemoryBreakdown plain = memory_per_device(
-      m, t, Layout{l.tp, l.pp, l.dp, l.ep, 0, l.schedule, l.v, l.micro_batch, l.microbatches});
+      m, t,
+      Layout{l.tp, l.pp, l.dp, l.ep, 0, l.schedule, l.v, l.micro_batch, l.microbatches, l.split});
   x.push_back(fmt::format(
       "DP {} outermost{}: state {} per device{} (000 ZeRO: shard state before splitting "
       "compute further)",

@@ -26,9 +26,15 @@ struct LayoutEstimate {
   double bubble_seconds = 0;
   double exposed_comm_seconds = 0;
   double step_seconds = 0;
-  double bubble = 0;  // idle share (bubble_fraction)
-  double mfu = 0;     // model FLOPs / (devices * peak * step)
+  double bubble = 0;          // idle share of the pipeline phase, simulated (pipeline/simulate.h)
+  double bubble_formula = 0;  // the closed form (p-1)/(v*m+p-1), for comparison
+  double mfu = 0;             // model FLOPs / (devices * peak * step)
 };
+
+/** Sets l.split from layout.pp_layers (`spec`): "" even stages (pp*v must divide the layers),
+ * "auto" balanced with the embedding on the first and the head on the last stage counted in
+ * layers of parameters, or explicit counts "5,6,6,5". Returns why it cannot, or "". */
+std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l);
 
 /** Why `l` cannot run this model on this cluster, or "" when it can (fitting memory aside). */
 std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
@@ -47,6 +53,7 @@ struct LayoutConstraints {
   std::optional<Schedule> schedule;
   int64_t v = 0;
   int64_t microbatches = 0;
+  std::string pp_layers;  // layout.pp_layers: "" even, "auto" or explicit counts
   /** True when every dimension is fixed: the layout is given, not searched. */
   bool complete() const { return tp && pp && dp && zero >= 0; }
 };

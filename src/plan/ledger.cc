@@ -58,18 +58,24 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
 
 LocalParams local_params(const ModelSpec& m, const Layout& l) {
   const ParamCounts pc = count_params(m);
-  const double layers = double(m.layers / l.pp);
-  double extra;
-  if (l.pp == 1) {
-    extra = double(pc.embedding + pc.head + pc.final_norm);
-  } else {
-    // First stage: the embedding; last stage: the head (a copy of the embedding when tied).
-    const double head = double(pc.head > 0 ? pc.head : m.vocab * m.d_model);
-    extra = std::max(double(pc.embedding), head + double(pc.final_norm));
-  }
+  // The rank holding the most: first stage the embedding, last stage the head (a copy of the
+  // embedding when tied), each with its own layers.
   LocalParams lp;
-  lp.dense = (layers * double(pc.attention + pc.norms + pc.router) + extra) / double(l.tp);
-  lp.expert = layers * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
+  for (int64_t r = 0; r < l.pp; ++r) {
+    double extra = 0;
+    if (r == 0) extra += double(pc.embedding);
+    if (r == l.pp - 1) {
+      extra += l.pp == 1 ? double(pc.head) : double(pc.head > 0 ? pc.head : m.vocab * m.d_model);
+      extra += double(pc.final_norm);
+    }
+    const double layers = double(rank_layers(l, m.layers, r));
+    const double dense =
+        (layers * double(pc.attention + pc.norms + pc.router) + extra) / double(l.tp);
+    if (dense >= lp.dense) {
+      lp.dense = dense;
+      lp.expert = layers * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
+    }
+  }
   return lp;
 }
 
@@ -84,7 +90,9 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
   mem.optimizer = dense.optimizer + expert.optimizer;
 
   const double tokens = double(l.micro_batch * m.seq);
-  const double layers = double(m.layers / l.pp);
+  // The first stage holds the most micro-batches in flight; with uneven stages a later, larger
+  // one may hold more layers, so the larger product of the two counts.
+  const double layers = double(max_rank_layers(l, m.layers));
   const double inflight = inflight_microbatches(l.schedule, l.pp, l.microbatches, l.v);
   const double per_layer = activation_bytes_per_token_layer(m, t.recompute, t.precision, l.tp);
   mem.activations = per_layer * tokens * layers * inflight;

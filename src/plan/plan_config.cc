@@ -67,6 +67,9 @@ const ConfigSchema& plan_schema() {
       {"layout.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
        "\"\" | gpipe | 1f1b | interleaved"},
       {"layout.v", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)", "[0, 1024]"},
+      {"layout.pp_layers", ValueKind::String, "\"\"",
+       "layers per pipeline stage: \"\" equal stages, auto (balanced, the embedding and head "
+       "counted), or counts such as \"7,8,8,7\" (pp x v of them)"},
       {"layout.microbatches", ValueKind::Int, "0", "micro-batches per step (0 = from the batch)",
        "[0, 1000000000]"},
       {"zero.reshard_after_forward", ValueKind::Bool, "true",
@@ -177,7 +180,9 @@ LayoutConstraints layout_from(const Config& cfg) {
   k.zero = int(cfg.i("layout.zero"));
   k.v = cfg.i("layout.v");
   k.microbatches = cfg.i("layout.microbatches");
-  if (!cfg.s("layout.schedule").empty()) k.schedule = parse_schedule(cfg.s("layout.schedule"));
+  if (!cfg.s("layout.schedule").empty())
+    k.schedule = pipeline::parse_kind(cfg.s("layout.schedule"));
+  k.pp_layers = cfg.s("layout.pp_layers");
   return k;
 }
 
@@ -201,9 +206,19 @@ PlanInputs plan_inputs(const Config& config) {
                 in.model.heads, k.tp);
   }
   if (k.pp) {
-    TETRA_CHECK(in.model.layers % k.pp == 0,
-                "[plan] layers={} is not divisible by pp={}; use pp dividing {}", in.model.layers,
-                k.pp, in.model.layers);
+    TETRA_CHECK(k.pp <= in.model.layers,
+                "[plan] pp={} exceeds the model's {} layers: each stage needs at least one layer; "
+                "use pp <= {}",
+                k.pp, in.model.layers, in.model.layers);
+    TETRA_CHECK(!k.pp_layers.empty() || in.model.layers % k.pp == 0,
+                "[plan] layers={} is not divisible by pp={}; use pp dividing {}, or uneven stages "
+                "with layout.pp_layers=auto or explicit counts",
+                in.model.layers, k.pp, in.model.layers);
+  } else {
+    TETRA_CHECK(k.pp_layers.empty() || k.pp_layers == "auto",
+                "[plan] layout.pp_layers=\"{}\" gives one count per stage, so it needs a fixed "
+                "layout.pp; set layout.pp, or use layout.pp_layers=auto",
+                k.pp_layers);
   }
   const int64_t fixed = (k.tp ? k.tp : 1) * (k.pp ? k.pp : 1) * (k.dp ? k.dp : 1);
   TETRA_CHECK(c.gpus % fixed == 0,

@@ -185,14 +185,15 @@ json plan_report(const PlanInputs& in, int top) {
   r["communication"] = comm;
 
   // 4. Bubble.
-  r["bubble"] = {
-      {"schedule", to_string(l.schedule)},
-      {"p", l.pp},
-      {"m", l.microbatches},
-      {"v", l.v},
-      {"fraction", l.pp > 1 ? bubble_fraction(l.schedule, l.pp, l.microbatches, l.v) : 0.0},
-      {"ratio", l.pp > 1 ? bubble_ratio(l.schedule, l.pp, l.microbatches, l.v) : 0.0},
-      {"seconds", chosen.bubble_seconds}};
+  r["bubble"] = {{"schedule", to_string(l.schedule)},
+                 {"p", l.pp},
+                 {"m", l.microbatches},
+                 {"v", l.v},
+                 {"split", l.split},
+                 {"fraction", chosen.bubble},
+                 {"formula", chosen.bubble_formula},
+                 {"ratio", l.pp > 1 ? bubble_ratio(l.schedule, l.pp, l.microbatches, l.v) : 0.0},
+                 {"seconds", chosen.bubble_seconds}};
 
   // 5. Checkpoint.
   const CheckpointPlan cp =
@@ -318,10 +319,17 @@ std::string format_report(const json& r) {
   const json& b = r["bubble"];
   line("");
   line(fmt::format(
-      "4. Pipeline bubble: {} p={} m={}{}: {:.1f}% of the step idle ({})",
+      "4. Pipeline bubble: {} p={} m={}{}: {:.1f}% of the step idle ({}), simulated{}",
       b["schedule"].get<std::string>(), b["p"].get<int64_t>(), b["m"].get<int64_t>(),
       b["schedule"] == "interleaved" ? fmt::format(" v={}", b["v"].get<int64_t>()) : std::string(),
-      b["fraction"].get<double>() * 100, hs(b["seconds"])));
+      b["fraction"].get<double>() * 100, hs(b["seconds"]),
+      b["p"].get<int64_t>() > 1 ? fmt::format("; the closed form (p-1)/(v*m+p-1) gives {:.1f}%",
+                                              b["formula"].get<double>() * 100)
+                                : std::string()));
+  if (!b["split"].empty()) {
+    line(fmt::format("  uneven stages, layers per stage: {}",
+                     fmt::join(b["split"].get<std::vector<int>>(), ",")));
+  }
 
   const json& k = r["checkpoint"];
   line("");

@@ -24,7 +24,9 @@ TEST(CommCost, GroupPlacement) {
   EXPECT_FALSE(group_in_node(128, 4, 8));  // PP across nodes
 }
 
-Layout seeds_layout(int zero) { return Layout{8, 4, 16, 1, zero, Schedule::OneFOneB, 1, 1, 128}; }
+Layout seeds_layout(int zero) {
+  return Layout{8, 4, 16, 1, zero, Schedule::one_f_one_b, 1, 1, 128, {}};
+}
 
 const DimComm& find(const std::vector<DimComm>& v, const std::string& dim) {
   for (const auto& d : v) {
@@ -70,7 +72,7 @@ TEST(CommCost, MoeAllToAll) {
   ClusterSpec c = cluster_preset("h100");
   c.gpus = 64;
   const TrainingSpec t;
-  const Layout l{1, 1, 64, 8, 1, Schedule::OneFOneB, 1, 1, 1};
+  const Layout l{1, 1, 64, 8, 1, Schedule::one_f_one_b, 1, 1, 1, {}};
   const auto dims = comm_per_step(m, c, t, l, 0.2);  // find() returns a reference into it
   const DimComm& ep = find(dims, "ep");
   EXPECT_TRUE(ep.intra_node);

@@ -25,7 +25,7 @@ struct Case {
 };
 
 Layout layout(int64_t tp, int64_t pp, int64_t dp, int64_t m) {
-  return Layout{tp, pp, dp, 1, 1, Schedule::OneFOneB, 1, 1, m};
+  return Layout{tp, pp, dp, 1, 1, Schedule::one_f_one_b, 1, 1, m, {}};
 }
 
 std::string problem(const Case& s, const Layout& l) { return layout_problem(s.m, s.c, s.t, l); }

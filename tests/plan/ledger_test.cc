@@ -92,7 +92,7 @@ TEST(Ledger, ActivationsMatchKorthikantiForGpt) {
 TEST(Ledger, LayoutMemorySplitsStateOverModelParallelRanks) {
   const ModelSpec m = model_preset("llama3-70b");
   TrainingSpec t;
-  Layout l{8, 4, 16, 1, 1, Schedule::OneFOneB, 1, 1, 128};
+  Layout l{8, 4, 16, 1, 1, Schedule::one_f_one_b, 1, 1, 128, {}};
   const MemoryBreakdown mem = memory_per_device(m, t, l);
   const LocalParams lp = local_params(m, l);
   const double local = lp.dense + lp.expert;

@@ -61,7 +61,8 @@ TEST(PlanCli, JsonIsOneObjectWithEverySection) {
 }
 
 TEST(PlanCli, OtherConfigsRun) {
-  for (const char* c : {"gpt2-124m-cpu", "405b-16k-h100", "mixtral-8x7b-64-h100"}) {
+  for (const char* c :
+       {"gpt2-124m-cpu", "405b-16k-h100", "405b-tp8-pp16-uneven", "mixtral-8x7b-64-h100"}) {
     const CliResult r = tetra_plan(std::string("--config configs/plan/") + c + ".toml");
     EXPECT_EQ(r.code, 0) << c << "\n" << r.out;
   }
@@ -95,6 +96,54 @@ TEST(PlanCli, LayoutNotDividingTheModelIsRefused) {
   const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.pp=3");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r, "layers=80 is not divisible by pp=3")) << r.out;
+}
+
+// Llama 3 405B on TP 8 x PP 16: 126 layers on 16 uneven stages, as Meta ran it, with the bubble
+// of the simulated schedule next to the closed form (equal only for equal stages).
+TEST(PlanCli, UnevenStagesOfLlama3405BAreEvaluatedBySimulation) {
+  const CliResult r = tetra_plan("--config configs/plan/405b-tp8-pp16-uneven.toml --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<int> split(16, 8);
+  split.front() = split.back() = 7;
+  EXPECT_EQ(j["bubble"]["split"].get<std::vector<int>>(), split);
+  const double formula = 15.0 / (16.0 + 15.0);
+  EXPECT_NEAR(j["bubble"]["formula"].get<double>(), formula, 1e-12);
+  // The 7-layer stages wait for the 8-layer ones: more idle than the formula, not much more.
+  EXPECT_GT(j["bubble"]["fraction"].get<double>(), formula);
+  EXPECT_LT(j["bubble"]["fraction"].get<double>(), formula + 0.01);
+  // An explicit split gives the same; an even split of 80 layers gives the formula exactly.
+  const CliResult e = tetra_plan(
+      "--config configs/plan/405b-tp8-pp16-uneven.toml --json "
+      "--layout.pp_layers=7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_EQ(nlohmann::json::parse(e.out)["bubble"], j["bubble"]);
+  const CliResult even = tetra_plan(
+      "--config configs/plan/70b-512-h100.toml --json --layout.tp=8 --layout.pp=4 "
+      "--layout.schedule=1f1b");
+  ASSERT_EQ(even.code, 0) << even.out;
+  const auto b = nlohmann::json::parse(even.out)["bubble"];
+  EXPECT_NEAR(b["fraction"].get<double>(), b["formula"].get<double>(), 1e-12);
+}
+
+TEST(PlanCli, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
+  const std::string base = "--config configs/plan/405b-tp8-pp16-uneven.toml ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--layout.pp_layers=7,8,8",
+       "gives 3 stage(s) holding 23 layers, but the model has 126 "
+       "layers on 16 stages (pp x v): give 16 counts that sum to 126"},
+      {"--layout.pp_layers=",
+       "layers=126 is not divisible by pp=16; use pp dividing 126, or "
+       "uneven stages with layout.pp_layers=auto"},
+      {"--layout.pp=256 --layout.dp=8", "pp=256 exceeds the model's 126 layers"},
+      {"--layout.schedule=interleaved --training.global_batch=25165824",
+       "must be a multiple of pp=16 (got m=24); use m=16 or 32"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliResult r = tetra_plan(base + flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
+    EXPECT_TRUE(has(r, message)) << flags << "\n" << r.out;
+  }
 }
 
 TEST(PlanCli, LayoutNotDividingTheGpusIsRefused) {
