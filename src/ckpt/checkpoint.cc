@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <regex>
 
@@ -135,6 +136,21 @@ json slice_json(const Slice& s) {
   return {{"dim", s.dim}, {"offset", s.offset}, {"extent", s.extent}};
 }
 
+// A manifest's integer field: refused unless it is an integer in [lo, hi] (a float, a string or
+// a huge value never reaches a cast).
+int64_t integer(const json& j, const char* field, int64_t lo, int64_t hi,
+                const std::string& where) {
+  const json& v = j.at(field);
+  const bool ok = v.is_number_integer() &&
+                  (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
+                                          : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi);
+  TETRA_CHECK(ok, "[ckpt] {}: '{}' is {}, not an integer in [{}, {}]", where, field, v.dump(), lo,
+              hi);
+  return v.get<int64_t>();
+}
+
+constexpr int64_t kMaxElements = int64_t(1) << 50;
+
 int64_t step_of(const std::string& name) {
   static const std::regex re("step-([0-9]{9,})");
   std::smatch m;
@@ -174,7 +190,7 @@ Manifest Manifest::read(const fs::path& dir) {
     TETRA_CHECK(j.at("format") == kFormat && j.at("version") == kFormatVersion,
                 "[ckpt] {}: not a tetra checkpoint of format version {} (format {}, version {})",
                 where, kFormatVersion, j.at("format").dump(), j.at("version").dump());
-    m.step = j.at("step").get<int64_t>();
+    m.step = integer(j, "step", 0, INT64_MAX, where);
     m.trainer = j.at("trainer");
     m.layout = j.at("layout");
     m.ranks = j.at("ranks");
@@ -184,8 +200,17 @@ Manifest Manifest::read(const fs::path& dir) {
     std::map<std::string, uintmax_t> sizes;
     for (const auto& [name, t] : j.at("tensors").items()) {
       TensorRecord rec;
-      rec.shape = t.at("shape").get<Shape>();
-      const int64_t numel = shape_numel(rec.shape);
+      int64_t numel = 1;
+      for (const json& d : t.at("shape")) {
+        TETRA_CHECK(d.is_number_integer() && d.get<int64_t>() >= 1 &&
+                        d.get<int64_t>() <= kMaxElements / numel,
+                    "[ckpt] {}: {} has the shape {}; dimensions are positive integers", where, name,
+                    t.at("shape").dump());
+        rec.shape.push_back(d.get<int64_t>());
+        numel *= rec.shape.back();
+      }
+      TETRA_CHECK(!rec.shape.empty() && rec.shape.size() <= 8, "[ckpt] {}: {} has the shape {}",
+                  where, name, t.at("shape").dump());
       for (const char* kind : kKinds) {
         std::vector<Chunk>& chunks = rec.chunks[kind];
         int64_t covered = 0;
@@ -195,28 +220,35 @@ Manifest Manifest::read(const fs::path& dir) {
           static const std::regex file_re("rank-[0-9]{5,}\\.safetensors");
           TETRA_CHECK(std::regex_match(k.file, file_re), "[ckpt] {}: {} names the file '{}'", where,
                       name, k.file);
-          k.offset = c.at("offset").get<uint64_t>();
-          k.slice = {c.at("slice").at("dim").get<int>(), c.at("slice").at("offset").get<int64_t>(),
-                     c.at("slice").at("extent").get<int64_t>()};
-          k.first = c.at("first").get<int64_t>();
-          k.count = c.at("count").get<int64_t>();
-          k.xxh3 = std::stoull(c.at("xxh3").get<std::string>(), nullptr, 16);
+          k.offset = uint64_t(integer(c, "offset", 0, INT64_MAX, where));
+          const json& sl = c.at("slice");
+          k.slice = {int(integer(sl, "dim", -1, 7, where)),
+                     integer(sl, "offset", 0, kMaxElements, where),
+                     integer(sl, "extent", 0, kMaxElements, where)};
+          k.first = integer(c, "first", 0, kMaxElements, where);
+          k.count = integer(c, "count", 1, kMaxElements, where);
+          const std::string hex = c.at("xxh3").get<std::string>();
+          TETRA_CHECK(!hex.empty() && hex.size() <= 16 &&
+                          hex.find_first_not_of("0123456789abcdef") == std::string::npos,
+                      "[ckpt] {}: {} ({}) has the checksum '{}', not 1 to 16 hex digits", where,
+                      name, kind, hex);
+          k.xxh3 = std::stoull(hex, nullptr, 16);
           const Slice& s = k.slice;
           TETRA_CHECK(s.dim < int(rec.shape.size()) &&
                           (s.dim < 0 || (s.offset >= 0 && s.extent > 0 &&
                                          s.offset + s.extent <= rec.shape[size_t(s.dim)])),
                       "[ckpt] {}: {} ({}) has a slice outside its shape {}", where, name, kind,
                       shape_str(rec.shape));
-          TETRA_CHECK(
-              k.first >= 0 && k.count > 0 && k.first + k.count <= PartMap(rec.shape, s).numel(),
-              "[ckpt] {}: {} ({}) has a chunk of elements {}..{} outside its part", where, name,
-              kind, k.first, k.first + k.count);
+          TETRA_CHECK(k.first + k.count <= PartMap(rec.shape, s).numel(),
+                      "[ckpt] {}: {} ({}) has a chunk of elements {}..{} outside its part", where,
+                      name, kind, k.first, k.first + k.count);
           if (!sizes.count(k.file)) {
             std::error_code ec;
             sizes[k.file] = fs::file_size(dir / k.file, ec);
             TETRA_CHECK(!ec, "[ckpt] {}: {} is missing ({})", where, k.file, ec.message());
           }
-          TETRA_CHECK(k.offset + uint64_t(k.count) * sizeof(float) <= sizes[k.file],
+          TETRA_CHECK(k.offset <= sizes[k.file] &&
+                          uint64_t(k.count) * sizeof(float) <= sizes[k.file] - k.offset,
                       "[ckpt] {}: {} is truncated: {} ({}) needs bytes up to {}, the file has {}",
                       where, k.file, name, kind, k.offset + uint64_t(k.count) * sizeof(float),
                       sizes[k.file]);

@@ -119,6 +119,11 @@ const std::vector<TrainKey>& train_keys() {
         "contend for them and every thread joins each of a step's barriers",
         "[0, 1024]"},
        into<&O::threads>()},
+      {{"run.peak_gflops", ValueKind::Float, "0",
+        "fp32 matmul peak per rank in GFLOP/s, the MFU denominator (0: measured once per "
+        "machine and thread count, and cached)",
+        "[0, 1e9]"},
+       into<&O::peak_gflops>()},
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
        into<&O::progress>()},

@@ -44,7 +44,8 @@ struct TrainOptions {
   int eval_every = 0, eval_batches = 4;
   std::string run_dir;
   int threads = 0;
-  std::string progress;  // "auto" | "always" | "never"
+  double peak_gflops = 0;  // the MFU denominator per rank; 0: measured (and cached) per machine
+  std::string progress;    // "auto" | "always" | "never"
   std::string init_from, save_final, dump_grads, dump_logits;
   int64_t nan_grad_step = 0;  // 1-based step whose gradient gets a NaN injected; 0 = never
   int nan_grad_rank = 0;      // the rank that injects it

@@ -227,7 +227,11 @@ void Trainer::setup(const std::string& config_toml) {
   if (is_root()) start_run_dir(config_toml);
   // One rank measures (or reads the cache) and tells the others, so that ranks sharing a host
   // neither disturb each other's measurement nor race on the cache file.
-  if (!mesh_ || is_root()) peak_gflops_ = cpu::fp32_peak_gflops(threads_);
+  if (opt_.peak_gflops > 0) {
+    peak_gflops_ = opt_.peak_gflops;
+  } else if (!mesh_ || is_root()) {
+    peak_gflops_ = cpu::fp32_peak_gflops(threads_);
+  }
   if (mesh_) {
     world_
         .broadcast(
@@ -522,10 +526,10 @@ void Trainer::print_header() const {
            recompute_name(recompute_));
   log_info("{}", memory_table("before step 1"));
   log_info(
-      "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s (measured, the MFU denominator); "
+      "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s ({}, the MFU denominator); "
       "model FLOPs/token {:.3g}; oneDNN ISA {}, bf16 matmuls {}",
-      threads_, peak_gflops_, m.flops_per_token(opt_.seq_len), cpu::onednn_isa(),
-      cpu::bf16_matmul_path().describe());
+      threads_, peak_gflops_, opt_.peak_gflops > 0 ? "run.peak_gflops" : "measured",
+      m.flops_per_token(opt_.seq_len), cpu::onednn_isa(), cpu::bf16_matmul_path().describe());
 }
 
 void Trainer::save_final() {
@@ -655,9 +659,13 @@ TrainResult Trainer::train() {
       mfu_warned = true;
       log_warn(
           "[train] step {}: MFU {:.0f}% is above 100%, so the fp32 peak of {:.1f} GFLOP/s at {} "
-          "threads is too low: it was measured while other work ran. It is measured again when "
-          "tetra next starts on a quieter machine ({})",
-          step, 100.0 * mfu, peak_gflops_, threads_, cpu::peak_cache_path().string());
+          "threads is too low: {}",
+          step, 100.0 * mfu, peak_gflops_, threads_,
+          opt_.peak_gflops > 0
+              ? std::string("raise run.peak_gflops, or set it to 0 to measure it")
+              : fmt::format("it was measured while other work ran. It is measured again when "
+                            "tetra next starts on a quieter machine ({})",
+                            cpu::peak_cache_path().string()));
     }
     const parallel::StepComm& comm = zero_->step_comm();
     nlohmann::json rec = {{"step", step},

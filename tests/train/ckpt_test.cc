@@ -45,7 +45,8 @@ class CkptCli : public ::testing::Test {
   std::string args(const std::string& run, int steps, const std::string& extra = "") const {
     return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
            "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 --optim.lr=1e-2 "
-           "--run.threads=1 --dist.timeout_s=60 --data.shuffle=true --train.steps=" +
+           "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --data.shuffle=true "
+           "--train.steps=" +
            std::to_string(steps) + " --data.train=" + path("train.bin") +
            " --run.dir=" + path(run) + " " + extra;
   }

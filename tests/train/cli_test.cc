@@ -53,7 +53,7 @@ class TrainCli : public ::testing::Test {
   std::string base() const {
     return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
            "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=4 --train.steps=3 "
-           "--run.threads=1 --data.train=" +
+           "--run.threads=1 --run.peak_gflops=50 --data.train=" +
            path("train.bin") + " --run.dir=" + path("run");
   }
   std::vector<nlohmann::json> metrics(const std::string& run_dir) const {

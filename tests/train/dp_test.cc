@@ -58,6 +58,7 @@ class DataParallel : public ::testing::Test {
         "--model.max_seq=16 --train.seq_len=16 --train.steps=" +
         std::to_string(kSteps) +
         " --optim.lr=1e-2 --optim.warmup_steps=2 --data.shuffle=true --run.threads=1 "
+        "--run.peak_gflops=50 "
         "--dp.bucket_mb=0.01 --dist.timeout_s=60 --train.micro_batch=" +
         std::to_string(micro_batch) + " --train.grad_accum=" + std::to_string(accum) +
         " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string() +

@@ -48,9 +48,9 @@ class MemoryLedger : public ::testing::Test {
         "--model.d_model=768 --model.max_seq=" +
             std::to_string(kT) + " --train.seq_len=" + std::to_string(kT) +
             " --train.micro_batch=" + std::to_string(kB) +
-            " --train.steps=1 --run.threads=1 --zero.stage=" + std::to_string(stage) +
-            " --train.recompute=" + recompute + " --data.train=" + (dir_ / "train.bin").string() +
-            " --run.dir=" + run.string()));
+            " --train.steps=1 --run.threads=1 --run.peak_gflops=50 --zero.stage=" +
+            std::to_string(stage) + " --train.recompute=" + recompute +
+            " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string()));
     EXPECT_EQ(r.code, 0) << r.output;
     std::ifstream in(run / "metrics.jsonl");
     std::string line;

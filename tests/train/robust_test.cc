@@ -44,7 +44,8 @@ class Robust : public ::testing::Test {
   std::string args(const std::string& run, const std::string& extra = "") const {
     return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
            "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 --train.steps=6 "
-           "--optim.lr=1e-2 --run.threads=1 --dist.timeout_s=60 --data.train=" +
+           "--optim.lr=1e-2 --run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 "
+           "--data.train=" +
            path("train.bin") + " --run.dir=" + path(run) + " " + extra;
   }
   std::vector<nlohmann::json> metrics(const std::string& run) const {
