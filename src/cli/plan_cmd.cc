@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "pipeline/trace.h"
 #include "plan/plan_config.h"
 #include "plan/report.h"
 
@@ -22,7 +23,10 @@ int plan_main(const Args& args) {
       {{{"--config", ValueKind::String, "\"\"", "the plan's TOML config (configs/plan/)"},
         "FILE.toml"},
        {{"--json", ValueKind::Bool, "false", "print the report as one JSON object"}},
-       {{"--top", ValueKind::Int, "5", "layouts to list", "[1, 1000]"}, "N"}});
+       {{"--top", ValueKind::Int, "5", "layouts to list", "[1, 1000]"}, "N"},
+       {{"--trace", ValueKind::String, "\"\"",
+         "write the chosen layout's simulated pipeline step as a Chrome/Perfetto trace"},
+        "FILE.json"}});
   p.allow_overrides(plan::plan_schema());
   p.set_epilog(
       "keys, as --section.key=default (valid values); 0 or \"\" = from the preset or search:\n" +
@@ -35,6 +39,17 @@ int plan_main(const Args& args) {
   const Config config = Config::load(plan::plan_schema(), config_path, p.overrides());
   const plan::PlanInputs inputs = plan::plan_inputs(config);
   const nlohmann::json report = plan::plan_report(inputs, int(p.i("--top")));
+  if (const std::string& trace = p.s("--trace"); !trace.empty()) {
+    const plan::LayoutEstimate e = plan::choose_layout(inputs).chosen;
+    TETRA_CHECK(e.layout.pp > 1,
+                "[plan] --trace shows a pipeline step, but the layout has pp=1; fix layout.pp");
+    pipeline::write_chrome_trace(trace,
+                                 plan::simulate_pipeline(inputs.model, inputs.training, e).spans,
+                                 "tetra plan: " + plan::describe(e.layout));
+    std::fprintf(stderr,
+                 "[plan] wrote the simulated pipeline step to %s (open in ui.perfetto.dev)\n",
+                 trace.c_str());
+  }
   if (p.b("--json")) {
     std::printf("%s\n", report.dump(2).c_str());
   } else {

@@ -160,6 +160,35 @@ void validate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpe
   if (!problem.empty()) throw Error(problem);
 }
 
+static pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
+                                            const Layout& l, double slot) {
+  // Each virtual stage costs its share of the layers of a slot, a third forward (two thirds
+  // backward and any recomputation).
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const int stages = int(l.pp * v);
+  const FlopsPerToken f = flops_per_token(m, t.recompute);
+  const double fwd = f.model() / 3.0 / f.hardware();
+  pipeline::Costs costs;
+  for (int k = 0; k < stages; ++k) {
+    const double layers = l.split.empty() ? double(m.layers) / stages : double(l.split[size_t(k)]);
+    const double stage = slot * double(l.pp) * layers / double(m.layers);
+    costs.forward.push_back(fwd * stage);
+    costs.backward.push_back((1.0 - fwd) * stage);
+  }
+  return pipeline::simulate(
+      pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v)), costs);
+}
+
+pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
+                                     const LayoutEstimate& e) {
+  double critical = 0;
+  for (const auto& d : e.comm) {
+    if (d.dim == "tp" || d.dim == "ep") critical += d.seconds;
+  }
+  return simulate_pipeline(m, t, e.layout,
+                           e.microbatch_seconds + critical / double(e.layout.microbatches));
+}
+
 LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                const Layout& l) {
   LayoutEstimate e;
@@ -186,22 +215,7 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   e.compute_seconds = mb * e.microbatch_seconds;
   double pipeline_seconds = slot * mb;
   if (l.pp > 1) {
-    // The schedule that would run, simulated: each virtual stage costs its share of the layers
-    // of a slot, a third forward (two thirds backward and any recomputation).
-    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
-    const int stages = int(l.pp * v);
-    const pipeline::Schedule sched =
-        pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
-    const double fwd = f.model() / 3.0 / f.hardware();
-    pipeline::Costs costs;
-    for (int k = 0; k < stages; ++k) {
-      const double layers =
-          l.split.empty() ? double(m.layers) / stages : double(l.split[size_t(k)]);
-      const double stage = slot * double(l.pp) * layers / double(m.layers);
-      costs.forward.push_back(fwd * stage);
-      costs.backward.push_back((1.0 - fwd) * stage);
-    }
-    const pipeline::Timeline tl = pipeline::simulate(sched, costs);
+    const pipeline::Timeline tl = simulate_pipeline(m, t, l, slot);
     pipeline_seconds = tl.flush;
     e.bubble = tl.bubble();
     e.bubble_formula = bubble_fraction(l.schedule, l.pp, l.microbatches, l.v);

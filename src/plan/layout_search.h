@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/simulate.h"
 #include "plan/comm_cost.h"
 #include "plan/layout.h"
 #include "plan/ledger.h"
@@ -45,6 +46,11 @@ void validate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpe
 
 LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                const Layout& l);
+
+/** The pipeline schedule `e`'s layout runs, simulated with the costs evaluate_layout used: the
+ * timeline behind its bubble and pipeline time. */
+pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
+                                     const LayoutEstimate& e);
 
 /** Layout keys fixed by the user; unset ones (0, -1, nullopt) are searched. */
 struct LayoutConstraints {

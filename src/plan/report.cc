@@ -49,30 +49,25 @@ json layout_json(const LayoutEstimate& e) {
 
 }  // namespace
 
-json plan_report(const PlanInputs& in, int top) {
+ChosenLayout choose_layout(const PlanInputs& in) {
   const ModelSpec& m = in.model;
   const ClusterSpec& c = in.cluster;
   const TrainingSpec& t = in.training;
-  const ParamCounts pc = count_params(m);
-  const double P = double(pc.total());
-
+  ChosenLayout out;
   // The layout: given in full, or the best of the (constrained) search.
   // A fully given layout is compared against the unconstrained search.
-  const SearchResult search =
-      search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
-  LayoutEstimate chosen;
-  std::string source;
+  out.search = search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
   if (in.layout.complete()) {
     const Layout l = layout_from_constraints(m, t, in.layout);
     validate_layout(m, c, t, l);
-    chosen = evaluate_layout(m, c, t, l);
-    source = "given";
-  } else if (!search.ranked.empty()) {
-    chosen = search.ranked.front();
-    source = "search";
-  } else if (search.closest) {
-    chosen = *search.closest;
-    source = "search (nothing fits; smallest shown)";
+    out.chosen = evaluate_layout(m, c, t, l);
+    out.source = "given";
+  } else if (!out.search.ranked.empty()) {
+    out.chosen = out.search.ranked.front();
+    out.source = "search";
+  } else if (out.search.closest) {
+    out.chosen = *out.search.closest;
+    out.source = "search (nothing fits; smallest shown)";
   } else {
     fail(
         "[plan] no layout of {} GPUs ({} per node) divides model '{}' (layers={}, heads={}) and "
@@ -80,6 +75,20 @@ json plan_report(const PlanInputs& in, int top) {
         "[layout] constraints",
         c.gpus, c.gpus_per_node, m.name, m.layers, m.heads, t.global_batch_tokens / m.seq);
   }
+  return out;
+}
+
+json plan_report(const PlanInputs& in, int top) {
+  const ModelSpec& m = in.model;
+  const ClusterSpec& c = in.cluster;
+  const TrainingSpec& t = in.training;
+  const ParamCounts pc = count_params(m);
+  const double P = double(pc.total());
+
+  const ChosenLayout choice = choose_layout(in);
+  const SearchResult& search = choice.search;
+  const LayoutEstimate& chosen = choice.chosen;
+  const std::string& source = choice.source;
   const Layout& l = chosen.layout;
 
   json r;

@@ -1,10 +1,13 @@
 // `tetra plan` end to end: the example configs run, --json is one object, bad input is refused.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +127,32 @@ TEST(PlanCli, UnevenStagesOfLlama3405BAreEvaluatedBySimulation) {
   ASSERT_EQ(even.code, 0) << even.out;
   const auto b = nlohmann::json::parse(even.out)["bubble"];
   EXPECT_NEAR(b["fraction"].get<double>(), b["formula"].get<double>(), 1e-12);
+}
+
+TEST(PlanCli, TraceWritesTheSimulatedPipelineStep) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("plan_trace_" + std::to_string(getpid()) + ".json"))
+                               .string();
+  const CliResult r = tetra_plan("--config configs/plan/405b-tp8-pp16-uneven.toml --trace " + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(path);
+  const auto j = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  std::set<int64_t> ranks;
+  size_t forwards = 0, waits = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ranks.insert(e["tid"].get<int64_t>());
+    forwards += e["name"].get<std::string>().rfind("forward", 0) == 0;
+    waits += e["cat"] == "idle";
+  }
+  EXPECT_EQ(ranks.size(), 16u);
+  EXPECT_EQ(forwards, 16u * 16u);  // p ranks x m micro-batches
+  EXPECT_GT(waits, 0u);
+  const CliResult flat = tetra_plan(
+      "--config configs/plan/70b-512-h100.toml --layout.tp=8 --layout.pp=1 --trace " + path);
+  EXPECT_EQ(flat.code, 2);
+  EXPECT_TRUE(has(flat, "--trace shows a pipeline step, but the layout has pp=1")) << flat.out;
 }
 
 TEST(PlanCli, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
