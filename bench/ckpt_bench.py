@@ -10,32 +10,17 @@ background write to the training itself shows.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
+
+from benchutil import cpu_name, random_tokens, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
        "--mca", "btl", "self,vader"]
 MODEL = dict(vocab_size=50257, n_layer=12, n_head=12, d_model=768, max_seq=64)
 B, T = 4, 64
-
-
-def cpu_name():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def write_tokens(path, n=200000):
-    import numpy as np
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, n)
-    tokens = np.random.default_rng(0).integers(0, 50257, n).astype(np.uint16)
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + tokens.tobytes())
 
 
 def run(a, name, flags, data, workdir):
@@ -61,7 +46,7 @@ def main():
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tetra-ckpt-bench-", dir=ROOT) as workdir:
         data = os.path.join(workdir, "train.bin")
-        write_tokens(data)
+        write_tokens(data, random_tokens(200000, 50257))
         rows = {}
         # Saves every --every steps; the last step's save is left out of the medians (the run
         # waits for it to finish).

@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from benchutil import random_tokens, write_tokens
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
 
@@ -25,15 +27,6 @@ SHAPE = dict(vocab_size=512, n_layer=4, n_head=4, d_model=128, max_seq=128)
 B, T = 8, 128
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
        "--mca", "btl", "self,vader"]
-
-
-def write_tokens(path, n=400000):
-    import numpy as np
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, n)
-    tokens = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], n).astype(np.uint16)
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + tokens.tobytes())
 
 
 def run_tetra(a, ranks, overlap, data, workdir):
@@ -123,7 +116,7 @@ def main():
 
     workdir = tempfile.mkdtemp(prefix="tetra_dp_bench_")
     data = os.path.join(workdir, "tokens.bin")
-    write_tokens(data)
+    write_tokens(data, random_tokens(400000, SHAPE["vocab_size"]))
     res = {"tetra": {}, "torch": {}}
     res["tetra"]["dp1"] = run_tetra(a, 1, True, data, workdir)
     res["tetra"]["dp2"] = run_tetra(a, 2, True, data, workdir)

@@ -11,10 +11,11 @@ peak RSS per rank.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
+
+from benchutil import cpu_name, random_tokens, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
@@ -32,22 +33,6 @@ VARIANTS = [
     ("stage 0, recompute selective", ["--train.recompute=selective"]),
     ("stage 0, recompute full", ["--train.recompute=full"]),
 ]
-
-
-def cpu_name():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def write_tokens(path, n=400000):
-    import numpy as np
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, n)
-    tokens = np.random.default_rng(0).integers(0, 512, n).astype(np.uint16)
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + tokens.tobytes())
 
 
 def run(a, shape, name, flags, data, workdir):
@@ -81,7 +66,7 @@ def main():
 
     workdir = tempfile.mkdtemp(prefix="tetra_zero_bench_")
     data = os.path.join(workdir, "tokens.bin")
-    write_tokens(data)
+    write_tokens(data, random_tokens(400000, 512))
     print(f"CPU: {cpu_name()}; 2 ranks x 1 thread; median of {a.steps - a.warmup} steps")
     results = {}
     for shape in a.shapes.split(","):

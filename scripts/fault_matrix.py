@@ -17,16 +17,11 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def write_tokens(path, n=60000):
-    import numpy as np
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, n)
-    tokens = (np.arange(n) * 7 + np.arange(n) // 5) % 61
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + tokens.astype(np.uint16).tobytes())
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from benchutil import write_tokens  # noqa: E402
 
 
 def main():
@@ -40,7 +35,8 @@ def main():
     failures = 0
     with tempfile.TemporaryDirectory(prefix="tetra-faults-") as work:
         data = os.path.join(work, "train.bin")
-        write_tokens(data)
+        n = 60000
+        write_tokens(data, (np.arange(n) * 7 + np.arange(n) // 5) % 61)
 
         def train_args(name, extra=()):
             return ["train", "--model.vocab_size=64", "--model.n_layer=2", "--model.n_head=2",

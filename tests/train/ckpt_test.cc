@@ -26,21 +26,8 @@ using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-class CkptCli : public ::testing::Test {
+class CkptCli : public testing::RunDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tetra_ckpt_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::vector<uint32_t> tokens(8192);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 7 + i / 5) % 61);
-    write_token_shard(path("train.bin"), tokens);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   // A tiny model trained `steps` steps in run directory `run`, shuffled data.
   std::string args(const std::string& run, int steps, const std::string& extra = "") const {
     return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
@@ -50,23 +37,10 @@ class CkptCli : public ::testing::Test {
            std::to_string(steps) + " --data.train=" + path("train.bin") +
            " --run.dir=" + path(run) + " " + extra;
   }
-  std::vector<nlohmann::json> metrics(const std::string& run) const {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(dir_ / run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
-  static std::vector<double> losses(const std::vector<nlohmann::json>& m) {
-    std::vector<double> out;
-    for (const auto& j : m) out.push_back(j["loss"]);
-    return out;
-  }
   std::string bytes(const std::string& name) const {
     std::ifstream in(dir_ / name, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
-
-  fs::path dir_;
 };
 
 bool contains(const std::string& s, const std::string& what) {

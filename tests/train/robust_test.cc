@@ -25,21 +25,8 @@ using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-class Robust : public ::testing::Test {
+class Robust : public testing::RunDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tetra_robust_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::vector<uint32_t> tokens(8192);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 7 + i / 5) % 61);
-    write_token_shard(path("train.bin"), tokens);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   // A tiny model; `run` names the run directory.
   std::string args(const std::string& run, const std::string& extra = "") const {
     return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
@@ -48,19 +35,6 @@ class Robust : public ::testing::Test {
            "--data.train=" +
            path("train.bin") + " --run.dir=" + path(run) + " " + extra;
   }
-  std::vector<nlohmann::json> metrics(const std::string& run) const {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(dir_ / run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
-  static std::vector<double> losses(const std::vector<nlohmann::json>& m) {
-    std::vector<double> out;
-    for (const auto& j : m) out.push_back(j["loss"]);
-    return out;
-  }
-
-  fs::path dir_;
 };
 
 // The first line starting with "error:" in the output.

@@ -1,12 +1,19 @@
 // Running the tetra binary (alone or under mpirun) from the train tests.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/timer.h"
+#include "data/token_shard.h"
 
 namespace tetra::testing {
 
@@ -36,5 +43,38 @@ inline std::string tetra_command(int ranks, const std::string& args) {
          " --oversubscribe --allow-run-as-root --bind-to none --mca btl self,vader -np " +
          std::to_string(ranks) + " " + TETRA_BINARY + " " + args;
 }
+
+/** A test's own directory (removed afterwards) holding a small token shard, train.bin, and the
+ * run directories of the tiny models the test trains. */
+class RunDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("tetra_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    std::vector<uint32_t> tokens(8192);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 7 + i / 5) % 61);
+    write_token_shard(path("train.bin"), tokens);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  /** Every record of run directory `run`'s metrics.jsonl. */
+  std::vector<nlohmann::json> metrics(const std::string& run) const {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir_ / run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+  static std::vector<double> losses(const std::vector<nlohmann::json>& m) {
+    std::vector<double> out;
+    for (const auto& j : m) out.push_back(j["loss"]);
+    return out;
+  }
+
+  std::filesystem::path dir_;
+};
 
 }  // namespace tetra::testing
