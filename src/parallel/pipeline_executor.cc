@@ -1,0 +1,180 @@
+#include "parallel/pipeline_executor.h"
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace tetra::parallel {
+
+namespace {
+
+using pipeline::Instr;
+using pipeline::Op;
+
+// Activations and gradients travel on their own tags: with two ranks both flow between the same
+// pair. Within a tag, messages between a pair arrive in the order sent, and every schedule sends
+// and receives them in the same (micro-batch, chunk) order.
+constexpr int kActTag = 1, kGradTag = 2;
+
+bool is_recv(Op op) { return op == Op::recv_act || op == Op::recv_grad; }
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(pipeline::Schedule schedule, comm::Communicator group)
+    : schedule_(std::move(schedule)), group_(std::move(group)) {
+  if (schedule_.p > 1) {
+    TETRA_CHECK(group_.valid() && group_.size() == schedule_.p,
+                "[pipeline] internal: a schedule of {} ranks needs a pipeline group of that size "
+                "(got {})",
+                schedule_.p, group_.valid() ? group_.size() : 0);
+    rank_ = group_.rank();
+  }
+}
+
+PipelineStepStats PipelineExecutor::run(StageModel& model,
+                                        const std::function<void()>& reduce_grads,
+                                        const std::function<void()>& optimizer_step) {
+  using Buffer = std::vector<float>;
+  using Key = std::tuple<bool, int, int>;  // (gradient, micro-batch, chunk)
+  const std::vector<Instr>& prog = schedule_.ranks[size_t(rank_)];
+  const size_t n = model.boundary_size();
+  PipelineStepStats stats;
+  pipeline::Timeline& tl = stats.timeline;
+  tl.busy.assign(size_t(schedule_.p), 0.0);
+  tl.last_backward.assign(size_t(schedule_.p), 0.0);
+  tl.peak_inflight.assign(size_t(schedule_.p), 0);
+  const double start = now_s();
+  auto since = [&] { return now_s() - start; };
+
+  std::vector<std::unique_ptr<Buffer>> pool;
+  auto take = [&] {
+    if (pool.empty()) return std::make_unique<Buffer>(n);
+    std::unique_ptr<Buffer> b = std::move(pool.back());
+    pool.pop_back();
+    return b;
+  };
+  // Posted receives and arrived data, by what they carry; outputs waiting to be sent; sends in
+  // flight with the buffer each reads.
+  std::map<Key, std::pair<comm::Work, std::unique_ptr<Buffer>>> posted;
+  std::map<Key, std::unique_ptr<Buffer>> outputs;
+  std::vector<std::pair<comm::Work, std::unique_ptr<Buffer>>> sending;
+  size_t next_recv[2] = {0, 0};  // per kind: the program position of the next receive to post
+
+  // Posts the first receive of `grad`'s kind at or after position `from`.
+  auto post_next = [&](bool grad, size_t from) {
+    for (size_t k = from; k < prog.size(); ++k) {
+      const Instr& in = prog[k];
+      if (!is_recv(in.op) || (in.op == Op::recv_grad) != grad) continue;
+      std::unique_ptr<Buffer> b = take();
+      comm::Work w = group_.recv(std::span<float>(*b), in.peer, grad ? kGradTag : kActTag);
+      posted[{grad, in.mb, in.chunk}] = {w, std::move(b)};
+      next_recv[grad] = k + 1;
+      return;
+    }
+    next_recv[grad] = prog.size();
+  };
+  auto reap = [&](bool all) {
+    for (size_t i = 0; i < sending.size();) {
+      if (all || sending[i].first.done()) {
+        const double t = now_s();
+        sending[i].first.wait();
+        stats.p2p_wait_s += now_s() - t;
+        stats.sent_bytes += sending[i].first.sent_bytes();
+        pool.push_back(std::move(sending[i].second));
+        sending.erase(sending.begin() + long(i));
+      } else {
+        ++i;
+      }
+    }
+  };
+  if (schedule_.p > 1) {
+    post_next(false, 0);
+    post_next(true, 0);
+  }
+
+  int inflight = 0;
+  std::map<Key, std::unique_ptr<Buffer>> received;
+  for (size_t k = 0; k < prog.size(); ++k) {
+    const Instr& in = prog[k];
+    reap(false);
+    const Key key{in.op == Op::recv_grad || in.op == Op::backward || in.op == Op::send_grad, in.mb,
+                  in.chunk};
+    const double t0 = since();
+    switch (in.op) {
+      case Op::recv_act:
+      case Op::recv_grad: {
+        const bool grad = in.op == Op::recv_grad;
+        auto it = posted.find(key);
+        TETRA_CHECK(it != posted.end(),
+                    "[pipeline] internal: rank {} receives {} mb {} chunk {} "
+                    "that was never posted",
+                    rank_, to_string(in.op), in.mb, in.chunk);
+        it->second.first.wait();
+        received[key] = std::move(it->second.second);
+        posted.erase(it);
+        const double waited = since() - t0;
+        stats.p2p_wait_s += waited;
+        if (waited > 0)
+          tl.spans.push_back(
+              {rank_, std::string("wait ") + to_string(in.op), in.mb, in.chunk, t0, t0 + waited});
+        if (next_recv[grad] < prog.size()) post_next(grad, next_recv[grad]);
+        break;
+      }
+      case Op::forward:
+      case Op::backward: {
+        const bool fwd = in.op == Op::forward;
+        const Key incoming{!fwd, in.mb, in.chunk};
+        auto got = received.find(incoming);
+        const float* input = got == received.end() ? nullptr : got->second->data();
+        const int stage = schedule_.stage(rank_, in.chunk);
+        const bool edge = fwd ? stage == schedule_.p * schedule_.v - 1 : stage == 0;
+        std::unique_ptr<Buffer> out = edge ? nullptr : take();
+        if (fwd) {
+          model.forward(in.mb, in.chunk, input, out ? out->data() : nullptr);
+          tl.peak_inflight[size_t(rank_)] = std::max(tl.peak_inflight[size_t(rank_)], ++inflight);
+        } else {
+          model.backward(in.mb, in.chunk, input, out ? out->data() : nullptr);
+          --inflight;
+        }
+        if (got != received.end()) {
+          pool.push_back(std::move(got->second));
+          received.erase(got);
+        }
+        if (out) outputs[key] = std::move(out);
+        const double t1 = since();
+        tl.spans.push_back({rank_, to_string(in.op), in.mb, in.chunk, t0, t1});
+        tl.busy[size_t(rank_)] += t1 - t0;
+        if (!fwd) tl.last_backward[size_t(rank_)] = t1;
+        break;
+      }
+      case Op::send_act:
+      case Op::send_grad: {
+        auto it = outputs.find(key);
+        TETRA_CHECK(it != outputs.end(),
+                    "[pipeline] internal: rank {} sends {} mb {} chunk {} "
+                    "before computing it",
+                    rank_, to_string(in.op), in.mb, in.chunk);
+        comm::Work w = group_.send(std::span<const float>(*it->second), in.peer,
+                                   in.op == Op::send_grad ? kGradTag : kActTag);
+        sending.emplace_back(w, std::move(it->second));
+        outputs.erase(it);
+        break;
+      }
+      case Op::reduce_grads:
+      case Op::optimizer_step: {
+        (in.op == Op::reduce_grads ? reduce_grads : optimizer_step)();
+        tl.spans.push_back({rank_, to_string(in.op), -1, 0, t0, since()});
+        break;
+      }
+    }
+  }
+  reap(true);
+  tl.flush = tl.last_backward[size_t(rank_)];
+  tl.makespan = since();
+  return stats;
+}
+
+}  // namespace tetra::parallel
