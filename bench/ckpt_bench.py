@@ -39,9 +39,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
     p.add_argument("--ranks", type=int, default=1)
-    p.add_argument("--steps", type=int, default=7)
-    p.add_argument("--every", type=int, default=2,
-                   help="steps between saves: at 2 a write has a step to finish before the next")
+    p.add_argument("--steps", type=int, default=11)
+    p.add_argument("--every", type=int, default=5,
+                   help="steps between saves: enough for a write to finish before the next save")
     p.add_argument("--json")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tetra-ckpt-bench-", dir=ROOT) as workdir:
@@ -60,7 +60,8 @@ def main():
             block = [r["ckpt_block_ms"] for r in steps if "ckpt_block_ms" in r][:-1]
             write = [r["ckpt_write_ms"] for r in steps if "ckpt_write_ms" in r]
             nbytes = [r["ckpt_bytes"] for r in steps if "ckpt_bytes" in r]
-            rows[name] = dict(step_ms=statistics.median(r["step_ms"] for r in steps),
+            rows[name] = dict(stalls_ms=block,
+                              step_ms=statistics.median(r["step_ms"] for r in steps),
                               block_ms=statistics.median(block) if block else None,
                               write_ms=statistics.median(write) if write else None,
                               bytes=nbytes[-1] if nbytes else None)
@@ -75,6 +76,9 @@ def main():
         fmt = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"
         print(f"{name:<16} {r['step_ms']:9.1f} {fmt(r['block_ms'])} {fmt(r['write_ms'])} "
               f"{mb:8.1f} {gbs:6.2f}")
+    for name in ("async", "sync"):
+        print(f"{name} stalls per save (ms): " +
+              ", ".join(f"{v:.1f}" for v in rows[name]["stalls_ms"]))
     ratio = rows["async"]["block_ms"] / rows["sync"]["block_ms"]
     print(f"async stall / sync stall = {ratio:.3f} (target <= 0.10)")
     print(f"bytes per checkpoint {rows['sync']['bytes']:,} vs 12 x {params:,} parameters = "

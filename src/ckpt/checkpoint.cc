@@ -452,6 +452,13 @@ double Writer::save(int64_t step, const std::vector<Source>& sources, json heade
   return blocked;
 }
 
+void Writer::reserve(const std::vector<Source>& sources) {
+  size_t elements = 0;
+  for (const Source& s : sources) elements += size_t(s.count);
+  wait();
+  if (snapshot_.size() != elements) snapshot_ = Buffer<float>(elements, tag_);
+}
+
 void Writer::wait() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return !busy_; });

@@ -138,6 +138,9 @@ class Writer {
    * caller was blocked. */
   double save(int64_t step, const std::vector<Source>& sources, nlohmann::json header,
               nlohmann::json rank_state);
+  /** Allocates (and touches) the host snapshot for `sources` now, so that the first save's
+   * stall is a copy like every other one rather than also the allocation. */
+  void reserve(const std::vector<Source>& sources);
   /** Reports of the saves finished since the last call. */
   std::vector<SaveReport> take_reports();
   /** Waits until the write in flight (if any) is done. */

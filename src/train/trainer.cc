@@ -258,6 +258,7 @@ void Trainer::setup(const std::string& config_toml) {
     w.kill_in_save_step = opt_.kill_in_save_step;
     w.error_step = opt_.save_error_step;
     ckpt_ = std::make_unique<ckpt::Writer>(w, &ledger_);
+    ckpt_->reserve(checkpoint_sources());
     const int64_t every = opt_.ckpt.every;
     next_save_ = opt_.ckpt.every_auto ? start_step_ + 1
                  : every > 0          ? (start_step_ / every + 1) * every
@@ -336,6 +337,12 @@ std::optional<SamplerState> Trainer::resume() {
       c.resume, candidates.size(), given.string());
 }
 
+std::vector<ckpt::Source> Trainer::checkpoint_sources() {
+  // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
+  const bool dp_replica = !store_.sharding().state && dp_rank_ != 0;
+  return ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica, false);
+}
+
 double Trainer::save_checkpoint(int64_t step, double median_step_s) {
   const nlohmann::json header = {{"trainer",
                                   {{"step", step},
@@ -359,11 +366,7 @@ double Trainer::save_checkpoint(int64_t step, double median_step_s) {
       {"rank", rank_},
       {"dp_rank", dp_rank_},
       {"rng", {{"generator", "philox4x32-10"}, {"seed", opt_.seed}, {"counter", "keyed"}}}};
-  // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
-  const bool dp_replica = !store_.sharding().state && dp_rank_ != 0;
-  const double blocked = ckpt_->save(
-      step, ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica, false),
-      header, rank_state);
+  const double blocked = ckpt_->save(step, checkpoint_sources(), header, rank_state);
   if (!opt_.ckpt.every_auto) {
     next_save_ = opt_.ckpt.every > 0 ? step + opt_.ckpt.every : opt_.steps;
     return blocked;

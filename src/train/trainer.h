@@ -57,6 +57,7 @@ class Trainer {
   // ckpt.resume: loads the newest checkpoint every rank can read and verify; returns its sampler
   // state (none when ckpt.resume=auto finds no checkpoint).
   std::optional<SamplerState> resume();
+  std::vector<ckpt::Source> checkpoint_sources();  // what this rank writes
   // Returns the seconds the step loop was blocked.
   double save_checkpoint(int64_t step, double median_step_s);
   void note_checkpoints(nlohmann::json& rec);  // saves finished since the last step, into rec
