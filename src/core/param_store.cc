@@ -20,8 +20,10 @@ int64_t ParamEntry::global_index(int64_t i) const {
   if (s.dim < 0) return i;
   int64_t inner = 1;
   for (size_t d = size_t(s.dim) + 1; d < local_shape.size(); ++d) inner *= local_shape[d];
-  const int64_t mid = i / inner % s.extent, outer = i / (inner * s.extent);
-  return (outer * spec.shape[size_t(s.dim)] + s.offset + mid) * inner + i % inner;
+  const int64_t local = s.parts * s.extent, block = spec.shape[size_t(s.dim)] / s.parts;
+  const int64_t mid = i / inner % local, outer = i / (inner * local);
+  const int64_t g = mid / s.extent * block + s.offset + mid % s.extent;
+  return (outer * spec.shape[size_t(s.dim)] + g) * inner + i % inner;
 }
 
 template <typename F>
@@ -43,11 +45,12 @@ TensorId ParamStoreT<F>::add(ParamSpec spec) {
   e.local_shape = spec.shape;
   if (spec.slice.dim >= 0) {
     const Slice& s = spec.slice;
-    TETRA_CHECK(size_t(s.dim) < spec.shape.size() && s.offset >= 0 && s.extent > 0 &&
-                    s.offset + s.extent <= spec.shape[size_t(s.dim)],
-                "[params] internal: slice [{}, {}) of dim {} outside '{}' {}", s.offset,
-                s.offset + s.extent, s.dim, spec.name, shape_str(spec.shape));
-    e.local_shape[size_t(s.dim)] = s.extent;
+    TETRA_CHECK(size_t(s.dim) < spec.shape.size() && s.parts >= 1 &&
+                    spec.shape[size_t(s.dim)] % s.parts == 0 && s.offset >= 0 && s.extent > 0 &&
+                    s.offset + s.extent <= spec.shape[size_t(s.dim)] / s.parts,
+                "[params] internal: slice [{}, {}) of each of {} parts of dim {} outside '{}' {}",
+                s.offset, s.offset + s.extent, s.parts, s.dim, spec.name, shape_str(spec.shape));
+    e.local_shape[size_t(s.dim)] = s.parts * s.extent;
   }
   e.spec = std::move(spec);
   e.unit = int(units_.size()) - 1;

@@ -39,10 +39,13 @@ struct FileLayout {
 };
 
 /** The part of a global tensor a rank holds: [offset, offset + extent) along `dim`; dim -1 is the
- * whole tensor. Tensor and expert parallelism slice; data parallelism (ZeRO) does not. */
+ * whole tensor. With `parts` > 1 the dimension is `parts` equal blocks (c_attn's q, k and v) and
+ * the rank holds [offset, offset + extent) of each, concatenated. Tensor and expert parallelism
+ * slice; data parallelism (ZeRO) does not. */
 struct Slice {
   int dim = -1;
   int64_t offset = 0, extent = 0;
+  int64_t parts = 1;
 };
 
 struct ParamSpec {

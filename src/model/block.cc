@@ -14,59 +14,70 @@ namespace tetra {
 
 template <typename F>
 size_t BlockActs<F>::elements(const GptConfig& c, int B, int T, bool with_att) {
-  const size_t BT = size_t(B) * T, C = size_t(c.d_model);
-  const size_t att = with_att ? size_t(B) * c.n_head * T * T : 0;
-  return BT * C * 4 + BT * 4 + BT * 3 * C + att + BT * 4 * C * 2;
+  const size_t BT = size_t(B) * T, C = size_t(c.d_model), Cl = size_t(c.local_width());
+  const size_t att = with_att ? size_t(B) * c.local_heads() * T * T : 0;
+  return BT * C * 3 + BT * Cl + BT * 4 + BT * 3 * Cl + att + BT * size_t(c.local_hidden()) * 2;
 }
 
 template <typename F>
 BlockActs<F> BlockActs<F>::carve(F* p, const GptConfig& c, int B, int T, bool with_att) {
-  const size_t BT = size_t(B) * T, C = size_t(c.d_model);
+  const size_t BT = size_t(B) * T, C = size_t(c.d_model), Cl = size_t(c.local_width());
+  const size_t H = size_t(c.local_hidden());
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
   BlockActs a;
   a.ln1 = take(BT * C);
   a.ln1_mean = take(BT);
   a.ln1_rstd = take(BT);
-  a.qkv = take(BT * 3 * C);
-  a.att = with_att ? take(size_t(B) * c.n_head * T * T) : nullptr;
-  a.atty = take(BT * C);
+  a.qkv = take(BT * 3 * Cl);
+  a.att = with_att ? take(size_t(B) * c.local_heads() * T * T) : nullptr;
+  a.atty = take(BT * Cl);
   a.residual2 = take(BT * C);
   a.ln2 = take(BT * C);
   a.ln2_mean = take(BT);
   a.ln2_rstd = take(BT);
-  a.fch = take(BT * 4 * C);
-  a.fch_gelu = take(BT * 4 * C);
+  a.fch = take(BT * H);
+  a.fch_gelu = take(BT * H);
   return a;
 }
 
 template <typename F>
 size_t BlockScratch<F>::elements(const GptConfig& c, int B, int T) {
-  const size_t BT = size_t(B) * T, C = size_t(c.d_model);
-  const size_t att = size_t(B) * c.n_head * T * T;
-  return BT * C * 2 + BT * 3 * C + 2 * att + BT * 4 * C;
+  const size_t BT = size_t(B) * T, C = size_t(c.d_model), Cl = size_t(c.local_width());
+  const size_t att = size_t(B) * c.local_heads() * T * T;
+  return BT * C + BT * Cl + BT * 3 * Cl + 2 * att + BT * size_t(c.local_hidden());
 }
 
 template <typename F>
 BlockScratch<F> BlockScratch<F>::carve(F* p, const GptConfig& c, int B, int T) {
-  const size_t BT = size_t(B) * T, C = size_t(c.d_model);
-  const size_t att = size_t(B) * c.n_head * T * T;
+  const size_t BT = size_t(B) * T, C = size_t(c.d_model), Cl = size_t(c.local_width());
+  const size_t att = size_t(B) * c.local_heads() * T * T;
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
   BlockScratch s;
   s.dln = take(BT * C);
-  s.dqkv = take(BT * 3 * C);
+  s.dqkv = take(BT * 3 * Cl);
   s.datt = take(att);
   s.att = take(att);
-  s.datty = take(BT * C);
-  s.dfch = take(BT * 4 * C);
+  s.datty = take(BT * Cl);
+  s.dfch = take(BT * size_t(c.local_hidden()));
   return s;
 }
 
 template <typename F>
-BlockT<F>::BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store)
-    : c_(config), store_(store), layer_(layer) {
-  const int64_t C = config.d_model;
+BlockT<F>::BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store,
+                  parallel::TensorParallel& tp)
+    : c_(config), store_(store), tp_(tp), layer_(layer) {
+  TETRA_CHECK(config.tp == tp.size(), "[model] internal: a model shaped for tp={} on {} rank(s)",
+              config.tp, tp.size());
+  const int64_t C = config.d_model, Cl = config.local_width(), H = config.local_hidden();
+  const int64_t r = tp.rank();
   const float residual_std = 0.02f / std::sqrt(2.0f * float(config.n_layer));
-  auto add = [&](const char* rest, Shape shape, bool weight, float std = 0.02f) {
+  // Slices (seed 004): c_attn and c_fc by output rows (columns of the product), c_attn's q, k
+  // and v alike so that a rank holds whole heads; both c_proj by input columns. Their biases are
+  // whole and added once, after the sum.
+  auto slice = [&](int dim, int64_t extent, int64_t parts = 1) {
+    return tp.size() == 1 ? Slice{} : Slice{dim, r * extent, extent, parts};
+  };
+  auto add = [&](const char* rest, Shape shape, bool weight, float std = 0.02f, Slice sl = {}) {
     ParamSpec s;
     s.name = "transformer.h." + std::to_string(layer) + "." + rest;
     s.shape = std::move(shape);
@@ -77,78 +88,95 @@ BlockT<F>::BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store)
     } else {
       s.init.kind = weight ? ParamInit::Kind::ones : ParamInit::Kind::zeros;
     }
+    s.slice = sl;
     return store.add(std::move(s));
   };
   // Backward order: the MLP's output projection first, ln_1 last.
-  fcprojw_ = add("mlp.c_proj.weight", {C, 4 * C}, true, residual_std);
+  fcprojw_ = add("mlp.c_proj.weight", {C, 4 * C}, true, residual_std, slice(1, H));
   fcprojb_ = add("mlp.c_proj.bias", {C}, false);
-  fcw_ = add("mlp.c_fc.weight", {4 * C, C}, true);
-  fcb_ = add("mlp.c_fc.bias", {4 * C}, false);
+  fcw_ = add("mlp.c_fc.weight", {4 * C, C}, true, 0.02f, slice(0, H));
+  fcb_ = add("mlp.c_fc.bias", {4 * C}, false, 0.0f, slice(0, H));
   ln2w_ = add("ln_2.weight", {C}, true);
   ln2b_ = add("ln_2.bias", {C}, false);
-  attprojw_ = add("attn.c_proj.weight", {C, C}, true, residual_std);
+  attprojw_ = add("attn.c_proj.weight", {C, C}, true, residual_std, slice(1, Cl));
   attprojb_ = add("attn.c_proj.bias", {C}, false);
-  qkvw_ = add("attn.c_attn.weight", {3 * C, C}, true);
-  qkvb_ = add("attn.c_attn.bias", {3 * C}, false);
+  qkvw_ = add("attn.c_attn.weight", {3 * C, C}, true, 0.02f, slice(0, Cl, 3));
+  qkvb_ = add("attn.c_attn.bias", {3 * C}, false, 0.0f, slice(0, Cl, 3));
   ln1w_ = add("ln_1.weight", {C}, true);
   ln1b_ = add("ln_1.bias", {C}, false);
+}
+
+// Row-parallel output: out = residual + inp · W^T + bias summed over the tensor-parallel group
+// (g). The residual and the bias are added on one rank only, so that the sum counts them once.
+template <typename F>
+void BlockT<F>::row_parallel(F* out, const F* residual, const F* inp, TensorId w, TensorId b,
+                             int64_t BT, int K) {
+  const int C = c_.d_model;
+  const bool first = tp_.rank() == 0;
+  if (first) {
+    std::memcpy(out, residual, sizeof(F) * size_t(BT) * C);
+  } else {
+    std::memset(out, 0, sizeof(F) * size_t(BT) * C);
+  }
+  cpu::matmul_nt(out, inp, store_.param(w), first ? store_.param(b) : nullptr, BT, C, K,
+                 /*accumulate=*/true);
+  tp_.all_reduce(out, size_t(BT) * C);
 }
 
 template <typename F>
 void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
                         const KvCache<F>* cache, int pos0) {
-  const int C = c_.d_model, NH = c_.n_head;
+  const int C = c_.d_model, Cl = c_.local_width(), NHl = c_.local_heads(), H = c_.local_hidden();
   const int64_t BT = int64_t(B) * T;
   ParamStoreT<F>& w = store_;
   cpu::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.param(ln1w_), w.param(ln1b_), BT, C);
-  cpu::matmul_nt(a.qkv, a.ln1, w.param(qkvw_), w.param(qkvb_), BT, 3 * C, C);
+  cpu::matmul_nt(a.qkv, a.ln1, w.param(qkvw_), w.param(qkvb_), BT, 3 * Cl, C);
   if (cache) {
-    cpu::attention_decode(a.atty, a.qkv, cache->keys, cache->values, cache->scores, pos0, B, T, C,
-                          NH, c_.max_seq);
+    cpu::attention_decode(a.atty, a.qkv, cache->keys, cache->values, cache->scores, pos0, B, T, Cl,
+                          NHl, c_.max_seq);
   } else {
-    cpu::attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+    cpu::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
   }
-  std::memcpy(a.residual2, x, sizeof(F) * BT * C);
-  cpu::matmul_nt(a.residual2, a.atty, w.param(attprojw_), w.param(attprojb_), BT, C, C,
-                 /*accumulate=*/true);
+  row_parallel(a.residual2, x, a.atty, attprojw_, attprojb_, BT, Cl);
   cpu::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.param(ln2w_), w.param(ln2b_),
                          BT, C);
-  cpu::matmul_nt(a.fch, a.ln2, w.param(fcw_), w.param(fcb_), BT, 4 * C, C);
-  cpu::gelu_forward(a.fch_gelu, a.fch, BT * 4 * C);
-  std::memcpy(y, a.residual2, sizeof(F) * BT * C);
-  cpu::matmul_nt(y, a.fch_gelu, w.param(fcprojw_), w.param(fcprojb_), BT, C, 4 * C,
-                 /*accumulate=*/true);
+  cpu::matmul_nt(a.fch, a.ln2, w.param(fcw_), w.param(fcb_), BT, H, C);
+  cpu::gelu_forward(a.fch_gelu, a.fch, BT * H);
+  row_parallel(y, a.residual2, a.fch_gelu, fcprojw_, fcprojb_, BT, H);
 }
 
 template <typename F>
 void BlockT<F>::backward(F* dres, const F* x, const BlockActs<F>& a, const BlockScratch<F>& s,
                          int B, int T) {
-  const int C = c_.d_model, NH = c_.n_head;
+  const int C = c_.d_model, Cl = c_.local_width(), NHl = c_.local_heads(), H = c_.local_hidden();
   const int64_t BT = int64_t(B) * T;
   ParamStoreT<F>& w = store_;
-  // y = residual2 + fch_gelu · fcproj^T
-  cpu::matmul_tn(w.grad(fcprojw_), dres, a.fch_gelu, C, 4 * C, BT, true);
+  // y = residual2 + fch_gelu · fcproj^T. dres is whole on every rank, so the replicated biases
+  // and LayerNorms get the same gradient everywhere.
+  cpu::matmul_tn(w.grad(fcprojw_), dres, a.fch_gelu, C, H, BT, true);
   cpu::bias_backward(w.grad(fcprojb_), dres, BT, C);
-  cpu::matmul_nn(s.dfch, dres, w.param(fcprojw_), BT, 4 * C, C);
-  cpu::gelu_backward(s.dfch, a.fch, s.dfch, BT * 4 * C);
-  cpu::matmul_tn(w.grad(fcw_), s.dfch, a.ln2, 4 * C, C, BT, true);
-  cpu::bias_backward(w.grad(fcb_), s.dfch, BT, 4 * C);
-  cpu::matmul_nn(s.dln, s.dfch, w.param(fcw_), BT, C, 4 * C);
+  cpu::matmul_nn(s.dfch, dres, w.param(fcprojw_), BT, H, C);
+  cpu::gelu_backward(s.dfch, a.fch, s.dfch, BT * H);
+  cpu::matmul_tn(w.grad(fcw_), s.dfch, a.ln2, H, C, BT, true);
+  cpu::bias_backward(w.grad(fcb_), s.dfch, BT, H);
+  cpu::matmul_nn(s.dln, s.dfch, w.param(fcw_), BT, C, H);
+  tp_.all_reduce(s.dln, size_t(BT) * C);  // f's backward: every rank's part of dL/dln2
   cpu::layernorm_backward(dres, w.grad(ln2w_), w.grad(ln2b_), s.dln, a.residual2, w.param(ln2w_),
                           a.ln2_mean, a.ln2_rstd, BT, C);
   // residual2 = x + atty · attproj^T
-  cpu::matmul_tn(w.grad(attprojw_), dres, a.atty, C, C, BT, true);
+  cpu::matmul_tn(w.grad(attprojw_), dres, a.atty, C, Cl, BT, true);
   cpu::bias_backward(w.grad(attprojb_), dres, BT, C);
-  cpu::matmul_nn(s.datty, dres, w.param(attprojw_), BT, C, C);
+  cpu::matmul_nn(s.datty, dres, w.param(attprojw_), BT, Cl, C);
   const F* att = a.att;
   if (!att) {
-    cpu::attention_probs(s.att, a.qkv, B, T, C, NH);
+    cpu::attention_probs(s.att, a.qkv, B, T, Cl, NHl);
     att = s.att;
   }
-  cpu::attention_backward(s.dqkv, s.datt, s.datty, a.qkv, att, B, T, C, NH);
-  cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * C, C, BT, true);
-  cpu::bias_backward(w.grad(qkvb_), s.dqkv, BT, 3 * C);
-  cpu::matmul_nn(s.dln, s.dqkv, w.param(qkvw_), BT, C, 3 * C);
+  cpu::attention_backward(s.dqkv, s.datt, s.datty, a.qkv, att, B, T, Cl, NHl);
+  cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * Cl, C, BT, true);
+  cpu::bias_backward(w.grad(qkvb_), s.dqkv, BT, 3 * Cl);
+  cpu::matmul_nn(s.dln, s.dqkv, w.param(qkvw_), BT, C, 3 * Cl);
+  tp_.all_reduce(s.dln, size_t(BT) * C);
   cpu::layernorm_backward(dres, w.grad(ln1w_), w.grad(ln1b_), s.dln, x, w.param(ln1w_), a.ln1_mean,
                           a.ln1_rstd, BT, C);
 }

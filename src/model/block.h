@@ -3,8 +3,10 @@
 // store under their global Hugging Face names and reads them back by id at every call, so the
 // same code runs whether the store holds the weights permanently or a ZeRO-3 layer gathers them
 // just in time. One forward serves training (saving what backward needs) and generation
-// (attending over a key/value cache); a tensor-parallel block will split c_attn and c_fc by
-// columns and the two c_proj by rows inside these same functions.
+// (attending over a key/value cache). Under tensor parallelism (parallel/tensor_parallel.h) the
+// block holds its rank's heads and MLP channels: c_attn and c_fc split by columns, both c_proj by
+// rows, one all-reduce after each c_proj forward and one after each column-parallel input
+// gradient backward. Buffers below hold this rank's part where the comments say local.
 #pragma once
 
 #include <cstddef>
@@ -13,11 +15,13 @@
 #include "core/param_store.h"
 #include "core/recompute.h"
 #include "model/gpt_config.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tetra {
 
 /** What one micro-batch's forward through a block leaves for backward. Pointers into memory the
- *  model owns; att is null when the probabilities are recomputed. */
+ *  model owns; att is null when the probabilities are recomputed. qkv (B,T,3C/tp), att
+ *  (B,NH/tp,T,T), atty (B,T,C/tp), fch and fch_gelu (B,T,4C/tp) are local; the rest whole. */
 template <typename F>
 struct BlockActs {
   F *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
@@ -29,8 +33,8 @@ struct BlockActs {
   static BlockActs carve(F* p, const GptConfig& c, int B, int T, bool with_att);
 };
 
-/** Backward scratch shared by every block: (B,T,C), (B,T,3C), (B,NH,T,T) twice, (B,T,C), (B,T,4C).
- *  att holds recomputed probabilities under selective recomputation. */
+/** Backward scratch shared by every block: (B,T,C), (B,T,3C/tp), (B,NH/tp,T,T) twice, (B,T,C/tp),
+ *  (B,T,4C/tp). att holds recomputed probabilities under selective recomputation. */
 template <typename F>
 struct BlockScratch {
   F *dln, *dqkv, *datt, *att, *datty, *dfch;
@@ -38,7 +42,7 @@ struct BlockScratch {
   static BlockScratch carve(F* p, const GptConfig& c, int B, int T);
 };
 
-/** Keys and values of every position fed so far, for generation: each (B,maxT,C). */
+/** Keys and values of every position fed so far, for generation: each (B,maxT,C/tp). */
 template <typename F>
 struct KvCache {
   F *keys = nullptr, *values = nullptr, *scores = nullptr;  // scores: (maxT) scratch
@@ -47,9 +51,9 @@ struct KvCache {
 template <typename F>
 class BlockT {
  public:
-  /** Registers "transformer.h.<layer>.*" in `store`, inside the unit the caller opened, in the
-   *  order backward produces their gradients. */
-  BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store);
+  /** Registers "transformer.h.<layer>.*" (this rank's slices of them) in `store`, inside the unit
+   *  the caller opened, in the order backward produces their gradients. config.tp == tp.size(). */
+  BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store, parallel::TensorParallel& tp);
 
   // x and y are (B,T,C), y = block(x); `a` receives the activations. With `cache`, the T tokens
   // are positions pos0.. of a sequence whose earlier keys and values are in the cache (a.att is
@@ -63,8 +67,12 @@ class BlockT {
   int layer() const { return layer_; }
 
  private:
+  void row_parallel(F* out, const F* residual, const F* inp, TensorId w, TensorId b, int64_t BT,
+                    int K);
+
   const GptConfig& c_;
   ParamStoreT<F>& store_;
+  parallel::TensorParallel& tp_;
   int layer_;
   TensorId fcprojw_, fcprojb_, fcw_, fcb_, ln2w_, ln2b_, attprojw_, attprojb_, qkvw_, qkvb_, ln1w_,
       ln1b_;

@@ -5,8 +5,9 @@
 namespace tetra {
 
 template <typename F>
-EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store)
-    : c_(config), store_(store) {
+EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store,
+                          parallel::TensorParallel& tp)
+    : c_(config), store_(store), tp_(tp) {
   const int64_t C = config.d_model;
   ParamSpec wpe;
   wpe.name = "transformer.wpe.weight";
@@ -20,18 +21,30 @@ EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store)
   wte.decay = true;
   wte.init = {ParamInit::Kind::normal, 0.02f, config.vocab_size};
   wte.file.rows = config.vocab_size;
+  if (tp.size() > 1)
+    wte.slice = {0, int64_t(tp.rank()) * config.local_vocab(), config.local_vocab()};
   wte_ = store.add(std::move(wte));
 }
 
 template <typename F>
 void EmbeddingT<F>::forward(F* out, const int32_t* tokens, int B, int T, int pos0) {
-  cpu::embedding_forward(out, tokens, store_.param(wte_), store_.param(wpe_), B, T, c_.d_model,
-                         pos0);
+  if (tp_.size() == 1) {
+    cpu::embedding_forward(out, tokens, store_.param(wte_), store_.param(wpe_), B, T, c_.d_model,
+                           pos0);
+    return;
+  }
+  const int Vl = c_.local_vocab();
+  cpu::embedding_forward(out, tokens, store_.param(wte_),
+                         tp_.rank() == 0 ? store_.param(wpe_) : nullptr, B, T, c_.d_model, pos0,
+                         tp_.rank() * Vl, Vl);
+  tp_.all_reduce(out, size_t(B) * T * c_.d_model);
 }
 
 template <typename F>
 void EmbeddingT<F>::backward(const F* dout, const int32_t* tokens, int B, int T) {
-  cpu::embedding_backward(store_.grad(wte_), store_.grad(wpe_), dout, tokens, B, T, c_.d_model);
+  const int Vl = tp_.size() == 1 ? 0 : c_.local_vocab();
+  cpu::embedding_backward(store_.grad(wte_), store_.grad(wpe_), dout, tokens, B, T, c_.d_model,
+                          tp_.rank() * Vl, Vl);
 }
 
 template class EmbeddingT<float>;

@@ -1,12 +1,15 @@
 // The token and position embedding as a module: wte (Vp,C), whose rows past the real vocabulary
 // are padding (never drawn, absent from files), and wpe (maxT,C). wte is also the tied LM head's
-// weight (model/head.h reads it by id).
+// weight (model/head.h reads it by id). Under tensor parallelism wte is vocabulary-parallel: a rank
+// holds rows [r·Vp/tp, (r+1)·Vp/tp), looks up the tokens that fall in them (zero for the others)
+// and the lookups are summed over the group; wpe is whole and added once.
 #pragma once
 
 #include <cstdint>
 
 #include "core/param_store.h"
 #include "model/gpt_config.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tetra {
 
@@ -14,11 +17,11 @@ template <typename F>
 class EmbeddingT {
  public:
   /** Registers wpe then wte inside the caller's open unit (wte's gradient is finished last). */
-  EmbeddingT(const GptConfig& config, ParamStoreT<F>& store);
+  EmbeddingT(const GptConfig& config, ParamStoreT<F>& store, parallel::TensorParallel& tp);
 
   // out (B,T,C) = wte[tokens] + wpe[pos0 + t]; tokens is (B,T).
   void forward(F* out, const int32_t* tokens, int B, int T, int pos0 = 0);
-  // dwte and dwpe accumulate dout (B,T,C).
+  // dwte (this rank's rows) and dwpe accumulate dout (B,T,C), which is whole on every rank.
   void backward(const F* dout, const int32_t* tokens, int B, int T);
 
   TensorId wte() const { return wte_; }
@@ -26,6 +29,7 @@ class EmbeddingT {
  private:
   const GptConfig& c_;
   ParamStoreT<F>& store_;
+  parallel::TensorParallel& tp_;
   TensorId wpe_, wte_;
 };
 

@@ -10,8 +10,8 @@ namespace tetra {
 
 template <typename F>
 GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r,
-              MemoryLedger* ledger)
-    : config_(config), store_(store), B_(B), T_(T), recompute_(r) {
+              MemoryLedger* ledger, parallel::TensorParallel* tp)
+    : config_(config), store_(store), B_(B), T_(T), recompute_(r), tp_(tp ? tp : &own_tp_) {
   TETRA_CHECK(B > 0, "[model] micro-batch must be positive (got {})", B);
   TETRA_CHECK(T > 0 && T <= config.max_seq,
               "[model] sequence length {} must be in 1..model.max_seq={}; raise model.max_seq or "
@@ -24,12 +24,12 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
   block_unit_.resize(size_t(L));
   for (int l = L - 1; l >= 0; --l) {
     block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
-    blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store);
+    blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store, *tp_);
     store.end_unit();
   }
   root_unit_ = store.begin_unit("root");
-  embedding_ = std::make_unique<EmbeddingT<F>>(config_, store);
-  head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte());
+  embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_);
+  head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_);
   store.end_unit();
 
   const size_t BTC = size_t(B) * T * size_t(config.d_model);
@@ -127,7 +127,7 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   TETRA_CHECK(B > 0, "[generate] batch must be positive (got {})", B);
   const GptConfig& c = config_;
   const size_t C = size_t(c.d_model), maxT = size_t(c.max_seq), L = size_t(c.n_layer);
-  const size_t kv = size_t(B) * maxT * C;
+  const size_t kv = size_t(B) * maxT * size_t(c.local_width());
   auto st = std::make_unique<DecodeState>();
   st->B = B;
   const size_t acts = BlockActs<F>::elements(c, B, 1, false), head = HeadActs<F>::elements(c, B, 1);

@@ -3,7 +3,9 @@
 // is one unit of the store, and the embedding with ln_f is the last ("root") unit, so units run
 // in the order backward finishes them. Around every module the model tells the store's hooks
 // (ZeRO) what it is about to use and what it has finished, so parameters can be gathered just in
-// time and gradients reduced as soon as they are final.
+// time and gradients reduced as soon as they are final. Under tensor parallelism every module holds
+// its rank's slices (config.tp ways, over the group it is given) and the residual stream stays
+// whole on every rank of the group.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include "model/embedding.h"
 #include "model/gpt_config.h"
 #include "model/head.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tetra {
 
@@ -24,9 +27,10 @@ template <typename F>
 class GptT {
  public:
   /** Registers every tensor with `store` (not yet finalized) and allocates activations for
-   *  micro-batches of (B,T) with recomputation `r`, charged to `ledger`. */
+   *  micro-batches of (B,T) with recomputation `r`, charged to `ledger`. `tp` is the tensor-
+   *  parallel group of config.tp ranks (null: one rank); it must outlive the model. */
   GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r = Recompute::none,
-       MemoryLedger* ledger = nullptr);
+       MemoryLedger* ledger = nullptr, parallel::TensorParallel* tp = nullptr);
 
   /** The residency manager the model reports to (null: every unit is always resident). */
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
@@ -37,15 +41,16 @@ class GptT {
   double forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale);
   // Forward only: the mean loss (evaluation).
   double forward_loss(const int32_t* inputs, const int32_t* targets);
-  // Forward only: the logits (B,T,Vp), valid until the next call.
+  // Forward only: the logits (B,T,Vp/tp) (this rank's vocabulary columns), valid until the next
+  // call.
   const F* forward_logits(const int32_t* inputs);
 
   /** Generation state: a key/value cache for B sequences of up to max_seq tokens, plus
    *  one-position activations. */
   struct DecodeState;
   std::unique_ptr<DecodeState> make_decode_state(int B = 1) const;
-  // tokens is (B): position `pos` of each sequence; returns the next-token logits (B,Vp), valid
-  // until the next call.
+  // tokens is (B): position `pos` of each sequence; returns the next-token logits (B,Vp/tp) (this
+  // rank's columns), valid until the next call.
   const F* decode(DecodeState& state, const int32_t* tokens, int pos);
 
   const GptConfig& config() const { return config_; }
@@ -53,6 +58,7 @@ class GptT {
   int seq() const { return T_; }
   Recompute recompute() const { return recompute_; }
   ParamStoreT<F>& store() { return store_; }
+  parallel::TensorParallel& tp() { return *tp_; }
   int root_unit() const { return root_unit_; }
   int block_unit(int layer) const { return block_unit_[size_t(layer)]; }
   size_t activation_bytes() const { return acts_mem_.bytes(); }
@@ -83,6 +89,8 @@ class GptT {
   int B_, T_;
   Recompute recompute_;
   UnitHooks* hooks_ = nullptr;
+  parallel::TensorParallel own_tp_;  // one rank, when none is given
+  parallel::TensorParallel* tp_;
 
   std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer
   std::unique_ptr<EmbeddingT<F>> embedding_;

@@ -1,13 +1,17 @@
 #include "model/gpt_config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 
 namespace tetra {
 
 GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, int max_seq,
-                          int vocab_multiple) {
+                          int vocab_multiple, int tp) {
   TETRA_CHECK(vocab_size > 0, "[model] model.vocab_size must be positive (got {})", vocab_size);
   TETRA_CHECK(n_layer > 0, "[model] model.n_layer must be positive (got {})", n_layer);
   TETRA_CHECK(n_head > 0, "[model] model.n_head must be positive (got {})", n_head);
@@ -24,9 +28,31 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
         "d_model that is a multiple of {}",
         n_head, d_model, lo, hi, n_head);
   }
+  TETRA_CHECK(tp > 0, "[model] parallel.tp must be positive (got {})", tp);
+  if (n_head % tp != 0 || (4 * d_model) % tp != 0) {
+    // Attention splits by heads, the MLP by its 4C channels (seed 004): tp must divide both.
+    std::vector<int> valid;
+    for (int t = 1; t <= n_head; ++t) {
+      if (n_head % t == 0 && (4 * d_model) % t == 0) valid.push_back(t);
+    }
+    fail(
+        "[model] parallel.tp={} does not divide {}; tensor parallelism splits attention by heads "
+        "and the MLP by its 4*d_model channels: use parallel.tp in {{{}}}",
+        tp,
+        n_head % tp != 0 ? fmt::format("model.n_head={}", n_head)
+                         : fmt::format("4*model.d_model={}", 4 * d_model),
+        fmt::join(valid, ", "));
+  }
   GptConfig c;
   c.vocab_size = vocab_size;
-  c.padded_vocab = (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  const int64_t multiple = int64_t(vocab_multiple) * tp;  // every rank an equal slice of wte
+  const int64_t padded = (vocab_size + multiple - 1) / multiple * multiple;
+  TETRA_CHECK(padded <= INT32_MAX,
+              "[model] model.vocab_size={} padded to a multiple of model.vocab_multiple={} x "
+              "parallel.tp={} overflows; lower model.vocab_multiple",
+              vocab_size, vocab_multiple, tp);
+  c.padded_vocab = int(padded);
+  c.tp = tp;
   c.n_layer = n_layer;
   c.n_head = n_head;
   c.d_model = d_model;

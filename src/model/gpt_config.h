@@ -13,12 +13,20 @@ struct GptConfig {
   int n_head = 0;        // NH
   int d_model = 0;       // C
   int max_seq = 0;       // maxT: rows of wpe
+  // How the model is split over a tensor-parallel group (1: whole): each rank holds NH/tp heads,
+  // 4C/tp MLP channels and Vp/tp vocabulary rows; Vp is padded to a multiple of tp·vocab_multiple.
+  int tp = 1;
 
-  /** Checks the shape and pads the vocab; throws tetra::Error saying what to change. */
+  /** Checks the shape (and that `tp` splits it) and pads the vocab; throws tetra::Error saying
+   *  what to change. */
   static GptConfig make(int vocab_size, int n_layer, int n_head, int d_model, int max_seq,
-                        int vocab_multiple);
+                        int vocab_multiple, int tp = 1);
 
   int head_size() const { return d_model / n_head; }
+  int local_heads() const { return n_head / tp; }        // NH/tp
+  int local_width() const { return d_model / tp; }       // C/tp: this rank's q, k, v columns
+  int local_hidden() const { return 4 * d_model / tp; }  // 4C/tp: this rank's MLP channels
+  int local_vocab() const { return padded_vocab / tp; }  // Vp/tp: this rank's rows of wte
   /** Parameters with the real (unpadded) vocab, wte counted once (tied LM head). */
   int64_t num_params() const;
   /** Model FLOPs per trained token: 6 * (params in matmuls) + 12 * L * C * T (attention, no

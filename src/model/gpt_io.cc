@@ -97,15 +97,31 @@ void load_safetensors_into(ParamStore& store, const std::string& path,
   }
 }
 
-SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
-                                     bool check_finite) {
+SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat, bool check_finite,
+                                     parallel::TensorParallel* tp) {
   SafeTensorsFile file;
   file.metadata["format"] = "pt";
+  std::vector<float> parts, whole;
   for (const ParamEntry& e : store.tensors()) {
-    TETRA_CHECK(e.spec.slice.dim < 0,
-                "[save] internal: '{}' is a slice; assemble the global tensor before saving",
-                e.spec.name);
     const float* d = flat + e.offset;
+    if (e.spec.slice.dim >= 0) {
+      // Rank r of the group holds the slice at offset r·extent: gather every rank's, place each
+      // element at its global index.
+      TETRA_CHECK(tp && tp->size() * e.spec.slice.extent * e.spec.slice.parts ==
+                            e.spec.shape[size_t(e.spec.slice.dim)],
+                  "[save] internal: '{}' is a slice and no tensor-parallel group assembles it",
+                  e.spec.name);
+      const size_t n = size_t(e.numel());
+      parts.resize(n * size_t(tp->size()));
+      whole.resize(size_t(shape_numel(e.spec.shape)));
+      tp->all_gather(d, parts.data(), n);
+      ParamEntry r = e;
+      for (int q = 0; q < tp->size(); ++q) {
+        r.spec.slice.offset = q * e.spec.slice.extent;
+        for (size_t i = 0; i < n; ++i) whole[size_t(r.global_index(int64_t(i)))] = parts[q * n + i];
+      }
+      d = whole.data();
+    }
     const Shape s = file_shape(e);
     const int64_t n = shape_numel(s);
     if (check_finite) {

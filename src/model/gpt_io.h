@@ -9,6 +9,7 @@
 
 #include "ckpt/safetensors.h"
 #include "core/param_store.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tetra {
 
@@ -20,8 +21,10 @@ void load_safetensors_into(ParamStore& store, const std::string& path, const std
 
 /** The tensors of a flat buffer laid out like the store's full (unsharded) layout — the weights
  * themselves, or their gradients — in Hugging Face names and file layouts. `check_finite` refuses
- * a NaN or infinity, naming the tensor and element. */
+ * a NaN or infinity, naming the tensor and element. Tensor-parallel slices are assembled into the
+ * global tensors over `tp` (collective: every rank of the group calls it; each gets the file). */
 SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
-                                     bool check_finite = false);
+                                     bool check_finite = false,
+                                     parallel::TensorParallel* tp = nullptr);
 
 }  // namespace tetra

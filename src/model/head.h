@@ -1,17 +1,20 @@
 // The language-model head as a module: the final LayerNorm and the logits through the tied
 // embedding matrix, with the fused softmax cross-entropy. It registers ln_f and reads wte, which
-// the embedding owns, by id.
+// the embedding owns, by id. Under tensor parallelism the head uses the embedding's vocabulary
+// slice: each rank computes its (B,T,Vp/tp) block of logits and the loss is vocabulary-parallel
+// (kernels/cpu/cross_entropy.h), so no rank holds whole rows of logits.
 #pragma once
 
 #include <cstdint>
 
 #include "core/param_store.h"
 #include "model/gpt_config.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tetra {
 
 /** What the head's forward leaves for its backward: lnf (B,T,C), its mean and rstd (B,T), the
- *  logits (B,T,Vp) (overwritten by their gradient in backward) and per-token losses (B,T). */
+ *  logits (B,T,Vp/tp) (overwritten by their gradient in backward) and per-token losses (B,T). */
 template <typename F>
 struct HeadActs {
   F *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
@@ -23,9 +26,9 @@ template <typename F>
 class HeadT {
  public:
   /** Registers ln_f inside the caller's open unit; `wte` is the tied embedding's id. */
-  HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte);
+  HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte, parallel::TensorParallel& tp);
 
-  // x (B,T,C) -> logits (B,T,Vp) in a.logits.
+  // x (B,T,C) -> logits (B,T,Vp/tp) in a.logits: this rank's columns.
   void forward(const F* x, const HeadActs<F>& a, int B, int T);
   // The mean loss over the (B,T) targets; logits untouched.
   double loss(const int32_t* targets, const HeadActs<F>& a, int B, int T);
@@ -35,8 +38,12 @@ class HeadT {
                   int T, float loss_scale);
 
  private:
+  // The loss over this rank's columns; with backward, the logits become their gradient.
+  double xent(const int32_t* targets, F* logits, F* losses, int64_t BT, bool backward, F dloss);
+
   const GptConfig& c_;
   ParamStoreT<F>& store_;
+  parallel::TensorParallel& tp_;
   TensorId lnfw_, lnfb_, wte_;
 };
 

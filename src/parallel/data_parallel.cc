@@ -303,9 +303,17 @@ void DataParallel::finish_gradients() {
   stats_.exposed_ms += sw.elapsed_ms();
 }
 
-double DataParallel::local_grad_sum_squares() const {
-  // Alignment gaps and unit padding hold zero gradients, so whole ranges can be summed.
+double DataParallel::local_grad_sum_squares(bool replicated) const {
   const float* g = store_.grads().data();
+  if (!replicated) {
+    double total = 0.0;
+    for (const OwnedSegment& s : store_.owned()) {
+      if (store_.tensor(s.tensor).spec.slice.dim < 0) continue;
+      total += cpu::sum_squares(g + s.grad_pos, int64_t(s.count));
+    }
+    return total;
+  }
+  // Alignment gaps and unit padding hold zero gradients, so whole ranges can be summed.
   if (opt_.stage != 1) return cpu::sum_squares(g, int64_t(store_.grads().size()));
   double total = 0.0;
   for (int u = 0; u < int(store_.units().size()); ++u) {

@@ -75,8 +75,9 @@ class DataParallel final : public UnitHooks {
   /** Waits for every gradient reduction: the owned gradients are now the mean over the group. */
   void finish_gradients();
   /** Sum of squares of this rank's owned gradients (stage 0: every gradient, which is the same on
-   *  every rank; otherwise this rank's shard), in double. */
-  double local_grad_sum_squares() const;
+   *  every rank; otherwise this rank's shard), in double. Without `replicated`, only tensors that
+   *  are tensor-parallel slices count: the whole ones are the same on every tp rank. */
+  double local_grad_sum_squares(bool replicated = true) const;
   /** Lowest id over the group of a tensor whose owned gradient has a NaN or infinity; -1 if none.
    *  Collective. */
   TensorId first_nonfinite_grad();

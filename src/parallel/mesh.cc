@@ -1,6 +1,12 @@
 #include "parallel/mesh.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <set>
 
 #include "core/error.h"
 
@@ -17,6 +23,27 @@ std::string divisors(int n) {
 }
 
 }  // namespace
+
+std::string tp_placement_warning(const MeshLayout& layout, const std::vector<std::string>& hosts) {
+  const int tp = layout.size(MeshDim::tp);
+  if (tp == 1) return "";
+  std::map<std::string, int> per_host;
+  for (const std::string& h : hosts) ++per_host[h];
+  int per_node = INT_MAX;
+  for (const auto& [host, n] : per_host) per_node = std::min(per_node, n);
+  for (int r = 0; r < layout.world_size(); ++r) {
+    std::set<std::string> spanned;
+    for (int m : layout.group_ranks(MeshDim::tp, r)) spanned.insert(hosts[size_t(m)]);
+    if (spanned.size() == 1) continue;
+    return fmt::format(
+        "[mesh] parallel.tp={} is larger than the {} rank(s) per node: tp group of rank {} spans "
+        "hosts {}. Seeds 000 and 004 keep tensor parallelism inside a node (its all-reduces, two "
+        "per block each way, need the node's bandwidth); use parallel.tp <= {} and let dp span "
+        "the nodes",
+        tp, per_node, r, fmt::join(spanned, ", "), per_node);
+  }
+  return "";
+}
 
 MeshShape MeshShape::from_config(const Config& config) {
   MeshShape s;

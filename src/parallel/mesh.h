@@ -58,6 +58,12 @@ class MeshLayout {
   int world_ = 1;
 };
 
+/** Seeds 000 ("3D並列") and 004 keep tensor parallelism inside a node, where its activation
+ *  all-reduces (two per block each way) have the node's bandwidth. Given every world rank's host,
+ *  the warning for a layout whose tp groups span hosts (tp larger than the ranks per node), or ""
+ *  when the rule holds. */
+std::string tp_placement_warning(const MeshLayout& layout, const std::vector<std::string>& hosts);
+
 class Mesh {
  public:
   /** Collective over `world`: builds the tp, dp, pp, ep and edp groups of this rank. */

@@ -244,15 +244,15 @@ const ConfigSchema& train_config_schema() {
   return schema;
 }
 
-GptConfig gpt_config_from(const Config& c) {
+GptConfig gpt_config_from(const Config& c, int tp) {
   return GptConfig::make(int(c.i("model.vocab_size")), int(c.i("model.n_layer")),
                          int(c.i("model.n_head")), int(c.i("model.d_model")),
-                         int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")));
+                         int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")), tp);
 }
 
 TrainOptions TrainOptions::from(const Config& c) {
   TrainOptions o;
-  o.model = gpt_config_from(c);
+  o.model = gpt_config_from(c, int(c.i("parallel.tp")));
   for (const auto& k : train_keys()) {
     if (k.read) k.read(o, c.at(k.spec.key));
   }

@@ -69,7 +69,7 @@ struct TrainOptions {
   int64_t tokens_per_rank_step() const { return int64_t(micro_batch) * seq_len * grad_accum; }
 };
 
-/** The model.* keys of `c` as a checked model shape. */
-GptConfig gpt_config_from(const Config& c);
+/** The model.* keys of `c` as a checked model shape, split `tp` ways. */
+GptConfig gpt_config_from(const Config& c, int tp = 1);
 
 }  // namespace tetra

@@ -142,18 +142,30 @@ TrainResult Trainer::run() {
 }
 
 void Trainer::setup(const std::string& config_toml) {
+  const parallel::MeshShape& shape = opt_.mesh;
   if (world_.valid()) {
-    const parallel::MeshShape& shape = opt_.mesh;
-    TETRA_CHECK(shape.tp == 1 && shape.pp == 1 && shape.ep == 1,
-                "[train] this trainer runs data parallelism only: set parallel.tp, parallel.pp "
-                "and parallel.ep to 1 (got {}, {}, {})",
-                shape.tp, shape.pp, shape.ep);
+    TETRA_CHECK(shape.pp == 1 && shape.ep == 1,
+                "[train] this trainer runs data and tensor parallelism: set parallel.pp and "
+                "parallel.ep to 1 (got {}, {})",
+                shape.pp, shape.ep);
     mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
     rank_ = world_.rank();
+    world_size_ = world_.size();
     dp_ = mesh_->dp();
     dp_size_ = dp_.size();
     dp_rank_ = dp_.rank();
     log_state().rank = rank_;
+    tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), false);
+    std::vector<std::string> hosts;
+    for (int r = 0; r < world_size_; ++r) hosts.push_back(world_.host(r));
+    const std::string warning = parallel::tp_placement_warning(mesh_->layout(), hosts);
+    if (!warning.empty() && is_root()) log_warn("{}", warning);
+  } else {
+    TETRA_CHECK(shape.tp == 1,
+                "[train] parallel.tp={} needs {} ranks but this is a single process; run it as "
+                "`tetra launch -n {} -- train ...` (or under mpirun), or set parallel.tp=1",
+                shape.tp, shape.tp, shape.tp);
+    tp_ = std::make_unique<parallel::TensorParallel>();
   }
   threads_ = opt_.threads > 0 ? opt_.threads : default_threads();
   omp_set_num_threads(threads_);
@@ -196,7 +208,7 @@ void Trainer::setup(const std::string& config_toml) {
         opt_.seq_len);
   }
   model_ = std::make_unique<Gpt>(opt_.model, store_, opt_.micro_batch, opt_.seq_len, recompute_,
-                                 &ledger_);
+                                 &ledger_, tp_.get());
   store_.finalize(parallel::DataParallel::sharding_for(opt_.zero.stage, dp_size_, dp_rank_),
                   &ledger_);
   if (opt_.zero.stage > 0 && dp_size_ == 1) {
@@ -521,12 +533,13 @@ void Trainer::print_header() const {
            dp_size_, opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(), opt_.steps,
            opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
-  log_info("[train] ZeRO stage {} over {} data-parallel rank(s){}; recompute {}", opt_.zero.stage,
-           dp_size_,
-           opt_.zero.stage == 3 ? fmt::format(", reshard after forward {}, prefetch {}",
-                                              opt_.zero.reshard_after_forward, opt_.zero.prefetch)
-                                : "",
-           recompute_name(recompute_));
+  log_info(
+      "[train] tensor parallel {}; ZeRO stage {} over {} data-parallel rank(s){}; recompute {}",
+      tp_->size(), opt_.zero.stage, dp_size_,
+      opt_.zero.stage == 3 ? fmt::format(", reshard after forward {}, prefetch {}",
+                                         opt_.zero.reshard_after_forward, opt_.zero.prefetch)
+                           : "",
+      recompute_name(recompute_));
   log_info("{}", memory_table("before step 1"));
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s ({}, the MFU denominator); "
@@ -537,8 +550,10 @@ void Trainer::print_header() const {
 
 void Trainer::save_final() {
   std::vector<float> params = zero_->full_params();  // collective under ZeRO-3
+  // Collective over the tp group: its slices are assembled into the global tensors.
+  const SafeTensorsFile file = store_to_safetensors(store_, params.data(), true, tp_.get());
   if (!is_root()) return;
-  write_safetensors(opt_.save_final, store_to_safetensors(store_, params.data(), true));
+  write_safetensors(opt_.save_final, file);
   log_info("[train] saved weights to {}", opt_.save_final);
 }
 
@@ -578,11 +593,15 @@ TrainResult Trainer::train() {
     const double data_ms = prefetch_->last_wait_ms();
     if (s == 0 && !opt_.dump_logits.empty()) {
       const GptConfig& c = opt_.model;
-      const float* all = model_->forward_logits(batch.inputs.data());
+      const int64_t rows = int64_t(opt_.micro_batch) * opt_.seq_len;
+      std::vector<float> all(size_t(rows) * size_t(c.padded_vocab));
+      tp_->gather_columns(model_->forward_logits(batch.inputs.data()), all.data(), rows,
+                          c.local_vocab());
       if (is_root()) {
         std::vector<float> logits(size_t(opt_.micro_batch) * opt_.seq_len * c.vocab_size);
         for (size_t r = 0; r < size_t(opt_.micro_batch) * opt_.seq_len; ++r) {
-          std::copy_n(all + r * c.padded_vocab, c.vocab_size, logits.begin() + r * c.vocab_size);
+          std::copy_n(all.begin() + ptrdiff_t(r * size_t(c.padded_vocab)), c.vocab_size,
+                      logits.begin() + ptrdiff_t(r * size_t(c.vocab_size)));
         }
         SafeTensorsFile f;
         f.tensors["logits"] =
@@ -603,25 +622,29 @@ TrainResult Trainer::train() {
     loss /= opt_.grad_accum;
     zero_->finish_gradients();
 
-    // The step's scalars over the data-parallel group, summed: the loss, the squared gradient
-    // norm (under stage 0 every rank holds every reduced gradient, so one rank contributes) and
-    // a count of ranks that saw a non-finite value, so that every rank takes the same decision.
-    const double local_sq = zero_->local_grad_sum_squares();
+    // The step's scalars over every rank (the dp × tp mesh), summed: the loss (the same on every
+    // rank of a tp group), the squared gradient norm and a count of ranks that saw a non-finite
+    // value, so that every rank takes the same decision. Each gradient element counts once: under
+    // stage 0 every dp rank holds every reduced gradient, so one contributes; tensors whole on
+    // every tp rank (LayerNorms, row-parallel biases, wpe) are counted on tp rank 0 only.
+    const double local_sq = zero_->local_grad_sum_squares(tp_->rank() == 0);
     double norm_sq = local_sq;
     bool nonfinite = !std::isfinite(local_sq) || !std::isfinite(loss);
-    if (dp_size_ > 1) {
+    if (world_size_ > 1) {
       const bool counts = opt_.zero.stage > 0 || dp_rank_ == 0;
       float scalars[3] = {float(loss),
-                          counts ? float(std::min(local_sq, double(FLT_MAX) / dp_size_)) : 0.0f,
+                          counts ? float(std::min(local_sq, double(FLT_MAX) / world_size_)) : 0.0f,
                           nonfinite ? 1.0f : 0.0f};
-      dp_.all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
-      loss = scalars[0] / dp_size_;
+      mesh_->world().all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
+      loss = scalars[0] / world_size_;
       norm_sq = scalars[1];
       nonfinite = scalars[2] != 0.0f || !std::isfinite(scalars[0]) || !std::isfinite(scalars[1]);
     }
     const double norm = std::sqrt(norm_sq);
-    if (s == 0 && !opt_.dump_grads.empty() && is_root()) {
-      write_safetensors(opt_.dump_grads, store_to_safetensors(store_, store_.grads().data()));
+    if (s == 0 && !opt_.dump_grads.empty()) {
+      const SafeTensorsFile grads =
+          store_to_safetensors(store_, store_.grads().data(), false, tp_.get());
+      if (is_root()) write_safetensors(opt_.dump_grads, grads);
     }
     const double lr = opt_.schedule.at(s);
     const bool skip = nonfinite || step == opt_.skip_step;
@@ -657,7 +680,7 @@ TrainResult Trainer::train() {
     const double step_s = step_clock.elapsed_s();
     const double tps = double(tokens_per_step) / step_s;
     rates.push_back(tps);
-    const double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * dp_size_);
+    const double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * world_size_);
     if (mfu > 1.0 && !mfu_warned) {
       mfu_warned = true;
       log_warn(

@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/tensor_parallel.h"
 #include "plan/run_memory.h"
 #include "train/metrics.h"
 #include "train/train_config.h"
@@ -68,9 +69,10 @@ class Trainer {
 
   TrainOptions opt_;
   comm::Communicator world_;
-  std::unique_ptr<parallel::Mesh> mesh_;  // absent for a single process
-  comm::Communicator dp_;                 // invalid for a single process
-  int rank_ = 0, dp_size_ = 1, dp_rank_ = 0;
+  std::unique_ptr<parallel::Mesh> mesh_;          // absent for a single process
+  comm::Communicator dp_;                         // invalid for a single process
+  std::unique_ptr<parallel::TensorParallel> tp_;  // the mesh's tp group (one rank without a mesh)
+  int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0;
   int threads_ = 1;
   double peak_gflops_ = 0.0;
   MemoryLedger ledger_;

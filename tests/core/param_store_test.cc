@@ -156,6 +156,28 @@ TEST(ParamStore, SlicesInitialiseAndLoadTheirPartOfTheGlobalTensor) {
   }
 }
 
+// c_attn's tensor-parallel slice: the (6, 10) matrix as 3 blocks of 2 rows ({0, 1}, {2, 3},
+// {4, 5}, like q, k and v); offset 1, extent 1 takes rows 1, 3 and 5, the same row of each block.
+TEST(ParamStore, SlicesOfEveryPartTakeTheSameRowsOfEachBlock) {
+  ParamStore serial;
+  register_tensors(serial);
+  serial.finalize({});
+  serial.init(7);
+  const float* whole = serial.param(serial.find("m"));  // (6, 10)
+  ParamStore s;
+  register_tensors(s, Slice{0, 1, 1, 3});
+  s.finalize({});
+  s.init(7);
+  const TensorId id = s.find("m");
+  ASSERT_EQ(s.tensor(id).local_shape, (Shape{3, 10}));
+  const float* part = s.param(id);
+  const int64_t rows[] = {1, 3, 5};
+  for (int64_t i = 0; i < 30; ++i) {
+    ASSERT_EQ(part[i], whole[rows[i / 10] * 10 + i % 10]) << "element " << i;
+    EXPECT_EQ(s.tensor(id).global_index(i), rows[i / 10] * 10 + i % 10);
+  }
+}
+
 TEST(ParamStore, UnboundShardedUnitsAreRefusedByName) {
   ParamStore s;
   register_tensors(s);
