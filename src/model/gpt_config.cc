@@ -29,19 +29,17 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
         n_head, d_model, lo, hi, n_head);
   }
   TETRA_CHECK(tp > 0, "[model] parallel.tp must be positive (got {})", tp);
-  if (n_head % tp != 0 || (4 * d_model) % tp != 0) {
-    // Attention splits by heads, the MLP by its 4C channels (seed 004): tp must divide both.
+  if (n_head % tp != 0) {
+    // Attention splits by heads (seed 004); n_head divides d_model, so the MLP's 4C channels split
+    // too.
     std::vector<int> valid;
     for (int t = 1; t <= n_head; ++t) {
-      if (n_head % t == 0 && (4 * d_model) % t == 0) valid.push_back(t);
+      if (n_head % t == 0) valid.push_back(t);
     }
     fail(
-        "[model] parallel.tp={} does not divide {}; tensor parallelism splits attention by heads "
-        "and the MLP by its 4*d_model channels: use parallel.tp in {{{}}}",
-        tp,
-        n_head % tp != 0 ? fmt::format("model.n_head={}", n_head)
-                         : fmt::format("4*model.d_model={}", 4 * d_model),
-        fmt::join(valid, ", "));
+        "[model] parallel.tp={} does not divide model.n_head={}: tensor parallelism gives each "
+        "rank whole attention heads (and 4*d_model/tp MLP channels); use parallel.tp in {{{}}}",
+        tp, n_head, fmt::join(valid, ", "));
   }
   GptConfig c;
   c.vocab_size = vocab_size;

@@ -36,11 +36,11 @@ std::string tp_placement_warning(const MeshLayout& layout, const std::vector<std
     for (int m : layout.group_ranks(MeshDim::tp, r)) spanned.insert(hosts[size_t(m)]);
     if (spanned.size() == 1) continue;
     return fmt::format(
-        "[mesh] parallel.tp={} is larger than the {} rank(s) per node: tp group of rank {} spans "
-        "hosts {}. Seeds 000 and 004 keep tensor parallelism inside a node (its all-reduces, two "
-        "per block each way, need the node's bandwidth); use parallel.tp <= {} and let dp span "
-        "the nodes",
-        tp, per_node, r, fmt::join(spanned, ", "), per_node);
+        "[mesh] parallel.tp={}: the tp group of rank {} spans hosts {} (at least one node runs "
+        "only {} rank(s)). Seeds 000 and 004 keep tensor parallelism inside a node (its "
+        "all-reduces, two per block each way, need the node's bandwidth): use parallel.tp <= {} "
+        "with consecutive ranks on one node (mpirun --map-by slot) and let dp span the nodes",
+        tp, r, fmt::join(spanned, ", "), per_node, per_node);
   }
   return "";
 }

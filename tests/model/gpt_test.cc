@@ -205,5 +205,25 @@ TEST(Gpt, ShapeErrorsSayWhatToChange) {
   EXPECT_EQ(GptConfig::make(50257, 12, 12, 768, 1024, 64).num_params(), 124439808);
 }
 
+TEST(Gpt, TensorParallelSizeMustSplitTheHeadsAndPadsTheVocabulary) {
+  try {
+    GptConfig::make(100, 2, 12, 96, 8, 64, 5);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("parallel.tp=5 does not divide model.n_head=12"), std::string::npos) << m;
+    EXPECT_NE(m.find("use parallel.tp in {1, 2, 3, 4, 6, 12}"), std::string::npos) << m;
+  }
+  // Every rank holds an equal slice of wte: Vp divides by tp x vocab_multiple.
+  const GptConfig c = GptConfig::make(515, 2, 4, 32, 8, 1, 4);
+  EXPECT_EQ(c.padded_vocab, 516);
+  EXPECT_EQ(c.local_vocab(), 129);
+  EXPECT_EQ(c.local_heads(), 1);
+  EXPECT_EQ(c.local_width(), 8);
+  EXPECT_EQ(c.local_hidden(), 32);
+  EXPECT_EQ(GptConfig::make(50257, 12, 12, 768, 1024, 64, 2).padded_vocab, 50304);
+  EXPECT_EQ(GptConfig::make(50257, 12, 12, 768, 1024, 64, 4).padded_vocab, 50432);
+}
+
 }  // namespace
 }  // namespace tetra

@@ -120,6 +120,24 @@ TEST(MeshLayout, InconsistentSizesSayWhatWouldFit) {
   EXPECT_NE(e.find("[mesh] parallel sizes must be >= 1"), std::string::npos) << e;
 }
 
+// Seeds 000 and 004: TP stays inside a node. Two hosts of 2 ranks each: tp=2 fits, tp=4 spans both.
+TEST(MeshLayout, TensorParallelAcrossNodesIsWarnedAbout) {
+  const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+  EXPECT_EQ(tp_placement_warning(MeshLayout::make(MeshShape{0, 2, 1, 1}, 4), hosts), "");
+  EXPECT_EQ(tp_placement_warning(MeshLayout::make(MeshShape{0, 1, 1, 1}, 4), hosts), "");
+  const std::string w = tp_placement_warning(MeshLayout::make(MeshShape{0, 4, 1, 1}, 4), hosts);
+  EXPECT_NE(w.find("parallel.tp=4: the tp group of rank 0 spans hosts a, b (at least one node "
+                   "runs only 2 rank(s))"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("Seeds 000 and 004 keep tensor parallelism inside a node"), std::string::npos)
+      << w;
+  EXPECT_NE(w.find("use parallel.tp <= 2"), std::string::npos) << w;
+  // Ranks placed round-robin: even tp=2 pairs straddle the hosts.
+  EXPECT_NE(tp_placement_warning(MeshLayout::make(MeshShape{0, 2, 1, 1}, 4), {"a", "b", "a", "b"}),
+            "");
+}
+
 TEST(MeshShape, FromConfig) {
   ConfigSchema schema = mesh_config_schema();
   Config c = Config::from_overrides(schema, {"parallel.tp=2", "parallel.ep=2"});

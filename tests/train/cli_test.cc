@@ -98,6 +98,16 @@ TEST_F(TrainCli, HeadsMustDivideDModel) {
                  "model.n_head=3 does not divide model.d_model=32");
 }
 
+TEST_F(TrainCli, TensorParallelSizeMustSplitTheHeadsAndHaveItsRanks) {
+  EXPECT_REFUSED(tetra(base() + " --parallel.tp=3"),
+                 "[model] parallel.tp=3 does not divide model.n_head=2: tensor parallelism gives "
+                 "each rank whole attention heads (and 4*d_model/tp MLP channels); use parallel.tp "
+                 "in {1, 2}");
+  EXPECT_REFUSED(tetra(base() + " --parallel.tp=2"),
+                 "[train] parallel.tp=2 needs 2 ranks but this is a single process; run it as "
+                 "`tetra launch -n 2 -- train ...`");
+}
+
 TEST_F(TrainCli, TokenIdBeyondVocabIsRefused) {
   EXPECT_REFUSED(tetra(base() + " --model.vocab_size=50"),
                  "holds token id 60 but model.vocab_size=50");

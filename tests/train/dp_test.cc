@@ -6,15 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "ckpt/safetensors.h"
 #include "data/token_shard.h"
+#include "tests/train/layout_run.h"
 #include "tests/train/run_tetra.h"
 
 namespace tetra {
@@ -24,12 +22,7 @@ namespace fs = std::filesystem;
 using testing::run_command;
 using testing::tetra_command;
 
-struct Result {
-  int code = 0;
-  std::string output;
-  std::vector<double> loss, grad_norm, comm_bytes;
-  SafeTensorsFile weights;
-};
+using Result = testing::LayoutRun;
 
 // A vocabulary of 333 with no padding (vocab_multiple 1): wte's rows divide by no rank count.
 constexpr int kVocab = 333;
@@ -63,55 +56,12 @@ class DataParallel : public ::testing::Test {
         std::to_string(micro_batch) + " --train.grad_accum=" + std::to_string(accum) +
         " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string() +
         " --save.final=" + (run / "w.safetensors").string() + " " + extra;
-    testing::Ran ran = run_command(tetra_command(ranks, args));
-    Result r;
-    r.code = ran.code;
-    r.output = ran.output;
-    if (r.code != 0) return r;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      r.loss.push_back(j["loss"]);
-      r.grad_norm.push_back(j["grad_norm"]);
-      r.comm_bytes.push_back(j["comm_bytes"]);
-    }
-    r.weights = read_safetensors((run / "w.safetensors").string());
-    return r;
+    return testing::read_layout_run(run_command(tetra_command(ranks, args)), run,
+                                    run / "w.safetensors");
   }
 
   static void expect_same_trajectory(const Result& a, const Result& b, double tol) {
-    ASSERT_EQ(a.loss.size(), size_t(kSteps));
-    ASSERT_EQ(a.loss.size(), b.loss.size());
-    for (size_t i = 0; i < a.loss.size(); ++i) {
-      EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
-      EXPECT_NEAR(b.grad_norm[i], a.grad_norm[i], 1e-4 * a.grad_norm[i]) << "step " << i + 1;
-    }
-    // Per tensor, ||a - b|| / ||a||: Adam turns float noise in gradients that are zero in exact
-    // arithmetic (the key bias: softmax ignores a shift shared by all keys) into lr-sized steps
-    // of arbitrary sign, so an elementwise maximum would measure noise, not the layout.
-    // The key third of c_attn.bias is therefore compared on its own: it must stay at noise level.
-    double worst = 0;
-    ASSERT_EQ(a.weights.tensors.size(), b.weights.tensors.size());
-    for (const auto& [name, t] : a.weights.tensors) {
-      auto x = t.to_f32(), y = b.weights.tensors.at(name).to_f32();
-      if (name.ends_with("attn.c_attn.bias")) {
-        const size_t C = x.size() / 3;
-        for (size_t i = C; i < 2 * C; ++i) {
-          EXPECT_LT(std::abs(x[i]), 1e-3) << name << " key bias " << i - C;
-          EXPECT_LT(std::abs(y[i]), 1e-3) << name << " key bias " << i - C;
-          x[i] = y[i] = 0.0f;
-        }
-      }
-      double diff = 0, ref = 1e-30;
-      for (size_t i = 0; i < x.size(); ++i) {
-        diff += double(x[i] - y[i]) * (x[i] - y[i]);
-        ref += double(x[i]) * x[i];
-      }
-      double rel = std::sqrt(diff / ref);
-      worst = std::max(worst, rel);
-      EXPECT_LT(rel, tol) << name;
-    }
-    ::testing::Test::RecordProperty("max_weight_rel_error", std::to_string(worst));
+    testing::expect_same_trajectory(a, b, tol, kSteps);
   }
 
   static fs::path dir_;
@@ -227,9 +177,12 @@ TEST_F(DataParallel, InconsistentLayoutIsRefused) {
   Result r = train(2, 4, 1, "bad", "--parallel.dp=4");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("parallel.dp"), std::string::npos) << r.output;
-  Result tp = train(2, 4, 1, "bad_tp", "--parallel.tp=2 --parallel.dp=1");
-  EXPECT_NE(tp.code, 0);
-  EXPECT_NE(tp.output.find("data parallelism only"), std::string::npos) << tp.output;
+  Result pp = train(2, 4, 1, "bad_pp", "--parallel.pp=2 --parallel.dp=1");
+  EXPECT_NE(pp.code, 0);
+  EXPECT_NE(
+      pp.output.find("runs data and tensor parallelism: set parallel.pp and parallel.ep to 1"),
+      std::string::npos)
+      << pp.output;
   Result stage = train(1, 8, 1, "bad_stage", "--zero.stage=4");
   EXPECT_NE(stage.code, 0);
   EXPECT_NE(stage.output.find("zero.stage"), std::string::npos) << stage.output;

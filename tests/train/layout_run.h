@@ -1,0 +1,89 @@
+// One `tetra train` run of a parallel layout (metrics and saved weights) and the comparison of two
+// runs' trajectories, shared by the data- and tensor-parallel equivalence tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ckpt/safetensors.h"
+#include "tests/train/run_tetra.h"
+
+namespace tetra::testing {
+
+struct LayoutRun {
+  int code = 0;
+  std::string output;
+  std::vector<double> loss, grad_norm, comm_bytes;
+  SafeTensorsFile weights;
+};
+
+/** The result of `ran`: its metrics.jsonl in `run_dir` and the weights it saved to `weights`. */
+inline LayoutRun read_layout_run(const Ran& ran, const std::filesystem::path& run_dir,
+                                 const std::filesystem::path& weights) {
+  LayoutRun r;
+  r.code = ran.code;
+  r.output = ran.output;
+  if (r.code != 0) return r;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    r.loss.push_back(j["loss"]);
+    r.grad_norm.push_back(j["grad_norm"]);
+    r.comm_bytes.push_back(j["comm_bytes"]);
+  }
+  r.weights = read_safetensors(weights.string());
+  return r;
+}
+
+/** ||a - b|| / ||a|| over two tensors' values. */
+inline double norm_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += double(a[i] - b[i]) * (a[i] - b[i]);
+    ref += double(a[i]) * a[i];
+  }
+  return std::sqrt(diff / ref);
+}
+
+/** Every step's loss within `tol` relative, grad norms within 1e-4, final weights within `tol`
+ *  per tensor (norm-relative). Records the worst weight error as max_weight_rel_error. */
+inline void expect_same_trajectory(const LayoutRun& a, const LayoutRun& b, double tol,
+                                   size_t steps) {
+  ASSERT_EQ(a.loss.size(), steps);
+  ASSERT_EQ(a.loss.size(), b.loss.size());
+  for (size_t i = 0; i < a.loss.size(); ++i) {
+    EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
+    EXPECT_NEAR(b.grad_norm[i], a.grad_norm[i], 1e-4 * a.grad_norm[i]) << "step " << i + 1;
+  }
+  // Per tensor, ||a - b|| / ||a||: Adam turns float noise in gradients that are zero in exact
+  // arithmetic (the key bias: softmax ignores a shift shared by all keys) into lr-sized steps
+  // of arbitrary sign, so an elementwise maximum would measure noise, not the layout.
+  // The key third of c_attn.bias is therefore compared on its own: it must stay at noise level.
+  double worst = 0;
+  ASSERT_EQ(a.weights.tensors.size(), b.weights.tensors.size());
+  for (const auto& [name, t] : a.weights.tensors) {
+    auto x = t.to_f32(), y = b.weights.tensors.at(name).to_f32();
+    ASSERT_EQ(x.size(), y.size()) << name;
+    if (name.ends_with("attn.c_attn.bias")) {
+      const size_t C = x.size() / 3;
+      for (size_t i = C; i < 2 * C; ++i) {
+        EXPECT_LT(std::abs(x[i]), 1e-3) << name << " key bias " << i - C;
+        EXPECT_LT(std::abs(y[i]), 1e-3) << name << " key bias " << i - C;
+        x[i] = y[i] = 0.0f;
+      }
+    }
+    const double rel = norm_rel_error(x, y);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, tol) << name;
+  }
+  ::testing::Test::RecordProperty("max_weight_rel_error", std::to_string(worst));
+}
+
+}  // namespace tetra::testing
