@@ -17,6 +17,7 @@ Checks (relative error = max|a-b| / max|b| per tensor, b = float64 reference):
 plus: the dumps hold exactly the HF names/shapes, metrics.jsonl has every contract key per step.
 See docs/parity.md for why the tolerances are what they are. Exit status is non-zero on any failure. Usage:
   /usr/bin/python3 tests/parity/test_parity.py --tetra build/tetra [--workdir DIR] [--verbose]
+      [--tp N --mpirun mpirun]   (tetra tensor-parallel on N ranks; the reference stays serial)
 """
 import argparse
 import json
@@ -89,7 +90,11 @@ class Report:
 def run_tetra(args, case, d, init_path, shard_path):
     run_dir = os.path.join(d, "run")
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [args.tetra, "train",
+    launcher = []
+    if args.tp > 1:
+        launcher = [args.mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                    "--mca", "btl", "self,vader", "-np", str(args.tp)]
+    cmd = launcher + [args.tetra, "train",
            f"--model.vocab_size={case['vocab']}", f"--model.n_layer={case['n_layer']}",
            f"--model.n_head={case['n_head']}", f"--model.d_model={case['d_model']}",
            f"--model.max_seq={case['max_seq']}",
@@ -105,6 +110,7 @@ def run_tetra(args, case, d, init_path, shard_path):
            f"--save.final={os.path.join(d, 'final.safetensors')}",
            f"--debug.dump_grads={os.path.join(d, 'grads.safetensors')}",
            f"--debug.dump_logits={os.path.join(d, 'logits.safetensors')}",
+           f"--parallel.tp={args.tp}",
            ] + case["extra"]
     for f in ("final.safetensors", "grads.safetensors", "logits.safetensors"):
         p = os.path.join(d, f)
@@ -336,6 +342,9 @@ def main():
                     help="where the cases' files go (default: a new directory in $TMPDIR)")
     ap.add_argument("--threads", type=int, default=0, help="tetra --run.threads (0 = all cores)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="run tetra tensor-parallel on this many ranks (under --mpirun)")
+    ap.add_argument("--mpirun", default="mpirun", help="the MPI launcher for --tp > 1")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
