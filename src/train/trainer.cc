@@ -610,6 +610,7 @@ TrainResult Trainer::train() {
       }
     }
     zero_->begin_step();
+    tp_->reset_counters();
     debug_hooks_->arm(step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank,
                       step == opt_.fail_step && rank_ == opt_.fail_rank);
     double loss = 0.0;
@@ -694,6 +695,7 @@ TrainResult Trainer::train() {
                             cpu::peak_cache_path().string()));
     }
     const parallel::StepComm& comm = zero_->step_comm();
+    const parallel::TpCounters& tpc = tp_->counters();  // blocking, so all of it is exposed
     nlohmann::json rec = {{"step", step},
                           {"loss", loss},
                           {"lr", lr},
@@ -704,9 +706,14 @@ TrainResult Trainer::train() {
                           {"step_ms", step_s * 1e3},
                           {"data_wait_ms", data_ms},
                           {"mfu", mfu},
-                          {"comm_ms", comm.exposed_ms + comm.gather_wait_ms},
+                          {"comm_ms", comm.exposed_ms + comm.gather_wait_ms + tpc.wait_ms},
                           {"comm_exec_ms", comm.exec_ms},
-                          {"comm_bytes", comm.sent_bytes}};
+                          {"comm_bytes", comm.sent_bytes + tpc.sent_bytes},
+                          {"tp_comm_ms", tpc.wait_ms},
+                          {"tp_comm_bytes", tpc.sent_bytes},
+                          {"tp_all_reduce", tpc.all_reduce},
+                          {"tp_all_gather", tpc.all_gather},
+                          {"tp_reduce_scatter", tpc.reduce_scatter}};
     for (size_t c = 0; c < kMemCategories; ++c) {
       rec[fmt::format("mem_{}", mem_category_name(MemCategory(c)))] = ledger_.peak(MemCategory(c));
     }

@@ -8,11 +8,15 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "ckpt/safetensors.h"
 #include "data/token_shard.h"
+#include "plan/comm_cost.h"
+#include "plan/presets.h"
 #include "tests/train/layout_run.h"
 #include "tests/train/run_tetra.h"
 
@@ -115,6 +119,60 @@ TEST_F(TensorParallel, EveryLayoutReproducesTheSerialRun) {
     testing::expect_same_trajectory(serial.run, r.run, kTol, kSteps);
     expect_same_logits(serial, r);
     if (l.zero0) expect_same_grads(serial, r);
+  }
+}
+
+std::vector<nlohmann::json> metrics(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// The tp group's own counters, every step: per micro-batch 2 all-reduces per block forward and 2
+// backward (seed 004), plus the embedding's output and the head's input gradient, and the loss's
+// row maxima and sums of exponentials (kernels/cpu/cross_entropy.h); the blocks' bytes are
+// `tetra plan`'s TP volume for the same shape, exactly.
+TEST_F(TensorParallel, CollectivesPerStepAreTheBlocksPlusEmbeddingAndLoss) {
+  constexpr int L = 2, A = 2, B = 4, T = 16, C = 32;
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE(fmt::format("tp={}", tp));
+    const TpRun r = train(tp, B, A, fmt::format("count{}", tp),
+                          fmt::format("--parallel.tp={} --debug.dump_grads=", tp));
+    ASSERT_EQ(r.run.code, 0) << r.run.output;
+    plan::ModelSpec m;
+    m.layers = L;
+    m.d_model = C;
+    m.heads = m.kv_heads = 4;
+    m.ffn = 4 * C;
+    m.vocab = kVocab;
+    m.seq = T;
+    m.gpt2_style = true;
+    m.vocab_multiple = 1;
+    plan::ClusterSpec cluster = plan::cluster_preset("h100");
+    cluster.gpus = tp;
+    plan::TrainingSpec spec;
+    spec.precision = plan::Precision::Fp32;
+    plan::Layout layout;
+    layout.tp = tp;
+    layout.micro_batch = B;
+    layout.microbatches = A;
+    double blocks = -1;
+    for (const plan::DimComm& d : plan::comm_per_step(m, cluster, spec, layout, 1.0)) {
+      if (d.dim == "tp") blocks = d.bytes;
+    }
+    const double BT = B * T, f32 = 4.0;
+    const double embedding_and_loss = A * (2 * plan::ring_allreduce_bytes(BT * C * f32, tp) +
+                                           plan::ring_allreduce_bytes(BT * f32, tp) +
+                                           plan::ring_allreduce_bytes(2 * BT * f32, tp));
+    const auto steps = metrics(dir_ / fmt::format("count{}", tp));
+    ASSERT_EQ(steps.size(), size_t(kSteps));
+    for (const auto& s : steps) {
+      EXPECT_EQ(s["tp_all_reduce"], A * (2 * L + 2 * L + 2 + 2));
+      EXPECT_EQ(s["tp_all_gather"], 0);
+      EXPECT_EQ(s["tp_reduce_scatter"], 0);
+      EXPECT_NEAR(double(s["tp_comm_bytes"]), blocks + embedding_and_loss, 1e-9 * blocks);
+    }
   }
 }
 
