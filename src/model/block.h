@@ -21,7 +21,9 @@ namespace tetra {
 
 /** What one micro-batch's forward through a block leaves for backward. Pointers into memory the
  *  model owns; att is null when the probabilities are recomputed. qkv (B,T,3C/tp), att
- *  (B,NH/tp,T,T), atty (B,T,C/tp), fch and fch_gelu (B,T,4C/tp) are local; the rest whole. */
+ *  (B,NH/tp,T,T), atty (B,T,C/tp), fch and fch_gelu (B,T,4C/tp) are local; ln1 and ln2 (B,T,C)
+ *  whole; residual2 (B,T,C) and the LayerNorm statistics (B,T) hold this rank's B·T/tp rows under
+ *  sequence parallelism. */
 template <typename F>
 struct BlockActs {
   F *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
@@ -38,6 +40,9 @@ struct BlockActs {
 template <typename F>
 struct BlockScratch {
   F *dln, *dqkv, *datt, *att, *datty, *dfch;
+  // Sequence parallelism only (else null): (B,T,C) for gathered gradients and the row-parallel
+  // partial sums of forward, and (4,C) for one micro-batch's LayerNorm gradients.
+  F *full = nullptr, *norm_grads = nullptr;
   static size_t elements(const GptConfig& c, int B, int T);
   static BlockScratch carve(F* p, const GptConfig& c, int B, int T);
 };
@@ -55,20 +60,24 @@ class BlockT {
    *  the caller opened, in the order backward produces their gradients. config.tp == tp.size(). */
   BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store, parallel::TensorParallel& tp);
 
-  // x and y are (B,T,C), y = block(x); `a` receives the activations. With `cache`, the T tokens
-  // are positions pos0.. of a sequence whose earlier keys and values are in the cache (a.att is
-  // then unused).
+  // x and y are (B,T,C), y = block(x) (under sequence parallelism this rank's B·T/tp rows of
+  // each); `a` receives the activations. With `cache`, the T tokens are positions pos0.. of a
+  // sequence whose earlier keys and values are in the cache (a.att is then unused). tmp (B,T,C) is
+  // scratch that sequence parallelism needs.
   void forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
-               const KvCache<F>* cache = nullptr, int pos0 = 0);
-  // dres (B,T,C): dL/dy in, dL/dx out. x is the block's input, `a` its activations (att null:
-  // recomputed into s.att). Parameter gradients accumulate (+=).
+               const KvCache<F>* cache = nullptr, int pos0 = 0, F* tmp = nullptr);
+  // dres (B,T,C) (this rank's rows under sequence parallelism): dL/dy in, dL/dx out. x is the
+  // block's input, `a` its activations (att null: recomputed into s.att). Parameter gradients
+  // accumulate (+=).
   void backward(F* dres, const F* x, const BlockActs<F>& a, const BlockScratch<F>& s, int B, int T);
 
   int layer() const { return layer_; }
 
  private:
   void row_parallel(F* out, const F* residual, const F* inp, TensorId w, TensorId b, int64_t BT,
-                    int K);
+                    int K, F* tmp);
+  void norm_gather(F* out, F* mean, F* rstd, const F* x, TensorId w, TensorId b, int64_t BT,
+                   bool sp);
 
   const GptConfig& c_;
   ParamStoreT<F>& store_;

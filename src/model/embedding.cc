@@ -1,5 +1,6 @@
 #include "model/embedding.h"
 
+#include "core/error.h"
 #include "kernels/cpu/embedding.h"
 
 namespace tetra {
@@ -27,23 +28,46 @@ EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store,
 }
 
 template <typename F>
-void EmbeddingT<F>::forward(F* out, const int32_t* tokens, int B, int T, int pos0) {
+void EmbeddingT<F>::forward(F* out, const int32_t* tokens, int B, int T, int pos0, F* tmp) {
+  const int C = c_.d_model;
   if (tp_.size() == 1) {
-    cpu::embedding_forward(out, tokens, store_.param(wte_), store_.param(wpe_), B, T, c_.d_model,
-                           pos0);
+    cpu::embedding_forward(out, tokens, store_.param(wte_), store_.param(wpe_), B, T, C, pos0);
     return;
   }
   const int Vl = c_.local_vocab();
-  cpu::embedding_forward(out, tokens, store_.param(wte_),
-                         tp_.rank() == 0 ? store_.param(wpe_) : nullptr, B, T, c_.d_model, pos0,
-                         tp_.rank() * Vl, Vl);
-  tp_.all_reduce(out, size_t(B) * T * c_.d_model);
+  const size_t BTC = size_t(B) * T * C;
+  if (!c_.sequence_parallel) {  // wpe once, then the sum of every rank's lookups
+    cpu::embedding_forward(out, tokens, store_.param(wte_),
+                           tp_.rank() == 0 ? store_.param(wpe_) : nullptr, B, T, C, pos0,
+                           tp_.rank() * Vl, Vl);
+    tp_.all_reduce(out, BTC);
+    return;
+  }
+  TETRA_CHECK(tmp && pos0 == 0, "[model] internal: sequence-parallel embedding without scratch");
+  cpu::embedding_forward<F>(tmp, tokens, store_.param(wte_), nullptr, B, T, C, 0, tp_.rank() * Vl,
+                            Vl);
+  const size_t n = BTC / size_t(tp_.size());
+  tp_.reduce_scatter(tmp, out, n);
+  // This rank's rows are rows [rank·N, (rank+1)·N) of (B·T): positions (row mod T).
+  const int64_t N = int64_t(n) / C, first = tp_.rank() * N;
+  const F* wpe = store_.param(wpe_);
+  for (int64_t i = 0; i < N; ++i) {
+    const F* p = wpe + (first + i) % T * C;
+    F* o = out + i * C;
+    for (int c = 0; c < C; ++c) o[c] += p[c];
+  }
 }
 
 template <typename F>
-void EmbeddingT<F>::backward(const F* dout, const int32_t* tokens, int B, int T) {
+void EmbeddingT<F>::backward(const F* dout, const int32_t* tokens, int B, int T, F* tmp) {
+  const int C = c_.d_model;
   const int Vl = tp_.size() == 1 ? 0 : c_.local_vocab();
-  cpu::embedding_backward(store_.grad(wte_), store_.grad(wpe_), dout, tokens, B, T, c_.d_model,
+  if (c_.sequence_parallel) {
+    TETRA_CHECK(tmp, "[model] internal: sequence-parallel embedding without scratch");
+    tp_.all_gather(dout, tmp, size_t(B) * T * C / size_t(tp_.size()));
+    dout = tmp;
+  }
+  cpu::embedding_backward(store_.grad(wte_), store_.grad(wpe_), dout, tokens, B, T, C,
                           tp_.rank() * Vl, Vl);
 }
 

@@ -19,10 +19,13 @@ class EmbeddingT {
   /** Registers wpe then wte inside the caller's open unit (wte's gradient is finished last). */
   EmbeddingT(const GptConfig& config, ParamStoreT<F>& store, parallel::TensorParallel& tp);
 
-  // out (B,T,C) = wte[tokens] + wpe[pos0 + t]; tokens is (B,T).
-  void forward(F* out, const int32_t* tokens, int B, int T, int pos0 = 0);
-  // dwte (this rank's rows) and dwpe accumulate dout (B,T,C), which is whole on every rank.
-  void backward(const F* dout, const int32_t* tokens, int B, int T);
+  // out (B,T,C) = wte[tokens] + wpe[pos0 + t]; tokens is (B,T). Under sequence parallelism out
+  // is this rank's B·T/tp rows and tmp (B,T,C) scratch for the lookups before their
+  // reduce-scatter.
+  void forward(F* out, const int32_t* tokens, int B, int T, int pos0 = 0, F* tmp = nullptr);
+  // dwte (this rank's rows) and dwpe accumulate dout (B,T,C) (under sequence parallelism this
+  // rank's rows, gathered into tmp (B,T,C) first).
+  void backward(const F* dout, const int32_t* tokens, int B, int T, F* tmp = nullptr);
 
   TensorId wte() const { return wte_; }
 

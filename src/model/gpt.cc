@@ -17,6 +17,12 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
               "[model] sequence length {} must be in 1..model.max_seq={}; raise model.max_seq or "
               "lower train.seq_len",
               T, config.max_seq);
+  TETRA_CHECK(
+      !config.sequence_parallel || (int64_t(B) * T) % config.tp == 0,
+      "[model] tp.sequence_parallel splits the B*T = {}*{} = {} token rows of a micro-batch "
+      "over parallel.tp={} ranks, which does not divide them; change train.micro_batch or "
+      "train.seq_len",
+      B, T, int64_t(B) * T, config.tp);
   const int L = config.n_layer;
   // Units in backward order: blocks from last to first, then the root (embedding and ln_f),
   // whose tied wte gradient is finished last, by the embedding's backward.
@@ -32,7 +38,8 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
   head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_);
   store.end_unit();
 
-  const size_t BTC = size_t(B) * T * size_t(config.d_model);
+  // The residual stream: this rank's rows of it under sequence parallelism.
+  const size_t BTC = size_t(config.local_rows(B, T)) * size_t(config.d_model);
   const bool keep_layers = r != Recompute::full;
   const size_t per_layer = BlockActs<F>::elements(config, B, T, r == Recompute::none);
   acts_mem_ = Buffer<F>(BTC * size_t(L + 1) + (keep_layers ? per_layer * size_t(L) : 0) +
@@ -70,14 +77,15 @@ void GptT<F>::forward_pass(const int32_t* inputs) {
   const int L = config_.n_layer;
   std::memcpy(inputs_.data(), inputs, sizeof(int32_t) * inputs_.size());
   before_forward(root_unit_, block_unit_[0]);
-  embedding_->forward(x_[0], inputs, B_, T_);
+  embedding_->forward(x_[0], inputs, B_, T_, 0, scratch_.full);
   after_forward(root_unit_);
   for (int l = 0; l < L; ++l) {
     before_forward(block_unit_[size_t(l)], l + 1 < L ? block_unit_[size_t(l) + 1] : root_unit_);
     // Without saved probabilities the forward still needs somewhere to put them.
     BlockActs<F> a = saved_acts(l);
     if (!a.att) a.att = scratch_.att;
-    blocks_[size_t(l)]->forward(x_[size_t(l)], x_[size_t(l) + 1], a, B_, T_);
+    blocks_[size_t(l)]->forward(x_[size_t(l)], x_[size_t(l) + 1], a, B_, T_, nullptr, 0,
+                                scratch_.full);
     after_forward(block_unit_[size_t(l)]);
   }
 }
@@ -89,19 +97,19 @@ double GptT<F>::forward_backward(const int32_t* inputs, const int32_t* targets, 
   // The head's forward runs straight into its backward: one residency for both.
   before_backward(root_unit_, block_unit_[size_t(L) - 1]);
   head_->forward(x_[size_t(L)], head_acts_, B_, T_);
-  const double loss =
-      head_->backward(dres_, scratch_.dln, x_[size_t(L)], targets, head_acts_, B_, T_, loss_scale);
+  const double loss = head_->backward(dres_, scratch_.dln, x_[size_t(L)], targets, head_acts_, B_,
+                                      T_, loss_scale, scratch_.full);
   for (int l = L - 1; l >= 0; --l) {
     before_backward(block_unit_[size_t(l)], l > 0 ? block_unit_[size_t(l) - 1] : -1);
     if (recompute_ == Recompute::full) {
       BlockActs<F> a = work_acts_;
       a.att = scratch_.att;
-      blocks_[size_t(l)]->forward(x_[size_t(l)], work_out_, a, B_, T_);
+      blocks_[size_t(l)]->forward(x_[size_t(l)], work_out_, a, B_, T_, nullptr, 0, scratch_.full);
     }
     blocks_[size_t(l)]->backward(dres_, x_[size_t(l)], saved_acts(l), scratch_, B_, T_);
     after_backward(block_unit_[size_t(l)]);
   }
-  embedding_->backward(dres_, inputs_.data(), B_, T_);
+  embedding_->backward(dres_, inputs_.data(), B_, T_, scratch_.full);
   after_backward(root_unit_);
   return loss;
 }
@@ -152,6 +160,9 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
 template <typename F>
 const F* GptT<F>::decode(DecodeState& st, const int32_t* tokens, int pos) {
   const int L = config_.n_layer;
+  TETRA_CHECK(!config_.sequence_parallel,
+              "[generate] decoding runs without tp.sequence_parallel (one token per step has no "
+              "sequence to split); build the model with it off");
   TETRA_CHECK(pos >= 0 && pos < config_.max_seq,
               "[generate] position {} is outside the model's max_seq={}; use a shorter prompt or "
               "fewer new tokens",

@@ -16,6 +16,10 @@ struct GptConfig {
   // How the model is split over a tensor-parallel group (1: whole): each rank holds NH/tp heads,
   // 4C/tp MLP channels and Vp/tp vocabulary rows; Vp is padded to a multiple of tp·vocab_multiple.
   int tp = 1;
+  // Sequence parallelism (tp > 1): the residual stream and the LayerNorms' inputs hold B·T/tp of
+  // the B·T token rows on each rank; LayerNorm outputs are gathered before the column-parallel
+  // products and the row-parallel sums reduce-scattered back.
+  bool sequence_parallel = false;
 
   /** Checks the shape (and that `tp` splits it) and pads the vocab; throws tetra::Error saying
    *  what to change. */
@@ -27,6 +31,8 @@ struct GptConfig {
   int local_width() const { return d_model / tp; }       // C/tp: this rank's q, k, v columns
   int local_hidden() const { return 4 * d_model / tp; }  // 4C/tp: this rank's MLP channels
   int local_vocab() const { return padded_vocab / tp; }  // Vp/tp: this rank's rows of wte
+  /** Token rows of the residual stream a rank holds for micro-batches (B,T). */
+  int64_t local_rows(int B, int T) const { return int64_t(B) * T / (sequence_parallel ? tp : 1); }
   /** Parameters with the real (unpadded) vocab, wte counted once (tied LM head). */
   int64_t num_params() const;
   /** Model FLOPs per trained token: 6 * (params in matmuls) + 12 * L * C * T (attention, no

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/param_store.h"
 #include "model/gpt_config.h"
@@ -13,7 +14,8 @@
 
 namespace tetra {
 
-/** What the head's forward leaves for its backward: lnf (B,T,C), its mean and rstd (B,T), the
+/** What the head's forward leaves for its backward: lnf (B,T,C), its mean and rstd (B,T; this
+ *  rank's B·T/tp rows under sequence parallelism), the
  *  logits (B,T,Vp/tp) (overwritten by their gradient in backward) and per-token losses (B,T). */
 template <typename F>
 struct HeadActs {
@@ -28,14 +30,16 @@ class HeadT {
   /** Registers ln_f inside the caller's open unit; `wte` is the tied embedding's id. */
   HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte, parallel::TensorParallel& tp);
 
-  // x (B,T,C) -> logits (B,T,Vp/tp) in a.logits: this rank's columns.
+  // x (B,T,C) (this rank's rows under sequence parallelism) -> logits (B,T,Vp/tp) in a.logits:
+  // every row, this rank's columns.
   void forward(const F* x, const HeadActs<F>& a, int B, int T);
   // The mean loss over the (B,T) targets; logits untouched.
   double loss(const int32_t* targets, const HeadActs<F>& a, int B, int T);
   // After forward: the mean loss, and dres (B,T,C) = dL/dx for d(L)/d(mean loss) = loss_scale.
-  // dln (B,T,C) is scratch. Accumulates the gradients of ln_f and wte.
+  // dln (B,T,C) is scratch, and tmp (B,T,C) too under sequence parallelism (where x and dres are
+  // this rank's B·T/tp rows). Accumulates the gradients of ln_f and wte.
   double backward(F* dres, F* dln, const F* x, const int32_t* targets, const HeadActs<F>& a, int B,
-                  int T, float loss_scale);
+                  int T, float loss_scale, F* tmp = nullptr);
 
  private:
   // The loss over this rank's columns; with backward, the logits become their gradient.
@@ -45,6 +49,7 @@ class HeadT {
   ParamStoreT<F>& store_;
   parallel::TensorParallel& tp_;
   TensorId lnfw_, lnfb_, wte_;
+  std::vector<F> norm_grads_;  // (2,C): one micro-batch's ln_f gradients (sequence parallelism)
 };
 
 }  // namespace tetra

@@ -227,6 +227,10 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::zero, &parallel::ZeroOptions::bucket_mb>()},
       {{"dp.overlap", ValueKind::Bool, "true", "reduce gradients during backward (false: after)"},
        into<&O::zero, &parallel::ZeroOptions::overlap>()},
+      {{"tp.sequence_parallel", ValueKind::Bool, "false",
+        "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
+        "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},
+       into<&O::model, &GptConfig::sequence_parallel>()},
   };
   return keys;
 }
@@ -260,6 +264,7 @@ TrainOptions TrainOptions::from(const Config& c) {
   TETRA_CHECK(o.seq_len <= o.model.max_seq,
               "[config] train.seq_len={} exceeds model.max_seq={}; lower seq_len or raise max_seq",
               o.seq_len, o.model.max_seq);
+  o.model.sequence_parallel = o.model.sequence_parallel && o.model.tp > 1;
   o.schedule.total_steps = o.steps;
   TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),
               "[config] ckpt.resume=auto looks for checkpoints in ckpt.dir, which is not set; set "

@@ -103,11 +103,16 @@ TEST_F(TensorParallel, EveryLayoutReproducesTheSerialRun) {
     std::string flags;
     bool zero0;  // gradients whole on every rank: dumped and compared
   };
+  const std::string sp = "--tp.sequence_parallel=true";
   const Layout layouts[] = {
       {2, 8, 1, "--parallel.tp=2", true},
       {4, 8, 1, "--parallel.tp=4", true},
       {4, 4, 1, "--parallel.tp=2", true},
       {4, 2, 2, "--parallel.tp=2 --zero.stage=3", false},
+      {2, 8, 1, "--parallel.tp=2 " + sp, true},
+      {4, 8, 1, "--parallel.tp=4 " + sp, true},
+      {4, 4, 1, "--parallel.tp=2 " + sp, true},
+      {4, 2, 2, "--parallel.tp=2 --zero.stage=3 --train.recompute=full " + sp, false},
   };
   int n = 0;
   for (const Layout& l : layouts) {
@@ -129,49 +134,76 @@ std::vector<nlohmann::json> metrics(const fs::path& run) {
   return out;
 }
 
-// The tp group's own counters, every step: per micro-batch 2 all-reduces per block forward and 2
-// backward (seed 004), plus the embedding's output and the head's input gradient, and the loss's
-// row maxima and sums of exponentials (kernels/cpu/cross_entropy.h); the blocks' bytes are
-// `tetra plan`'s TP volume for the same shape, exactly.
-TEST_F(TensorParallel, CollectivesPerStepAreTheBlocksPlusEmbeddingAndLoss) {
+// The tp group's own counters, every step, per micro-batch: without sequence parallelism 2
+// all-reduces per block forward and 2 backward (seed 004), plus the embedding's output and the
+// head's input gradient, and the loss's row maxima and sums of exponentials
+// (kernels/cpu/cross_entropy.h). With it, each block all-reduce becomes an all-gather and a
+// reduce-scatter each way (the same bytes), as do the embedding's and the head's, and the
+// LayerNorm gradients (each rank saw its rows only) are all-reduced once per block and for ln_f.
+// The blocks' bytes are `tetra plan`'s TP volume for the same shape, exactly.
+TEST_F(TensorParallel, CollectivesAndActivationBytesPerRankMatchTheModel) {
   constexpr int L = 2, A = 2, B = 4, T = 16, C = 32;
-  for (int tp : {2, 4}) {
-    SCOPED_TRACE(fmt::format("tp={}", tp));
-    const TpRun r = train(tp, B, A, fmt::format("count{}", tp),
-                          fmt::format("--parallel.tp={} --debug.dump_grads=", tp));
-    ASSERT_EQ(r.run.code, 0) << r.run.output;
-    plan::ModelSpec m;
-    m.layers = L;
-    m.d_model = C;
-    m.heads = m.kv_heads = 4;
-    m.ffn = 4 * C;
-    m.vocab = kVocab;
-    m.seq = T;
-    m.gpt2_style = true;
-    m.vocab_multiple = 1;
-    plan::ClusterSpec cluster = plan::cluster_preset("h100");
-    cluster.gpus = tp;
-    plan::TrainingSpec spec;
-    spec.precision = plan::Precision::Fp32;
-    plan::Layout layout;
-    layout.tp = tp;
-    layout.micro_batch = B;
-    layout.microbatches = A;
-    double blocks = -1;
-    for (const plan::DimComm& d : plan::comm_per_step(m, cluster, spec, layout, 1.0)) {
-      if (d.dim == "tp") blocks = d.bytes;
-    }
-    const double BT = B * T, f32 = 4.0;
-    const double embedding_and_loss = A * (2 * plan::ring_allreduce_bytes(BT * C * f32, tp) +
-                                           plan::ring_allreduce_bytes(BT * f32, tp) +
-                                           plan::ring_allreduce_bytes(2 * BT * f32, tp));
-    const auto steps = metrics(dir_ / fmt::format("count{}", tp));
-    ASSERT_EQ(steps.size(), size_t(kSteps));
-    for (const auto& s : steps) {
-      EXPECT_EQ(s["tp_all_reduce"], A * (2 * L + 2 * L + 2 + 2));
-      EXPECT_EQ(s["tp_all_gather"], 0);
-      EXPECT_EQ(s["tp_reduce_scatter"], 0);
-      EXPECT_NEAR(double(s["tp_comm_bytes"]), blocks + embedding_and_loss, 1e-9 * blocks);
+  for (bool sp : {false, true}) {
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(fmt::format("tp={} sequence_parallel={}", tp, sp));
+      const std::string name = fmt::format("count{}{}", tp, sp);
+      const TpRun r = train(tp, B, A, name,
+                            fmt::format("--parallel.tp={} --tp.sequence_parallel={} "
+                                        "--debug.dump_grads=",
+                                        tp, sp));
+      ASSERT_EQ(r.run.code, 0) << r.run.output;
+      plan::ModelSpec m;
+      m.layers = L;
+      m.d_model = C;
+      m.heads = m.kv_heads = 4;
+      m.ffn = 4 * C;
+      m.vocab = kVocab;
+      m.seq = T;
+      m.gpt2_style = true;
+      m.vocab_multiple = 1;
+      plan::ClusterSpec cluster = plan::cluster_preset("h100");
+      cluster.gpus = tp;
+      plan::TrainingSpec spec;
+      spec.precision = plan::Precision::Fp32;
+      plan::Layout layout;
+      layout.tp = tp;
+      layout.micro_batch = B;
+      layout.microbatches = A;
+      double blocks = -1;
+      for (const plan::DimComm& d : plan::comm_per_step(m, cluster, spec, layout, 1.0)) {
+        if (d.dim == "tp") blocks = d.bytes;
+      }
+      const double BT = B * T, f32 = 4.0;
+      const double activations = 2 * plan::ring_allreduce_bytes(BT * C * f32, tp);
+      const double loss =
+          plan::ring_allreduce_bytes(BT * f32, tp) + plan::ring_allreduce_bytes(2 * BT * f32, tp);
+      const double norms = sp ? plan::ring_allreduce_bytes((4 * L + 2) * C * f32, tp) : 0.0;
+      const auto steps = metrics(dir_ / name);
+      ASSERT_EQ(steps.size(), size_t(kSteps));
+      for (const auto& s : steps) {
+        if (sp) {
+          EXPECT_EQ(s["tp_all_gather"], A * (2 * L + 2 * L + 2));
+          EXPECT_EQ(s["tp_reduce_scatter"], A * (2 * L + 2 * L + 2));
+          EXPECT_EQ(s["tp_all_reduce"], A * (2 + L + 1));
+        } else {
+          EXPECT_EQ(s["tp_all_reduce"], A * (2 * L + 2 * L + 2 + 2));
+          EXPECT_EQ(s["tp_all_gather"], 0);
+          EXPECT_EQ(s["tp_reduce_scatter"], 0);
+        }
+        const double want = blocks + A * (activations + loss) + (sp ? A * norms : 0.0);
+        EXPECT_NEAR(double(s["tp_comm_bytes"]), want, 1e-9 * want);
+      }
+      // Activation bytes per rank in the ledger: column-parallel buffers split by tp, the
+      // residual stream, residual2 and the LayerNorm statistics by tp under sequence parallelism
+      // (the LayerNorm outputs stay whole: gathered once, kept for the weight gradients).
+      const int64_t N = B * T / (sp ? tp : 1), Vp = (kVocab + tp - 1) / tp * tp;
+      const int64_t per_layer = 2 * B * T * C + N * C + 4 * N + 4 * B * T * C / tp +
+                                B * (4 / tp) * T * T + 2 * B * T * 4 * C / tp;
+      const int64_t head = B * T * C + 2 * N + B * T * Vp / tp + B * T;
+      const double bytes = 4.0 * double((L + 1) * N * C + L * per_layer + head);
+      EXPECT_EQ(double(steps.back()["mem_activations"]), bytes);
+      ::testing::Test::RecordProperty(fmt::format("activation_bytes_tp{}_sp{}", tp, sp),
+                                      std::to_string(bytes));
     }
   }
 }

@@ -48,10 +48,22 @@ void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
   }
 }
 
+template <typename F>
+void residual_bias_add(F* out, const F* residual, const F* bias, int64_t N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    F* o = out + i * C;
+    const F* r = residual + i * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] += r[c] + bias[c];
+  }
+}
+
 #define TETRA_INSTANTIATE(F)                                       \
   template void gelu_forward<F>(F*, const F*, int64_t);            \
   template void gelu_backward<F>(F*, const F*, const F*, int64_t); \
-  template void bias_backward<F>(F*, const F*, int64_t, int);
+  template void bias_backward<F>(F*, const F*, int64_t, int);      \
+  template void residual_bias_add<F>(F*, const F*, const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)
 #undef TETRA_INSTANTIATE
