@@ -136,11 +136,13 @@ json plan_report(const PlanInputs& in, int top) {
                  {"zero_stages", stages}};
 
   // What `tetra train` allocates for this layout, by its own memory categories (plan/run_memory).
-  if (m.gpt2_style && t.precision == Precision::Fp32 && m.experts == 1 && l.tp == 1 && l.pp == 1 &&
-      l.ep == 1) {
+  if (m.gpt2_style && t.precision == Precision::Fp32 && m.experts == 1 && m.heads % l.tp == 0 &&
+      l.pp == 1 && l.ep == 1) {
     RunShape rs;
     rs.vocab = m.vocab;
-    rs.padded_vocab = (m.vocab + m.vocab_multiple - 1) / m.vocab_multiple * m.vocab_multiple;
+    const int64_t multiple = m.vocab_multiple * l.tp;  // every tp rank an equal slice of wte
+    rs.padded_vocab = (m.vocab + multiple - 1) / multiple * multiple;
+    rs.tp = l.tp;
     rs.layers = m.layers;
     rs.d_model = m.d_model;
     rs.heads = m.heads;

@@ -11,15 +11,17 @@ int64_t align(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 }  // namespace
 
 FlatLayout flat_layout(const RunShape& s) {
-  const int64_t C = s.d_model, unit = 16 * std::max<int64_t>(1, s.dp);
+  const int64_t C = s.d_model, unit = 16 * std::max<int64_t>(1, s.dp), tp = s.tp;
   // A block: mlp.c_proj (w, b), mlp.c_fc (w, b), ln_2 (w, b), attn.c_proj (w, b), attn.c_attn
-  // (w, b), ln_1 (w, b).
-  const int64_t tensors[] = {C * 4 * C, C, 4 * C * C, 4 * C, C, C,
-                             C * C,     C, 3 * C * C, 3 * C, C, C};
+  // (w, b), ln_1 (w, b); a tensor-parallel rank holds 1/tp of the matrices and of the column-
+  // parallel biases.
+  const int64_t tensors[] = {C * 4 * C / tp, C, 4 * C * C / tp, 4 * C / tp, C, C,
+                             C * C / tp,     C, 3 * C * C / tp, 3 * C / tp, C, C};
   int64_t block = 0;
   for (int64_t n : tensors) block += align(n, 16);
-  // The root: wpe, wte (padded rows), ln_f (w, b).
-  const int64_t root = align(s.max_seq * C, 16) + align(s.padded_vocab * C, 16) + 2 * align(C, 16);
+  // The root: wpe, wte (this rank's padded rows), ln_f (w, b).
+  const int64_t root =
+      align(s.max_seq * C, 16) + align(s.padded_vocab / tp * C, 16) + 2 * align(C, 16);
   FlatLayout f;
   f.block = double(align(block, unit));
   f.root = double(align(root, unit));
@@ -30,7 +32,8 @@ FlatLayout flat_layout(const RunShape& s) {
 RunMemory run_memory(const RunShape& s) {
   const double B = double(s.micro_batch), T = double(s.seq), C = double(s.d_model);
   const double NH = double(s.heads), L = double(s.layers), N = double(std::max<int64_t>(1, s.dp));
-  const double BT = B * T, BTC = BT * C, att = B * NH * T * T;
+  const double tp = double(s.tp), BT = B * T, BTC = BT * C, att = B * NH / tp * T * T;
+  const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
   constexpr double f32 = 4.0;
   const FlatLayout flat = flat_layout(s);
 
@@ -39,23 +42,27 @@ RunMemory run_memory(const RunShape& s) {
   m.grads = f32 * (s.zero >= 2 ? flat.total / N : flat.total);
   m.optimizer = 2 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);  // AdamW m and v
 
-  // What a block saves for backward: ln_1 and ln_2 outputs with their means and rstds, qkv, the
-  // attention output, the residual after attention, the MLP's input and GELU output, and the
-  // attention probabilities unless they are recomputed.
+  // What a block saves for backward: ln_1 and ln_2 outputs (whole) with their means and rstds,
+  // qkv, the attention output, the residual after attention, the MLP's input and GELU output, and
+  // the attention probabilities unless they are recomputed. Tensor parallelism splits the column-
+  // parallel ones; sequence parallelism the residual and the statistics.
   auto block_saves = [&](bool with_att) {
-    return 4 * BTC + 4 * BT + 3 * BTC + 8 * BTC + (with_att ? att : 0.0);
+    return 2 * BTC + 4 * rows + rows * C + 4 * BTC / tp + 8 * BTC / tp + (with_att ? att : 0.0);
   };
-  const double head = BTC + 3 * BT + BT * double(s.padded_vocab);  // ln_f, logits, losses
-  const double stream = (L + 1) * BTC;  // the residual stream at every block boundary
+  // ln_f (whole) and its statistics, this rank's logits, losses.
+  const double head = BTC + 2 * rows + BT * double(s.padded_vocab) / tp + BT;
+  const double stream = (L + 1) * rows * C;  // the residual stream at every block boundary
   const double kept =
       s.recompute == Recompute::full ? 0.0 : L * block_saves(s.recompute == Recompute::none);
   m.activations = f32 * (stream + kept + head);
 
-  // Backward's residual gradient and scratch (dln, dqkv, datt, recomputed att, datty, dfch), and
-  // under full recomputation one block's activations with its output.
-  const double scratch = 2 * BTC + 3 * BTC + 2 * att + 4 * BTC;
-  const double rerun = s.recompute == Recompute::full ? block_saves(false) + BTC : 0.0;
-  m.temporaries = f32 * (BTC + scratch + rerun);
+  // Backward's residual gradient and scratch (dln, dqkv, datt, recomputed att, datty, dfch; under
+  // sequence parallelism gathered rows and one block's LayerNorm gradients), and under full
+  // recomputation one block's activations with its output.
+  const double scratch = BTC + 3 * BTC / tp + 2 * att + BTC / tp + 4 * BTC / tp +
+                         (s.sequence_parallel ? BTC + 4 * C : 0.0);
+  const double rerun = s.recompute == Recompute::full ? block_saves(false) + rows * C : 0.0;
+  m.temporaries = f32 * (rows * C + scratch + rerun);
   // A checkpoint's snapshot: parameters and both moments of what this rank writes (all of them
   // on data-parallel rank 0 without ZeRO, its shard with ZeRO; padding is not written).
   if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);

@@ -11,12 +11,14 @@
 namespace tetra::plan {
 
 struct RunShape {
-  int64_t vocab = 0, padded_vocab = 0;  // V and the padded rows of wte
+  int64_t vocab = 0, padded_vocab = 0;  // V and the padded rows of wte (all tp ranks' together)
   int64_t layers = 0, d_model = 0, heads = 0, max_seq = 0;
   int64_t micro_batch = 1, seq = 1;  // B, T
   Recompute recompute = Recompute::none;
   int zero = 0;
   int64_t dp = 1;
+  int64_t tp = 1;                  // tensor parallel: heads, 4C and padded_vocab split tp ways
+  bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
   bool checkpoint = false;  // ckpt.dir set: the host snapshot of what a save writes

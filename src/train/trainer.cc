@@ -496,6 +496,8 @@ plan::RunShape Trainer::run_shape() const {
   s.recompute = recompute_;
   s.zero = opt_.zero.stage;
   s.dp = dp_size_;
+  s.tp = m.tp;
+  s.sequence_parallel = m.sequence_parallel;
   s.reshard_after_forward = opt_.zero.reshard_after_forward;
   s.prefetch = opt_.zero.prefetch;
   s.checkpoint = !opt_.ckpt.dir.empty();

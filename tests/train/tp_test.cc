@@ -17,6 +17,7 @@
 #include "data/token_shard.h"
 #include "plan/comm_cost.h"
 #include "plan/presets.h"
+#include "plan/run_memory.h"
 #include "tests/train/layout_run.h"
 #include "tests/train/run_tetra.h"
 
@@ -202,6 +203,18 @@ TEST_F(TensorParallel, CollectivesAndActivationBytesPerRankMatchTheModel) {
       const int64_t head = B * T * C + 2 * N + B * T * Vp / tp + B * T;
       const double bytes = 4.0 * double((L + 1) * N * C + L * per_layer + head);
       EXPECT_EQ(double(steps.back()["mem_activations"]), bytes);
+      plan::RunShape shape;
+      shape.vocab = kVocab;
+      shape.padded_vocab = Vp;
+      shape.layers = L;
+      shape.d_model = C;
+      shape.heads = 4;
+      shape.max_seq = T;
+      shape.micro_batch = B;
+      shape.seq = T;
+      shape.tp = tp;
+      shape.sequence_parallel = sp;
+      EXPECT_EQ(plan::run_memory(shape).activations, bytes);  // what the run header prints
       ::testing::Test::RecordProperty(fmt::format("activation_bytes_tp{}_sp{}", tp, sp),
                                       std::to_string(bytes));
     }
