@@ -49,7 +49,7 @@ struct PartMap {
     entry.spec.shape = shape;
     entry.spec.slice = slice;
     entry.local_shape = shape;
-    if (slice.dim >= 0) entry.local_shape[size_t(slice.dim)] = slice.extent;
+    if (slice.dim >= 0) entry.local_shape[size_t(slice.dim)] = slice.parts * slice.extent;
   }
   int64_t global(int64_t i) const { return entry.global_index(i); }
   int64_t numel() const { return entry.numel(); }
@@ -133,7 +133,7 @@ void read_range(OpenFiles& files, const std::string& name, const TensorRecord& r
 }
 
 json slice_json(const Slice& s) {
-  return {{"dim", s.dim}, {"offset", s.offset}, {"extent", s.extent}};
+  return {{"dim", s.dim}, {"offset", s.offset}, {"extent", s.extent}, {"parts", s.parts}};
 }
 
 // A manifest's integer field: refused unless it is an integer in [lo, hi] (a float, a string or
@@ -224,7 +224,8 @@ Manifest Manifest::read(const fs::path& dir) {
           const json& sl = c.at("slice");
           k.slice = {int(integer(sl, "dim", -1, 7, where)),
                      integer(sl, "offset", 0, kMaxElements, where),
-                     integer(sl, "extent", 0, kMaxElements, where)};
+                     integer(sl, "extent", 0, kMaxElements, where),
+                     sl.contains("parts") ? integer(sl, "parts", 1, kMaxElements, where) : 1};
           k.first = integer(c, "first", 0, kMaxElements, where);
           k.count = integer(c, "count", 1, kMaxElements, where);
           const std::string hex = c.at("xxh3").get<std::string>();
@@ -234,11 +235,13 @@ Manifest Manifest::read(const fs::path& dir) {
                       name, kind, hex);
           k.xxh3 = std::stoull(hex, nullptr, 16);
           const Slice& s = k.slice;
-          TETRA_CHECK(s.dim < int(rec.shape.size()) &&
-                          (s.dim < 0 || (s.offset >= 0 && s.extent > 0 &&
-                                         s.offset + s.extent <= rec.shape[size_t(s.dim)])),
-                      "[ckpt] {}: {} ({}) has a slice outside its shape {}", where, name, kind,
-                      shape_str(rec.shape));
+          TETRA_CHECK(
+              s.dim < int(rec.shape.size()) &&
+                  (s.dim < 0 ||
+                   (rec.shape[size_t(s.dim)] % s.parts == 0 && s.offset >= 0 && s.extent > 0 &&
+                    s.offset + s.extent <= rec.shape[size_t(s.dim)] / s.parts)),
+              "[ckpt] {}: {} ({}) has a slice outside its shape {}", where, name, kind,
+              shape_str(rec.shape));
           TETRA_CHECK(k.first + k.count <= PartMap(rec.shape, s).numel(),
                       "[ckpt] {}: {} ({}) has a chunk of elements {}..{} outside its part", where,
                       name, kind, k.first, k.first + k.count);
@@ -341,7 +344,16 @@ void load(const Manifest& manifest, ParamStore& store, float* m, float* v) {
                 "[ckpt] {} has no '{}': it was saved from another model ({}); this run's model "
                 "needs it",
                 where, e.spec.name, manifest.model);
-    TETRA_CHECK(it->second.shape == e.spec.shape,
+    // A padded vocabulary's row count depends on the tensor-parallel size (vocab_multiple x
+    // tp); rows past the real ones are zero (no gradient reaches them), so only the real rows
+    // need to match and missing padding rows read as zero.
+    const Shape& saved = it->second.shape;
+    const int64_t real = e.spec.file.rows;
+    const bool padding_differs =
+        real >= 0 && saved.size() == e.spec.shape.size() && saved[0] >= real &&
+        e.spec.shape[0] >= real &&
+        std::equal(saved.begin() + 1, saved.end(), e.spec.shape.begin() + 1);
+    TETRA_CHECK(saved == e.spec.shape || padding_differs,
                 "[ckpt] {}: '{}' has shape {} there but {} in this model; the model.* keys must "
                 "match the run that saved it ({})",
                 where, e.spec.name, shape_str(it->second.shape), shape_str(e.spec.shape),

@@ -352,7 +352,9 @@ std::optional<SamplerState> Trainer::resume() {
 std::vector<ckpt::Source> Trainer::checkpoint_sources() {
   // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
   const bool dp_replica = !store_.sharding().state && dp_rank_ != 0;
-  return ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica, false);
+  // Tensor-parallel ranks other than the first hold copies of the tensors that are not sliced.
+  return ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica,
+                       tp_->rank() != 0);
 }
 
 double Trainer::save_checkpoint(int64_t step, double median_step_s) {
@@ -366,7 +368,7 @@ double Trainer::save_checkpoint(int64_t step, double median_step_s) {
                                  {"layout",
                                   {{"world", mesh_ ? world_.size() : 1},
                                    {"dp", dp_size_},
-                                   {"tp", 1},
+                                   {"tp", tp_->size()},
                                    {"pp", 1},
                                    {"ep", 1},
                                    {"zero", opt_.zero.stage}}},
