@@ -16,4 +16,7 @@ int generate_main(const Args& args);
 int ckpt_main(const Args& args);
 int verify_resume_main(const Args& args);
 
+/** True when a launcher (mpirun, srun with PMIx) started this process as one of several ranks. */
+bool launched_by_mpi();
+
 }  // namespace tetra::cli

@@ -10,11 +10,13 @@
 #include "ckpt/safetensors.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/gpt_io.h"
+#include "parallel/tensor_parallel.h"
 #include "train/train_config.h"
 
 namespace tetra::cli {
@@ -109,30 +111,41 @@ int generate_main(const Args& args) {
   TETRA_CHECK(!config_path.empty() || config.is_set("model.n_head"),
               "[generate] the head count cannot be read off the weights; pass --config "
               "RUN_DIR/config.toml or --model.n_head=N");
-  const GptConfig shape = gpt_config_from(config);
+  // Under tetra launch (or mpirun) the model is tensor-parallel over every rank: each holds its
+  // heads, MLP channels and vocabulary rows, and every rank samples the same tokens from the
+  // gathered logits (docs/tp.md).
+  comm::Communicator world;
+  if (launched_by_mpi()) world = comm::init_world(comm::CommOptions::from_config(config));
+  const int tp = world.valid() ? world.size() : 1;
+  const GptConfig shape = gpt_config_from(config, tp);
+  const bool root = !world.valid() || world.rank() == 0;
   auto tokenizer = load_tokenizer(tokenizer_spec);
   TETRA_CHECK(tokenizer->vocab_size() <= size_t(shape.vocab_size),
               "[generate] the tokenizer has {} tokens but the model only {}; use the tokenizer "
               "the model was trained with",
               tokenizer->vocab_size(), shape.vocab_size);
 
+  parallel::TensorParallel group(world, false);
   ParamStore store;
-  Gpt model(shape, store, 1, 1);
+  Gpt model(shape, store, 1, 1, Recompute::none, nullptr, &group);
   store.finalize({});
-  load_safetensors_into(store, model_path, shape.describe());
-  Generator gen(model);
-  const int32_t eot = int32_t(tokenizer->eot_token());
-  for (const std::string& prompt : prompts) {
-    std::vector<uint32_t> ids = tokenizer->encode(prompt);
-    TETRA_CHECK(!ids.empty(), "[generate] the prompt '{}' encodes to no tokens", prompt);
-    std::vector<int32_t> context(ids.begin(), ids.end());
-    std::vector<int32_t> added = generate(gen, context, max_tokens, sampling, eot);
-    for (int32_t t : added) {
-      if (t != eot) ids.push_back(uint32_t(t));
+  comm::run_or_abort(world, [&] {
+    load_safetensors_into(store, model_path, shape.describe());
+    Generator gen(model);
+    const int32_t eot = int32_t(tokenizer->eot_token());
+    for (const std::string& prompt : prompts) {
+      std::vector<uint32_t> ids = tokenizer->encode(prompt);
+      TETRA_CHECK(!ids.empty(), "[generate] the prompt '{}' encodes to no tokens", prompt);
+      std::vector<int32_t> context(ids.begin(), ids.end());
+      std::vector<int32_t> added = generate(gen, context, max_tokens, sampling, eot);
+      for (int32_t t : added) {
+        if (t != eot) ids.push_back(uint32_t(t));
+      }
+      if (!root) continue;
+      std::printf("%s\n", tokenizer->decode(ids).c_str());
+      if (prompts.size() > 1) std::printf("\n");
     }
-    std::printf("%s\n", tokenizer->decode(ids).c_str());
-    if (prompts.size() > 1) std::printf("\n");
-  }
+  });
   return 0;
 }
 

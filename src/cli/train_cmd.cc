@@ -10,17 +10,12 @@
 
 namespace tetra::cli {
 
-namespace {
-
-// True when a launcher (mpirun, srun with PMIx) started this process as one of several ranks.
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"}) {
     if (std::getenv(v)) return true;
   }
   return false;
 }
-
-}  // namespace
 
 int train_main(const Args& args) {
   ArgParser p("train", "tetra train",

@@ -21,7 +21,11 @@ const float* Generator::step(int32_t token) {
               token, c.vocab_size);
   const float* logits = model_.decode(*state_, &token, pos_);
   ++pos_;
-  return logits;
+  parallel::TensorParallel& tp = model_.tp();
+  if (tp.size() == 1) return logits;
+  full_.resize(size_t(c.padded_vocab));
+  tp.gather_columns(logits, full_.data(), 1, c.local_vocab());
+  return full_.data();
 }
 
 const float* Generator::prefill(std::span<const int32_t> prompt) {

@@ -27,8 +27,9 @@ class Generator {
 
   /** Empties the cache: the next step() is position 0. */
   void reset() { pos_ = 0; }
-  /** Feeds `token` at position position() and returns the logits for the next token, (Vp). Valid
-   * until the next call. */
+  /** Feeds `token` at position position() and returns the logits for the next token, (Vp), on
+   * every rank of a tensor-parallel model (each rank's columns gathered). Valid until the next
+   * call. */
   const float* step(int32_t token);
   /** reset(), then feeds every prompt token; returns the logits after the last one, (Vp). */
   const float* prefill(std::span<const int32_t> prompt);
@@ -39,6 +40,7 @@ class Generator {
  private:
   Gpt& model_;
   std::unique_ptr<Gpt::DecodeState> state_;
+  std::vector<float> full_;  // (Vp): gathered logits of a tensor-parallel model
   int pos_ = 0;
 };
 

@@ -260,5 +260,39 @@ TEST_F(TensorParallel, CheckpointsResumeUnderAnotherTensorParallelSize) {
   }
 }
 
+// tetra generate under tetra launch runs the model tensor-parallel over every rank (each holding
+// its heads, MLP channels and vocabulary rows of the saved Hugging Face file) and prints what the
+// single process prints. A model trained on a repeated sentence makes greedy decoding confident,
+// so float noise between layouts cannot flip a choice.
+TEST_F(TensorParallel, GenerateUnderLaunchPrintsTheSerialText) {
+  const std::string text = "the quick brown fox jumps over the lazy dog. ";
+  std::vector<uint32_t> tokens;
+  for (int i = 0; i < 200; ++i) {
+    for (char ch : text) tokens.push_back(uint8_t(ch));
+  }
+  write_token_shard((dir_ / "text.bin").string(), tokens);
+  const fs::path run = dir_ / "gen", weights = run / "w.safetensors";
+  const testing::Ran trained = testing::run_command(testing::tetra_command(
+      1, fmt::format("train --model.vocab_size=257 --model.n_layer=2 --model.n_head=4 "
+                     "--model.d_model=32 --model.max_seq=64 --train.seq_len=32 "
+                     "--train.micro_batch=8 --train.steps=60 --optim.lr=1e-2 --run.threads=1 "
+                     "--data.train={} --run.dir={} --save.final={}",
+                     (dir_ / "text.bin").string(), run.string(), weights.string())));
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  const std::string gen = fmt::format(
+      "generate --model {} --config {} --tokenizer byte --prompt 'the quick' --max-tokens 24 "
+      "--temperature 0 --threads 1",
+      weights.string(), (run / "config.toml").string());
+  const testing::Ran serial = testing::run_command(testing::tetra_command(1, gen), false);
+  ASSERT_EQ(serial.code, 0) << serial.output;
+  EXPECT_EQ(serial.output.rfind("the quick", 0), 0u) << serial.output;
+  for (int ranks : {2, 4}) {
+    const testing::Ran tp =
+        testing::run_command(fmt::format("{} launch -n {} -- {}", TETRA_BINARY, ranks, gen), false);
+    ASSERT_EQ(tp.code, 0) << tp.output;
+    EXPECT_EQ(tp.output, serial.output) << ranks << " ranks";
+  }
+}
+
 }  // namespace
 }  // namespace tetra
