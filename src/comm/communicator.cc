@@ -177,6 +177,11 @@ double Work::exec_seconds() const {
   return state_->end_s - state_->start_s;
 }
 
+double Work::queued_seconds() const {
+  if (!done() || !state_) return 0.0;
+  return state_->start_s - state_->issue_s;
+}
+
 uint64_t Work::seq() const { return state_ ? state_->seq : 0; }
 
 // ---------------------------------------------------------------------------------------------

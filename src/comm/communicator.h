@@ -118,6 +118,9 @@ class Work {
   bool done() const;
   /** Seconds from the start to the end of execution on the progress engine (0 until done). */
   double exec_seconds() const;
+  /** Seconds from the issue to the start of execution: the time it waited behind operations
+   *  issued before it, on any group (0 until done). */
+  double queued_seconds() const;
   /** Bytes this rank sends for the operation under the bandwidth-optimal (ring) algorithm the
    *  seeds' volumes assume: all-reduce 2(n-1)/n·D, reduce-scatter and all-gather (n-1)/n·D of the
    *  whole buffer D, all-to-all (n-1)/n·D, a send D, a broadcast D on the root. */

@@ -38,6 +38,7 @@ void TensorParallel::finish(const comm::Work& w, int64_t TpCounters::*count) {
   Stopwatch sw;
   w.wait();
   counters_.wait_ms += sw.elapsed_ms();
+  counters_.queued_ms += 1e3 * w.queued_seconds();
   counters_.sent_bytes += w.sent_bytes();
   ++(counters_.*count);
 }

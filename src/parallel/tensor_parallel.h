@@ -25,6 +25,7 @@ struct TpCounters {
   int64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
   double sent_bytes = 0.0;  // ring model (comm::Work::sent_bytes)
   double wait_ms = 0.0;     // time the compute thread waited for them (all are exposed)
+  double queued_ms = 0.0;   // of which they sat behind other groups' operations (DP buckets)
 };
 
 class TensorParallel {

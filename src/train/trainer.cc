@@ -714,6 +714,7 @@ TrainResult Trainer::train() {
                           {"comm_exec_ms", comm.exec_ms},
                           {"comm_bytes", comm.sent_bytes + tpc.sent_bytes},
                           {"tp_comm_ms", tpc.wait_ms},
+                          {"tp_queued_ms", tpc.queued_ms},
                           {"tp_comm_bytes", tpc.sent_bytes},
                           {"tp_all_reduce", tpc.all_reduce},
                           {"tp_all_gather", tpc.all_gather},
