@@ -294,5 +294,23 @@ TEST_F(TensorParallel, GenerateUnderLaunchPrintsTheSerialText) {
   }
 }
 
+TEST_F(TensorParallel, LayoutsThatCannotSplitAreRefusedWithWhatToChange) {
+  const TpRun heads = train(3, 8, 1, "bad_heads", "--parallel.tp=3");
+  EXPECT_EQ(heads.run.code, 2);
+  EXPECT_NE(heads.run.output.find("[model] parallel.tp=3 does not divide model.n_head=4: tensor "
+                                  "parallelism gives each rank whole attention heads (and "
+                                  "4*d_model/tp MLP channels); use parallel.tp in {1, 2, 4}"),
+            std::string::npos)
+      << heads.run.output;
+  const TpRun rows =
+      train(2, 1, 1, "bad_rows", "--parallel.tp=2 --tp.sequence_parallel=true --train.seq_len=15");
+  EXPECT_EQ(rows.run.code, 2);
+  EXPECT_NE(rows.run.output.find("[model] tp.sequence_parallel splits the B*T = 1*15 = 15 token "
+                                 "rows of a micro-batch over parallel.tp=2 ranks, which does not "
+                                 "divide them; change train.micro_batch or train.seq_len"),
+            std::string::npos)
+      << rows.run.output;
+}
+
 }  // namespace
 }  // namespace tetra
