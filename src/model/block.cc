@@ -80,8 +80,8 @@ BlockT<F>::BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store,
   const int64_t r = tp.rank();
   const float residual_std = 0.02f / std::sqrt(2.0f * float(config.n_layer));
   // Slices (seed 004): c_attn and c_fc by output rows (columns of the product), c_attn's q, k
-  // and v alike so that a rank holds whole heads; both c_proj by input columns. Their biases are
-  // whole and added once, after the sum.
+  // and v alike so that a rank holds whole heads; both c_proj by input columns, their biases
+  // whole (added once, see row_parallel).
   auto slice = [&](int dim, int64_t extent, int64_t parts = 1) {
     return tp.size() == 1 ? Slice{} : Slice{dim, r * extent, extent, parts};
   };
