@@ -110,7 +110,7 @@ def run_tetra(args, case, d, init_path, shard_path):
            f"--save.final={os.path.join(d, 'final.safetensors')}",
            f"--debug.dump_grads={os.path.join(d, 'grads.safetensors')}",
            f"--debug.dump_logits={os.path.join(d, 'logits.safetensors')}",
-           f"--parallel.tp={args.tp}",
+           f"--parallel.tp={args.tp}", f"--run.peak_gflops={args.peak_gflops}",
            ] + case["extra"]
     for f in ("final.safetensors", "grads.safetensors", "logits.safetensors"):
         p = os.path.join(d, f)
@@ -345,6 +345,8 @@ def main():
     ap.add_argument("--tp", type=int, default=1,
                     help="run tetra tensor-parallel on this many ranks (under --mpirun)")
     ap.add_argument("--mpirun", default="mpirun", help="the MPI launcher for --tp > 1")
+    ap.add_argument("--peak-gflops", type=float, default=0,
+                    help="tetra --run.peak_gflops, the MFU denominator (0 = measure it)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -57,7 +57,8 @@ class TensorParallel : public ::testing::Test {
         "train --model.vocab_size={} --model.vocab_multiple=1 --model.n_layer=2 "
         "--model.n_head=4 --model.d_model=32 --model.max_seq=16 --train.seq_len=16 "
         "--train.steps={} --optim.lr=1e-3 --optim.warmup_steps=2 --data.shuffle=true "
-        "--run.threads=1 --dist.timeout_s=60 --train.micro_batch={} --train.grad_accum={} "
+        "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --train.micro_batch={} "
+        "--train.grad_accum={} "
         "--data.train={} --run.dir={} --save.final={} --debug.dump_logits={} "
         "--debug.dump_grads={} {}",
         kVocab, kSteps, micro_batch, accum, (dir_ / "train.bin").string(), run.string(),
@@ -276,6 +277,7 @@ TEST_F(TensorParallel, GenerateUnderLaunchPrintsTheSerialText) {
       1, fmt::format("train --model.vocab_size=257 --model.n_layer=2 --model.n_head=4 "
                      "--model.d_model=32 --model.max_seq=64 --train.seq_len=32 "
                      "--train.micro_batch=8 --train.steps=60 --optim.lr=1e-2 --run.threads=1 "
+                     "--run.peak_gflops=50 "
                      "--data.train={} --run.dir={} --save.final={}",
                      (dir_ / "text.bin").string(), run.string(), weights.string())));
   ASSERT_EQ(trained.code, 0) << trained.output;
