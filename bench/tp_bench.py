@@ -13,10 +13,11 @@ time holds beyond bytes / bandwidth is one rank waiting for the other to arrive.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
+
+from benchutil import cpu_name, random_tokens, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
@@ -28,22 +29,6 @@ VARIANTS = [
     ("tp=2, 2 ranks x 1 thread", 2, 1, ["--parallel.tp=2"]),
     ("tp=2 + SP, 2 ranks x 1 thread", 2, 1, ["--parallel.tp=2", "--tp.sequence_parallel=true"]),
 ]
-
-
-def cpu_name():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def write_tokens(path, n=200000):
-    import numpy as np
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, n)
-    tokens = np.random.default_rng(0).integers(0, 512, n).astype(np.uint16)
-    with open(path, "wb") as f:
-        f.write(header.tobytes() + tokens.tobytes())
 
 
 def run(a, name, ranks, threads, flags, data, workdir):
@@ -88,7 +73,7 @@ def main():
 
     workdir = tempfile.mkdtemp(prefix="tetra_tp_bench_")
     data = os.path.join(workdir, "tokens.bin")
-    write_tokens(data)
+    write_tokens(data, random_tokens(200000, 512))
     print(f"CPU: {cpu_name()}; gpt2-124m shape (L=12 C=768 NH=12 V=50257), B={B} T={T}; "
           f"median of {a.steps - a.warmup} steps")
     res = {name: run(a, name, r, t, f, data, workdir) for name, r, t, f in VARIANTS}

@@ -5,10 +5,8 @@
 // mpirun; each tensor-parallel rank runs 1 thread.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -37,21 +35,20 @@ struct TpRun {
   SafeTensorsFile logits, grads;  // step 1: the first micro-batch's logits, the mean gradient
 };
 
-class TensorParallel : public ::testing::Test {
+class TensorParallel : public testing::RunDirTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("tetra_tp_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+  // Tokens over the whole vocabulary, so that lookups and targets fall in every rank's rows.
+  void SetUp() override {
+    RunDirTest::SetUp();
     std::vector<uint32_t> tokens(20000);
     uint32_t x = 7;
     for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kVocab;
-    write_token_shard((dir_ / "train.bin").string(), tokens);
+    write_token_shard(path("vocab.bin"), tokens);
   }
 
   // Global batch 8 sequences of 16 tokens per step; 4 heads, so tp up to 4.
-  static TpRun train(int ranks, int micro_batch, int accum, const std::string& name,
-                     const std::string& extra) {
+  TpRun train(int ranks, int micro_batch, int accum, const std::string& name,
+              const std::string& extra) const {
     const fs::path run = dir_ / name;
     const std::string args = fmt::format(
         "train --model.vocab_size={} --model.vocab_multiple=1 --model.n_layer=2 "
@@ -61,7 +58,7 @@ class TensorParallel : public ::testing::Test {
         "--train.grad_accum={} "
         "--data.train={} --run.dir={} --save.final={} --debug.dump_logits={} "
         "--debug.dump_grads={} {}",
-        kVocab, kSteps, micro_batch, accum, (dir_ / "train.bin").string(), run.string(),
+        kVocab, kSteps, micro_batch, accum, path("vocab.bin"), run.string(),
         (run / "w.safetensors").string(), (run / "logits.safetensors").string(),
         (run / "grads.safetensors").string(), extra);
     TpRun r;
@@ -76,10 +73,7 @@ class TensorParallel : public ::testing::Test {
     }
     return r;
   }
-
-  static fs::path dir_;
 };
-fs::path TensorParallel::dir_;
 
 // The logits of a layout's first micro-batch (its rows are the serial batch's first rows).
 void expect_same_logits(const TpRun& serial, const TpRun& r) {
@@ -132,13 +126,6 @@ TEST_F(TensorParallel, EveryLayoutReproducesTheSerialRun) {
   }
 }
 
-std::vector<nlohmann::json> metrics(const fs::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 // The tp group's own counters, every step, per micro-batch: without sequence parallelism 2
 // all-reduces per block forward and 2 backward (seed 004), plus the embedding's output and the
 // head's input gradient, and the loss's row maxima and sums of exponentials
@@ -183,7 +170,7 @@ TEST_F(TensorParallel, CollectivesAndActivationBytesPerRankMatchTheModel) {
       const double loss =
           plan::ring_allreduce_bytes(BT * f32, tp) + plan::ring_allreduce_bytes(2 * BT * f32, tp);
       const double norms = sp ? plan::ring_allreduce_bytes((4 * L + 2) * C * f32, tp) : 0.0;
-      const auto steps = metrics(dir_ / name);
+      const auto steps = metrics(name);
       ASSERT_EQ(steps.size(), size_t(kSteps));
       for (const auto& s : steps) {
         if (sp) {
@@ -271,7 +258,7 @@ TEST_F(TensorParallel, GenerateUnderLaunchPrintsTheSerialText) {
   for (int i = 0; i < 200; ++i) {
     for (char ch : text) tokens.push_back(uint8_t(ch));
   }
-  write_token_shard((dir_ / "text.bin").string(), tokens);
+  write_token_shard(path("text.bin"), tokens);
   const fs::path run = dir_ / "gen", weights = run / "w.safetensors";
   const testing::Ran trained = testing::run_command(testing::tetra_command(
       1, fmt::format("train --model.vocab_size=257 --model.n_layer=2 --model.n_head=4 "
@@ -279,7 +266,7 @@ TEST_F(TensorParallel, GenerateUnderLaunchPrintsTheSerialText) {
                      "--train.micro_batch=8 --train.steps=60 --optim.lr=1e-2 --run.threads=1 "
                      "--run.peak_gflops=50 "
                      "--data.train={} --run.dir={} --save.final={}",
-                     (dir_ / "text.bin").string(), run.string(), weights.string())));
+                     path("text.bin"), run.string(), weights.string())));
   ASSERT_EQ(trained.code, 0) << trained.output;
   const std::string gen = fmt::format(
       "generate --model {} --config {} --tokenizer byte --prompt 'the quick' --max-tokens 24 "
