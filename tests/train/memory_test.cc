@@ -1,7 +1,9 @@
-// The memory ledger: for the gpt2-124m shape on 2 and 4 ranks, what every ZeRO stage measures per
-// rank in each category (the trainer's mem_* metrics) is within 5% of what `tetra plan` predicts
-// for the same model and layout, and the stages divide the state as the seeds say: ZeRO-1 the
-// optimizer state by N, ZeRO-2 also the gradients, ZeRO-3 also the parameters.
+// The memory ledger: for a GPT-2 model (4 layers of width 256, an 8192-token vocabulary: every
+// category of gpt2-124m's ledger, at a size that runs in seconds) on 2 and 4 ranks, what every
+// ZeRO stage measures per rank in each category (the trainer's mem_* metrics) is within 5% of what
+// `tetra plan` predicts for the same model and layout, and the stages divide the state as the seeds
+// say: ZeRO-1 the optimizer state by N, ZeRO-2 also the gradients, ZeRO-3 also the parameters.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,7 +25,7 @@ using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-constexpr int kB = 1, kT = 32;
+constexpr int kB = 1, kT = 32, kV = 8192, kL = 4, kC = 256, kH = 4;
 const char* const kCategories[] = {"params",      "grads", "optimizer",
                                    "activations", "comm",  "temporaries"};
 
@@ -34,7 +36,7 @@ class MemoryLedger : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::vector<uint32_t> tokens(4096);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i * 7919 % 50257);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i * 7919 % kV);
     write_token_shard((dir_ / "train.bin").string(), tokens);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
@@ -43,14 +45,14 @@ class MemoryLedger : public ::testing::Test {
   static json measured(int ranks, int stage, const std::string& recompute) {
     const fs::path run = dir_ / ("run_" + std::to_string(ranks) + "_" + std::to_string(stage));
     const Ran r = run_command(tetra_command(
-        ranks,
-        "train --model.vocab_size=50257 --model.n_layer=12 --model.n_head=12 "
-        "--model.d_model=768 --model.max_seq=" +
-            std::to_string(kT) + " --train.seq_len=" + std::to_string(kT) +
-            " --train.micro_batch=" + std::to_string(kB) +
-            " --train.steps=1 --run.threads=1 --run.peak_gflops=50 --zero.stage=" +
-            std::to_string(stage) + " --train.recompute=" + recompute +
-            " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string()));
+        ranks, fmt::format("train --model.vocab_size={} --model.n_layer={} --model.n_head={} "
+                           "--model.d_model={} --model.max_seq={}",
+                           kV, kL, kH, kC, kT) +
+                   " --train.seq_len=" + std::to_string(kT) +
+                   " --train.micro_batch=" + std::to_string(kB) +
+                   " --train.steps=1 --run.threads=1 --run.peak_gflops=50 --zero.stage=" +
+                   std::to_string(stage) + " --train.recompute=" + recompute + " --data.train=" +
+                   (dir_ / "train.bin").string() + " --run.dir=" + run.string()));
     EXPECT_EQ(r.code, 0) << r.output;
     std::ifstream in(run / "metrics.jsonl");
     std::string line;
@@ -63,6 +65,9 @@ class MemoryLedger : public ::testing::Test {
     const Ran r = run_command(
         tetra_command(1, "plan --json --config " + std::string(TETRA_SOURCE_DIR) +
                              "/configs/plan/gpt2-124m-cpu.toml --model.seq=" + std::to_string(kT) +
+                             fmt::format(" --model.vocab={} --model.layers={} --model.d_model={} "
+                                         "--model.heads={} --model.kv_heads={}",
+                                         kV, kL, kC, kH, kH) +
                              " --cluster.gpus=" + std::to_string(ranks) +
                              " --cluster.gpus_per_node=" + std::to_string(ranks) +
                              " --training.global_batch=" + std::to_string(ranks * kT) +
@@ -121,8 +126,9 @@ TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
                 0.05 * want[c].get<double>())
         << c;
   }
-  // The 12 block inputs instead of everything each block saves: under a third here.
-  EXPECT_LT(full["mem_activations"].get<double>(), none["activations"].get<double>() / 3);
+  // The block inputs instead of everything each block saves: under half here (the logits, which
+  // recomputation keeps, weigh more in this small model than in gpt2-124m, where it is a third).
+  EXPECT_LT(full["mem_activations"].get<double>(), none["activations"].get<double>() / 2);
 }
 
 }  // namespace
