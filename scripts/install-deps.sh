@@ -14,6 +14,9 @@ packages=(
   # PyTorch and NumPy for the parity tests and benchmark peers; OpenBLAS so that Debian's torch,
   # which links libblas.so.3, does not fall back to the netlib reference BLAS (~3 GFLOP/s).
   python3 python3-torch python3-numpy libopenblas0-openmp
+  # OpenBLAS's sgemm is one of the matmul libraries tetra chooses from per product; its OpenMP
+  # build shares the one OpenMP pool with oneDNN (the pthread build would add a second).
+  libopenblas-openmp-dev
 )
 
 missing=()

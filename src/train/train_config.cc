@@ -127,6 +127,10 @@ const std::vector<TrainKey>& train_keys() {
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
        into<&O::progress>()},
+      {{"run.profile", ValueKind::Bool, "false",
+        "time every kernel per step (matmuls by role and shape with GFLOP/s); prints a table at "
+        "the end and writes profile.json to run.dir"},
+       into<&O::profile>()},
       {{"init.from", ValueKind::String, "\"\"", "load weights from a safetensors file (HF GPT-2)"},
        into<&O::init_from>()},
       {{"save.final", ValueKind::String, "\"\"", "write weights to a safetensors file at the end"},

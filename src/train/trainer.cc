@@ -17,6 +17,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/profile.h"
 #include "core/timer.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
@@ -475,6 +476,7 @@ void Trainer::load_batch(TokenDataset& data, SampleOrder& order, int64_t first_s
 }
 
 double Trainer::evaluate() {
+  const ProfileActivation not_profiled(nullptr);  // validation is not part of a training step
   SampleOrder order(val_->num_samples(), false, 0);
   double sum = 0.0;
   for (int k = 0; k < opt_.eval_batches; ++k) {
@@ -552,6 +554,15 @@ void Trainer::print_header() const {
       m.flops_per_token(opt_.seq_len), cpu::onednn_isa(), cpu::bf16_matmul_path().describe());
 }
 
+void Trainer::write_profile(const Profile& profile) const {
+  log_info("{}", profile.table());
+  const std::string path = (fs::path(opt_.run_dir) / "profile.json").string();
+  const std::string text = profile.to_json().dump(1) + "\n";
+  write_file_atomically(path, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
+                        "train");
+  log_info("[train] wrote the per-kernel profile to {}", path);
+}
+
 void Trainer::save_final() {
   std::vector<float> params = zero_->full_params();  // collective under ZeRO-3
   // Collective over the tp group: its slices are assembled into the global tensors.
@@ -588,6 +599,10 @@ TrainResult Trainer::train() {
   result.skipped = skipped_;
   std::vector<double> rates;
   bool mfu_warned = false;
+  // Rank 0 profiles; its steps are the ones the table describes.
+  std::unique_ptr<Profile> profile;
+  if (opt_.profile && is_root()) profile = std::make_unique<Profile>();
+  const ProfileActivation profiling(profile.get());
   Stopwatch total;
 
   for (int64_t s = start_step_; s < opt_.steps; ++s) {
@@ -683,6 +698,13 @@ TrainResult Trainer::train() {
     }
 
     const double step_s = step_clock.elapsed_s();
+    const parallel::StepComm& comm = zero_->step_comm();
+    if (profile) {
+      profile->add(ProfKind::data_wait, "batch wait", data_ms);
+      profile->add(ProfKind::comm, "exposed gradient/parameter waits",
+                   comm.exposed_ms + comm.gather_wait_ms);
+      profile->end_step(step, step_s * 1e3, opt_.steps > 1 ? 2 : 1);
+    }
     const double tps = double(tokens_per_step) / step_s;
     rates.push_back(tps);
     const double mfu = flops_per_token * tps / (peak_gflops_ * 1e9 * world_size_);
@@ -763,6 +785,7 @@ TrainResult Trainer::train() {
   result.steps = opt_.steps;
   result.tokens_per_s = median(rates);
   if (metrics) metrics->close();
+  if (profile) write_profile(*profile);
   if (!opt_.save_final.empty()) save_final();
   std::string val =
       result.final_val_loss >= 0 ? fmt::format(", val loss {:.4f}", result.final_val_loss) : "";

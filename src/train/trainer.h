@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "core/param_store.h"
+#include "core/profile.h"
 #include "data/prefetch.h"
 #include "data/token_dataset.h"
 #include "model/gpt.h"
@@ -63,6 +64,7 @@ class Trainer {
   double save_checkpoint(int64_t step, double median_step_s);
   void note_checkpoints(nlohmann::json& rec);  // saves finished since the last step, into rec
   void heartbeat(int64_t step);
+  void write_profile(const Profile& profile) const;  // table to the log, profile.json to run.dir
 
   bool is_root() const { return rank_ == 0; }
   int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * dp_size_; }

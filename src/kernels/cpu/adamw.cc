@@ -5,10 +5,13 @@
 #include <cmath>
 #include <vector>
 
+#include "core/profile.h"
+
 namespace tetra::cpu {
 
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t N,
                   const AdamWStep& s, bool decay) {
+  const ProfileScope profile(ProfKind::adamw, "update");
   // Bias corrections in double then rounded, as torch computes them on Python floats.
   double bc1 = 1.0 - std::pow(double(s.beta1), double(s.t));
   double bc2 = 1.0 - std::pow(double(s.beta2), double(s.t));
@@ -28,6 +31,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
 }
 
 double sum_squares(const float* x, int64_t N) {
+  const ProfileScope profile(ProfKind::grad_norm, "sum of squares");
   // Each thread sums a static chunk in double with a vectorised (lane-wise) reduction; the
   // partials are added in thread order: deterministic for a given thread count.
   int nthreads = omp_get_max_threads();

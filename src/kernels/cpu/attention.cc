@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/profile.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -23,9 +24,10 @@ Strides qkv_strides(int T, int C, int hs, bool transposed) {
 constexpr int kCausalBlock = 64;
 
 template <typename F>
-void product(int B, int NH, int64_t M, int64_t N, int64_t K, const F* a, Strides sa, const F* b,
-             Strides sb, F* c, Strides sc, bool accumulate = false) {
+void product(const char* role, int B, int NH, int64_t M, int64_t N, int64_t K, const F* a,
+             Strides sa, const F* b, Strides sb, F* c, Strides sc, bool accumulate = false) {
   MatmulArgs x;
+  x.role = role;
   x.accumulate = accumulate;
   x.b0 = B, x.b1 = NH, x.M = M, x.N = N, x.K = K;
   x.a = {a, sa, dtype_of<F>()};
@@ -39,6 +41,7 @@ void product(int B, int NH, int64_t M, int64_t N, int64_t K, const F* a, Strides
 
 template <typename F>
 void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH) {
+  const ProfileScope profile(ProfKind::attention, "causal softmax");
   const int hs = C / NH;
   const int64_t TT = int64_t(T) * T;
   const Strides att_s{NH * TT, TT, T, 1};
@@ -46,8 +49,9 @@ void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH) {
   // preatt (B,NH,T,T) = q · k^T, the causal part only (row block [q0,q1) against keys [0,q1))
   for (int q0 = 0; q0 < T; q0 += kCausalBlock) {
     const int q1 = std::min(T, q0 + kCausalBlock);
-    product<F>(B, NH, q1 - q0, q1, hs, qkv + q0 * C3, qkv_strides(T, C, hs, false), qkv + C,
-               qkv_strides(T, C, hs, true), att + int64_t(q0) * T, att_s);
+    product<F>("attention q.k^T", B, NH, q1 - q0, q1, hs, qkv + q0 * C3,
+               qkv_strides(T, C, hs, false), qkv + C, qkv_strides(T, C, hs, true),
+               att + int64_t(q0) * T, att_s);
   }
 
   const F scale = F(1) / std::sqrt(F(hs));
@@ -79,7 +83,7 @@ void attention_apply(F* out, const F* att, const F* qkv, int B, int T, int C, in
   // out (B,T,NH,hs) = att · v
   for (int q0 = 0; q0 < T; q0 += kCausalBlock) {
     const int q1 = std::min(T, q0 + kCausalBlock);
-    product<F>(B, NH, q1 - q0, hs, q1, att + int64_t(q0) * T, att_s, qkv + 2 * C,
+    product<F>("attention att.v", B, NH, q1 - q0, hs, q1, att + int64_t(q0) * T, att_s, qkv + 2 * C,
                qkv_strides(T, C, hs, false), out + int64_t(q0) * C, {int64_t(T) * C, hs, C, 1});
   }
 }
@@ -136,6 +140,7 @@ void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scores, int
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
                         int C, int NH) {
+  const ProfileScope profile(ProfKind::attention, "softmax backward");
   const int hs = C / NH;
   const int64_t TT = int64_t(T) * T;
   const Strides att_s{NH * TT, TT, T, 1}, att_t{NH * TT, TT, 1, T};
@@ -149,11 +154,11 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
     const int q1 = std::min(T, q0 + kCausalBlock);
     const bool first = q1 == T;
     // datt = dout · v^T
-    product<F>(B, NH, q1 - q0, q1, hs, dout + int64_t(q0) * C, dout_s, qkv + 2 * C, part_t,
-               datt + int64_t(q0) * T, att_s);
+    product<F>("attention datt = dy.v^T", B, NH, q1 - q0, q1, hs, dout + int64_t(q0) * C, dout_s,
+               qkv + 2 * C, part_t, datt + int64_t(q0) * T, att_s);
     // dv = att^T · dout
-    product<F>(B, NH, q1, hs, q1 - q0, att + int64_t(q0) * T, att_t, dout + int64_t(q0) * C, dout_s,
-               dqkv + 2 * C, part, !first);
+    product<F>("attention dv = att^T.dy", B, NH, q1, hs, q1 - q0, att + int64_t(q0) * T, att_t,
+               dout + int64_t(q0) * C, dout_s, dqkv + 2 * C, part, !first);
   }
 
   // softmax backward with the scale folded in: dpre = scale * p * (datt - sum(p * datt))
@@ -174,11 +179,11 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
     const int q1 = std::min(T, q0 + kCausalBlock);
     const bool first = q1 == T;
     // dq = dpre · k
-    product<F>(B, NH, q1 - q0, hs, q1, datt + int64_t(q0) * T, att_s, qkv + C, part, dqkv + q0 * C3,
-               part);
+    product<F>("attention dq = datt.k", B, NH, q1 - q0, hs, q1, datt + int64_t(q0) * T, att_s,
+               qkv + C, part, dqkv + q0 * C3, part);
     // dk = dpre^T · q
-    product<F>(B, NH, q1, hs, q1 - q0, datt + int64_t(q0) * T, att_t, qkv + q0 * C3, part, dqkv + C,
-               part, !first);
+    product<F>("attention dk = datt^T.q", B, NH, q1, hs, q1 - q0, datt + int64_t(q0) * T, att_t,
+               qkv + q0 * C3, part, dqkv + C, part, !first);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/profile.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace tetra::cpu {
@@ -28,6 +29,7 @@ F logsumexp(const F* x, int V) {
 template <typename F>
 double softmax_xent_forward_backward(F* losses, F* logits, const int32_t* targets, int64_t N, int V,
                                      int Vp, F dloss) {
+  const ProfileScope profile(ProfKind::softmax_loss, "forward + backward");
   double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int64_t i = 0; i < N; ++i) {
@@ -47,6 +49,7 @@ double softmax_xent_forward_backward(F* losses, F* logits, const int32_t* target
 template <typename F>
 double softmax_xent_forward(F* losses, const F* logits, const int32_t* targets, int64_t N, int V,
                             int Vp) {
+  const ProfileScope profile(ProfKind::softmax_loss, "forward");
   double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int64_t i = 0; i < N; ++i) {

@@ -1,5 +1,6 @@
 #include "kernels/cpu/elementwise.h"
 
+#include "core/profile.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace tetra::cpu {
@@ -10,6 +11,7 @@ constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
 
 template <typename F>
 void gelu_forward(F* out, const F* inp, int64_t N) {
+  const ProfileScope profile(ProfKind::gelu, "forward");
   const F k = F(kGeluScale), a = F(0.044715);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
@@ -22,6 +24,7 @@ void gelu_forward(F* out, const F* inp, int64_t N) {
 
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
+  const ProfileScope profile(ProfKind::gelu, "backward");
   const F k = F(kGeluScale), a = F(0.044715);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
@@ -35,6 +38,7 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
 
 template <typename F>
 void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
+  const ProfileScope profile(ProfKind::bias_grad, "column sums");
   // Split columns across threads: each column's sum runs over rows in order (deterministic).
 #pragma omp parallel for schedule(static)
   for (int o0 = 0; o0 < OC; o0 += 64) {

@@ -1,5 +1,7 @@
 #include "kernels/cpu/embedding.h"
 
+#include "core/profile.h"
+
 namespace tetra::cpu {
 
 template <typename F>

@@ -5,11 +5,14 @@
 #include <cmath>
 #include <vector>
 
+#include "core/profile.h"
+
 namespace tetra::cpu {
 
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias,
                        int64_t N, int C) {
+  const ProfileScope profile(ProfKind::layernorm, "forward");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const F* x = inp + i * C;
@@ -33,6 +36,7 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
 template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                         const F* mean, const F* rstd, int64_t N, int C) {
+  const ProfileScope profile(ProfKind::layernorm, "backward");
   // Rows are independent for dinp; the parameter gradients are reduced per thread into private
   // partials and summed in thread order, which keeps results deterministic for a thread count.
   int nthreads = omp_get_max_threads();

@@ -1,11 +1,19 @@
 #include "kernels/cpu/matmul.h"
 
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
 #include <map>
+#include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string_view>
 #include <vector>
 
 #include "core/error.h"
+#include "core/profile.h"
+#include "kernels/cpu/machine_cache.h"
+#include "kernels/cpu/matmul_choice.h"
 
 namespace tetra::cpu {
 
@@ -216,13 +224,158 @@ void onednn_matmul(const MatmulArgs& x) {
 
 }  // namespace
 
+namespace {
+
+using Strides = std::array<int64_t, 4>;
+
+// How BLAS can read a (rows, cols) matrix with element strides (.., .., row, col): 'n' row-major
+// (unit column stride), 't' stored transposed (unit row stride), or 0 when neither; `ld` is its
+// leading dimension.
+char blas_layout(const Strides& s, int64_t rows, int64_t cols, int64_t* ld = nullptr) {
+  char layout = 0;
+  int64_t l = 0;
+  if (s[3] == 1 && (rows == 1 || s[2] >= cols)) {
+    layout = 'n', l = rows == 1 ? cols : s[2];
+  } else if (s[2] == 1 && (cols == 1 || s[3] >= rows)) {
+    layout = 't', l = cols == 1 ? rows : s[3];
+  }
+  if (ld) *ld = std::max<int64_t>(1, l);
+  return l < INT_MAX ? layout : 0;
+}
+
+bool fits_blasint(const MatmulArgs& x) { return std::max({x.M, x.N, x.K}) < INT_MAX; }
+
+// C = A·B with OpenBLAS's sgemm. A batch runs one sgemm per matrix with the batch spread over the
+// OpenMP threads (OpenBLAS runs single-threaded inside a parallel region), so many small products
+// pay one parallel region in all rather than one each.
+void openblas_matmul(const MatmulArgs& x) {
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  const char la = blas_layout(x.a.strides, x.M, x.K, &lda);
+  const char lb = blas_layout(x.b.strides, x.K, x.N, &ldb);
+  blas_layout(x.c_strides, x.M, x.N, &ldc);
+  const auto ta = la == 'n' ? CblasNoTrans : CblasTrans, tb = lb == 'n' ? CblasNoTrans : CblasTrans;
+  const float* A = static_cast<const float*>(x.a.data);
+  const float* B = static_cast<const float*>(x.b.data);
+  float* C = static_cast<float*>(x.c);
+  const float beta = x.accumulate ? 1.0f : 0.0f;
+  if (x.b0 * x.b1 == 1) {
+    if (x.bias) {
+      // sgemm has no bias: C starts as the bias (plus C when accumulating), then C += A·B.
+      const float* bias = static_cast<const float*>(x.bias);
+#pragma omp parallel for schedule(static)
+      for (int64_t m = 0; m < x.M; ++m) {
+        float* row = C + m * ldc;
+        if (x.accumulate) {
+          for (int64_t n = 0; n < x.N; ++n) row[n] += bias[n];
+        } else {
+          std::copy_n(bias, x.N, row);
+        }
+      }
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, int(x.M), int(x.N), int(x.K), 1.0f, A, int(lda), B, int(ldb),
+                x.bias ? 1.0f : beta, C, int(ldc));
+    return;
+  }
+  const Strides &sa = x.a.strides, &sb = x.b.strides, &sc = x.c_strides;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i0 = 0; i0 < x.b0; ++i0) {
+    for (int64_t i1 = 0; i1 < x.b1; ++i1) {
+      cblas_sgemm(CblasRowMajor, ta, tb, int(x.M), int(x.N), int(x.K), 1.0f,
+                  A + i0 * sa[0] + i1 * sa[1], int(lda), B + i0 * sb[0] + i1 * sb[1], int(ldb),
+                  beta, C + i0 * sc[0] + i1 * sc[1], int(ldc));
+    }
+  }
+}
+
+// A (rows, cols) operand copied into dense row-major `dst`, in 64x64 tiles so that a transposed
+// source is read and written a cache line at a time.
+void copy_dense(float* dst, const float* src, const Strides& s, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 64;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t r = r0; r < r1; ++r) dst[r * cols + c] = src[r * s[2] + c * s[3]];
+      }
+    }
+  }
+}
+
+// oneDNN on a dense row-major copy of each transposed operand (fresh scratch per call, so a
+// choice that loses costs no memory afterwards; the measurement includes the allocation).
+void onednn_copy_matmul(const MatmulArgs& x) {
+  MatmulArgs d = x;
+  std::unique_ptr<float[]> a, b;
+  if (x.a.strides[3] != 1) {
+    a.reset(new float[size_t(x.M * x.K)]);
+    copy_dense(a.get(), static_cast<const float*>(x.a.data), x.a.strides, x.M, x.K);
+    d.a = {a.get(), {x.M * x.K, x.M * x.K, x.K, 1}, DType::f32};
+  }
+  if (x.b.strides[3] != 1) {
+    b.reset(new float[size_t(x.K * x.N)]);
+    copy_dense(b.get(), static_cast<const float*>(x.b.data), x.b.strides, x.K, x.N);
+    d.b = {b.get(), {x.K * x.N, x.K * x.N, x.N, 1}, DType::f32};
+  }
+  onednn_matmul(d);
+}
+
+}  // namespace
+
+const char* matmul_lib_name(MatmulLib lib) {
+  switch (lib) {
+    case MatmulLib::onednn:
+      return "onednn";
+    case MatmulLib::openblas:
+      return "openblas";
+    case MatmulLib::onednn_copy:
+      return "onednn-copy";
+  }
+  return "unknown";
+}
+
+bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& x) {
+  const bool f32 = x.a.dtype == DType::f32 && x.b.dtype == DType::f32;
+  switch (lib) {
+    case MatmulLib::onednn:
+      return f32;
+    case MatmulLib::openblas:
+      return f32 && fits_blasint(x) && blas_layout(x.a.strides, x.M, x.K) &&
+             blas_layout(x.b.strides, x.K, x.N) && blas_layout(x.c_strides, x.M, x.N) == 'n';
+    case MatmulLib::onednn_copy:
+      return f32 && x.b0 * x.b1 == 1 && (x.a.strides[3] != 1 || x.b.strides[3] != 1);
+  }
+  return false;
+}
+
+void matmul_with(MatmulLib lib, const MatmulArgs& x) {
+  TETRA_CHECK(matmul_lib_supports(lib, x),
+              "[matmul] {} cannot run a {}x{}x{} product of {} x {} operands with these strides",
+              matmul_lib_name(lib), x.M, x.K, x.N, dtype_name(x.a.dtype), dtype_name(x.b.dtype));
+  switch (lib) {
+    case MatmulLib::onednn:
+      return onednn_matmul(x);
+    case MatmulLib::openblas:
+      return openblas_matmul(x);
+    case MatmulLib::onednn_copy:
+      return onednn_copy_matmul(x);
+  }
+}
+
+std::string matmul_machine() {
+  return fmt::format("{} (oneDNN {}, OpenBLAS {})", cpu_model(), onednn_isa(),
+                     openblas_get_corename());
+}
+
 void matmul(const MatmulArgs& x) {
   if (x.M == 0 || x.N == 0) return;
+  const ProfileScope profile(x.role, x.b0 * x.b1, x.M, x.K, x.N);
   TETRA_CHECK(x.K > 0, "[matmul] K must be positive (got {})", x.K);
   TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
   if (x.a.dtype == DType::f64) return matmul_reference(x);
   const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
-  if (!has_bf16 || bf16_matmul_path().native) return onednn_matmul(x);
+  if (!has_bf16) return matmul_with(matmul_chooser().choose(x), x);
+  if (bf16_matmul_path().native) return onednn_matmul(x);
   Engine& e = engine();
   MatmulArgs w = x;
   w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
@@ -244,8 +397,9 @@ std::string Bf16MatmulPath::describe() const {
 namespace {
 
 template <typename T>
-MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate) {
+MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate, const char* role) {
   MatmulArgs x;
+  x.role = role;
   x.M = M, x.N = N, x.K = K;
   x.a.dtype = x.b.dtype = dtype_of<T>();
   x.c = out;
@@ -258,8 +412,8 @@ MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate) {
 
 template <typename T>
 void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
-               bool accumulate) {
-  MatmulArgs x = plain(out, M, N, K, accumulate);
+               bool accumulate, const char* role) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role);
   x.a.data = inp, x.a.strides = {M * K, M * K, K, 1};
   x.b.data = w, x.b.strides = {N * K, N * K, 1, K};  // B(k, n) = W[n, k]
   x.bias = bias;
@@ -267,25 +421,29 @@ void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64
 }
 
 template <typename T>
-void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
-  MatmulArgs x = plain(out, M, N, K, accumulate);
+void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate,
+               const char* role) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role);
   x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
   x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
   matmul(x);
 }
 
 template <typename T>
-void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate) {
-  MatmulArgs x = plain(out, M, N, K, accumulate);
+void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate,
+               const char* role) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role);
   x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
   x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
   matmul(x);
 }
 
-#define TETRA_INSTANTIATE(T)                                                                     \
-  template void matmul_nt<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool); \
-  template void matmul_nn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool);           \
-  template void matmul_tn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+#define TETRA_INSTANTIATE(T)                                                                    \
+  template void matmul_nt<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, \
+                             const char*);                                                      \
+  template void matmul_nn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool,           \
+                             const char*);                                                      \
+  template void matmul_tn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, const char*);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)
 #undef TETRA_INSTANTIATE

@@ -1,8 +1,17 @@
-// The one seam for matrix products on CPU: oneDNN's matmul primitive, cached per shape.
-// Operands are described by sizes and element strides, so transposes and the strided views of
-// attention (q, k, v inside the fused qkv buffer) need no copies. A and B may be f32 or bf16
-// with f32 C and bias. f64 operands (all of A, B, C) take a plain reference loop: it exists for
-// double-precision gradient checks and for testing the oneDNN path against, never for training.
+// The one seam for matrix products on CPU. Operands are described by sizes and element strides,
+// so transposes and the strided views of attention (q, k, v inside the fused qkv buffer) need no
+// copies. A and B may be f32 or bf16 with f32 C and bias. f64 operands (all of A, B, C) take a
+// plain reference loop: it exists for double-precision gradient checks and for testing the
+// libraries against, never for training.
+//
+// f32 products have more than one implementation (MatmulLib): oneDNN's matmul primitive (cached
+// per shape), OpenBLAS's sgemm (batched products as one single-threaded sgemm per matrix, the
+// batch spread over the threads, so a head costs no parallel region of its own), and oneDNN on a
+// contiguous copy of a transposed operand. Which one is fastest depends on the shape, the layout,
+// the thread count and the CPU (oneDNN's AVX2 kernels run some backward layouts at a third of
+// OpenBLAS's rate; on AVX-512 oneDNN mostly wins), so each product is measured once per machine
+// and the choice cached (kernels/cpu/matmul_choice.h). The libraries round differently, so a
+// run's numbers depend on the choices made; they are fixed per machine once cached.
 //
 // bf16 on every CPU: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16
 // and AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one
@@ -35,12 +44,28 @@ struct MatmulArgs {
   MatOperand b;       // (b0, b1, K, N)
   void* c = nullptr;  // (b0, b1, M, N), f32 (f64 with f64 operands)
   std::array<int64_t, 4> c_strides{};
-  const void* bias = nullptr;  // (N), same dtype as C; only with b0 == b1 == 1
-  bool accumulate = false;     // C += A·B instead of C = A·B
+  const void* bias = nullptr;   // (N), same dtype as C; only with b0 == b1 == 1
+  bool accumulate = false;      // C += A·B instead of C = A·B
+  const char* role = "matmul";  // its name in the per-kernel profile (core/profile.h)
 };
 
-/** C = A·B (+ bias) (+ C). oneDNN primitives are created once per shape/stride/dtype. */
+/** C = A·B (+ bias) (+ C) through the library chosen for this product on this machine. */
 void matmul(const MatmulArgs& args);
+
+enum class MatmulLib : uint8_t { onednn, openblas, onednn_copy };
+constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas,
+                                     MatmulLib::onednn_copy};
+/** "onednn", "openblas", "onednn-copy". */
+const char* matmul_lib_name(MatmulLib lib);
+/** Whether `lib` runs this f32 product: OpenBLAS needs each of A and B with a unit column or row
+ *  stride and C with a unit column stride; the copy path needs an unbatched product with a
+ *  transposed A or B. oneDNN runs every product. */
+bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& args);
+/** The product through `lib` (f32 operands; must be supported), bypassing the choice: for tests,
+ *  the choice's measurements and the kernel lab. */
+void matmul_with(MatmulLib lib, const MatmulArgs& args);
+/** This machine as the library choices depend on it: CPU model, oneDNN ISA, OpenBLAS core. */
+std::string matmul_machine();
 /** The reference loop (f32 or f64, all operands alike), for tests. */
 void matmul_reference(const MatmulArgs& args);
 
@@ -48,17 +73,18 @@ void matmul_reference(const MatmulArgs& args);
 // stored (out, in) as in PyTorch Linear.
 
 /** out (M, N) = inp (M, K) · W^T, W (N, K), plus bias (N) if given; accumulate adds to out. */
+// `role` names the product in the per-kernel profile.
 template <typename T>
 void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false);
+               bool accumulate = false, const char* role = "matmul");
 /** out (M, N) = a (M, K) · b (K, N). */
 template <typename T>
 void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false);
+               bool accumulate = false, const char* role = "matmul");
 /** out (M, N) = a^T · b with a (K, M), b (K, N): the weight-gradient product. */
 template <typename T>
 void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false);
+               bool accumulate = false, const char* role = "matmul");
 
 template <typename T>
 constexpr DType dtype_of() {

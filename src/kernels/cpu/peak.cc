@@ -3,16 +3,14 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/arena.h"
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "kernels/cpu/machine_cache.h"
 #include "kernels/cpu/matmul.h"
 
 namespace tetra::cpu {
@@ -53,25 +51,6 @@ double proc_load_average() {
   return load;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const size_t start = line.find_first_not_of(" \t", line.find(':') + 1);
-    if (start != std::string::npos) return line.substr(start);
-  }
-  return "unknown CPU";
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // What is wrong with one "threads" entry, or "" when it is usable.
 std::string entry_problem(const json& e) {
   if (!e.is_object()) return "not an object";
@@ -84,84 +63,16 @@ std::string entry_problem(const json& e) {
   return "";
 }
 
-struct CacheRead {
-  json entries = json::object();  // "threads" of a current-schema file of this machine
-  std::string problem;            // why there are none (empty: missing file, or none wrong)
-  bool damaged = false;           // the problem is damage, not an older format or machine
-};
-
-CacheRead read_cache(const fs::path& path, const std::string& machine) {
-  CacheRead r;
-  std::ifstream in(path);
-  if (!in) return r;
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    r.problem = fmt::format("is not valid JSON ({})", e.what());
-    r.damaged = true;
-    return r;
-  }
-  if (!j.is_object()) {
-    r.problem = "is not a JSON object";
-    r.damaged = true;
-    return r;
-  }
-  const auto schema = j.find("schema");
-  if (schema == j.end() || *schema != kSchema) {
-    r.problem = schema == j.end() ? "has the older format without a \"schema\" key"
-                                  : fmt::format("has schema {}, not {}", schema->dump(), kSchema);
-    return r;
-  }
-  const auto m = j.find("machine");
-  if (m == j.end() || !m->is_string() || *m != machine) {
-    r.problem = fmt::format("was measured on {}, not on this machine ({})",
-                            m == j.end() ? "an unnamed machine" : m->dump(), machine);
-    return r;
-  }
-  const auto t = j.find("threads");
-  if (t == j.end() || !t->is_object()) {
-    r.problem = "has no \"threads\" object";
-    r.damaged = true;
-    return r;
-  }
-  r.entries = *t;
-  return r;
-}
-
-// Adds one entry to the file, keeping the well-formed entries it holds now (another process may
-// have added some since this one read it). A cache that cannot be written is not an error.
 void write_entry(const fs::path& path, const std::string& machine, const std::string& key,
                  const json& entry) {
-  json entries = read_cache(path, machine).entries;
-  for (auto it = entries.begin(); it != entries.end();) {
-    it = entry_problem(it.value()).empty() ? std::next(it) : entries.erase(it);
-  }
-  entries[key] = entry;
-  const json out = {{"schema", kSchema}, {"machine", machine}, {"threads", entries}};
-  const std::string text = out.dump(2) + "\n";
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  try {
-    write_file_atomically(path.string(),
-                          {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "peak");
-  } catch (const Error& e) {
-    log_warn("{}; the peak is not cached, so the next run measures it again", e.what());
-  }
+  write_machine_cache(
+      path, kSchema, machine, "threads", json::object({{key, entry}}),
+      [](const json& e) { return entry_problem(e).empty(); }, "peak");
 }
 
 }  // namespace
 
-fs::path peak_cache_path() {
-  // XDG: a relative XDG_CACHE_HOME is invalid and ignored.
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0] == '/') {
-    return fs::path(x) / "tetra" / "peak.json";
-  }
-  if (const char* home = std::getenv("HOME"); home && *home) {
-    return fs::path(home) / ".cache" / "tetra" / "peak.json";
-  }
-  return {};
-}
+fs::path peak_cache_path() { return machine_cache_path("peak.json"); }
 
 PeakSource machine_peak_source() {
   return {measure, proc_load_average, cpu_model() + " (" + onednn_isa() + ")"};
@@ -181,7 +92,9 @@ double fp32_peak_gflops(int threads, const fs::path& cache, const PeakSource& so
                         bool* from_cache) {
   TETRA_CHECK(threads >= 1, "[peak] the thread count must be at least 1 (got {})", threads);
   const std::string key = std::to_string(threads);
-  CacheRead read = cache.empty() ? CacheRead{} : read_cache(cache, source.machine);
+  MachineCacheRead read = cache.empty()
+                              ? MachineCacheRead{}
+                              : read_machine_cache(cache, kSchema, source.machine, "threads");
   const double load = source.load_average();
   double cached = 0.0, cached_load = 0.0;  // a busy entry being measured again
   if (const auto it = read.entries.find(key); it != read.entries.end()) {
