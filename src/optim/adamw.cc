@@ -14,10 +14,7 @@ void AdamW::step(float* params, const float* grads, const std::vector<OwnedSegme
   ++t_;
   cpu::AdamWStep s{lr, grad_scale, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
                    t_};
-  for (const OwnedSegment& g : segments) {
-    cpu::adamw_update(params + g.param_pos, grads + g.grad_pos, m_.data() + g.state_pos,
-                      v_.data() + g.state_pos, int64_t(g.count), s, g.decay);
-  }
+  cpu::adamw_update(params, grads, m_.data(), v_.data(), segments, s);
 }
 
 float clip_scale(double norm, double clip) {

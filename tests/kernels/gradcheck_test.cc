@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
@@ -37,6 +41,30 @@ TEST(GradCheck, LayerNorm) {
   EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
 }
 
+// The residual add fused into LayerNorm: gradients of sum(LN(res + x) * r) with respect to both
+// addends come from layernorm_backward of the sum.
+TEST(GradCheck, ResidualLayerNorm) {
+  const int N = 5, C = 12;
+  Vec res0 = random_vector(N * C, 21, 2.0), x = random_vector(N * C, 22, 2.0);
+  Vec w = random_vector(C, 23), b = random_vector(C, 24), r = random_vector(N * C, 25);
+  Vec res(N * C), out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    res = res0;
+    residual_layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), x.data(), w.data(),
+                               b.data(), N, C);
+    return dot(out, r);
+  };
+  loss();
+  for (int i = 0; i < N * C; ++i) EXPECT_EQ(res[i], res0[i] + x[i]);
+  Vec d(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
+  layernorm_backward(d.data(), dw.data(), db.data(), r.data(), res.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  EXPECT_LT(max_grad_error(res0, d, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(x, d, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(w, dw, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
+}
+
 TEST(GradCheck, LayerNormBackwardAccumulates) {
   const int N = 3, C = 8;
   Vec x = random_vector(N * C, 1), w = random_vector(C, 2), b = random_vector(C, 3);
@@ -63,6 +91,48 @@ TEST(GradCheck, Gelu) {
   Vec dx(N);
   gelu_backward(dx.data(), x.data(), r.data(), N);
   EXPECT_LT(max_grad_error(x, dx, loss), kGradTolerance);
+}
+
+// The fused bias + GELU pass: gradients of sum(gelu(x + b) * r) with respect to x and b.
+TEST(GradCheck, BiasGelu) {
+  const int N = 6, OC = 9;
+  Vec x = random_vector(N * OC, 11, 3.0), b = random_vector(OC, 12), r = random_vector(N * OC, 13);
+  Vec fch(N * OC), out(N * OC);
+  auto loss = [&] {
+    fch = x;
+    bias_gelu_forward(out.data(), fch.data(), b.data(), N, OC);
+    return dot(out, r);
+  };
+  loss();
+  Vec dx(N * OC), db(OC, 0.0);
+  gelu_bias_backward(dx.data(), db.data(), fch.data(), r.data(), N, OC);
+  EXPECT_LT(max_grad_error(x, dx, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
+}
+
+// The fused passes compute what the separate ones do: the same GELU values bit for bit, and the
+// bias gradient up to summation order.
+TEST(GradCheck, FusedGeluPassesMatchTheSeparateOnes) {
+  const int N = 37, OC = 70;
+  std::vector<float> x(N * OC), b(OC), r(N * OC);
+  const Vec xd = random_vector(x.size(), 14, 3.0), bd = random_vector(OC, 15),
+            rd = random_vector(r.size(), 16);
+  std::copy(xd.begin(), xd.end(), x.begin());
+  std::copy(bd.begin(), bd.end(), b.begin());
+  std::copy(rd.begin(), rd.end(), r.begin());
+  std::vector<float> fch = x, fused(N * OC), sep_in(N * OC), sep(N * OC);
+  bias_gelu_forward(fused.data(), fch.data(), b.data(), N, OC);
+  for (int i = 0; i < N; ++i)
+    for (int o = 0; o < OC; ++o) sep_in[i * OC + o] = x[i * OC + o] + b[o];
+  gelu_forward(sep.data(), sep_in.data(), int64_t(N) * OC);
+  EXPECT_EQ(fch, sep_in);
+  EXPECT_EQ(fused, sep);
+  std::vector<float> dx(N * OC), db(OC, 0.0f), dx_sep(N * OC), db_sep(OC, 0.0f);
+  gelu_bias_backward(dx.data(), db.data(), fch.data(), r.data(), N, OC);
+  gelu_backward(dx_sep.data(), sep_in.data(), r.data(), int64_t(N) * OC);
+  bias_backward(db_sep.data(), dx_sep.data(), N, OC);
+  EXPECT_EQ(dx, dx_sep);
+  for (int o = 0; o < OC; ++o) EXPECT_NEAR(db[o], db_sep[o], 1e-5f * std::sqrt(float(N))) << o;
 }
 
 TEST(GradCheck, GeluMatchesTheTanhFormulaInFloat) {

@@ -9,24 +9,45 @@
 
 namespace tetra::cpu {
 
-void adamw_update(float* params, const float* grads, float* m, float* v, int64_t N,
-                  const AdamWStep& s, bool decay) {
+namespace {
+
+// The update of one element; bias corrections in double then rounded, as torch computes them on
+// Python floats.
+struct AdamWElement {
+  float beta1, beta2, eps, grad_scale, step_size, bc2_sqrt;
+  explicit AdamWElement(const AdamWStep& s)
+      : beta1(s.beta1), beta2(s.beta2), eps(s.eps), grad_scale(s.grad_scale) {
+    const double bc1 = 1.0 - std::pow(double(s.beta1), double(s.t));
+    const double bc2 = 1.0 - std::pow(double(s.beta2), double(s.t));
+    step_size = float(double(s.lr) / bc1);
+    bc2_sqrt = float(std::sqrt(bc2));
+  }
+  void operator()(float& param, float grad, float& m, float& v, float decay_factor) const {
+    const float g = grad * grad_scale;
+    const float mi = beta1 * m + (1.0f - beta1) * g;
+    const float vi = beta2 * v + (1.0f - beta2) * g * g;
+    m = mi;
+    v = vi;
+    param = param * decay_factor - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+  }
+};
+
+}  // namespace
+
+void adamw_update(float* params, const float* grads, float* m, float* v,
+                  const std::vector<OwnedSegment>& segments, const AdamWStep& s) {
   const ProfileScope profile(ProfKind::adamw, "update");
-  // Bias corrections in double then rounded, as torch computes them on Python floats.
-  double bc1 = 1.0 - std::pow(double(s.beta1), double(s.t));
-  double bc2 = 1.0 - std::pow(double(s.beta2), double(s.t));
-  float step_size = float(double(s.lr) / bc1);
-  float bc2_sqrt = float(std::sqrt(bc2));
-  float decay_factor = decay ? 1.0f - s.lr * s.weight_decay : 1.0f;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    float g = grads[i] * s.grad_scale;
-    float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
-    float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = params[i] * decay_factor;
-    params[i] = p - step_size * mi / (std::sqrt(vi) / bc2_sqrt + s.eps);
+  const AdamWElement update(s);
+  const float decayed = 1.0f - s.lr * s.weight_decay;
+#pragma omp parallel
+  for (const OwnedSegment& g : segments) {
+    float* p = params + g.param_pos;
+    const float* gr = grads + g.grad_pos;
+    float* mi = m + g.state_pos;
+    float* vi = v + g.state_pos;
+    const float decay_factor = g.decay ? decayed : 1.0f;
+#pragma omp for simd schedule(static) nowait
+    for (int64_t i = 0; i < int64_t(g.count); ++i) update(p[i], gr[i], mi[i], vi[i], decay_factor);
   }
 }
 

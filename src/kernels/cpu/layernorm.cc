@@ -9,27 +9,50 @@
 
 namespace tetra::cpu {
 
+namespace {
+
+// One row: out (C) = (x - mean) * rstd * weight + bias.
+template <typename F>
+inline void normalize_row(F* o, F* mean, F* rstd, const F* x, const F* weight, const F* bias,
+                          int C) {
+  F m = 0;
+#pragma omp simd reduction(+ : m)
+  for (int c = 0; c < C; ++c) m += x[c];
+  m /= C;
+  F v = 0;
+#pragma omp simd reduction(+ : v)
+  for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+  v /= C;
+  const F s = F(1) / std::sqrt(v + F(kLayerNormEps));
+#pragma omp simd
+  for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  *mean = m;
+  *rstd = s;
+}
+
+}  // namespace
+
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias,
                        int64_t N, int C) {
   const ProfileScope profile(ProfKind::layernorm, "forward");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    const F* x = inp + i * C;
-    F m = 0;
-#pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    F v = 0;
-#pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= C;
-    F s = F(1) / std::sqrt(v + F(kLayerNormEps));
-    F* o = out + i * C;
+    normalize_row(out + i * C, mean + i, rstd + i, inp + i * C, weight, bias, C);
+  }
+}
+
+template <typename F>
+void residual_layernorm_forward(F* out, F* mean, F* rstd, F* res, const F* x, const F* weight,
+                                const F* bias, int64_t N, int C) {
+  const ProfileScope profile(ProfKind::layernorm, "residual + forward");
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    F* r = res + i * C;
+    const F* xi = x + i * C;
 #pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[i] = m;
-    rstd[i] = s;
+    for (int c = 0; c < C; ++c) r[c] += xi[c];
+    normalize_row(out + i * C, mean + i, rstd + i, r, weight, bias, C);
   }
 }
 
@@ -84,6 +107,8 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
 
 #define TETRA_INSTANTIATE(F)                                                                  \
   template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int64_t, int); \
+  template void residual_layernorm_forward<F>(F*, F*, F*, F*, const F*, const F*, const F*,   \
+                                              int64_t, int);                                  \
   template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,     \
                                       const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
