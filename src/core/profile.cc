@@ -71,7 +71,7 @@ std::string Profile::table() const {
       "[profile] steps {}..{} ({} counted{}): {:.2f} ms per step\n"
       "[profile] {:<14} {:>10} {:>7}\n",
       first_counted_, first_counted_ + counted_ - 1, counted_,
-      first_counted_ > 1 ? "; step 1 builds oneDNN's primitives and is left out" : "", step_ms,
+      per_step_.size() > size_t(counted_) ? "; the warm-up before them is left out" : "", step_ms,
       "kind", "ms/step", "share");
   for (size_t k = 0; k < kProfKinds; ++k) {
     if (kinds[k] == 0.0) continue;

@@ -48,8 +48,9 @@ class Profile {
   /** Adds `ms` (and `flops`, for a rate) to the entry (kind, label) of the current step. */
   void add(ProfKind kind, const std::string& label, double ms, double flops = 0.0);
   /** Closes step `step` (1-based) of wall time `step_ms`; the time no entry took is "other".
-   *  Steps before `first_counted` (warm-up: oneDNN builds its primitives in step 1) are kept in
-   *  the per-step record but left out of the totals. */
+   *  Steps before `first_counted` (warm-up: oneDNN builds its primitives and the matmul libraries
+   *  are measured in a run's first step) are kept in the per-step record but left out of the
+   *  totals. */
   void end_step(int64_t step, double step_ms, int64_t first_counted);
 
   /** Text table: time per kind and per entry (calls, ms per step, GFLOP/s, share). */
