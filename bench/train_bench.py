@@ -54,6 +54,11 @@ SHAPES = {
                  steps=30, warmup=5),
     "gpt2-124m": dict(vocab=50257, n_layer=12, d_model=768, n_head=12, max_seq=1024, T=64, B=4,
                       steps=6, warmup=2),
+    # The README demo's model (configs/brown.toml).
+    "demo": dict(vocab=4096, n_layer=4, d_model=256, n_head=4, max_seq=128, T=128, B=8,
+                 steps=20, warmup=3),
+    "gpt2-124m-T1024": dict(vocab=50257, n_layer=12, d_model=768, n_head=12, max_seq=1024, T=1024,
+                            B=1, steps=4, warmup=2),
 }
 OPENBLAS_CANDIDATES = ["/usr/lib/x86_64-linux-gnu/openblas-openmp",
                        "/tmp/openblas_deb/root/usr/lib/x86_64-linux-gnu/openblas-openmp",
@@ -147,6 +152,8 @@ def run_torch(a, shape_name, shape, threads, data, blas_dir):
                OPENBLAS_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     if blas_dir:
         env["LD_LIBRARY_PATH"] = blas_dir + ":" + env.get("LD_LIBRARY_PATH", "")
+    if a.isa == "avx2":
+        env["OPENBLAS_CORETYPE"] = "Haswell"
     cmd = ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch", "--shape", shape_name,
            "--threads", str(threads), "--steps", str(shape["warmup"] + shape["steps"]),
            "--data", data, "--out", out]
@@ -170,6 +177,8 @@ def run_tetra(a, shape_name, shape, threads, data):
     if os.path.exists(mpath):
         os.remove(mpath)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if a.isa == "avx2":
+        env.update(ONEDNN_MAX_CPU_ISA="AVX2", OPENBLAS_CORETYPE="Haswell")
     if a.tetra_wait_policy:
         env["OMP_WAIT_POLICY"] = a.tetra_wait_policy
     if a.fresh_peak:
@@ -181,10 +190,14 @@ def run_tetra(a, shape_name, shape, threads, data):
            f"--train.micro_batch={shape['B']}", f"--train.seq_len={shape['T']}",
            f"--train.steps={shape['warmup'] + shape['steps']}", "--eval.every=0",
            f"--run.dir={run_dir}", f"--run.threads={threads}"]
+    if a.profile:
+        cmd.append("--run.profile=true")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"tetra failed ({r.returncode}):\n{' '.join(cmd)}\n{r.stdout[-1500:]}\n{r.stderr[-2000:]}")
         return None
+    if a.profile:
+        print("\n".join(l for l in r.stderr.splitlines() if l.startswith("[profile]")))
     rows = [json.loads(l) for l in open(mpath) if l.strip()][shape["warmup"]:]
     return {"tok_s": statistics.median(r["tokens_per_s"] for r in rows),
             "step_ms": statistics.median(r["step_ms"] for r in rows),
@@ -213,6 +226,12 @@ def main():
     ap.add_argument("--tetra-wait-policy", default="",
                     help="OMP_WAIT_POLICY for tetra (default: inherited, i.e. GOMP's spin-then-sleep). "
                          "PASSIVE avoids multi-second barrier stalls when the machine is oversubscribed")
+    ap.add_argument("--profile", action="store_true",
+                    help="tetra runs with run.profile=true and prints its per-kernel table "
+                         "(profile.json in its run directory under --workdir)")
+    ap.add_argument("--isa", default="",
+                    help="avx2: cap tetra's oneDNN (ONEDNN_MAX_CPU_ISA=AVX2) and OpenBLAS "
+                         "(OPENBLAS_CORETYPE=Haswell, also torch's) at AVX2, the branch of an AVX2-only CPU")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="", help=argparse.SUPPRESS)
     ap.add_argument("--data", default="", help=argparse.SUPPRESS)
