@@ -9,10 +9,12 @@
 //
 // A key names what the rate depends on: the shape, the batch, A's and B's layout, a bias and the
 // thread count (matmul_choice_key). A product is measured on the caller's A and B with a scratch
-// C, so nothing the caller holds changes. Processes sharing the cache take a lock around a
-// measurement and read the file again under it, so the ranks of a job on one machine measure each
-// product once and run the same library. A damaged entry or file is measured again with a
-// warning; another machine's or an older-format file is measured again and replaced.
+// C, so nothing the caller holds changes, in two rounds over the libraries (each keeps its best),
+// so that a burst of other work slows one run of each rather than every run of one. Processes
+// sharing the cache take a lock around a measurement and read the file again under it, so the ranks
+// of a job on one machine measure each product once and run the same library. A damaged entry or
+// file is measured again with a warning; another machine's or an older-format file is measured
+// again and replaced.
 #pragma once
 
 #include <filesystem>
