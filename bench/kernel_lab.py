@@ -42,6 +42,20 @@ def cpu_model():
     return "unknown CPU"
 
 
+def train(a, work, shape, threads, data, env, tetra):
+    cmd = [tetra, "train", f"--model.vocab_size={shape['vocab']}",
+           f"--model.n_layer={shape['n_layer']}", f"--model.n_head={shape['n_head']}",
+           f"--model.d_model={shape['d_model']}", f"--model.max_seq={shape['T']}",
+           f"--train.seq_len={shape['T']}", f"--train.micro_batch={shape['B']}",
+           f"--train.steps={a.steps}", f"--data.train={data}", f"--run.dir={work}/run",
+           f"--run.threads={threads}", "--run.profile=true", "--run.progress=never"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"tetra failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
+    with open(os.path.join(work, "run", "profile.json")) as f:
+        return json.load(f)
+
+
 def run(a, name, shape, threads):
     import numpy as np
     import st
@@ -55,23 +69,23 @@ def run(a, name, shape, threads):
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache"), OMP_NUM_THREADS=str(threads))
     if a.isa == "avx2":
         env.update(ONEDNN_MAX_CPU_ISA="AVX2", OPENBLAS_CORETYPE="Haswell")
-    cmd = [a.tetra, "train", f"--model.vocab_size={shape['vocab']}",
-           f"--model.n_layer={shape['n_layer']}", f"--model.n_head={shape['n_head']}",
-           f"--model.d_model={shape['d_model']}", f"--model.max_seq={shape['T']}",
-           f"--train.seq_len={shape['T']}", f"--train.micro_batch={shape['B']}",
-           f"--train.steps={a.steps}", f"--data.train={data}", f"--run.dir={work}/run",
-           f"--run.threads={threads}", "--run.profile=true", "--run.progress=never"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"tetra failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
+    profile = train(a, work, shape, threads, data, env, a.tetra)
     cache = os.path.join(work, "cache", "tetra")
     with open(os.path.join(cache, "matmul.json")) as f:
         choices = json.load(f)
     with open(os.path.join(cache, "peak.json")) as f:
         peak = json.load(f)["threads"][str(threads)]["gflops"]
-    with open(os.path.join(work, "run", "profile.json")) as f:
-        profile = json.load(f)
-    return choices, peak, profile
+    onednn = None
+    if a.compare_onednn:
+        # The same run with every product on oneDNN (the cache rewritten): the step before the
+        # choice, measured now, under the same conditions.
+        forced = json.loads(json.dumps(choices))
+        for e in forced["products"].values():
+            e["library"] = "onednn"
+        with open(os.path.join(cache, "matmul.json"), "w") as f:
+            json.dump(forced, f)
+        onednn = train(a, work, shape, threads, data, env, a.baseline_tetra or a.tetra)
+    return choices, peak, profile, onednn
 
 
 def main():
@@ -84,13 +98,18 @@ def main():
     ap.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
     ap.add_argument("--workdir", default="/tmp/tetra_kernel_lab")
     ap.add_argument("--json", default="", help="write every table's rows here")
+    ap.add_argument("--compare-onednn", action="store_true",
+                    help="train again with every product on oneDNN and print both profiles")
+    ap.add_argument("--baseline-tetra", default="",
+                    help="the tetra binary of that oneDNN-only run (default --tetra), e.g. a build "
+                         "of an earlier commit")
     a = ap.parse_args()
     libs = ["onednn", "openblas", "onednn-copy"]
     out = []
     for name in a.shapes.split(","):
         shape = SHAPES[name]
         for threads in [int(t) for t in a.threads.split(",")]:
-            choices, peak, profile = run(a, name, shape, threads)
+            choices, peak, profile, onednn = run(a, name, shape, threads)
             load = os.getloadavg()[0]
             print(f"\n## {name} (V{shape['vocab']} L{shape['n_layer']} C{shape['d_model']} "
                   f"T{shape['T']} B{shape['B']}), {threads} thread(s), {cpu_model()}")
@@ -108,10 +127,11 @@ def main():
                           + f" {e['library']:>11} {100 * best / peak:>6.0f}%")
                     out.append(dict(shape=name, threads=threads, isa=a.isa or "native", key=key,
                                     peak=peak, **e))
-            kinds = profile["kinds"]
-            print(f"profile: {profile['step_ms']:.1f} ms/step; "
-                  + ", ".join(f"{k} {v['ms_per_step']:.1f} ms ({100 * v['share']:.0f}%)"
-                              for k, v in kinds.items() if v["ms_per_step"] > 0.05))
+            for label, p in (("chosen libraries", profile), ("oneDNN only", onednn)):
+                if p:
+                    print(f"profile, {label}: {p['step_ms']:.1f} ms/step; "
+                          + ", ".join(f"{k} {v['ms_per_step']:.1f} ms ({100 * v['share']:.0f}%)"
+                                      for k, v in p["kinds"].items() if v["ms_per_step"] > 0.05))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

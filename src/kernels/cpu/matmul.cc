@@ -222,10 +222,6 @@ void onednn_matmul(const MatmulArgs& x) {
   e.stream.wait();
 }
 
-}  // namespace
-
-namespace {
-
 using Strides = std::array<int64_t, 4>;
 
 // How BLAS can read a (rows, cols) matrix with element strides (.., .., row, col): 'n' row-major

@@ -74,9 +74,7 @@ void write_entry(const fs::path& path, const std::string& machine, const std::st
 
 fs::path peak_cache_path() { return machine_cache_path("peak.json"); }
 
-PeakSource machine_peak_source() {
-  return {measure, proc_load_average, cpu_model() + " (" + onednn_isa() + ")"};
-}
+PeakSource machine_peak_source() { return {measure, proc_load_average, matmul_machine()}; }
 
 double fp32_peak_gflops(int threads, bool* from_cache) {
   const fs::path path = peak_cache_path();

@@ -1,9 +1,10 @@
 // The machine's measured fp32 matmul rate: the trainer's MFU denominator and the planner's `cpu`
-// device. Measured per thread count with the oneDNN path the model uses (the best 2048^3 product
-// over a second) and kept in one cache, $XDG_CACHE_HOME/tetra/peak.json (default
-// $HOME/.cache/tetra/peak.json), that the trainer and the planner both read and write here:
+// device. Measured per thread count through the matmul seam the model uses, on the library chosen
+// for a 2048^3 product (the best such product over a second), and kept in one cache,
+// $XDG_CACHE_HOME/tetra/peak.json (default $HOME/.cache/tetra/peak.json; the format of
+// kernels/cpu/machine_cache.h), that the trainer and the planner both read and write here:
 //
-//   {"schema": 2, "machine": "<CPU model> (<oneDNN ISA>)",
+//   {"schema": 2, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
 //    "threads": {"2": {"gflops": 151.2, "load_average": 0.31,
 //                      "measured_at": "2025-01-31T12:00:00Z"}, ...}}
 //
@@ -32,7 +33,7 @@ struct PeakSource {
   std::function<double()> load_average;        // 1-minute load average
   std::string machine;  // cache entries of another machine or ISA are measured again
 };
-/** The real machine: oneDNN measurement, /proc/loadavg, CPU model and oneDNN ISA. */
+/** The real machine: the measurement, /proc/loadavg, matmul_machine(). */
 PeakSource machine_peak_source();
 
 /** fp32_peak_gflops with the cache at `cache` (none when empty) and the machine `source`. */
