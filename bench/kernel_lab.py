@@ -24,7 +24,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
+sys.path.insert(0, HERE)
+from benchutil import cpu_name, random_tokens, write_tokens  # noqa: E402
 
 SHAPES = {
     # The README demo (configs/brown.toml).
@@ -32,14 +33,6 @@ SHAPES = {
     "gpt2-124m": dict(vocab=50257, n_layer=12, n_head=12, d_model=768, T=1024, B=1),
     "gpt2-124m-T64": dict(vocab=50257, n_layer=12, n_head=12, d_model=768, T=64, B=4),
 }
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def train(a, work, shape, threads, data, env, tetra):
@@ -57,15 +50,13 @@ def train(a, work, shape, threads, data, env, tetra):
 
 
 def run(a, name, shape, threads):
-    import numpy as np
-    import st
     tag = f"{name}_{threads}t_{a.isa or 'native'}"
     work = os.path.join(a.workdir, tag)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     data = os.path.join(work, "train.bin")
     n_tok = (a.steps + 1) * shape["B"] * shape["T"] + 1
-    st.write_shard(data, np.random.default_rng(0).integers(0, shape["vocab"], size=n_tok))
+    write_tokens(data, random_tokens(n_tok, shape["vocab"]))
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache"), OMP_NUM_THREADS=str(threads))
     if a.isa == "avx2":
         env.update(ONEDNN_MAX_CPU_ISA="AVX2", OPENBLAS_CORETYPE="Haswell")
@@ -112,7 +103,7 @@ def main():
             choices, peak, profile, onednn = run(a, name, shape, threads)
             load = os.getloadavg()[0]
             print(f"\n## {name} (V{shape['vocab']} L{shape['n_layer']} C{shape['d_model']} "
-                  f"T{shape['T']} B{shape['B']}), {threads} thread(s), {cpu_model()}")
+                  f"T{shape['T']} B{shape['B']}), {threads} thread(s), {cpu_name()}")
             print(f"{choices['machine']}; fp32 peak {peak:.1f} GFLOP/s; load average {load:.1f}")
             print(f"{'product (MxKxN batch layout)':<34} {'role (first seen)':<26} "
                   + " ".join(f"{l:>11}" for l in libs) + f" {'chosen':>11} {'% peak':>7}")

@@ -2,7 +2,6 @@
 // of the model by role and shape with the FLOPs an independent count of the model gives, and
 // every kernel kind of a training step appears; without the key nothing is written.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "data/token_shard.h"
 #include "model/gpt_config.h"
 #include "tests/train/run_tetra.h"
 
@@ -20,27 +18,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainProfile : public ::testing::Test {
+class TrainProfile : public testing::RunDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tetra_profile_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::vector<uint32_t> tokens(4096);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 7 + i / 5) % 61);
-    write_token_shard((dir_ / "train.bin").string(), tokens);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   testing::Ran train(const std::string& run, const std::string& extra) const {
     return testing::run_command(testing::tetra_command(
         1,
         "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
         "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=4 --train.steps=3 "
         "--run.threads=1 --data.train=" +
-            (dir_ / "train.bin").string() + " --run.dir=" + (dir_ / run).string() + " " + extra));
+            path("train.bin") + " --run.dir=" + path(run) + " " + extra));
   }
-  fs::path dir_;
 };
 
 TEST_F(TrainProfile, AccountsForTheStepAndEveryProduct) {
@@ -54,11 +41,8 @@ TEST_F(TrainProfile, AccountsForTheStepAndEveryProduct) {
   EXPECT_EQ(j["first_step"], 2);
 
   // The step time is the one metrics.jsonl reports for steps 2 and 3.
-  std::ifstream m(dir_ / "run" / "metrics.jsonl");
   std::vector<double> step_ms;
-  for (std::string line; std::getline(m, line);) {
-    step_ms.push_back(nlohmann::json::parse(line)["step_ms"]);
-  }
+  for (const auto& rec : metrics("run")) step_ms.push_back(rec["step_ms"]);
   ASSERT_EQ(step_ms.size(), 3u);
   EXPECT_NEAR(j["step_ms"].get<double>(), (step_ms[1] + step_ms[2]) / 2, 1e-6 * step_ms[1]);
   double kinds = 0.0, entries = 0.0;

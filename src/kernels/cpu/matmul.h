@@ -61,8 +61,8 @@ const char* matmul_lib_name(MatmulLib lib);
  *  stride and C with a unit column stride; the copy path needs an unbatched product with a
  *  transposed A or B. oneDNN runs every product. */
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& args);
-/** The product through `lib` (f32 operands; must be supported), bypassing the choice: for tests,
- *  the choice's measurements and the kernel lab. */
+/** The product through `lib` (f32 operands; must be supported), bypassing the choice: for the
+ *  choice's measurements and for tests. */
 void matmul_with(MatmulLib lib, const MatmulArgs& args);
 /** This machine as the library choices depend on it: CPU model, oneDNN ISA, OpenBLAS core. */
 std::string matmul_machine();
