@@ -121,11 +121,11 @@ BlockT<F>::BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store,
 // its rows' residual and the bias.
 template <typename F>
 void BlockT<F>::row_parallel(F* out, const F* residual, const F* inp, TensorId w, TensorId b,
-                             int64_t BT, int K, F* tmp) {
+                             int64_t BT, int K, F* tmp, const char* role) {
   const int C = c_.d_model;
   if (c_.sequence_parallel) {
     const int64_t N = BT / tp_.size();
-    cpu::matmul_nt<F>(tmp, inp, store_.param(w), nullptr, BT, C, K);
+    cpu::matmul_nt<F>(tmp, inp, store_.param(w), nullptr, BT, C, K, /*accumulate=*/false, role);
     tp_.reduce_scatter(tmp, out, size_t(N) * C);
     cpu::residual_bias_add(out, residual, store_.param(b), N, C);
     return;
@@ -137,7 +137,7 @@ void BlockT<F>::row_parallel(F* out, const F* residual, const F* inp, TensorId w
     std::memset(out, 0, sizeof(F) * size_t(BT) * C);
   }
   cpu::matmul_nt(out, inp, store_.param(w), first ? store_.param(b) : nullptr, BT, C, K,
-                 /*accumulate=*/true);
+                 /*accumulate=*/true, role);
   tp_.all_reduce(out, size_t(BT) * C);
 }
 
@@ -163,18 +163,21 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
               "[model] internal: sequence parallelism needs scratch and runs without a cache");
   ParamStoreT<F>& w = store_;
   norm_gather(a.ln1, a.ln1_mean, a.ln1_rstd, x, ln1w_, ln1b_, BT, sp);
-  cpu::matmul_nt(a.qkv, a.ln1, w.param(qkvw_), w.param(qkvb_), BT, 3 * Cl, C);
+  cpu::matmul_nt(a.qkv, a.ln1, w.param(qkvw_), w.param(qkvb_), BT, 3 * Cl, C, /*accumulate=*/false,
+                 "attn.c_attn forward");
   if (cache) {
     cpu::attention_decode(a.atty, a.qkv, cache->keys, cache->values, cache->scores, pos0, B, T, Cl,
                           NHl, c_.max_seq);
   } else {
     cpu::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
   }
-  row_parallel(a.residual2, x, a.atty, attprojw_, attprojb_, BT, Cl, tmp);
+  row_parallel(a.residual2, x, a.atty, attprojw_, attprojb_, BT, Cl, tmp, "attn.c_proj forward");
   norm_gather(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, ln2w_, ln2b_, BT, sp);
-  cpu::matmul_nt(a.fch, a.ln2, w.param(fcw_), w.param(fcb_), BT, H, C);
-  cpu::gelu_forward(a.fch_gelu, a.fch, BT * H);
-  row_parallel(y, a.residual2, a.fch_gelu, fcprojw_, fcprojb_, BT, H, tmp);
+  // fch = ln2 · fc^T + fcb, the bias added in the GELU pass
+  cpu::matmul_nt<F>(a.fch, a.ln2, w.param(fcw_), nullptr, BT, H, C, /*accumulate=*/false,
+                    "mlp.c_fc forward");
+  cpu::bias_gelu_forward(a.fch_gelu, a.fch, w.param(fcb_), BT, H);
+  row_parallel(y, a.residual2, a.fch_gelu, fcprojw_, fcprojb_, BT, H, tmp, "mlp.c_proj forward");
 }
 
 template <typename F>
@@ -210,29 +213,32 @@ void BlockT<F>::backward(F* dres, const F* x, const BlockActs<F>& a, const Block
   };
   // y = residual2 + fch_gelu · fcproj^T
   const F* dy = gathered();
-  cpu::matmul_tn(w.grad(fcprojw_), dy, a.fch_gelu, C, H, BT, true);
+  cpu::matmul_tn(w.grad(fcprojw_), dy, a.fch_gelu, C, H, BT, true, "mlp.c_proj weight grad");
   cpu::bias_backward(w.grad(fcprojb_), dy, BT, C);
-  cpu::matmul_nn(s.dfch, dy, w.param(fcprojw_), BT, H, C);
-  cpu::gelu_backward(s.dfch, a.fch, s.dfch, BT * H);
-  cpu::matmul_tn(w.grad(fcw_), s.dfch, a.ln2, H, C, BT, true);
-  cpu::bias_backward(w.grad(fcb_), s.dfch, BT, H);
-  cpu::matmul_nn(s.dln, s.dfch, w.param(fcw_), BT, C, H);
+  cpu::matmul_nn(s.dfch, dy, w.param(fcprojw_), BT, H, C, /*accumulate=*/false,
+                 "mlp.c_proj input grad");
+  cpu::gelu_bias_backward(s.dfch, w.grad(fcb_), a.fch, s.dfch, BT, H);
+  cpu::matmul_tn(w.grad(fcw_), s.dfch, a.ln2, H, C, BT, true, "mlp.c_fc weight grad");
+  cpu::matmul_nn(s.dln, s.dfch, w.param(fcw_), BT, C, H, /*accumulate=*/false,
+                 "mlp.c_fc input grad");
   cpu::layernorm_backward(dres, norm_grads[0], norm_grads[1], reduced(), a.residual2,
                           w.param(ln2w_), a.ln2_mean, a.ln2_rstd, N, C);
   // residual2 = x + atty · attproj^T
   const F* dr = gathered();
-  cpu::matmul_tn(w.grad(attprojw_), dr, a.atty, C, Cl, BT, true);
+  cpu::matmul_tn(w.grad(attprojw_), dr, a.atty, C, Cl, BT, true, "attn.c_proj weight grad");
   cpu::bias_backward(w.grad(attprojb_), dr, BT, C);
-  cpu::matmul_nn(s.datty, dr, w.param(attprojw_), BT, Cl, C);
+  cpu::matmul_nn(s.datty, dr, w.param(attprojw_), BT, Cl, C, /*accumulate=*/false,
+                 "attn.c_proj input grad");
   const F* att = a.att;
   if (!att) {
     cpu::attention_probs(s.att, a.qkv, B, T, Cl, NHl);
     att = s.att;
   }
   cpu::attention_backward(s.dqkv, s.datt, s.datty, a.qkv, att, B, T, Cl, NHl);
-  cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * Cl, C, BT, true);
+  cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * Cl, C, BT, true, "attn.c_attn weight grad");
   cpu::bias_backward(w.grad(qkvb_), s.dqkv, BT, 3 * Cl);
-  cpu::matmul_nn(s.dln, s.dqkv, w.param(qkvw_), BT, C, 3 * Cl);
+  cpu::matmul_nn(s.dln, s.dqkv, w.param(qkvw_), BT, C, 3 * Cl, /*accumulate=*/false,
+                 "attn.c_attn input grad");
   cpu::layernorm_backward(dres, norm_grads[2], norm_grads[3], reduced(), x, w.param(ln1w_),
                           a.ln1_mean, a.ln1_rstd, N, C);
   if (sp) {

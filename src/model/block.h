@@ -74,8 +74,9 @@ class BlockT {
   int layer() const { return layer_; }
 
  private:
+  // `role` names the product in the per-kernel profile.
   void row_parallel(F* out, const F* residual, const F* inp, TensorId w, TensorId b, int64_t BT,
-                    int K, F* tmp);
+                    int K, F* tmp, const char* role);
   void norm_gather(F* out, F* mean, F* rstd, const F* x, TensorId w, TensorId b, int64_t BT,
                    bool sp);
 

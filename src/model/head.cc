@@ -54,7 +54,8 @@ void HeadT<F>::forward(const F* x, const HeadActs<F>& a, int B, int T) {
   cpu::layernorm_forward(mine, a.lnf_mean, a.lnf_rstd, x, store_.param(lnfw_), store_.param(lnfb_),
                          N, C);
   if (N != BT) tp_.all_gather(mine, a.lnf, size_t(N) * C);
-  cpu::matmul_nt<F>(a.logits, a.lnf, store_.param(wte_), nullptr, BT, c_.local_vocab(), C);
+  cpu::matmul_nt<F>(a.logits, a.lnf, store_.param(wte_), nullptr, BT, c_.local_vocab(), C,
+                    /*accumulate=*/false, "lm_head forward");
 }
 
 template <typename F>
@@ -87,8 +88,10 @@ double HeadT<F>::backward(F* dres, F* dln, const F* x, const int32_t* targets, c
   // d(mean loss)/d(loss_i) = 1/BT, times the accumulation scale.
   const double sum = xent(targets, a.logits, a.losses, BT, true, F(loss_scale) / F(BT));
   const F* dlogits = a.logits;
-  cpu::matmul_tn(store_.grad(wte_), dlogits, a.lnf, Vl, C, BT, /*accumulate=*/true);
-  cpu::matmul_nn(dln, dlogits, store_.param(wte_), BT, C, Vl);
+  cpu::matmul_tn(store_.grad(wte_), dlogits, a.lnf, Vl, C, BT, /*accumulate=*/true,
+                 "lm_head weight grad");
+  cpu::matmul_nn(dln, dlogits, store_.param(wte_), BT, C, Vl, /*accumulate=*/false,
+                 "lm_head input grad");
   std::memset(dres, 0, sizeof(F) * N * C);
   // The head is column-parallel: dL/dlnf is the sum of every rank's vocabulary part.
   if (N == BT) {

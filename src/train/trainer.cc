@@ -651,6 +651,7 @@ TrainResult Trainer::train() {
     double norm_sq = local_sq;
     bool nonfinite = !std::isfinite(local_sq) || !std::isfinite(loss);
     if (world_size_ > 1) {
+      const ProfileScope scope(ProfKind::comm, "step scalars all-reduce");
       const bool counts = opt_.zero.stage > 0 || dp_rank_ == 0;
       float scalars[3] = {float(loss),
                           counts ? float(std::min(local_sq, double(FLT_MAX) / world_size_)) : 0.0f,
@@ -699,10 +700,12 @@ TrainResult Trainer::train() {
 
     const double step_s = step_clock.elapsed_s();
     const parallel::StepComm& comm = zero_->step_comm();
+    const parallel::TpCounters& tpc = tp_->counters();  // blocking, so all of it is exposed
     if (profile) {
       profile->add(ProfKind::data_wait, "batch wait", data_ms);
       profile->add(ProfKind::comm, "exposed gradient/parameter waits",
                    comm.exposed_ms + comm.gather_wait_ms);
+      profile->add(ProfKind::comm, "tensor-parallel collectives", tpc.wait_ms);
       // The run's first step builds oneDNN's primitives and chooses the matmul libraries.
       profile->end_step(step, step_s * 1e3, start_step_ + (opt_.steps - start_step_ > 1 ? 2 : 1));
     }
@@ -721,8 +724,6 @@ TrainResult Trainer::train() {
                             "tetra next starts on a quieter machine ({})",
                             cpu::peak_cache_path().string()));
     }
-    const parallel::StepComm& comm = zero_->step_comm();
-    const parallel::TpCounters& tpc = tp_->counters();  // blocking, so all of it is exposed
     nlohmann::json rec = {{"step", step},
                           {"loss", loss},
                           {"lr", lr},

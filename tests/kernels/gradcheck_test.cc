@@ -41,30 +41,6 @@ TEST(GradCheck, LayerNorm) {
   EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
 }
 
-// The residual add fused into LayerNorm: gradients of sum(LN(res + x) * r) with respect to both
-// addends come from layernorm_backward of the sum.
-TEST(GradCheck, ResidualLayerNorm) {
-  const int N = 5, C = 12;
-  Vec res0 = random_vector(N * C, 21, 2.0), x = random_vector(N * C, 22, 2.0);
-  Vec w = random_vector(C, 23), b = random_vector(C, 24), r = random_vector(N * C, 25);
-  Vec res(N * C), out(N * C), mean(N), rstd(N);
-  auto loss = [&] {
-    res = res0;
-    residual_layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), x.data(), w.data(),
-                               b.data(), N, C);
-    return dot(out, r);
-  };
-  loss();
-  for (int i = 0; i < N * C; ++i) EXPECT_EQ(res[i], res0[i] + x[i]);
-  Vec d(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
-  layernorm_backward(d.data(), dw.data(), db.data(), r.data(), res.data(), w.data(), mean.data(),
-                     rstd.data(), N, C);
-  EXPECT_LT(max_grad_error(res0, d, loss), kGradTolerance);
-  EXPECT_LT(max_grad_error(x, d, loss), kGradTolerance);
-  EXPECT_LT(max_grad_error(w, dw, loss), kGradTolerance);
-  EXPECT_LT(max_grad_error(b, db, loss), kGradTolerance);
-}
-
 TEST(GradCheck, LayerNormBackwardAccumulates) {
   const int N = 3, C = 8;
   Vec x = random_vector(N * C, 1), w = random_vector(C, 2), b = random_vector(C, 3);

@@ -116,11 +116,13 @@ void residual_bias_add(F* out, const F* residual, const F* bias, int64_t N, int 
   }
 }
 
-#define TETRA_INSTANTIATE(F)                                       \
-  template void gelu_forward<F>(F*, const F*, int64_t);            \
-  template void gelu_backward<F>(F*, const F*, const F*, int64_t); \
-  template void bias_backward<F>(F*, const F*, int64_t, int);      \
-  template void residual_bias_add<F>(F*, const F*, const F*, int64_t, int);
+#define TETRA_INSTANTIATE(F)                                                \
+  template void gelu_forward<F>(F*, const F*, int64_t);                     \
+  template void gelu_backward<F>(F*, const F*, const F*, int64_t);          \
+  template void bias_backward<F>(F*, const F*, int64_t, int);               \
+  template void residual_bias_add<F>(F*, const F*, const F*, int64_t, int); \
+  template void bias_gelu_forward<F>(F*, F*, const F*, int64_t, int);       \
+  template void gelu_bias_backward<F>(F*, F*, const F*, const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)
 #undef TETRA_INSTANTIATE

@@ -1,4 +1,5 @@
-// Elementwise kernels: GELU (tanh form, GPT-2's gelu_new), the bias gradient, residual + bias.
+// Elementwise kernels: GELU (tanh form, GPT-2's gelu_new), alone and fused with the bias and its
+// gradient; the bias gradient; residual + bias.
 // F is float (training) or double (gradient checks).
 #pragma once
 
@@ -15,6 +16,14 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
 // dbias (OC) += column sums of dout (N,OC).
 template <typename F>
 void bias_backward(F* dbias, const F* dout, int64_t N, int OC);
+// The MLP's bias and activation in one pass: fch (N,OC) += bias (OC), out (N,OC) = gelu(fch).
+// fch keeps the pre-activation for backward.
+template <typename F>
+void bias_gelu_forward(F* out, F* fch, const F* bias, int64_t N, int OC);
+// gelu_backward and bias_backward in one pass: dinp (N,OC) = gelu'(inp) * dout (dinp may alias
+// dout) and dbias (OC) += the column sums of dinp.
+template <typename F>
+void gelu_bias_backward(F* dinp, F* dbias, const F* inp, const F* dout, int64_t N, int OC);
 // out (N,C) += residual (N,C) + bias (C): a row-parallel product's epilogue once its partial sums
 // are reduced.
 template <typename F>

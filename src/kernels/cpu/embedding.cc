@@ -7,6 +7,7 @@ namespace tetra::cpu {
 template <typename F>
 void embedding_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,
                        int C, int pos0, int v0, int Vl) {
+  const ProfileScope profile(ProfKind::embedding, "forward");
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -29,6 +30,7 @@ void embedding_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe
 template <typename F>
 void embedding_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C,
                         int v0, int Vl) {
+  const ProfileScope profile(ProfKind::embedding, "backward");
   // Channels are split across threads so that repeated tokens never race; within a thread the
   // (b, t) order is fixed, so the sums are deterministic for any thread count.
 #pragma omp parallel for schedule(static)

@@ -43,20 +43,6 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
 }
 
 template <typename F>
-void residual_layernorm_forward(F* out, F* mean, F* rstd, F* res, const F* x, const F* weight,
-                                const F* bias, int64_t N, int C) {
-  const ProfileScope profile(ProfKind::layernorm, "residual + forward");
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    F* r = res + i * C;
-    const F* xi = x + i * C;
-#pragma omp simd
-    for (int c = 0; c < C; ++c) r[c] += xi[c];
-    normalize_row(out + i * C, mean + i, rstd + i, r, weight, bias, C);
-  }
-}
-
-template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                         const F* mean, const F* rstd, int64_t N, int C) {
   const ProfileScope profile(ProfKind::layernorm, "backward");
@@ -107,8 +93,6 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
 
 #define TETRA_INSTANTIATE(F)                                                                  \
   template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int64_t, int); \
-  template void residual_layernorm_forward<F>(F*, F*, F*, F*, const F*, const F*, const F*,   \
-                                              int64_t, int);                                  \
   template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,     \
                                       const F*, int64_t, int);
 TETRA_INSTANTIATE(float)

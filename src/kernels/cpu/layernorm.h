@@ -11,11 +11,6 @@ constexpr double kLayerNormEps = 1e-5;
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias,
                        int64_t N, int C);
-// The residual add and LayerNorm in one pass: res (N,C) += x (N,C), then out, mean and rstd as
-// layernorm_forward of res (kept for backward, which is layernorm_backward of res).
-template <typename F>
-void residual_layernorm_forward(F* out, F* mean, F* rstd, F* res, const F* x, const F* weight,
-                                const F* bias, int64_t N, int C);
 // dinp (N,C) accumulates (+=); dweight, dbias (C) accumulate.
 template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
