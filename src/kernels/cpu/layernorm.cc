@@ -9,36 +9,27 @@
 
 namespace tetra::cpu {
 
-namespace {
-
-// One row: out (C) = (x - mean) * rstd * weight + bias.
-template <typename F>
-inline void normalize_row(F* o, F* mean, F* rstd, const F* x, const F* weight, const F* bias,
-                          int C) {
-  F m = 0;
-#pragma omp simd reduction(+ : m)
-  for (int c = 0; c < C; ++c) m += x[c];
-  m /= C;
-  F v = 0;
-#pragma omp simd reduction(+ : v)
-  for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-  v /= C;
-  const F s = F(1) / std::sqrt(v + F(kLayerNormEps));
-#pragma omp simd
-  for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-  *mean = m;
-  *rstd = s;
-}
-
-}  // namespace
-
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias,
                        int64_t N, int C) {
   const ProfileScope profile(ProfKind::layernorm, "forward");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    normalize_row(out + i * C, mean + i, rstd + i, inp + i * C, weight, bias, C);
+    const F* x = inp + i * C;
+    F m = 0;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    F v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    F s = F(1) / std::sqrt(v + F(kLayerNormEps));
+    F* o = out + i * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = s;
   }
 }
 
