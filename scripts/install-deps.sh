@@ -17,6 +17,9 @@ packages=(
   # OpenBLAS's sgemm is one of the matmul libraries tetra chooses from per product; its OpenMP
   # build shares the one OpenMP pool with oneDNN (the pthread build would add a second).
   libopenblas-openmp-dev
+  # The Unicode Character Database (scripts/gen_char_class.py, char_class_test) and ISO names
+  # translated into 30 scripts (the multilingual corpus of the Hugging Face tokenizer test).
+  unicode-data iso-codes
 )
 
 missing=()

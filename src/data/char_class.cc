@@ -1,9 +1,11 @@
-// A compact approximation of Unicode's \p{L}, \p{N} and White_Space for GPT-2 pre-tokenization.
-// Exact for ASCII and Latin-1; for other scripts it lists the letter and digit blocks by range,
-// so some marks, punctuation and rare letters inside those blocks are misclassified (see
-// docs/data.md). A misclassification only moves a piece boundary: encoding stays lossless.
+// Unicode's \p{L}, \p{N} and White_Space for GPT-2 pre-tokenization, from the ranges that
+// scripts/gen_char_class.py generates out of the Unicode Character Database (char_class_table.inc),
+// looked up through a two-stage table built from them on first use.
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <iterator>
+#include <vector>
 
 #include "data/pretokenize.h"
 
@@ -42,43 +44,45 @@ constexpr CharClass L = CharClass::letter;
 constexpr CharClass N = CharClass::number;
 constexpr CharClass S = CharClass::space;
 
-// Sorted, non-overlapping ranges above ASCII; anything not listed is "other".
 constexpr Range kRanges[] = {
-    {0x85, 0x85, S},     {0xA0, 0xA0, S},       {0xAA, 0xAA, L},       {0xB2, 0xB3, N},
-    {0xB5, 0xB5, L},     {0xB9, 0xB9, N},       {0xBA, 0xBA, L},       {0xBC, 0xBE, N},
-    {0xC0, 0xD6, L},     {0xD8, 0xF6, L},       {0xF8, 0x2C1, L},      {0x2C6, 0x2D1, L},
-    {0x2E0, 0x2E4, L},   {0x2EC, 0x2EC, L},     {0x2EE, 0x2EE, L},     {0x370, 0x374, L},
-    {0x376, 0x377, L},   {0x37A, 0x37D, L},     {0x37F, 0x37F, L},     {0x386, 0x386, L},
-    {0x388, 0x3F5, L},   {0x3F7, 0x481, L},     {0x48A, 0x52F, L},     {0x531, 0x556, L},
-    {0x559, 0x559, L},   {0x560, 0x588, L},     {0x5D0, 0x5EA, L},     {0x5EF, 0x5F2, L},
-    {0x620, 0x64A, L},   {0x660, 0x669, N},     {0x66E, 0x66F, L},     {0x671, 0x6D3, L},
-    {0x6D5, 0x6D5, L},   {0x6E5, 0x6E6, L},     {0x6EE, 0x6EF, L},     {0x6F0, 0x6F9, N},
-    {0x6FA, 0x6FC, L},   {0x6FF, 0x6FF, L},     {0x904, 0x939, L},     {0x93D, 0x93D, L},
-    {0x950, 0x950, L},   {0x958, 0x961, L},     {0x966, 0x96F, N},     {0x971, 0x980, L},
-    {0x985, 0x9B9, L},   {0x9E6, 0x9EF, N},     {0xE01, 0xE30, L},     {0xE32, 0xE33, L},
-    {0xE40, 0xE46, L},   {0xE50, 0xE59, N},     {0x10A0, 0x10FF, L},   {0x1100, 0x11FF, L},
-    {0x1680, 0x1680, S}, {0x1E00, 0x1FBC, L},   {0x2000, 0x200A, S},   {0x2028, 0x2029, S},
-    {0x202F, 0x202F, S}, {0x205F, 0x205F, S},   {0x2070, 0x2070, N},   {0x2071, 0x2071, L},
-    {0x2074, 0x2079, N}, {0x207F, 0x207F, L},   {0x2080, 0x2089, N},   {0x2090, 0x209C, L},
-    {0x2150, 0x2189, N}, {0x2460, 0x249B, N},   {0x24EA, 0x24FF, N},   {0x2776, 0x2793, N},
-    {0x2C00, 0x2CE4, L}, {0x3000, 0x3000, S},   {0x3005, 0x3006, L},   {0x3007, 0x3007, N},
-    {0x3021, 0x3029, N}, {0x3041, 0x3096, L},   {0x309D, 0x309F, L},   {0x30A1, 0x30FA, L},
-    {0x30FC, 0x30FF, L}, {0x3105, 0x312F, L},   {0x3131, 0x318E, L},   {0x3400, 0x4DBF, L},
-    {0x4E00, 0x9FFF, L}, {0xA000, 0xA48C, L},   {0xAC00, 0xD7A3, L},   {0xF900, 0xFAFF, L},
-    {0xFB00, 0xFB06, L}, {0xFF10, 0xFF19, N},   {0xFF21, 0xFF3A, L},   {0xFF41, 0xFF5A, L},
-    {0xFF66, 0xFFBE, L}, {0x1D400, 0x1D7CB, L}, {0x1D7CE, 0x1D7FF, N}, {0x20000, 0x2FA1F, L},
+#include "data/char_class_table.inc"
 };
+
+constexpr uint32_t kCodePoints = 0x110000;
+constexpr uint32_t kBlockBits = 8;
+constexpr uint32_t kBlock = 1u << kBlockBits;
+
+// Stage 1 maps each 256-code-point block to one of the distinct blocks of stage 2 (a few hundred:
+// most blocks are all "other", all letters or repeat another), so a lookup is two loads from
+// about 100 KB instead of a binary search over 800 ranges.
+struct ClassTable {
+  std::array<uint16_t, kCodePoints / kBlock> block;
+  std::vector<CharClass> classes;
+};
+
+ClassTable build_class_table() {
+  std::vector<CharClass> flat(kCodePoints, CharClass::other);
+  for (uint32_t c = 0; c < 0x80; ++c) flat[c] = detail::kAsciiClass[c];
+  for (const Range& r : kRanges) std::fill(&flat[r.lo], &flat[r.hi] + 1, r.cls);
+  ClassTable t;
+  for (uint32_t b = 0; b < t.block.size(); ++b) {
+    const CharClass* blk = &flat[b * kBlock];
+    size_t k = 0;
+    const size_t distinct = t.classes.size() / kBlock;
+    while (k < distinct && std::memcmp(&t.classes[k * kBlock], blk, kBlock) != 0) ++k;
+    if (k == distinct) t.classes.insert(t.classes.end(), blk, blk + kBlock);
+    t.block[b] = uint16_t(k);
+  }
+  return t;
+}
 
 }  // namespace
 
 CharClass char_class(uint32_t cp) {
   if (cp < 0x80) return detail::kAsciiClass[cp];
-  const Range* end = std::end(kRanges);
-  const Range* r = std::upper_bound(std::begin(kRanges), end, cp,
-                                    [](uint32_t c, const Range& x) { return c < x.lo; });
-  if (r == std::begin(kRanges)) return CharClass::other;
-  --r;
-  return cp <= r->hi ? r->cls : CharClass::other;
+  if (cp >= kCodePoints) return CharClass::other;
+  static const ClassTable table = build_class_table();
+  return table.classes[size_t(table.block[cp >> kBlockBits]) * kBlock + (cp & (kBlock - 1))];
 }
 
 namespace {

@@ -4,8 +4,9 @@
 //
 // Text is decoded as UTF-8; a byte that does not start a valid UTF-8 sequence is one character of
 // class "other", so every byte sequence splits into pieces that concatenate back to it.
-// \p{L} and \p{N} come from a compact range table (char_class.cc) that covers ASCII, Latin-1 and
-// the main alphabetic scripts; docs/data.md lists what it approximates.
+// \p{L}, \p{N} and \s are Unicode's General_Category L, N and White_Space for every code point,
+// from a table generated out of the Unicode Character Database (char_class.cc), as Oniguruma, the
+// regex engine of Hugging Face's tokenizers, defines them.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,7 @@ namespace tetra {
 
 enum class CharClass : uint8_t { letter, number, space, other };
 
-/** Class of a Unicode code point (the approximation of \p{L}, \p{N}, \s described above). */
+/** Class of a Unicode code point: \p{L}, \p{N}, \s or other (unassigned code points too). */
 CharClass char_class(uint32_t cp);
 
 struct Utf8Char {
