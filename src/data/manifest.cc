@@ -92,8 +92,9 @@ std::vector<ManifestShard> read_split(const Fields& f, const json& splits, const
                 "[data] {}: {}tokens is {}; a shard holds at most 2147483647 tokens{}", origin, at,
                 s.tokens, kRerun);
     const uint64_t version = f.uint(list[k], "version", at);
-    TETRA_CHECK(version == 1 || version == 2,
-                "[data] {}: {}version is {}; expected 1 (uint16 tokens) or 2 (uint32 tokens){}",
+    TETRA_CHECK(version == 1 || version == 2 || version == 7,
+                "[data] {}: {}version is {}; expected 1 (uint16 tokens), 7 (uint32 tokens) or 2 "
+                "(uint32 tokens, earlier tetra){}",
                 origin, at, version, kRerun);
     s.version = int(version);
     s.xxh3 = f.string(list[k], "xxh3", at);

@@ -12,7 +12,7 @@ namespace tetra {
 struct ManifestShard {
   std::string file;  // a plain file name, in the manifest's folder
   uint64_t tokens = 0;
-  int version = 1;   // llm.c shard version: 1 = uint16 tokens, 2 = uint32
+  int version = 1;   // shard version: 1 = uint16 tokens, 7 (2 before) = uint32
   std::string xxh3;  // of the whole file, 16 lowercase hex digits
 };
 

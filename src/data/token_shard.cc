@@ -36,14 +36,17 @@ ShardHeader parse_token_shard_header(std::span<const uint8_t, kShardHeaderBytes>
                                      uint64_t file_bytes, const std::string& path) {
   int32_t header[3];
   std::memcpy(header, bytes.data(), sizeof(header));
-  TETRA_CHECK(header[0] == kShardMagic,
-              "[data] {}: not a token shard: magic 0x{:08x} (expected {}); is this an llm.c .bin "
-              "file?",
-              path, uint32_t(header[0]), kShardMagic);
-  TETRA_CHECK(header[1] == 1 || header[1] == 2,
-              "[data] {}: unsupported shard version {} (expected 1 for uint16 tokens or 2 for "
-              "uint32 tokens); is this an llm.c .bin file?",
-              path, header[1]);
+  TETRA_CHECK(header[0] == kShardMagic || header[0] == kShardMagicU32,
+              "[data] {}: not a token shard: magic 0x{:08x} (expected {} or {}); is this an llm.c "
+              ".bin file?",
+              path, uint32_t(header[0]), kShardMagic, kShardMagicU32);
+  const bool known =
+      header[0] == kShardMagic ? header[1] == 1 || header[1] == 2 : header[1] == kShardVersionU32;
+  TETRA_CHECK(known,
+              "[data] {}: unsupported shard version {} for magic {} (expected magic {} with "
+              "version 1 for uint16 tokens or 2 for uint32 tokens, or magic {} with version {} "
+              "for uint32 tokens); is this an llm.c .bin file?",
+              path, header[1], header[0], kShardMagic, kShardMagicU32, kShardVersionU32);
   TETRA_CHECK(header[2] >= 0,
               "[data] {}: negative token count {} in the header; the shard is corrupt, re-run "
               "tetra data prepare",
@@ -134,7 +137,7 @@ void TokenShard::read(size_t begin, size_t n, int32_t* out) const {
               "[data] {}: read of tokens [{}, {}) is past the end of the shard ({} tokens)", path_,
               begin, begin + n, num_tokens_);
   const uint64_t at = kShardHeaderBytes + uint64_t(begin) * token_bytes(version_);
-  if (version_ == 2) {
+  if (version_ != 1) {
     // uint32 tokens below 2^31 (every vocabulary) read as int32 unchanged.
     read_bytes(at, n * sizeof(int32_t), out);
     return;
@@ -205,10 +208,10 @@ void write_token_shard(const std::string& path, std::span<const uint32_t> tokens
               "into several shards",
               path, tokens.size());
   const uint32_t max = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
-  const int version = max <= std::numeric_limits<uint16_t>::max() ? 1 : 2;
+  const int version = max <= std::numeric_limits<uint16_t>::max() ? 1 : kShardVersionU32;
 
   int32_t header[kShardHeaderInts] = {};
-  header[0] = kShardMagic;
+  header[0] = version == 1 ? kShardMagic : kShardMagicU32;
   header[1] = version;
   header[2] = int32_t(tokens.size());
   std::vector<uint8_t> buf(kShardHeaderBytes + tokens.size() * token_bytes(version));

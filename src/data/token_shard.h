@@ -1,7 +1,9 @@
-// llm.c token shards: an int32[256] header (magic 20240520, version, token count, rest 0)
-// followed by the tokens: version 1 stores uint16 tokens, version 2 stores uint32 tokens (for
-// vocabularies over 65,535). Shards are read with checked pread calls, not mmap: a shard
-// truncated while a job reads it gives a tetra::Error naming it instead of a bus error.
+// llm.c token shards: an int32[256] header (magic, version, token count, rest 0) followed by the
+// tokens. llm.c's dev/data/data_common.py defines two: magic 20240520 version 1 with uint16 tokens
+// (GPT-2) and magic 20240801 version 7 with uint32 tokens (Llama 3, any vocabulary over 65,535).
+// Magic 20240520 version 2 with uint32 tokens is tetra's own earlier format, still read. Shards
+// are read with checked pread calls, not mmap: a shard truncated while a job reads it gives a
+// tetra::Error naming it instead of a bus error.
 #pragma once
 
 #include <cstddef>
@@ -11,12 +13,14 @@
 
 namespace tetra {
 
-constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardMagic = 20240520;     // versions 1 (uint16) and 2 (uint32, tetra's)
+constexpr int32_t kShardMagicU32 = 20240801;  // version 7 (uint32), llm.c's Llama 3 format
+constexpr int kShardVersionU32 = 7;
 constexpr int kShardHeaderInts = 256;
 constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
 
 struct ShardHeader {
-  int version = 1;
+  int version = 1;  // 1, 2 or 7; every version but 1 stores uint32 tokens
   size_t num_tokens = 0;
 };
 
@@ -59,7 +63,8 @@ class TokenShard {
   int version_ = 1;
 };
 
-/** Writes a shard; version 1 (uint16) when every token fits, else version 2 (uint32). Writes to
+/** Writes a shard; version 1 (uint16) when every token fits, else llm.c's uint32 format (magic
+ * 20240801, version 7). Writes to
  * a temporary file and renames it into place, so an existing shard is never half-overwritten. */
 void write_token_shard(const std::string& path, std::span<const uint32_t> tokens);
 

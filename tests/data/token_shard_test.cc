@@ -76,20 +76,33 @@ TEST_F(TokenShardTest, RoundTripVersion1) {
   EXPECT_EQ(shard.max_token(), 65535u);
 }
 
-TEST_F(TokenShardTest, RoundTripVersion2) {
+TEST_F(TokenShardTest, RoundTripUint32InLlmcVersion7) {
   std::vector<uint32_t> tokens = {128000, 9906, 65536, 0, 128255};
-  std::string path = file("v2.bin");
+  std::string path = file("v7.bin");
   write_token_shard(path, tokens);
   EXPECT_EQ(fs::file_size(path), 1024 + tokens.size() * 4);
+  int32_t header[3];
+  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(header[0], 20240801);  // llm.c's data_common.py, "llama-3"
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 5);
 
   TokenShard shard(path);
-  EXPECT_EQ(shard.version(), 2);
+  EXPECT_EQ(shard.version(), 7);
   ASSERT_EQ(shard.size(), tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(shard[i], tokens[i]);
   std::vector<int32_t> out(5);
   shard.read(0, 5, out.data());
   EXPECT_EQ(out, (std::vector<int32_t>{128000, 9906, 65536, 0, 128255}));
   EXPECT_EQ(shard.max_token(), 128255u);
+}
+
+// Shards of earlier tetra versions (magic 20240520, version 2, uint32) stay readable.
+TEST_F(TokenShardTest, ReadsTetrasEarlierUint32Version2) {
+  const std::string path = write_raw(kShardMagic, 2, 3, 12);
+  TokenShard shard(path);
+  EXPECT_EQ(shard.version(), 2);
+  EXPECT_EQ(shard[2], 0x01010101u);
 }
 
 TEST_F(TokenShardTest, EmptyShardIsValid) {
@@ -152,13 +165,20 @@ TEST_F(TokenShardTest, WriteReplacesWithoutTemporaries) {
 TEST_F(TokenShardTest, RefusesWrongMagic) {
   std::string err = open_error(write_raw(12345, 1, 0, 0));
   EXPECT_THAT(err, HasSubstr("[data] " + file("raw.bin")));
-  EXPECT_THAT(err, HasSubstr("not a token shard: magic 0x00003039 (expected 20240520); is this "
-                             "an llm.c .bin file?"));
+  EXPECT_THAT(err, HasSubstr("not a token shard: magic 0x00003039 (expected 20240520 or "
+                             "20240801); is this an llm.c .bin file?"));
 }
 
 TEST_F(TokenShardTest, RefusesWrongVersion) {
   EXPECT_THAT(open_error(write_raw(kShardMagic, 3, 0, 0)),
-              HasSubstr("unsupported shard version 3"));
+              HasSubstr("unsupported shard version 3 for magic 20240520"));
+  // Each magic has its own versions: llm.c's uint32 magic with version 1 or 2 is no shard.
+  EXPECT_THAT(open_error(write_raw(kShardMagicU32, 1, 0, 0)),
+              HasSubstr("unsupported shard version 1 for magic 20240801"));
+  EXPECT_THAT(open_error(write_raw(kShardMagic, 7, 0, 0)),
+              HasSubstr("unsupported shard version 7 for magic 20240520 (expected magic 20240520 "
+                        "with version 1 for uint16 tokens or 2 for uint32 tokens, or magic "
+                        "20240801 with version 7 for uint32 tokens)"));
 }
 
 TEST_F(TokenShardTest, RefusesTruncated) {
@@ -235,7 +255,7 @@ TEST_F(TokenShardTest, ChecksumIsTheFilesXxh3) {
   std::vector<uint32_t> tokens(300000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i * 7919 % 70000);
   const std::string path = file("sum.bin");
-  write_token_shard(path, tokens);  // version 2, larger than one scan block
+  write_token_shard(path, tokens);  // version 7, larger than one scan block
   std::ifstream in(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   TokenShard shard(path);

@@ -88,6 +88,7 @@ def token_shard_files():
     seeds = {
         "valid_v1.bin": shard(tokens=[256, 72, 101, 108, 108, 111, 256]),
         "valid_v2.bin": shard(version=2, tokens=[70000, 1, 2, 100257]),
+        "valid_v7.bin": shard(magic=20240801, version=7, tokens=[70000, 1, 2, 128255]),
         "valid_empty.bin": shard(tokens=[]),
     }
     bad = {
@@ -101,6 +102,7 @@ def token_shard_files():
         "truncated.bin": shard(count=10, tokens=[1] * 9),
         "extra_bytes.bin": shard(tokens=[1, 2, 3], extra=b"\0"),
         "v2_read_as_v1.bin": shard(version=2, count=4, tokens=[1, 2], width=4),
+        "v7_with_v1_magic.bin": shard(version=7, tokens=[70000, 1]),
     }
     return seeds, bad
 

@@ -55,10 +55,12 @@ constexpr Case kCases[] = {
 
     {"token_shard", "empty.bin", "file has 0 bytes, shorter than the 1024-byte shard header"},
     {"token_shard", "short_header.bin", "file has 500 bytes, shorter than the 1024-byte"},
-    {"token_shard", "bad_magic.bin", "not a token shard: magic 0x00003039 (expected 20240520)"},
+    {"token_shard", "bad_magic.bin",
+     "not a token shard: magic 0x00003039 (expected 20240520 or 20240801)"},
     {"token_shard", "text_file.bin", "not a token shard: magic 0x20656874"},
     {"token_shard", "version_0.bin", "unsupported shard version 0"},
     {"token_shard", "version_3.bin", "unsupported shard version 3"},
+    {"token_shard", "v7_with_v1_magic.bin", "unsupported shard version 7 for magic 20240520"},
     {"token_shard", "negative_count.bin", "negative token count -5 in the header"},
     {"token_shard", "truncated.bin",
      "truncated: header says 10 tokens (20 bytes) but file has 1042 bytes"},
