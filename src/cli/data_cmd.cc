@@ -15,7 +15,7 @@ constexpr const char* kUsage =
     "usage: tetra data prepare --input PATH [--input PATH ...] --out DIR\n"
     "                          [--tokenizer byte|train:N|FILE.json] [--shard-tokens N]\n"
     "                          [--val-fraction F] [--threads N] [--allow-binary]\n"
-    "                          [--no-progress]\n"
+    "                          [--special-tokens match|ordinary|refuse] [--no-progress]\n"
     "\n"
     "Tokenizes text files (folders are searched recursively; each file is one document) into\n"
     "llm.c token shards train_NNNNNN.bin / val_NNNNNN.bin, plus tokenizer.json and\n"
@@ -42,6 +42,10 @@ int prepare_main(const Args& args) {
        {{"--allow-binary", ValueKind::Bool, "false",
          "tokenize inputs that look binary (a NUL byte, or more than 1% of the bytes not valid "
          "UTF-8) instead of refusing them"}},
+       {{"--special-tokens", ValueKind::String, "\"match\"",
+         "what the text of a special token such as <|endoftext|> in an input becomes: match = "
+         "that token's id (as Hugging Face), ordinary = plain text, refuse = an error"},
+        "MODE"},
        {{"--no-progress", ValueKind::Bool, "false", "no progress line"}}});
   if (!p.parse(args)) return 0;
   PrepareOptions o;
@@ -53,6 +57,7 @@ int prepare_main(const Args& args) {
   o.threads = int(p.i("--threads"));
   o.allow_binary = p.b("--allow-binary");
   o.progress = !p.b("--no-progress");
+  o.special_tokens = parse_special_tokens(p.s("--special-tokens"), "data");
   TETRA_CHECK(!o.inputs.empty(), "[data] no --input given; see tetra data prepare --help");
   TETRA_CHECK(!o.out_dir.empty(), "[data] no --out given; see tetra data prepare --help");
   prepare_dataset(o);

@@ -27,6 +27,7 @@ constexpr const char* kUsage =
     "usage: tetra generate --model FILE.safetensors --tokenizer FILE.json|byte --prompt TEXT\n"
     "                      [--prompt TEXT ...] [--max-tokens 64] [--temperature 0.8]\n"
     "                      [--top-k 40] [--seed 1] [--threads N]\n"
+    "                      [--special-tokens match|ordinary|refuse]\n"
     "                      [--config RUN_DIR/config.toml] [--model.KEY=VALUE ...]\n"
     "\n"
     "Continues each prompt with tokens sampled from the model and prints the text.\n"
@@ -83,7 +84,11 @@ int generate_main(const Args& args) {
        {{"--seed", ValueKind::Int, "1", "the same seed, model and prompt give the same text",
          "[0, inf)"},
         "S"},
-       {{"--threads", ValueKind::Int, "0", "compute threads; 0 = all cores", "[0, 1024]"}, "N"}});
+       {{"--threads", ValueKind::Int, "0", "compute threads; 0 = all cores", "[0, 1024]"}, "N"},
+       {{"--special-tokens", ValueKind::String, "\"match\"",
+         "what the text of a special token such as <|endoftext|> in a prompt becomes: match = "
+         "that token's id (as Hugging Face), ordinary = plain text, refuse = an error"},
+        "MODE"}});
   p.allow_overrides(train_config_schema(), "model.");
   if (!p.parse(args)) return 0;
   const std::string& model_path = p.s("--model");
@@ -96,6 +101,7 @@ int generate_main(const Args& args) {
   sampling.temperature = float(p.f("--temperature"));
   sampling.top_k = int(p.i("--top-k"));
   sampling.seed = uint64_t(p.i("--seed"));
+  const SpecialTokens special = parse_special_tokens(p.s("--special-tokens"), "generate");
   TETRA_CHECK(!model_path.empty(), "[generate] give the weights: --model FILE.safetensors");
   TETRA_CHECK(!tokenizer_spec.empty(),
               "[generate] give the tokenizer the model was trained with: --tokenizer "
@@ -134,7 +140,17 @@ int generate_main(const Args& args) {
     Generator gen(model);
     const int32_t eot = int32_t(tokenizer->eot_token());
     for (const std::string& prompt : prompts) {
-      std::vector<uint32_t> ids = tokenizer->encode(prompt);
+      if (special == SpecialTokens::refuse) {
+        const auto m = find_added_token(*tokenizer, prompt);
+        TETRA_CHECK(!m,
+                    "[generate] the prompt '{}' holds the special token '{}' at byte {}, refused "
+                    "by --special-tokens refuse; pass --special-tokens match to encode it as that "
+                    "token or ordinary to encode it as text",
+                    prompt, m ? m->token->content : "", m ? m->offset : 0);
+      }
+      std::vector<uint32_t> ids = special == SpecialTokens::match
+                                      ? encode_matching_added_tokens(*tokenizer, prompt, 1)
+                                      : tokenizer->encode(prompt);
       TETRA_CHECK(!ids.empty(), "[generate] the prompt '{}' encodes to no tokens", prompt);
       std::vector<int32_t> context(ids.begin(), ids.end());
       std::vector<int32_t> added = generate(gen, context, max_tokens, sampling, eot);

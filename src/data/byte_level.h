@@ -24,6 +24,6 @@ bool byte_level_decode(std::string_view text, std::string& bytes);
  * BPE model with tokens (raw bytes, by id) as vocab and merges as "a b" strings. */
 std::string hf_tokenizer_json(const std::vector<std::string>& tokens,
                               const std::vector<BpeTokenizer::Merge>& merges,
-                              const std::vector<BpeTokenizer::AddedToken>& added, int indent);
+                              const std::vector<AddedToken>& added, int indent);
 
 }  // namespace tetra::detail

@@ -88,7 +88,8 @@ class ShardWriter {
     ShardInfo info;
     info.file = fmt::format("{}_{:06d}.bin", prefix_, shards_.size());
     info.tokens = buf_.size();
-    info.version = max_token <= 0xFFFF ? 1 : 2;  // the rule write_token_shard follows
+    info.version =
+        max_token <= 0xFFFF ? 1 : kShardVersionU32;  // the rule write_token_shard follows
     const std::string path = (fs::path(dir_) / info.file).string();
     write_token_shard(path, buf_);
     info.xxh3 = file_xxh3(path);
@@ -447,14 +448,27 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     size_t offset = 0;
     const bool show = o.progress && ::isatty(2);
     Stopwatch encode_sw;
-    auto encode = [&](std::string_view text) {
-      const auto ids = encode_parallel(*tok, text, threads);
+    // text starts at byte `at` of file f.
+    auto encode = [&](std::string_view text, const std::string& f, size_t at) {
+      if (o.special_tokens == SpecialTokens::refuse) {
+        if (const auto m = find_added_token(*tok, text)) {
+          fail(
+              "[data] input {}: byte {} starts the special token '{}' (id {}), refused by "
+              "--special-tokens refuse; remove it from the input, or pass --special-tokens match "
+              "to encode it as that token (as Hugging Face does) or ordinary to encode it as text",
+              f, at + m->offset, m->token->content, m->token->id);
+        }
+      }
+      const auto ids = o.special_tokens == SpecialTokens::match
+                           ? encode_matching_added_tokens(*tok, text, threads)
+                           : encode_parallel(*tok, text, threads);
       (in_val ? val : train).push(ids);
     };
     for (const auto& f : files) {
       BlockReader reader(f);
       std::string block;
       bool doc_start = true;
+      size_t file_offset = 0;
       while (reader.next(block)) {
         if (!in_val && offset >= cut && o.val_fraction > 0) in_val = true;
         // Every document starts with <|endoftext|>, as in llm.c's data scripts.
@@ -464,13 +478,14 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
         if (!in_val && o.val_fraction > 0 && offset + text.size() > cut) {
           const size_t p = cut > offset ? find_text_split(text, cut - offset) : 0;
           if (p != std::string_view::npos) {
-            encode(text.substr(0, p));
+            encode(text.substr(0, p), f, file_offset);
             in_val = true;
             text = text.substr(p);
           }
         }
-        encode(text);
+        encode(text, f, file_offset + (block.size() - text.size()));
         offset += block.size();
+        file_offset += block.size();
         if (show) {
           const double mb = offset / 1e6;
           std::fprintf(stderr, "\r[data] %5.1f%%  %.1f / %.1f MB  %.1f MB/s  %zu tokens   ",
@@ -485,6 +500,21 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     if (o.val_fraction > 0 && val.total() == 0) {
       log_warn("[data] the validation split is empty: the input is too small for --val-fraction {}",
                o.val_fraction);
+    }
+    // One warning per split: with a tiny --shard-tokens every shard of it is short.
+    for (const ShardWriter* split : {&train, &val}) {
+      const auto& shards = split->shards();
+      const auto is_short = [](const ShardInfo& s) { return s.tokens < kLlmcMinShardTokens; };
+      const auto first = std::find_if(shards.begin(), shards.end(), is_short);
+      if (first == shards.end()) continue;
+      const auto more = std::count_if(first + 1, shards.end(), is_short);
+      log_warn(
+          "[data] {}: {} tokens{}; llm.c's DataLoader refuses a shard of fewer than processes x B "
+          "x T + 1 tokens ({} for its defaults B=4, T=1024 on one process); tetra reads it, but "
+          "for llm.c give the split more text or a larger --shard-tokens",
+          (out / first->file).string(), first->tokens,
+          more ? fmt::format(" ({} more shards of the split are as short)", more) : "",
+          kLlmcMinShardTokens);
     }
 
     r.train_tokens = train.total();

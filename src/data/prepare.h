@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
+
 namespace tetra {
 
 struct PrepareOptions {
@@ -26,12 +28,20 @@ struct PrepareOptions {
   bool allow_binary = false;
   /** Show a progress line on stderr when it is a terminal. */
   bool progress = true;
+  /** What the text of an added token ("<|endoftext|>") in an input becomes; match gives its id,
+   * as Hugging Face does. */
+  SpecialTokens special_tokens = SpecialTokens::match;
 };
+
+/** llm.c's DataLoader asserts that every shard holds at least processes * B * T + 1 tokens; this
+ * is that bound for its train_gpt2.cu defaults, B = 4, T = 1024, one process. prepare warns about
+ * shorter shards (tetra reads them). */
+constexpr size_t kLlmcMinShardTokens = 4 * 1024 + 1;
 
 struct ShardInfo {
   std::string file;  // name inside out_dir
   size_t tokens = 0;
-  int version = 1;   // llm.c shard version: 1 = uint16 tokens, 2 = uint32
+  int version = 1;   // shard version: 1 = uint16 tokens, 7 = uint32
   std::string xxh3;  // of the whole file, 16 hex digits
 };
 

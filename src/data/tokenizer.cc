@@ -87,7 +87,7 @@ bool byte_level_decode(std::string_view text, std::string& bytes) {
 
 std::string hf_tokenizer_json(const std::vector<std::string>& tokens,
                               const std::vector<BpeTokenizer::Merge>& merges,
-                              const std::vector<BpeTokenizer::AddedToken>& added, int indent) {
+                              const std::vector<AddedToken>& added, int indent) {
   const bool pretty = indent >= 0;
   const std::string nl = pretty ? "\n" : "";
   const std::string sp = pretty ? " " : "";
@@ -182,11 +182,16 @@ std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) const {
   return out;
 }
 
+const std::vector<AddedToken>& ByteTokenizer::added_tokens() const {
+  static const std::vector<AddedToken> added{{256, "<|endoftext|>", true}};
+  return added;
+}
+
 std::string ByteTokenizer::to_json(int indent) const {
   std::vector<std::string> tokens(257);
   for (int b = 0; b < 256; ++b) tokens[b] = std::string(1, static_cast<char>(b));
   tokens[256] = "<|endoftext|>";
-  return detail::hf_tokenizer_json(tokens, {}, {{256, "<|endoftext|>", true}}, indent);
+  return detail::hf_tokenizer_json(tokens, {}, added_tokens(), indent);
 }
 
 std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view text, int threads) {
@@ -205,6 +210,73 @@ std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view tex
   std::vector<uint32_t> out;
   out.reserve(total);
   for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+SpecialTokens parse_special_tokens(std::string_view value, std::string_view module) {
+  if (value == "match") return SpecialTokens::match;
+  if (value == "ordinary") return SpecialTokens::ordinary;
+  if (value == "refuse") return SpecialTokens::refuse;
+  fail(
+      "[{}] --special-tokens {}: expected match (a special token's text becomes its id, as in "
+      "Hugging Face), ordinary (encoded as plain text) or refuse (an error)",
+      module, value);
+}
+
+namespace {
+// The next occurrence of every added token at or after a moving offset. A token's position is
+// searched again only once the offset passes it, so a whole text costs one scan per token.
+class AddedTokenScanner {
+ public:
+  AddedTokenScanner(const Tokenizer& tok, std::string_view text, size_t from)
+      : added_(tok.added_tokens()), text_(text), next_(added_.size()) {
+    for (size_t k = 0; k < added_.size(); ++k) search(k, from);
+  }
+  /** The leftmost occurrence at or after `from`, the longest content among those starting there. */
+  std::optional<AddedTokenMatch> next(size_t from) {
+    std::optional<AddedTokenMatch> best;
+    for (size_t k = 0; k < added_.size(); ++k) {
+      if (next_[k] != std::string_view::npos && next_[k] < from) search(k, from);
+      const size_t at = next_[k];
+      if (at == std::string_view::npos) continue;
+      if (!best || at < best->offset ||
+          (at == best->offset && added_[k].content.size() > best->token->content.size())) {
+        best = AddedTokenMatch{at, &added_[k]};
+      }
+    }
+    return best;
+  }
+
+ private:
+  void search(size_t k, size_t from) {
+    next_[k] =
+        added_[k].content.empty() ? std::string_view::npos : text_.find(added_[k].content, from);
+  }
+  const std::vector<AddedToken>& added_;
+  std::string_view text_;
+  std::vector<size_t> next_;
+};
+}  // namespace
+
+std::optional<AddedTokenMatch> find_added_token(const Tokenizer& tok, std::string_view text,
+                                                size_t from) {
+  return AddedTokenScanner(tok, text, from).next(from);
+}
+
+std::vector<uint32_t> encode_matching_added_tokens(const Tokenizer& tok, std::string_view text,
+                                                   int threads) {
+  AddedTokenScanner scan(tok, text, 0);
+  std::vector<uint32_t> out;
+  size_t at = 0;
+  while (const auto m = scan.next(at)) {
+    const auto part = encode_parallel(tok, text.substr(at, m->offset - at), threads);
+    out.insert(out.end(), part.begin(), part.end());
+    out.push_back(m->token->id);
+    at = m->offset + m->token->content.size();
+  }
+  if (at == 0) return encode_parallel(tok, text, threads);
+  const auto tail = encode_parallel(tok, text.substr(at), threads);
+  out.insert(out.end(), tail.begin(), tail.end());
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -14,6 +15,13 @@
 #include <vector>
 
 namespace tetra {
+
+/** A token of Hugging Face's added_tokens list (stored verbatim, not byte-level mapped). */
+struct AddedToken {
+  uint32_t id;
+  std::string content;
+  bool special;
+};
 
 /** Maps text to token ids and back. Implementations are immutable and safe to share between
  * threads. encode() treats its input as plain text: "<|endoftext|>" inside it is encoded as
@@ -30,6 +38,8 @@ class Tokenizer {
   virtual uint32_t eot_token() const = 0;
   /** "byte" or "bpe". */
   virtual std::string name() const = 0;
+  /** Hugging Face's added_tokens: "<|endoftext|>" and any other token matched as a whole. */
+  virtual const std::vector<AddedToken>& added_tokens() const = 0;
   /** The canonical Hugging Face tokenizer.json text; indent < 0 gives the compact form. */
   virtual std::string to_json(int indent = -1) const = 0;
 
@@ -48,6 +58,7 @@ class ByteTokenizer final : public Tokenizer {
   size_t vocab_size() const override { return 257; }
   uint32_t eot_token() const override { return 256; }
   std::string name() const override { return "byte"; }
+  const std::vector<AddedToken>& added_tokens() const override;
   std::string to_json(int indent = -1) const override;
 };
 
@@ -55,12 +66,7 @@ class ByteTokenizer final : public Tokenizer {
  * applied lowest rank first within each piece. */
 class BpeTokenizer final : public Tokenizer {
  public:
-  /** A token of Hugging Face's added_tokens list (stored verbatim, not byte-level mapped). */
-  struct AddedToken {
-    uint32_t id;
-    std::string content;
-    bool special;
-  };
+  using AddedToken = tetra::AddedToken;
   using Merge = std::pair<uint32_t, uint32_t>;
 
   /** tokens[id] is the token's raw bytes; merges are in rank order; every single byte must be a
@@ -73,6 +79,7 @@ class BpeTokenizer final : public Tokenizer {
   size_t vocab_size() const override { return tokens_.size(); }
   uint32_t eot_token() const override { return eot_; }
   std::string name() const override { return "bpe"; }
+  const std::vector<AddedToken>& added_tokens() const override { return added_; }
   std::string to_json(int indent = -1) const override;
 
   const std::vector<Merge>& merges() const { return merges_; }
@@ -108,5 +115,28 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(std::string_view text, const std
 /** encode() over threads: text is cut only where the cut cannot change the encoding, so the
  * result equals tok.encode(text). */
 std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view text, int threads);
+
+/** What encoding does with the text of an added token (e.g. "<|endoftext|>") in its input:
+ * `match` gives the token's id, as Hugging Face's tokenizers do by default; `ordinary` encodes it
+ * as plain text (tiktoken's encode_ordinary); `refuse` is an error naming it. */
+enum class SpecialTokens { match, ordinary, refuse };
+
+/** Parses --special-tokens; errors read "[module] --special-tokens VALUE: ...". */
+SpecialTokens parse_special_tokens(std::string_view value, std::string_view module);
+
+struct AddedTokenMatch {
+  size_t offset;  // byte offset in the text
+  const AddedToken* token;
+};
+
+/** The first occurrence at or after `from` of an added token's content (at the leftmost offset,
+ * the longest content), as Hugging Face's added vocabulary finds them; nullopt when none. */
+std::optional<AddedTokenMatch> find_added_token(const Tokenizer& tok, std::string_view text,
+                                                size_t from = 0);
+
+/** Encodes text as Hugging Face does by default: each added token found (find_added_token) becomes
+ * its id and the text between them is encoded by encode_parallel. */
+std::vector<uint32_t> encode_matching_added_tokens(const Tokenizer& tok, std::string_view text,
+                                                   int threads);
 
 }  // namespace tetra

@@ -136,7 +136,7 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& path, const js
                 path, key);
     set_token(value.get<uint64_t>(), std::move(bytes), key);
   }
-  std::vector<BpeTokenizer::AddedToken> added;
+  std::vector<AddedToken> added;
   for (size_t k = 0; k < added_list.size(); ++k) {
     const json& a = added_list[k];
     TETRA_CHECK(a.is_object(), "[tokenizer] {}: added_tokens[{}] is {}; expected an object", path,
