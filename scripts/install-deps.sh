@@ -20,7 +20,12 @@ packages=(
   # The Unicode Character Database (scripts/gen_char_class.py, char_class_test) and ISO names
   # translated into 30 scripts (the multilingual corpus of the Hugging Face tokenizer test).
   unicode-data iso-codes
+  # Node.js for Hugging Face's tokenizers (below) and the demo's corpus download.
+  nodejs
 )
+# npm: Debian's package, unless the installed Node.js brings its own (NodeSource's does, and it
+# conflicts with Debian's).
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -28,12 +33,21 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "[deps] all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "[deps] installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "[deps] installing: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Hugging Face's tokenizers, the reference of tests/data/hf_compat_test.py: the Node binding of
+# the Rust library and the pure JavaScript port, at the versions and sha512 sums pinned in
+# tools/package-lock.json, into tools/node_modules (nothing is installed globally).
+tools="$(cd "$(dirname "${BASH_SOURCE[0]}")/../tools" && pwd)"
+lock="$tools/node_modules/.package-lock.json"
+if [ ! -f "$lock" ] || [ "$tools/package-lock.json" -nt "$lock" ]; then
+  echo "[deps] npm ci in $tools"
+  npm ci --prefix "$tools" --no-audit --no-fund --silent
+fi

@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""tetra against Hugging Face's own tokenizers (tests/data/hf_tokenizers.js runs them in Node, from
+tools/node_modules, which scripts/install-deps.sh installs from npm):
+
+  pretokenize  GPT-2's pattern, piece for piece, over every range edge of the character table and
+               a sample of every plane, each code point after a letter, a digit, a symbol and a
+               space
+  multilingual a BPE trained by `tetra data prepare` on half of a corpus of 158 scripts (ISO names
+               in 30 scripts from iso-codes, words generated from the Unicode data for every
+               script); the other half prepared with it, one file per string: every string's ids
+               equal HF's and decode back to the string; the per-script table is printed
+  uint32       a 70,000-token vocabulary: shards in llm.c's uint32 format (magic 20240801,
+               version 7), read by a reader written from llm.c's definition, equal HF's ids
+  special      <|endoftext|> in text: --special-tokens match equals HF's default encoding,
+               ordinary encodes it as text, refuse is an error naming file and offset
+
+  hf_compat_test.py --case NAME --tetra BIN --dump PRETOKENIZE_DUMP --node-modules DIR
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import multilingual_corpus  # noqa: E402
+from llmc_shard import read_llmc_shard  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+class Env:
+    def __init__(self, args, work):
+        self.tetra, self.dump, self.modules, self.work = args.tetra, args.dump, args.node_modules, work
+
+    def path(self, *parts):
+        return os.path.join(self.work, *parts)
+
+    def hf(self, request):
+        """Runs one request through Hugging Face's tokenizers (hf_tokenizers.js)."""
+        req, res = self.path("hf_request.json"), self.path("hf_response.json")
+        with open(req, "w", encoding="utf-8") as f:
+            json.dump(request, f)
+        subprocess.run(["node", os.path.join(HERE, "hf_tokenizers.js"), self.modules, req, res],
+                       check=True)
+        with open(res, encoding="utf-8") as f:
+            return json.load(f)
+
+    def run_tetra(self, *args, expect_ok=True):
+        p = subprocess.run([self.tetra, *args], capture_output=True, text=True)
+        if expect_ok and p.returncode != 0:
+            sys.exit(f"tetra {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
+        return p
+
+    def prepare(self, inputs, out, tokenizer, *extra):
+        args = ["data", "prepare", "--out", out, "--tokenizer", tokenizer, "--val-fraction", "0",
+                "--no-progress", *extra]
+        for i in inputs:
+            args += ["--input", i]
+        return self.run_tetra(*args)
+
+
+def shard_tokens(out_dir):
+    """Every token of a prepared dataset's train split, read as llm.c would."""
+    tokens = []
+    names = sorted(n for n in os.listdir(out_dir) if n.startswith("train_"))
+    for n in names:
+        _, _, t = read_llmc_shard(os.path.join(out_dir, n))
+        tokens += t.tolist()
+    return tokens
+
+
+def split_documents(tokens, eot):
+    """Documents of a prepared stream: each one starts with the separator."""
+    docs = []
+    for t in tokens:
+        if t == eot:
+            docs.append([])
+        else:
+            docs[-1].append(t)
+    return docs
+
+
+def write_documents(folder, texts):
+    os.makedirs(folder)
+    for i, t in enumerate(texts):
+        with open(os.path.join(folder, f"{i:06d}.txt"), "w", encoding="utf-8") as f:
+            f.write(t)
+
+
+def assigned_code_points(ucd=multilingual_corpus.UCD):
+    assigned = set()
+    first = None
+    with open(f"{ucd}/UnicodeData.txt", encoding="utf-8") as f:
+        for line in f:
+            cp, name = line.split(";")[:2]
+            cp = int(cp, 16)
+            if name.endswith(", First>"):
+                first = cp
+            elif name.endswith(", Last>"):
+                assigned.update(range(first, cp + 1))
+            else:
+                assigned.add(cp)
+    return assigned
+
+
+def case_pretokenize(env):
+    with open(os.path.join(ROOT, "src/data/char_class_table.inc"), encoding="utf-8") as f:
+        edges = set()
+        for line in f:
+            for item in line.split("},"):
+                item = item.strip(" {},\n")
+                if item.startswith("0x"):
+                    lo, hi = (int(x, 16) for x in item.split(",")[:2])
+                    edges.update({lo - 1, lo, hi, hi + 1})
+    points = edges | set(range(0, 0x10000, 7)) | set(range(0x10000, 0x110000, 61))
+    points = sorted(cp for cp in points if 0 < cp < 0x110000 and not 0xD800 <= cp < 0xE000)
+    lines = [f"a{c}1{c}!{c} {c}\n".encode("utf-8") for c in map(chr, points)]
+    text_file = env.path("code_points.txt")
+    with open(text_file, "wb") as f:
+        f.write(b"".join(lines))
+    ours = [int(x) for x in subprocess.run([env.dump, text_file], check=True, capture_output=True,
+                                           text=True).stdout.split()]
+    theirs = env.hf({"op": "pieces", "text_file": text_file})["lengths"]
+
+    def cuts(lengths):
+        out, at = set(), 0
+        for n in lengths:
+            at += n
+            out.add(at)
+        return out
+
+    ours_cuts, theirs_cuts = cuts(ours), cuts(theirs)
+    assigned = assigned_code_points()
+    newer, at = [], 0
+    for cp, line in zip(points, lines):
+        span = range(at, at + len(line) + 1)
+        at += len(line)
+        if {c for c in span if c in ours_cuts} == {c for c in span if c in theirs_cuts}:
+            continue
+        if cp in assigned:
+            sys.exit(f"U+{cp:04X} (assigned in the UCD): tetra and HF cut {line!r} differently")
+        newer.append(cp)
+    print(f"[hf] pre-tokenization of {len(points)} code points in 4 contexts each "
+          f"({at} bytes, {len(ours)} pieces): identical to HF's ByteLevel pre-tokenizer for every "
+          f"code point assigned in the UCD tetra's table comes from; {len(newer)} sampled code "
+          f"points unassigned there are letters or digits to HF's newer Unicode, e.g. "
+          f"{', '.join(f'U+{c:04X}' for c in newer[:5])}")
+
+
+def case_multilingual(env):
+    strings = multilingual_corpus.strings()
+    train = [t for i, (_, t) in enumerate(strings) if i % 2 == 0]
+    held = [(s, t) for i, (s, t) in enumerate(strings) if i % 2 == 1]
+    with open(env.path("train.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(train))
+    write_documents(env.path("held"), [t for _, t in held])
+    env.prepare([env.path("train.txt")], env.path("trained"), "train:8192")
+    tokenizer = env.path("trained", "tokenizer.json")
+    env.prepare([env.path("held")], env.path("ds"), tokenizer)
+    with open(env.path("ds", "manifest.json")) as f:
+        eot = json.load(f)["tokenizer"]["eot_token"]
+    docs = split_documents(shard_tokens(env.path("ds")), eot)
+    assert len(docs) == len(held), (len(docs), len(held))
+    hf = env.hf({"op": "encode", "tokenizer": tokenizer, "texts": [t for _, t in held]})
+    table = collections.OrderedDict()
+    bad, js_bad, examples = 0, 0, []
+    for (script, text), ours, theirs, port, decoded in zip(held, docs, hf["rust"], hf["js"],
+                                                           hf["decoded"]):
+        row = table.setdefault(script, [0, 0])
+        row[0] += 1
+        if ours != theirs or decoded != text:
+            row[1] += 1
+            bad += 1
+            if len(examples) < 5:
+                examples.append(f"  {script} {text!r}: tetra {ours}, HF {theirs}")
+        js_bad += port != theirs
+    print(f"[hf] {len(held)} held-out strings in {len(table)} scripts, BPE of 8192 trained by "
+          f"tetra on the other {len(train)}")
+    print("script                  strings  mismatches")
+    for script, (n, m) in sorted(table.items(), key=lambda kv: (-kv[1][0], kv[0])):
+        print(f"{script:<24}{n:>7}  {m:>10}")
+    print(f"[hf] tetra vs HF tokenizers (Rust): {bad} mismatches; HF's JS port vs its Rust "
+          f"library: {js_bad}")
+    real_scripts = [s for s, (n, _) in table.items() if n >= 40]
+    assert len(held) >= 4000 and len(table) >= 30 and len(real_scripts) >= 25, len(table)
+    if bad:
+        sys.exit("ids differ from Hugging Face's:\n" + "\n".join(examples))
+
+
+def byte_level_alphabet():
+    """GPT-2's bytes_to_unicode, from its encoder.py definition."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def case_uint32(env):
+    # 256 bytes, every byte pair (65,536 merges), then (letter pair, letter) merges up to 69,999
+    # ids, and <|endoftext|> as id 69,999: a 70,000-token vocabulary whose 3-letter words get ids
+    # above 65,535.
+    alpha = byte_level_alphabet()
+    vocab = {alpha[b]: b for b in range(256)}
+    merges = []
+    for a in range(256):
+        for b in range(256):
+            merges.append(f"{alpha[a]} {alpha[b]}")
+            vocab[alpha[a] + alpha[b]] = len(vocab)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    triples = [x + y + z for x in letters for y in letters for z in letters]
+    for w in triples[:70000 - 1 - len(vocab)]:
+        merges.append(f"{w[:2]} {w[2]}")
+        vocab[w] = len(vocab)
+    eot = len(vocab)
+    assert eot == 69999
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": eot, "content": "<|endoftext|>", "single_word": False,
+                          "lstrip": False, "rstrip": False, "normalized": False,
+                          "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": merges},
+    }
+    tokenizer = env.path("tok70k.json")
+    with open(tokenizer, "w", encoding="utf-8") as f:
+        json.dump(tok, f)
+    rng = random.Random(7)
+    text = "\n".join(rng.choice(triples[:6000]) + rng.choice(["", "", "s", " x", "1"])
+                     for _ in range(20000))
+    with open(env.path("words.txt"), "w") as f:
+        f.write(text)
+    env.prepare([env.path("words.txt")], env.path("ds"), tokenizer, "--shard-tokens", "30000")
+    names = sorted(n for n in os.listdir(env.path("ds")) if n.startswith("train_"))
+    tokens = []
+    for n in names:
+        magic, version, t = read_llmc_shard(env.path("ds", n))
+        assert (magic, version) == (20240801, 7), (n, magic, version)
+        tokens += t.tolist()
+    theirs = env.hf({"op": "encode", "tokenizer": tokenizer, "texts": [text]})["rust"][0]
+    assert tokens[0] == eot and tokens[1:] == theirs, "ids differ from Hugging Face's"
+    high = sum(t > 65535 for t in tokens)
+    assert high > 1000, high
+    with open(env.path("ds", "manifest.json")) as f:
+        manifest = json.load(f)
+    assert all(s["version"] == 7 for s in manifest["splits"]["train"]["shards"])
+    print(f"[hf] {len(tokens)} tokens ({high} above 65,535) in {len(names)} llm.c v7 shards equal "
+          f"HF's ids for a 70,000-token vocabulary")
+
+
+def case_special(env):
+    texts = ["Hello<|endoftext|>world", "<|endoftext|> starts", "ends  <|endoftext|>",
+             "a <|endoftext|><|endoftext|>b", "half <|endoftext| and <|end"]
+    write_documents(env.path("docs"), texts)
+    env.prepare([env.path("docs")], env.path("trained"), "train:400")
+    tokenizer = env.path("trained", "tokenizer.json")
+    hf = env.hf({"op": "encode", "tokenizer": tokenizer, "texts": texts})
+    for mode in ("match", "ordinary"):
+        env.prepare([env.path("docs")], env.path(mode), tokenizer, "--special-tokens", mode)
+    with open(env.path("match", "manifest.json")) as f:
+        eot = json.load(f)["tokenizer"]["eot_token"]
+    # Split the match stream at the separators prepare put before each document: the first token
+    # of each file's run.
+    docs = []
+    stream = shard_tokens(env.path("match"))
+    lengths = [len(h) for h in hf["rust"]]
+    at = 0
+    for n in lengths:
+        assert stream[at] == eot
+        docs.append(stream[at + 1:at + 1 + n])
+        at += 1 + n
+    assert at == len(stream), (at, len(stream))
+    assert docs == hf["rust"], (docs, hf["rust"])
+    ordinary = split_documents(shard_tokens(env.path("ordinary")), eot)
+    assert len(ordinary) == len(texts) and all(eot not in d for d in ordinary)
+    p = env.run_tetra("data", "prepare", "--input", env.path("docs"), "--out", env.path("refused"),
+                      "--tokenizer", tokenizer, "--special-tokens", "refuse", "--no-progress",
+                      expect_ok=False)
+    want = (f"[data] input {env.path('docs', '000000.txt')}: byte 5 starts the special token "
+            f"'<|endoftext|>' (id {eot}), refused by --special-tokens refuse")
+    assert p.returncode == 2 and want in p.stderr, p.stderr
+    assert not os.path.exists(env.path("refused"))
+    print(f"[hf] <|endoftext|> in {len(texts)} texts: match = HF's ids, ordinary = text, "
+          "refuse = error")
+
+
+CASES = {"pretokenize": case_pretokenize, "multilingual": case_multilingual,
+         "uint32": case_uint32, "special": case_special}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", required=True, choices=sorted(CASES))
+    ap.add_argument("--tetra", required=True)
+    ap.add_argument("--dump", required=True)
+    ap.add_argument("--node-modules", required=True)
+    args = ap.parse_args()
+    for pkg in ("tokenizers", "@huggingface/tokenizers"):
+        if not os.path.isdir(os.path.join(args.node_modules, pkg)):
+            sys.exit(f"[hf] {args.node_modules}/{pkg} is missing: run scripts/install-deps.sh "
+                     "(npm ci --prefix tools)")
+    with tempfile.TemporaryDirectory() as work:
+        CASES[args.case](Env(args, work))
+
+
+if __name__ == "__main__":
+    main()
