@@ -13,6 +13,7 @@ int plan_main(const Args& args);
 int data_main(const Args& args);
 int launch_main(const Args& args);
 int generate_main(const Args& args);
+int export_main(const Args& args);
 int ckpt_main(const Args& args);
 int verify_resume_main(const Args& args);
 

@@ -2,12 +2,9 @@
 #include <omp.h>
 
 #include <cstdio>
-#include <regex>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "ckpt/safetensors.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
@@ -24,50 +21,29 @@ namespace tetra::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: tetra generate --model FILE.safetensors --tokenizer FILE.json|byte --prompt TEXT\n"
+    "usage: tetra generate --model FILE.safetensors|DIR --tokenizer FILE.json|byte --prompt TEXT\n"
     "                      [--prompt TEXT ...] [--max-tokens 64] [--temperature 0.8]\n"
     "                      [--top-k 40] [--seed 1] [--threads N]\n"
     "                      [--special-tokens match|ordinary|refuse]\n"
     "                      [--config RUN_DIR/config.toml] [--model.KEY=VALUE ...]\n"
     "\n"
     "Continues each prompt with tokens sampled from the model and prints the text.\n"
-    "The model shape comes from --config (the config.toml `tetra train` writes into run.dir) or\n"
-    "is read off the tensor shapes, which cannot tell the head count: then --model.n_head=N is\n"
-    "required. --model.KEY=VALUE overrides either (keys as in tetra train --help).\n";
-
-/** model.* overrides read off the tensor shapes: layers, width, vocabulary and positions. */
-std::vector<std::string> shape_from_tensors(const std::string& path) {
-  SafeTensorsFile f = read_safetensors(path);
-  auto find = [&](const std::string& name) -> const SafeTensor& {
-    for (const std::string& n : {name, "transformer." + name}) {
-      auto it = f.tensors.find(n);
-      if (it != f.tensors.end() && it->second.shape.size() == 2) return it->second;
-    }
-    fail("[generate] {}: no 2-D tensor '{}'; is this a GPT-2 safetensors file?", path, name);
-  };
-  const SafeTensor& wte = find("wte.weight");
-  const SafeTensor& wpe = find("wpe.weight");
-  std::set<int> layers;
-  const std::regex block(R"(^(transformer\.)?h\.(\d+)\.)");
-  for (const auto& [name, t] : f.tensors) {
-    std::smatch m;
-    if (std::regex_search(name, m, block)) layers.insert(std::stoi(m[2].str()));
-  }
-  TETRA_CHECK(!layers.empty(), "[generate] {}: no transformer blocks (h.N.*) found", path);
-  return {"model.vocab_size=" + std::to_string(wte.shape[0]),
-          "model.d_model=" + std::to_string(wte.shape[1]),
-          "model.max_seq=" + std::to_string(wpe.shape[0]),
-          "model.n_layer=" + std::to_string(layers.size())};
-}
+    "--model DIR is a Hugging Face model directory (tetra export --hf writes one): the shape\n"
+    "comes from its config.json and the tokenizer from its tokenizer.json. Otherwise the shape\n"
+    "comes from --config (the config.toml `tetra train` writes into run.dir) or is read off the\n"
+    "tensor shapes, which cannot tell the head count: then --model.n_head=N is required.\n"
+    "--model.KEY=VALUE overrides either (keys as in tetra train --help).\n";
 
 }  // namespace
 
 int generate_main(const Args& args) {
   ArgParser p(
       "generate", "tetra generate", kUsage,
-      {{{"--model", ValueKind::String, "\"\"", "the weights (required)"}, "FILE.safetensors"},
+      {{{"--model", ValueKind::String, "\"\"",
+         "the weights, or a Hugging Face model directory (required)"},
+        "FILE.safetensors|DIR"},
        {{"--tokenizer", ValueKind::String, "\"\"",
-         "the tokenizer the model was trained with (required)"},
+         "the tokenizer the model was trained with (required unless --model is a directory)"},
         "FILE.json|byte"},
        {.spec = {"--prompt", ValueKind::String, "\"\"", "text to continue (at least one)"},
         .metavar = "TEXT",
@@ -91,8 +67,10 @@ int generate_main(const Args& args) {
         "MODE"}});
   p.allow_overrides(train_config_schema(), "model.");
   if (!p.parse(args)) return 0;
-  const std::string& model_path = p.s("--model");
-  const std::string& tokenizer_spec = p.s("--tokenizer");
+  const std::string& model_arg = p.s("--model");
+  const bool model_dir = !model_arg.empty() && is_model_dir(model_arg);
+  std::string tokenizer_spec = p.s("--tokenizer");
+  if (model_dir && tokenizer_spec.empty()) tokenizer_spec = model_arg + "/tokenizer.json";
   const std::string& config_path = p.s("--config");
   const std::vector<std::string>& prompts = p.all("--prompt");
   std::vector<std::string> overrides = p.overrides();
@@ -102,7 +80,9 @@ int generate_main(const Args& args) {
   sampling.top_k = int(p.i("--top-k"));
   sampling.seed = uint64_t(p.i("--seed"));
   const SpecialTokens special = parse_special_tokens(p.s("--special-tokens"), "generate");
-  TETRA_CHECK(!model_path.empty(), "[generate] give the weights: --model FILE.safetensors");
+  TETRA_CHECK(!model_arg.empty(),
+              "[generate] give the weights: --model FILE.safetensors or --model MODEL_DIR");
+  const std::string model_path = model_weights_path(model_arg, "generate");
   TETRA_CHECK(!tokenizer_spec.empty(),
               "[generate] give the tokenizer the model was trained with: --tokenizer "
               "DIR/tokenizer.json (written by tetra data prepare) or --tokenizer byte");
@@ -110,11 +90,13 @@ int generate_main(const Args& args) {
   if (p.i("--threads") > 0) omp_set_num_threads(int(p.i("--threads")));
 
   if (config_path.empty()) {
-    std::vector<std::string> inferred = shape_from_tensors(model_path);
+    const std::vector<std::string> inferred =
+        model_dir ? model_dir_overrides(model_arg, "generate")
+                  : safetensors_shape_overrides(model_path, "generate");
     overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
   }
   Config config = Config::load(train_config_schema(), config_path, overrides);
-  TETRA_CHECK(!config_path.empty() || config.is_set("model.n_head"),
+  TETRA_CHECK(!config_path.empty() || model_dir || config.is_set("model.n_head"),
               "[generate] the head count cannot be read off the weights; pass --config "
               "RUN_DIR/config.toml or --model.n_head=N");
   // Under tetra launch (or mpirun) the model is tensor-parallel over every rank: each holds its

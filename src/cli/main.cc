@@ -29,6 +29,8 @@ const Command kCommands[] = {
      "run a command on N local ranks: tetra launch -n N -- train ..."},
     {"generate", tetra::cli::generate_main,
      "sample text from a model: tetra generate --model F --prompt T"},
+    {"export", tetra::cli::export_main,
+     "a Hugging Face model directory: tetra export --hf DIR --model F"},
     {"ckpt", tetra::cli::ckpt_main,
      "look inside checkpoints: tetra ckpt inspect|verify|export DIR"},
     {"verify-resume", tetra::cli::verify_resume_main,

@@ -140,4 +140,11 @@ uint32_t TokenDataset::max_token() const {
   return m;
 }
 
+std::string TokenDataset::tokenizer_path() const {
+  const fs::path dir = fs::path(shards_.front()->path()).parent_path();
+  std::error_code ec;
+  if (!fs::exists(dir / "manifest.json", ec)) return "";
+  return (dir / read_manifest((dir / "manifest.json").string()).tokenizer_file).string();
+}
+
 }  // namespace tetra

@@ -32,6 +32,9 @@ class TokenDataset {
   uint64_t verified_bytes() const { return verified_bytes_; }
   /** Seconds the checksums took. */
   double verify_seconds() const { return verify_seconds_; }
+  /** The tokenizer.json that the manifest.json beside the first shard names (the tokenizer of a
+   * `tetra data prepare` dataset), or "" when there is no manifest. */
+  std::string tokenizer_path() const;
 
  private:
   int T_;

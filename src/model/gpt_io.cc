@@ -3,11 +3,18 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/read_file.h"
+#include "model/gpt_config.h"
 
 namespace tetra {
 
@@ -143,6 +150,182 @@ SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
     }
   }
   return file;
+}
+
+}  // namespace tetra
+
+namespace tetra {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+void write_text(const fs::path& path, const std::string& text, const std::string& module) {
+  write_file_atomically(path.string(),
+                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, module);
+}
+
+// GPT2Config (transformers' configuration_gpt2.py) for tetra's GPT-2: GELU in tanh form
+// (gelu_new), LayerNorm eps 1e-5, the LM head tied to wte, no dropout in tetra's training.
+ordered_json gpt2_config(const GptConfig& shape, uint32_t eos_id) {
+  ordered_json c;
+  c["architectures"] = {"GPT2LMHeadModel"};
+  c["model_type"] = "gpt2";
+  c["vocab_size"] = shape.vocab_size;
+  c["n_positions"] = shape.max_seq;
+  c["n_embd"] = shape.d_model;
+  c["n_layer"] = shape.n_layer;
+  c["n_head"] = shape.n_head;
+  c["n_inner"] = nullptr;  // 4 * n_embd
+  c["activation_function"] = "gelu_new";
+  c["resid_pdrop"] = 0.0;
+  c["embd_pdrop"] = 0.0;
+  c["attn_pdrop"] = 0.0;
+  c["layer_norm_epsilon"] = 1e-5;
+  c["initializer_range"] = 0.02;
+  c["scale_attn_weights"] = true;
+  c["use_cache"] = true;
+  c["tie_word_embeddings"] = true;
+  c["bos_token_id"] = eos_id;
+  c["eos_token_id"] = eos_id;
+  c["torch_dtype"] = "float32";
+  return c;
+}
+
+ordered_json tokenizer_config(const GptConfig& shape, const HfTokenizerFiles& tok) {
+  ordered_json c;
+  c["tokenizer_class"] = "GPT2Tokenizer";
+  c["bos_token"] = tok.eos_token;
+  c["eos_token"] = tok.eos_token;
+  c["unk_token"] = tok.eos_token;
+  c["add_bos_token"] = false;
+  c["add_prefix_space"] = false;
+  c["clean_up_tokenization_spaces"] = false;
+  c["model_max_length"] = shape.max_seq;
+  c["added_tokens_decoder"][std::to_string(tok.eos_id)] = {
+      {"content", tok.eos_token}, {"lstrip", false},      {"normalized", false},
+      {"rstrip", false},          {"single_word", false}, {"special", true}};
+  return c;
+}
+
+}  // namespace
+
+bool is_model_dir(const std::string& path) {
+  std::error_code ec;
+  return (!path.empty() && path.back() == '/') || fs::is_directory(path, ec);
+}
+
+void check_hf_model_dir_target(const std::string& dir, const std::string& module) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (fs::exists(d, ec)) {
+    TETRA_CHECK(fs::is_directory(d, ec), "[{}] {} exists and is not a folder; choose a folder",
+                module, dir);
+    for (const auto& entry : fs::directory_iterator(d, ec)) {
+      const std::string name = entry.path().filename().string();
+      const bool ours = std::find(std::begin(kHfModelFiles), std::end(kHfModelFiles), name) !=
+                        std::end(kHfModelFiles);
+      TETRA_CHECK(ours,
+                  "[{}] {} holds '{}', which is not part of a model directory; choose a new or "
+                  "empty folder, or move '{}' away (a model directory holds only {})",
+                  module, dir, name, name, fmt::join(kHfModelFiles, ", "));
+    }
+  }
+}
+
+void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
+                       const SafeTensorsFile& weights, const HfTokenizerFiles& tokenizer,
+                       const std::string& module) {
+  check_hf_model_dir_target(dir, module);
+  const fs::path d(dir);
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  TETRA_CHECK(!ec, "[{}] cannot create the model folder {} ({}); check the path and permissions",
+              module, dir, ec.message());
+  write_text(d / "tokenizer.json", tokenizer.tokenizer_json, module);
+  write_text(d / "tokenizer_config.json", tokenizer_config(shape, tokenizer).dump(2) + "\n",
+             module);
+  const ordered_json generation = {{"bos_token_id", tokenizer.eos_id},
+                                   {"eos_token_id", tokenizer.eos_id}};
+  write_text(d / "generation_config.json", generation.dump(2) + "\n", module);
+  write_safetensors((d / "model.safetensors").string(), weights);
+  // Last: a folder with config.json is a complete model for from_pretrained.
+  write_text(d / "config.json", gpt2_config(shape, tokenizer.eos_id).dump(2) + "\n", module);
+}
+
+std::string model_weights_path(const std::string& path, const std::string& module) {
+  if (!is_model_dir(path)) return path;
+  const fs::path weights = fs::path(path) / "model.safetensors";
+  std::error_code ec;
+  TETRA_CHECK(fs::is_regular_file(weights, ec),
+              "[{}] {} is a folder without model.safetensors; give a Hugging Face model "
+              "directory (tetra export --hf writes one) or a .safetensors file",
+              module, path);
+  return weights.string();
+}
+
+std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  const std::string text =
+      read_small_file(path, 1 << 20, module, "a model config.json",
+                      "give a Hugging Face model directory (tetra export --hf writes one)");
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("[{}] {}: not valid JSON ({}); the file is corrupt or truncated", module, path, e.what());
+  }
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    TETRA_CHECK(c.is_object() && c.contains(key), "[{}] {}: no \"{}\"; is this a GPT-2 config?",
+                module, path, key);
+    return c[key];
+  };
+  auto require = [&](const char* key, const nlohmann::json& want) {
+    const nlohmann::json& v = field(key);
+    const bool same =
+        v.is_number() && want.is_number() ? v.get<double>() == want.get<double>() : v == want;
+    TETRA_CHECK(same, "[{}] {}: {} is {}, but tetra's GPT-2 needs {}; this model cannot be loaded",
+                module, path, key, v.dump(), want.dump());
+  };
+  auto positive = [&](const char* key) {
+    const nlohmann::json& v = field(key);
+    TETRA_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() < (1 << 30),
+                "[{}] {}: {} is {}; expected a positive integer", module, path, key, v.dump());
+    return std::to_string(v.get<int64_t>());
+  };
+  require("model_type", "gpt2");
+  require("activation_function", "gelu_new");
+  require("layer_norm_epsilon", 1e-5);
+  if (c.contains("tie_word_embeddings")) require("tie_word_embeddings", true);
+  return {"model.vocab_size=" + positive("vocab_size"), "model.n_layer=" + positive("n_layer"),
+          "model.n_head=" + positive("n_head"), "model.d_model=" + positive("n_embd"),
+          "model.max_seq=" + positive("n_positions")};
+}
+
+std::vector<std::string> safetensors_shape_overrides(const std::string& path,
+                                                     const std::string& module) {
+  SafeTensorsFile f = read_safetensors(path);
+  auto find = [&](const std::string& name) -> const SafeTensor& {
+    for (const std::string& n : {name, "transformer." + name}) {
+      auto it = f.tensors.find(n);
+      if (it != f.tensors.end() && it->second.shape.size() == 2) return it->second;
+    }
+    fail("[{}] {}: no 2-D tensor '{}'; is this a GPT-2 safetensors file?", module, path, name);
+  };
+  const SafeTensor& wte = find("wte.weight");
+  const SafeTensor& wpe = find("wpe.weight");
+  std::set<int> layers;
+  const std::regex block(R"(^(transformer\.)?h\.(\d+)\.)");
+  for (const auto& [name, t] : f.tensors) {
+    std::smatch m;
+    if (std::regex_search(name, m, block)) layers.insert(std::stoi(m[2].str()));
+  }
+  TETRA_CHECK(!layers.empty(), "[{}] {}: no transformer blocks (h.N.*) found", module, path);
+  return {"model.vocab_size=" + std::to_string(wte.shape[0]),
+          "model.d_model=" + std::to_string(wte.shape[1]),
+          "model.max_seq=" + std::to_string(wpe.shape[0]),
+          "model.n_layer=" + std::to_string(layers.size())};
 }
 
 }  // namespace tetra

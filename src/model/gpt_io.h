@@ -5,7 +5,9 @@
 // store is sharded load the same file.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ckpt/safetensors.h"
 #include "core/param_store.h"
@@ -26,5 +28,53 @@ void load_safetensors_into(ParamStore& store, const std::string& path, const std
 SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
                                      bool check_finite = false,
                                      parallel::TensorParallel* tp = nullptr);
+
+}  // namespace tetra
+
+namespace tetra {
+
+struct GptConfig;
+
+/** What a Hugging Face model directory takes from the tokenizer. */
+struct HfTokenizerFiles {
+  std::string tokenizer_json;  // the tokenizer.json text
+  std::string eos_token;       // the document separator's text, "<|endoftext|>"
+  uint32_t eos_id = 0;
+};
+
+/** The files of a Hugging Face model directory, in the order they are written. */
+inline constexpr const char* kHfModelFiles[] = {"tokenizer.json", "tokenizer_config.json",
+                                                "generation_config.json", "model.safetensors",
+                                                "config.json"};
+
+/** Writes a Hugging Face model directory (GPT2LMHeadModel): config.json (GPT2Config, bos/eos from
+ * the tokenizer), model.safetensors, tokenizer.json, tokenizer_config.json and
+ * generation_config.json, each atomically. `dir` must be new, empty or hold only those files:
+ * anything else in it is refused by name before a file is written. `module` prefixes errors. */
+void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
+                       const SafeTensorsFile& weights, const HfTokenizerFiles& tokenizer,
+                       const std::string& module);
+
+/** Refuses `dir` as the target of save_hf_model_dir (a file, or a folder holding other files),
+ * naming what is in the way; writes nothing. */
+void check_hf_model_dir_target(const std::string& dir, const std::string& module);
+
+/** True when path names a Hugging Face model directory target: an existing directory, or a path
+ * ending in '/'. */
+bool is_model_dir(const std::string& path);
+
+/** `path` itself for a file; DIR/model.safetensors for a model directory (refused, naming it,
+ * when that file is missing). */
+std::string model_weights_path(const std::string& path, const std::string& module);
+
+/** model.* overrides (vocab_size, n_layer, n_head, d_model, max_seq) from DIR/config.json, a
+ * GPT2Config; refuses a config tetra's GPT-2 cannot run (another model_type, activation,
+ * layer_norm_epsilon or untied embeddings), naming the key. */
+std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module);
+
+/** model.* overrides read off a GPT-2 safetensors file's tensor shapes: vocabulary, width,
+ * positions and layers (the head count cannot be read off). */
+std::vector<std::string> safetensors_shape_overrides(const std::string& path,
+                                                     const std::string& module);
 
 }  // namespace tetra

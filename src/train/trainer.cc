@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/profile.h"
 #include "core/timer.h"
+#include "data/tokenizer.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
 #include "model/gpt_io.h"
@@ -177,13 +178,24 @@ void Trainer::setup(const std::string& config_toml) {
   // Every input and output is checked before anything is computed or written.
   if (is_root()) {
     prepare_dir(opt_.run_dir, "run.dir", opt_.run_dir);
-    prepare_output_file("save.final", opt_.save_final);
+    if (!is_model_dir(opt_.save_final)) prepare_output_file("save.final", opt_.save_final);
     prepare_output_file("debug.dump_grads", opt_.dump_grads);
     prepare_output_file("debug.dump_logits", opt_.dump_logits);
     if (!opt_.ckpt.dir.empty()) prepare_dir(opt_.ckpt.dir, "ckpt.dir", opt_.ckpt.dir);
   }
   train_ = std::make_unique<TokenDataset>(opt_.train_data, opt_.seq_len, opt_.verify_data);
   check_vocab(*train_, "data.train", opt_.model.vocab_size);
+  if (is_root() && is_model_dir(opt_.save_final)) {
+    // A model directory holds the tokenizer: the one the training data was prepared with.
+    TETRA_CHECK(!train_->tokenizer_path().empty(),
+                "[train] save.final={} is a model directory, which holds the tokenizer, but "
+                "data.train has no manifest.json naming one (its shards were not written by tetra "
+                "data prepare); save to a .safetensors file and run tetra export --hf DIR --model "
+                "FILE --tokenizer TOKENIZER",
+                opt_.save_final);
+    load_tokenizer(train_->tokenizer_path());
+    check_hf_model_dir_target(opt_.save_final, "train");
+  }
   if (train_->verified_bytes() > 0) {
     log_info(
         "[data] verified {:.1f} MB of shards against their manifests in {:.2f} s ({:.2f} GB/s)",
@@ -222,7 +234,8 @@ void Trainer::setup(const std::string& config_toml) {
   debug_hooks_ = std::make_unique<DebugHooks>(*zero_, store_);
   model_->set_hooks(debug_hooks_.get());
   if (!opt_.init_from.empty()) {
-    load_safetensors_into(store_, opt_.init_from, opt_.model.describe());
+    load_safetensors_into(store_, model_weights_path(opt_.init_from, "init"),
+                          opt_.model.describe());
   } else {
     store_.init(opt_.seed);
   }
@@ -568,6 +581,15 @@ void Trainer::save_final() {
   // Collective over the tp group: its slices are assembled into the global tensors.
   const SafeTensorsFile file = store_to_safetensors(store_, params.data(), true, tp_.get());
   if (!is_root()) return;
+  if (is_model_dir(opt_.save_final)) {
+    const auto tok = load_tokenizer(train_->tokenizer_path());
+    const uint32_t eot = tok->eot_token();
+    save_hf_model_dir(opt_.save_final, opt_.model, file,
+                      {tok->to_json(2), tok->decode(std::span<const uint32_t>(&eot, 1)), eot},
+                      "train");
+    log_info("[train] saved the model directory {}", opt_.save_final);
+    return;
+  }
   write_safetensors(opt_.save_final, file);
   log_info("[train] saved weights to {}", opt_.save_final);
 }

@@ -13,6 +13,10 @@ tools/node_modules, which scripts/install-deps.sh installs from npm):
                version 7), read by a reader written from llm.c's definition, equal HF's ids
   special      <|endoftext|> in text: --special-tokens match equals HF's default encoding,
                ordinary encodes it as text, refuse is an error naming file and offset
+  export       `tetra train --save.final=DIR/` and `tetra export --hf` write a model directory:
+               config.json holds GPT2Config's fields only, with the shape of the weights and
+               bos/eos from the tokenizer; HF's JS port loads tokenizer.json with
+               tokenizer_config.json as transformers.js does; --init.from and generate read it
 
   hf_compat_test.py --case NAME --tetra BIN --dump PRETOKENIZE_DUMP --node-modules DIR
 """
@@ -56,9 +60,9 @@ class Env:
             sys.exit(f"tetra {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
         return p
 
-    def prepare(self, inputs, out, tokenizer, *extra):
-        args = ["data", "prepare", "--out", out, "--tokenizer", tokenizer, "--val-fraction", "0",
-                "--no-progress", *extra]
+    def prepare(self, inputs, out, tokenizer, *extra, val_fraction="0"):
+        args = ["data", "prepare", "--out", out, "--tokenizer", tokenizer, "--val-fraction",
+                val_fraction, "--no-progress", *extra]
         for i in inputs:
             args += ["--input", i]
         return self.run_tetra(*args)
@@ -300,8 +304,87 @@ def case_special(env):
           "refuse = error")
 
 
+# GPT2Config's parameters (transformers, models/gpt2/configuration_gpt2.py) and the
+# PretrainedConfig attributes a saved config.json carries.
+GPT2_CONFIG_KEYS = {
+    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
+    "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "scale_attn_weights", "use_cache", "bos_token_id", "eos_token_id",
+    "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "architectures", "model_type", "tie_word_embeddings", "torch_dtype",
+}
+
+
+def safetensors_header(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n))
+
+
+def case_export(env):
+    rng = random.Random(3)
+    words = ["the", "model", "directory", "tokenizer", "Zürich", "東京", "க்ரேக்", "1961", "!"]
+    with open(env.path("text.txt"), "w", encoding="utf-8") as f:
+        f.write(" ".join(rng.choice(words) for _ in range(30000)))
+    env.prepare([env.path("text.txt")], env.path("ds"), "train:300", val_fraction="0.1")
+    common = ["--config", os.path.join(ROOT, "configs/tiny.toml"),
+              "--data.train=" + env.path("ds", "train_*.bin"),
+              "--data.val=" + env.path("ds", "val_*.bin"), "--model.vocab_size=300",
+              "--model.n_layer=2", "--model.d_model=64", "--model.n_head=2", "--train.seq_len=32",
+              "--model.max_seq=32", "--train.micro_batch=2", "--train.steps=2", "--eval.every=0",
+              "--run.threads=1"]
+    model_dir = env.path("model") + "/"
+    env.run_tetra("train", *common, "--run.dir=" + env.path("run1"), "--save.final=" + model_dir)
+    # A second run starts from the directory and saves a plain file; export makes a directory
+    # of it again.
+    env.run_tetra("train", *common, "--run.dir=" + env.path("run2"), "--init.from=" + model_dir,
+                  "--save.final=" + env.path("run2", "final.safetensors"))
+    env.run_tetra("export", "--hf", env.path("exported"), "--model",
+                  env.path("run2", "final.safetensors"), "--tokenizer",
+                  env.path("ds", "tokenizer.json"), "--config", env.path("run2", "config.toml"))
+    for d in (env.path("model"), env.path("exported")):
+        assert sorted(os.listdir(d)) == sorted(["config.json", "model.safetensors",
+                                                "tokenizer.json", "tokenizer_config.json",
+                                                "generation_config.json"]), os.listdir(d)
+        with open(os.path.join(d, "config.json")) as f:
+            config = json.load(f)
+        unknown = set(config) - GPT2_CONFIG_KEYS
+        assert not unknown, f"not GPT2Config fields: {unknown}"
+        header = safetensors_header(os.path.join(d, "model.safetensors"))
+        wte, wpe = header["transformer.wte.weight"]["shape"], header["transformer.wpe.weight"]["shape"]
+        layers = {k.split(".")[2] for k in header if k.startswith("transformer.h.")}
+        want = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": wte[0],
+                "n_embd": wte[1], "n_positions": wpe[0], "n_layer": len(layers), "n_head": 2,
+                "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                "tie_word_embeddings": True, "bos_token_id": 299, "eos_token_id": 299}
+        for k, v in want.items():
+            assert config[k] == v, (d, k, config[k], v)
+        assert header["__metadata__"] == {"format": "pt"}
+        assert header["transformer.h.0.attn.c_attn.weight"]["shape"] == [64, 192]  # Conv1D
+        with open(os.path.join(d, "generation_config.json")) as f:
+            assert json.load(f) == {"bos_token_id": 299, "eos_token_id": 299}
+        texts = ["the model 東京 !", "Zürich<|endoftext|>1961 க்ரேக்"]
+        loaded = env.hf({"op": "load_dir", "dir": d, "texts": texts})
+        rust = env.hf({"op": "encode", "tokenizer": os.path.join(d, "tokenizer.json"),
+                       "texts": texts})["rust"]
+        assert loaded["bos_token"] == loaded["eos_token"] == "<|endoftext|>", loaded
+        assert loaded["bos_id"] == loaded["eos_id"] == 299, loaded
+        assert loaded["ids"] == rust and 299 in rust[1], (loaded["ids"], rust)
+        assert loaded["decoded"] == texts, loaded["decoded"]
+    out = env.run_tetra("generate", "--model", env.path("exported"), "--prompt", "the model",
+                        "--max-tokens", "4", "--seed", "1").stdout
+    assert out.startswith("the model"), out
+    p = env.run_tetra("export", "--hf", env.path("ds"), "--model", model_dir, expect_ok=False)
+    assert p.returncode == 2 and "holds 'manifest.json', which is not part of a model directory" \
+        in p.stderr, p.stderr
+    print(f"[hf] model directories from train --save.final and export: GPT2Config fields, "
+          f"{len(layers)} layers, bos/eos 299; HF's JS port loads the tokenizer; generate and "
+          f"--init.from read them")
+
+
 CASES = {"pretokenize": case_pretokenize, "multilingual": case_multilingual,
-         "uint32": case_uint32, "special": case_special}
+         "uint32": case_uint32, "special": case_special, "export": case_export}
 
 
 def main():

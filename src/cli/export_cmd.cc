@@ -1,0 +1,92 @@
+// tetra export --hf DIR: a model as a Hugging Face model directory (see docs/export.md).
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+#include "model/gpt_io.h"
+#include "train/train_config.h"
+
+namespace tetra::cli {
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: tetra export --hf DIR --model FILE.safetensors|DIR --tokenizer FILE.json|byte\n"
+    "                    [--config RUN_DIR/config.toml] [--model.KEY=VALUE ...]\n"
+    "\n"
+    "Writes DIR as a Hugging Face model directory (GPT2LMHeadModel): config.json,\n"
+    "model.safetensors, tokenizer.json, tokenizer_config.json and generation_config.json.\n"
+    "The shape comes from --config (the config.toml `tetra train` writes into run.dir), from\n"
+    "the config.json of a model directory, or is read off the tensor shapes with\n"
+    "--model.n_head=N. DIR must be new, empty or an earlier export.\n";
+
+}  // namespace
+
+int export_main(const Args& args) {
+  ArgParser p(
+      "export", "tetra export", kUsage,
+      {{{"--hf", ValueKind::String, "\"\"", "the model directory to write (required)"}, "DIR"},
+       {{"--model", ValueKind::String, "\"\"", "the weights, or a model directory (required)"},
+        "FILE.safetensors|DIR"},
+       {{"--tokenizer", ValueKind::String, "\"\"",
+         "the tokenizer the model was trained with (required unless --model is a directory)"},
+        "FILE.json|byte"},
+       {{"--config", ValueKind::String, "\"\"", "the run's config.toml, for the model shape"},
+        "FILE.toml"}});
+  p.allow_overrides(train_config_schema(), "model.");
+  if (!p.parse(args)) return 0;
+  const std::string& out = p.s("--hf");
+  const std::string& model_arg = p.s("--model");
+  const std::string& config_path = p.s("--config");
+  TETRA_CHECK(!out.empty(), "[export] give the folder to write: --hf DIR");
+  TETRA_CHECK(!model_arg.empty(),
+              "[export] give the weights: --model FILE.safetensors or --model MODEL_DIR");
+  const bool model_dir = is_model_dir(model_arg);
+  std::string tokenizer_spec = p.s("--tokenizer");
+  if (model_dir && tokenizer_spec.empty()) tokenizer_spec = model_arg + "/tokenizer.json";
+  TETRA_CHECK(!tokenizer_spec.empty(),
+              "[export] give the tokenizer the model was trained with: --tokenizer "
+              "DIR/tokenizer.json (written by tetra data prepare) or --tokenizer byte");
+  const std::string weights = model_weights_path(model_arg, "export");
+
+  std::vector<std::string> overrides = p.overrides();
+  if (config_path.empty()) {
+    const std::vector<std::string> inferred = model_dir
+                                                  ? model_dir_overrides(model_arg, "export")
+                                                  : safetensors_shape_overrides(weights, "export");
+    overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
+  }
+  Config config = Config::load(train_config_schema(), config_path, overrides);
+  TETRA_CHECK(!config_path.empty() || model_dir || config.is_set("model.n_head"),
+              "[export] the head count cannot be read off the weights; pass --config "
+              "RUN_DIR/config.toml or --model.n_head=N");
+  const GptConfig shape = gpt_config_from(config);
+  const auto tokenizer = load_tokenizer(tokenizer_spec);
+  TETRA_CHECK(tokenizer->vocab_size() <= size_t(shape.vocab_size),
+              "[export] the tokenizer has {} tokens but the model only {}; use the tokenizer the "
+              "model was trained with",
+              tokenizer->vocab_size(), shape.vocab_size);
+
+  // Loading checks every tensor's name, shape and finiteness; the file is then written from the
+  // store in Hugging Face's names and layouts.
+  ParamStore store;
+  Gpt model(shape, store, 1, 1);
+  store.finalize({});
+  load_safetensors_into(store, weights, shape.describe());
+  const uint32_t eot = tokenizer->eot_token();
+  save_hf_model_dir(
+      out, shape, store_to_safetensors(store, store.params().data(), true),
+      {tokenizer->to_json(2), tokenizer->decode(std::span<const uint32_t>(&eot, 1)), eot},
+      "export");
+  log_info("[export] wrote {} ({}, tokenizer of {} tokens, <|endoftext|> = {})", out,
+           shape.describe(), tokenizer->vocab_size(), eot);
+  return 0;
+}
+
+}  // namespace tetra::cli
