@@ -276,7 +276,10 @@ def case_special(env):
     tokenizer = env.path("trained", "tokenizer.json")
     hf = env.hf({"op": "encode", "tokenizer": tokenizer, "texts": texts})
     for mode in ("match", "ordinary"):
-        env.prepare([env.path("docs")], env.path(mode), tokenizer, "--special-tokens", mode)
+        p = env.prepare([env.path("docs")], env.path(mode), tokenizer, "--special-tokens", mode)
+    # 5 tiny documents: a shard llm.c's DataLoader would refuse.
+    assert ("train_000000.bin: 33 tokens; llm.c's DataLoader refuses a shard of fewer than "
+            "processes x B x T + 1 tokens (4097" in p.stderr), p.stderr
     with open(env.path("match", "manifest.json")) as f:
         eot = json.load(f)["tokenizer"]["eot_token"]
     # Split the match stream at the separators prepare put before each document: the first token
@@ -375,6 +378,10 @@ def case_export(env):
     out = env.run_tetra("generate", "--model", env.path("exported"), "--prompt", "the model",
                         "--max-tokens", "4", "--seed", "1").stdout
     assert out.startswith("the model"), out
+    p = env.run_tetra("generate", "--model", env.path("exported"), "--prompt", "a<|endoftext|>",
+                      "--special-tokens", "refuse", expect_ok=False)
+    assert p.returncode == 2 and "[generate] the prompt 'a<|endoftext|>' holds the special token " \
+        "'<|endoftext|>' at byte 1, refused by --special-tokens refuse" in p.stderr, p.stderr
     p = env.run_tetra("export", "--hf", env.path("ds"), "--model", model_dir, expect_ok=False)
     assert p.returncode == 2 and "holds 'manifest.json', which is not part of a model directory" \
         in p.stderr, p.stderr

@@ -459,5 +459,53 @@ TEST(TokenizerJson, ParsesFromMemory) {
             std::string::npos);
 }
 
+// Hugging Face's default: an added token's text becomes its id, the text around it is encoded on
+// its own (so "a  " before the token keeps its trailing whitespace run).
+TEST(SpecialTokens, MatchGivesTheIdAndEncodesTheRestAlone) {
+  const BpeTokenizer& tok = trained();
+  const uint32_t eot = tok.eot_token();
+  auto concat = [](std::vector<std::vector<uint32_t>> parts) {
+    std::vector<uint32_t> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  EXPECT_EQ(encode_matching_added_tokens(tok, "the a  <|endoftext|>of<|endoftext|>", 1),
+            concat({tok.encode("the a  "), {eot}, tok.encode("of"), {eot}}));
+  EXPECT_EQ(encode_matching_added_tokens(tok, "<|endoftext|>", 1), std::vector<uint32_t>{eot});
+  EXPECT_EQ(encode_matching_added_tokens(tok, "no token <|endoftext|", 2),
+            tok.encode("no token <|endoftext|"));
+  const auto m = find_added_token(tok, "xx<|endoftext|>", 0);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->offset, 2u);
+  EXPECT_EQ(m->token->id, eot);
+  EXPECT_FALSE(find_added_token(tok, "xx<|endoftext|>", 3).has_value());
+  EXPECT_EQ(encode_matching_added_tokens(ByteTokenizer(), "a<|endoftext|>", 1),
+            (std::vector<uint32_t>{'a', 256}));
+}
+
+// At one offset the longest added token wins; an earlier offset wins over a longer token.
+TEST(SpecialTokens, LeftmostThenLongestAsHuggingFace) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, char(b));
+  tokens.push_back("<s>");
+  tokens.push_back("<s><s>");
+  tokens.push_back("s>x");
+  const BpeTokenizer tok(tokens, {},
+                         {{256, "<s>", true}, {257, "<s><s>", true}, {258, "s>x", false}}, 256);
+  EXPECT_EQ(encode_matching_added_tokens(tok, "a<s><s>b", 1),
+            (std::vector<uint32_t>{'a', 257, 'b'}));
+  EXPECT_EQ(encode_matching_added_tokens(tok, "<s>x", 1), (std::vector<uint32_t>{256, 'x'}));
+  EXPECT_EQ(encode_matching_added_tokens(tok, "s>x<s>", 1), (std::vector<uint32_t>{258, 256}));
+}
+
+TEST(SpecialTokens, ParsesTheOption) {
+  EXPECT_EQ(parse_special_tokens("match", "data"), SpecialTokens::match);
+  EXPECT_EQ(parse_special_tokens("ordinary", "data"), SpecialTokens::ordinary);
+  EXPECT_EQ(parse_special_tokens("refuse", "data"), SpecialTokens::refuse);
+  EXPECT_EQ(error_of([] { parse_special_tokens("Match", "generate"); }),
+            "[generate] --special-tokens Match: expected match (a special token's text becomes "
+            "its id, as in Hugging Face), ordinary (encoded as plain text) or refuse (an error)");
+}
+
 }  // namespace
 }  // namespace tetra
