@@ -52,9 +52,9 @@ constexpr uint32_t kCodePoints = 0x110000;
 constexpr uint32_t kBlockBits = 8;
 constexpr uint32_t kBlock = 1u << kBlockBits;
 
-// Stage 1 maps each 256-code-point block to one of the distinct blocks of stage 2 (a few hundred:
+// Stage 1 maps each 256-code-point block to one of the distinct blocks of stage 2 (127 of 4,352:
 // most blocks are all "other", all letters or repeat another), so a lookup is two loads from
-// about 100 KB instead of a binary search over 800 ranges.
+// 41 KB instead of a binary search over 800 ranges.
 struct ClassTable {
   std::array<uint16_t, kCodePoints / kBlock> block;
   std::vector<CharClass> classes;

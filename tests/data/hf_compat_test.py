@@ -39,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 class Env:
     def __init__(self, args, work):
-        self.tetra, self.dump, self.modules, self.work = args.tetra, args.dump, args.node_modules, work
+        self.tetra, self.dump, self.modules = args.tetra, args.dump, args.node_modules
+        self.work = work
 
     def path(self, *parts):
         return os.path.join(self.work, *parts)
@@ -355,7 +356,8 @@ def case_export(env):
         unknown = set(config) - GPT2_CONFIG_KEYS
         assert not unknown, f"not GPT2Config fields: {unknown}"
         header = safetensors_header(os.path.join(d, "model.safetensors"))
-        wte, wpe = header["transformer.wte.weight"]["shape"], header["transformer.wpe.weight"]["shape"]
+        wte = header["transformer.wte.weight"]["shape"]
+        wpe = header["transformer.wpe.weight"]["shape"]
         layers = {k.split(".")[2] for k in header if k.startswith("transformer.h.")}
         want = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": wte[0],
                 "n_embd": wte[1], "n_positions": wpe[0], "n_layer": len(layers), "n_head": 2,
@@ -384,6 +386,26 @@ def case_export(env):
         "'<|endoftext|>' at byte 1, refused by --special-tokens refuse" in p.stderr, p.stderr
     p = env.run_tetra("export", "--hf", env.path("ds"), "--model", model_dir, expect_ok=False)
     assert p.returncode == 2 and "holds 'manifest.json', which is not part of a model directory" \
+        in p.stderr, p.stderr
+    os.makedirs(env.path("empty"))
+    p = env.run_tetra("generate", "--model", env.path("empty"), "--tokenizer", "byte", "--prompt",
+                      "x", expect_ok=False)
+    assert "is a folder without model.safetensors; give a Hugging Face model directory" in \
+        p.stderr, p.stderr
+    with open(env.path("exported", "config.json")) as f:
+        config = json.load(f)
+    config["activation_function"] = "relu"
+    with open(env.path("exported", "config.json"), "w") as f:
+        json.dump(config, f)
+    p = env.run_tetra("generate", "--model", env.path("exported"), "--prompt", "x",
+                      expect_ok=False)
+    assert 'config.json: activation_function is "relu", but tetra\'s GPT-2 needs "gelu_new"; ' \
+        "this model cannot be loaded" in p.stderr, p.stderr
+    synthetic = os.path.join(ROOT, "data/synthetic/train.bin")
+    p = env.run_tetra("train", *common, "--data.train=" + synthetic, "--data.val=",
+                      "--model.vocab_size=512", "--run.dir=" + env.path("run3"),
+                      "--save.final=" + env.path("model3") + "/", expect_ok=False)
+    assert "is a model directory, which holds the tokenizer, but data.train has no manifest.json" \
         in p.stderr, p.stderr
     print(f"[hf] model directories from train --save.final and export: GPT2Config fields, "
           f"{len(layers)} layers, bos/eos 299; HF's JS port loads the tokenizer; generate and "
