@@ -25,7 +25,8 @@ struct AddedToken {
 
 /** Maps text to token ids and back. Implementations are immutable and safe to share between
  * threads. encode() treats its input as plain text: "<|endoftext|>" inside it is encoded as
- * ordinary characters, never as the EOT token; callers insert eot_token() themselves. */
+ * ordinary characters, never as the EOT token; callers insert eot_token() themselves, or use
+ * encode_matching_added_tokens() to match such text as Hugging Face does. */
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -66,7 +67,6 @@ class ByteTokenizer final : public Tokenizer {
  * applied lowest rank first within each piece. */
 class BpeTokenizer final : public Tokenizer {
  public:
-  using AddedToken = tetra::AddedToken;
   using Merge = std::pair<uint32_t, uint32_t>;
 
   /** tokens[id] is the token's raw bytes; merges are in rank order; every single byte must be a
