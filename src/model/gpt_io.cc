@@ -254,6 +254,8 @@ void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
   write_text(d / "config.json", gpt2_config(shape, tokenizer.eos_id).dump(2) + "\n", module);
 }
 
+bool is_model_dir_target(const std::string& path) { return !path.empty() && path.back() == '/'; }
+
 std::string model_weights_path(const std::string& path, const std::string& module) {
   if (!is_model_dir(path)) return path;
   const fs::path weights = fs::path(path) / "model.safetensors";

@@ -59,9 +59,13 @@ void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
  * naming what is in the way; writes nothing. */
 void check_hf_model_dir_target(const std::string& dir, const std::string& module);
 
-/** True when path names a Hugging Face model directory target: an existing directory, or a path
- * ending in '/'. */
+/** True when `path` is to be read as a Hugging Face model directory: an existing directory, or a
+ * path ending in '/'. */
 bool is_model_dir(const std::string& path);
+
+/** True when an output path names a model directory to write: it ends in '/' (an existing
+ * directory without it stays an error, as a mistyped file path). */
+bool is_model_dir_target(const std::string& path);
 
 /** `path` itself for a file; DIR/model.safetensors for a model directory (refused, naming it,
  * when that file is missing). */

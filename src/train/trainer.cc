@@ -88,9 +88,14 @@ void prepare_output_file(const std::string& key, const std::string& value) {
   if (value.empty()) return;
   const fs::path p(value);
   std::error_code ec;
+  const std::string model_dir_hint =
+      key == "save.final"
+          ? fmt::format(", or {}/ (a trailing slash) to write a Hugging Face model directory",
+                        value)
+          : "";
   TETRA_CHECK(!fs::is_directory(p, ec),
-              "[train] {}={} is a directory; give a file path such as {}/model.safetensors", key,
-              value, value);
+              "[train] {}={} is a directory; give a file path such as {}/model.safetensors{}", key,
+              value, value, model_dir_hint);
   prepare_dir(p.parent_path().empty() ? fs::path(".") : p.parent_path(), key, value);
 }
 
@@ -178,14 +183,14 @@ void Trainer::setup(const std::string& config_toml) {
   // Every input and output is checked before anything is computed or written.
   if (is_root()) {
     prepare_dir(opt_.run_dir, "run.dir", opt_.run_dir);
-    if (!is_model_dir(opt_.save_final)) prepare_output_file("save.final", opt_.save_final);
+    if (!is_model_dir_target(opt_.save_final)) prepare_output_file("save.final", opt_.save_final);
     prepare_output_file("debug.dump_grads", opt_.dump_grads);
     prepare_output_file("debug.dump_logits", opt_.dump_logits);
     if (!opt_.ckpt.dir.empty()) prepare_dir(opt_.ckpt.dir, "ckpt.dir", opt_.ckpt.dir);
   }
   train_ = std::make_unique<TokenDataset>(opt_.train_data, opt_.seq_len, opt_.verify_data);
   check_vocab(*train_, "data.train", opt_.model.vocab_size);
-  if (is_root() && is_model_dir(opt_.save_final)) {
+  if (is_root() && is_model_dir_target(opt_.save_final)) {
     // A model directory holds the tokenizer: the one the training data was prepared with.
     TETRA_CHECK(!train_->tokenizer_path().empty(),
                 "[train] save.final={} is a model directory, which holds the tokenizer, but "
@@ -581,7 +586,7 @@ void Trainer::save_final() {
   // Collective over the tp group: its slices are assembled into the global tensors.
   const SafeTensorsFile file = store_to_safetensors(store_, params.data(), true, tp_.get());
   if (!is_root()) return;
-  if (is_model_dir(opt_.save_final)) {
+  if (is_model_dir_target(opt_.save_final)) {
     const auto tok = load_tokenizer(train_->tokenizer_path());
     const uint32_t eot = tok->eot_token();
     save_hf_model_dir(opt_.save_final, opt_.model, file,
