@@ -116,7 +116,8 @@ void BpeTokenizer::encode_long_piece(std::string_view piece, std::vector<uint32_
   for (int64_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
 }
 
-std::vector<uint32_t> BpeTokenizer::encode(std::string_view text) const {
+std::vector<uint32_t> BpeTokenizer::encode_around(std::string_view text,
+                                                  std::span<const AddedTokenMatch> matches) const {
   std::vector<uint32_t> out;
   out.reserve(text.size() / 3 + 16);
   // Words repeat: remember where each piece's tokens first went in out and copy them from there.
@@ -125,7 +126,7 @@ std::vector<uint32_t> BpeTokenizer::encode(std::string_view text) const {
     size_t begin, len;
   };
   std::unordered_map<std::string_view, Span> cache;
-  pretokenize(text, [&](std::string_view piece) {
+  auto encode_piece_cached = [&](std::string_view piece) {
     if (piece.size() == 1) {
       out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
       return;
@@ -139,7 +140,14 @@ std::vector<uint32_t> BpeTokenizer::encode(std::string_view text) const {
       out.resize(at + it->second.len);
       std::copy_n(out.begin() + it->second.begin, it->second.len, out.begin() + at);
     }
-  });
+  };
+  size_t at = 0;
+  for (const AddedTokenMatch& m : matches) {
+    pretokenize(text.substr(at, m.offset - at), encode_piece_cached);
+    out.push_back(m.token->id);
+    at = m.offset + m.token->content.size();
+  }
+  pretokenize(text.substr(at), encode_piece_cached);
   return out;
 }
 

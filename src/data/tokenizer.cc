@@ -164,6 +164,22 @@ std::vector<uint32_t> ByteTokenizer::encode(std::string_view text) const {
                                reinterpret_cast<const unsigned char*>(text.data()) + text.size());
 }
 
+std::vector<uint32_t> ByteTokenizer::encode_around(std::string_view text,
+                                                   std::span<const AddedTokenMatch> matches) const {
+  std::vector<uint32_t> out;
+  out.reserve(text.size());
+  size_t at = 0;
+  for (const AddedTokenMatch& m : matches) {
+    const auto part = encode(text.substr(at, m.offset - at));
+    out.insert(out.end(), part.begin(), part.end());
+    out.push_back(m.token->id);
+    at = m.offset + m.token->content.size();
+  }
+  const auto tail = encode(text.substr(at));
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
 std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) const {
   std::string out;
   out.reserve(tokens.size());
@@ -194,13 +210,21 @@ std::string ByteTokenizer::to_json(int indent) const {
   return detail::hf_tokenizer_json(tokens, {}, added_tokens(), indent);
 }
 
-std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view text, int threads) {
+namespace {
+// Where encode_parallel cuts text: {0, text.size()} for one thread or a short text, else chunks
+// of at least 256 KB, several per thread so that uneven chunks still balance.
+std::vector<size_t> parallel_chunk_cuts(std::string_view text, int threads) {
   constexpr size_t kMinChunk = 1 << 18;
   threads = std::max(threads, 1);
-  if (threads == 1 || text.size() < 2 * kMinChunk) return tok.encode(text);
-  // Several chunks per thread so uneven chunks still balance.
-  const size_t target = std::max(kMinChunk, text.size() / (4 * static_cast<size_t>(threads)));
-  const std::vector<size_t> cuts = text_chunk_cuts(text, target);
+  if (threads == 1 || text.size() < 2 * kMinChunk) return {0, text.size()};
+  return text_chunk_cuts(text,
+                         std::max(kMinChunk, text.size() / (4 * static_cast<size_t>(threads))));
+}
+}  // namespace
+
+std::vector<uint32_t> encode_parallel(const Tokenizer& tok, std::string_view text, int threads) {
+  const std::vector<size_t> cuts = parallel_chunk_cuts(text, threads);
+  if (cuts.size() == 2) return tok.encode(text);
   const int n = static_cast<int>(cuts.size()) - 1;
   std::vector<std::vector<uint32_t>> parts(n);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
@@ -266,17 +290,37 @@ std::optional<AddedTokenMatch> find_added_token(const Tokenizer& tok, std::strin
 std::vector<uint32_t> encode_matching_added_tokens(const Tokenizer& tok, std::string_view text,
                                                    int threads) {
   AddedTokenScanner scan(tok, text, 0);
-  std::vector<uint32_t> out;
-  size_t at = 0;
-  while (const auto m = scan.next(at)) {
-    const auto part = encode_parallel(tok, text.substr(at, m->offset - at), threads);
-    out.insert(out.end(), part.begin(), part.end());
-    out.push_back(m->token->id);
+  std::vector<AddedTokenMatch> matches;
+  for (size_t at = 0; const auto m = scan.next(at);) {
+    matches.push_back(*m);
     at = m->offset + m->token->content.size();
   }
-  if (at == 0) return encode_parallel(tok, text, threads);
-  const auto tail = encode_parallel(tok, text.substr(at), threads);
-  out.insert(out.end(), tail.begin(), tail.end());
+  if (matches.empty()) return encode_parallel(tok, text, threads);
+  // Chunks as encode_parallel cuts them, less any cut inside a match (an added token holding a
+  // space); each chunk is encoded around the matches it holds.
+  std::vector<size_t> cuts = parallel_chunk_cuts(text, threads);
+  auto inside = [&](size_t c) {
+    const auto m =
+        std::upper_bound(matches.begin(), matches.end(), c,
+                         [](size_t x, const AddedTokenMatch& a) { return x < a.offset; });
+    return m != matches.begin() && c < std::prev(m)->offset + std::prev(m)->token->content.size();
+  };
+  std::erase_if(cuts, [&](size_t c) { return c != 0 && c != text.size() && inside(c); });
+  const int n = static_cast<int>(cuts.size()) - 1;
+  std::vector<std::vector<uint32_t>> parts(size_t(std::max(n, 0)));
+#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(dynamic, 1)
+  for (int k = 0; k < n; ++k) {
+    const size_t lo = cuts[k], hi = cuts[k + 1];
+    std::vector<AddedTokenMatch> local;
+    for (auto it = std::lower_bound(matches.begin(), matches.end(), lo,
+                                    [](const AddedTokenMatch&a, size_t x) { return a.offset < x; });
+         it != matches.end() && it->offset < hi; ++it) {
+      local.push_back({it->offset - lo, it->token});
+    }
+    parts[size_t(k)] = tok.encode_around(text.substr(lo, hi - lo), local);
+  }
+  std::vector<uint32_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
   return out;
 }
 

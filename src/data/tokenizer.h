@@ -23,6 +23,12 @@ struct AddedToken {
   bool special;
 };
 
+/** An added token found in a text. */
+struct AddedTokenMatch {
+  size_t offset;  // byte offset in the text
+  const AddedToken* token;
+};
+
 /** Maps text to token ids and back. Implementations are immutable and safe to share between
  * threads. encode() treats its input as plain text: "<|endoftext|>" inside it is encoded as
  * ordinary characters, never as the EOT token; callers insert eot_token() themselves, or use
@@ -32,6 +38,11 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   virtual std::vector<uint32_t> encode(std::string_view text) const = 0;
+  /** encode() of each stretch of text between `matches` (added tokens found in it, in order, not
+   * overlapping), each match's id between them: Hugging Face's encoding of text. The stretches
+   * share one piece cache, so many short ones cost no more than one long one. */
+  virtual std::vector<uint32_t> encode_around(std::string_view text,
+                                              std::span<const AddedTokenMatch> matches) const = 0;
   /** Throws tetra::Error for an id >= vocab_size(). */
   virtual std::string decode(std::span<const uint32_t> tokens) const = 0;
   virtual size_t vocab_size() const = 0;
@@ -55,6 +66,8 @@ class Tokenizer {
 class ByteTokenizer final : public Tokenizer {
  public:
   std::vector<uint32_t> encode(std::string_view text) const override;
+  std::vector<uint32_t> encode_around(std::string_view text,
+                                      std::span<const AddedTokenMatch> matches) const override;
   std::string decode(std::span<const uint32_t> tokens) const override;
   size_t vocab_size() const override { return 257; }
   uint32_t eot_token() const override { return 256; }
@@ -74,7 +87,11 @@ class BpeTokenizer final : public Tokenizer {
   BpeTokenizer(std::vector<std::string> tokens, std::vector<Merge> merges,
                std::vector<AddedToken> added, uint32_t eot, std::string_view origin = "<memory>");
 
-  std::vector<uint32_t> encode(std::string_view text) const override;
+  std::vector<uint32_t> encode(std::string_view text) const override {
+    return encode_around(text, {});
+  }
+  std::vector<uint32_t> encode_around(std::string_view text,
+                                      std::span<const AddedTokenMatch> matches) const override;
   std::string decode(std::span<const uint32_t> tokens) const override;
   size_t vocab_size() const override { return tokens_.size(); }
   uint32_t eot_token() const override { return eot_; }
@@ -124,18 +141,14 @@ enum class SpecialTokens { match, ordinary, refuse };
 /** Parses --special-tokens; errors read "[module] --special-tokens VALUE: ...". */
 SpecialTokens parse_special_tokens(std::string_view value, std::string_view module);
 
-struct AddedTokenMatch {
-  size_t offset;  // byte offset in the text
-  const AddedToken* token;
-};
-
 /** The first occurrence at or after `from` of an added token's content (at the leftmost offset,
  * the longest content), as Hugging Face's added vocabulary finds them; nullopt when none. */
 std::optional<AddedTokenMatch> find_added_token(const Tokenizer& tok, std::string_view text,
                                                 size_t from = 0);
 
 /** Encodes text as Hugging Face does by default: each added token found (find_added_token) becomes
- * its id and the text between them is encoded by encode_parallel. */
+ * its id and the text between them is encoded (encode_around), over threads like encode_parallel.
+ */
 std::vector<uint32_t> encode_matching_added_tokens(const Tokenizer& tok, std::string_view text,
                                                    int threads);
 

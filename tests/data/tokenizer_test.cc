@@ -483,6 +483,24 @@ TEST(SpecialTokens, MatchGivesTheIdAndEncodesTheRestAlone) {
             (std::vector<uint32_t>{'a', 256}));
 }
 
+// Over threads the text is cut only between matches and at safe points: the ids equal one thread's
+// and those of encoding every stretch alone.
+TEST(SpecialTokens, MatchOverThreadsEqualsOneThread) {
+  const BpeTokenizer& tok = trained();
+  std::string text;
+  std::vector<uint32_t> want;
+  std::mt19937 rng(5);
+  while (text.size() < (1 << 20)) {
+    const std::string doc = make_corpus(100 + rng() % 900, rng());
+    text += doc + "<|endoftext|>";
+    const auto ids = tok.encode(doc);
+    want.insert(want.end(), ids.begin(), ids.end());
+    want.push_back(tok.eot_token());
+  }
+  EXPECT_EQ(encode_matching_added_tokens(tok, text, 1), want);
+  EXPECT_EQ(encode_matching_added_tokens(tok, text, 3), want);
+}
+
 // At one offset the longest added token wins; an earlier offset wins over a longer token.
 TEST(SpecialTokens, LeftmostThenLongestAsHuggingFace) {
   std::vector<std::string> tokens;
