@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchutil import cpu_name
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 import multilingual_corpus  # noqa: E402
@@ -41,10 +43,8 @@ def main():
                     for threads, rate in re.findall(r"encode bpe, (\d) threads? *: *([\d.]+)", out):
                         key = (name, b, threads)
                         best[key] = max(best.get(key, 0.0), float(rate))
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = re.search(r"Model name:\s*(.*)", cpu)
-    print(f"CPU: {model.group(1) if model else 'unknown'}, {os.cpu_count()} cores; best of "
-          f"{args.rounds} rounds x {args.repeat} repeats")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; best of {args.rounds} rounds x "
+          f"{args.repeat} repeats")
     names = [os.path.join(os.path.basename(os.path.dirname(b)), os.path.basename(b))
              for b in args.bench]
     print(f"{'text':<16}{'threads':>8}  " + "  ".join(f"{n:>28}" for n in names))
