@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -22,6 +23,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   tetra::fuzz::quiet_logs();
   dir = std::filesystem::temp_directory_path() / ("tetra_ckpt_fuzz_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  });
   std::ofstream rank(dir / "rank-00000.safetensors", std::ios::binary);
   for (int i = 0; i < 256; ++i) {
     const float v = float(i) * 0.25f;
