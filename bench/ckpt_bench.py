@@ -11,10 +11,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 
-from benchutil import cpu_name, random_tokens, write_tokens
+from benchutil import cpu_name, random_tokens, run_train, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
@@ -31,8 +30,7 @@ def run(a, name, flags, data, workdir):
         f"--train.micro_batch={B}", f"--train.seq_len={T}", f"--train.steps={a.steps}",
         f"--run.threads={threads}", f"--data.train={data}", "--data.verify=false",
         f"--run.dir={run_dir}", "--run.progress=never", "--optim.warmup_steps=2"] + flags
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return run_train(cmd, run_dir)
 
 
 def main():

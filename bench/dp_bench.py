@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from benchutil import random_tokens, write_tokens
+from benchutil import random_tokens, run_train, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
@@ -36,8 +36,7 @@ def run_tetra(a, ranks, overlap, data, workdir):
         "--run.threads=1", f"--data.train={data}", f"--run.dir={run}", "--run.progress=never",
         f"--dp.overlap={'true' if overlap else 'false'}"]
     cmd = args if ranks == 1 else MPI + ["-np", str(ranks)] + args
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))][a.warmup:]
+    rows = run_train(cmd, run)[a.warmup:]
     return dict(tokens_per_s=statistics.median(r["tokens_per_s"] for r in rows),
                 comm_ms=statistics.median(r.get("comm_ms", 0.0) for r in rows),
                 reduce_ms=statistics.median(r.get("comm_exec_ms", 0.0) for r in rows))

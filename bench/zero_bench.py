@@ -11,11 +11,9 @@ peak RSS per rank.
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import tempfile
 
-from benchutil import cpu_name, random_tokens, write_tokens
+from benchutil import cpu_name, random_tokens, run_train, summarize, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
@@ -42,16 +40,7 @@ def run(a, shape, name, flags, data, workdir):
         f"--train.micro_batch={B}", f"--train.seq_len={T}", f"--train.steps={a.steps}",
         "--run.threads=1", f"--data.train={data}", f"--run.dir={run_dir}", "--run.progress=never",
         "--optim.warmup_steps=2"] + flags
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    timed = rows[a.warmup:]
-    last = rows[-1]
-    return dict(tokens_per_s=statistics.median(r["tokens_per_s"] for r in timed),
-                step_ms=statistics.median(r["step_ms"] for r in timed),
-                comm_ms=statistics.median(r["comm_ms"] for r in timed),
-                comm_bytes=last["comm_bytes"], rss_peak=last["rss_peak"],
-                mem={k[4:]: v for k, v in last.items() if k.startswith("mem_")},
-                loss=[r["loss"] for r in rows])
+    return summarize(run_train(cmd, run_dir), a.warmup, "comm")
 
 
 def main():
