@@ -12,12 +12,12 @@
 
 namespace tetra::comm::detail {
 
-/** Lets a thread waiting on a Work drive the engine itself instead of sleeping (see
- *  docs/comm.md, "progress engine"). */
+/** Lets a thread waiting on a Work drive its progress lane itself instead of sleeping (see
+ *  docs/comm.md, "progress lanes"). */
 class ProgressHelper {
  public:
   virtual ~ProgressHelper() = default;
-  /** Runs queued operations on the calling thread if the engine is free; never blocks on it. */
+  /** Runs queued operations on the calling thread if the lane is free; never blocks on it. */
   virtual void help(const WorkState& target) = 0;
 };
 
@@ -34,7 +34,7 @@ struct WorkState {
   double sent_bytes = 0;  // ring-model bytes this rank sends
   double issue_s = 0, start_s = 0, end_s = 0;
   double timeout_s = 0;
-  std::weak_ptr<ProgressHelper> helper;  // weak: only user threads may end the engine
+  std::weak_ptr<ProgressHelper> helper;  // weak: only user threads may end a lane
 
   void complete(std::string err = {}) {
     {

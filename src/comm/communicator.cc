@@ -66,6 +66,7 @@ size_t elem_size(ElemType t) {
 CommOptions CommOptions::from_config(const Config& config) {
   CommOptions o;
   o.backend = config.s("dist.backend");
+  o.progress = config.s("dist.progress");
   o.timeout_s = config.f("dist.timeout_s");
   o.debug_hash = config.b("dist.debug_hash");
   o.debug_hash_every = config.i("dist.debug_hash_every");
@@ -77,6 +78,11 @@ ConfigSchema comm_config_schema() {
   return {
       {"dist.backend", ValueKind::String, "\"mpi\"",
        "communication backend: mpi (CPU) or nccl (needs a CUDA build)", "mpi | nccl"},
+      {"dist.progress", ValueKind::String, "\"group\"",
+       "group: each process group's collectives progress on their own thread, so tensor-parallel "
+       "ones never wait behind data-parallel buckets (MPI_THREAD_MULTIPLE); process: one thread "
+       "runs every group's in issue order",
+       "group | process"},
       {"dist.timeout_s", ValueKind::Float, "300",
        "seconds a collective may stay pending before the watchdog reports and aborts (exit 75)",
        "(0, 1e6]"},
@@ -132,14 +138,14 @@ bool wait_state(detail::WorkState& s, double deadline_s) {
     if (s.done.load(std::memory_order_acquire)) break;
     double now = now_s();
     if (now >= deadline_s) return false;
-    // Yield for the first 200 us: a short collective finishing on the engine thread is then
+    // Yield for the first 200 us: a short collective finishing on the lane thread is then
     // noticed without a futex wake-up, which costs a scheduler round trip on a busy machine.
     if (now - began < 200e-6) {
       std::this_thread::yield();
       continue;
     }
-    // Short naps while the engine thread runs the operation, so a waiter that could drive the
-    // engine (it became free) or poll point-to-point requests gets the chance to.
+    // Short naps while the lane thread runs the operation, so a waiter that could drive the
+    // lane (it became free) or poll point-to-point requests gets the chance to.
     double nap = std::min(deadline_s - now, 0.002);
     std::unique_lock<std::mutex> lock(s.m);
     s.cv.wait_for(lock, std::chrono::duration<double>(nap),

@@ -1,6 +1,6 @@
 // Communicator: one process group and its collectives. A value type wrapping a backend (MPI now,
-// NCCL later). Every operation is asynchronous, runs in issue order on one progress engine per
-// process, and returns a Work handle whose wait() honours a deadline (dist.timeout_s).
+// NCCL later). Every operation is asynchronous, runs in issue order on its group's progress lane,
+// and returns a Work handle whose wait() honours a deadline (dist.timeout_s).
 //
 // Buffers passed to an operation must stay valid and untouched until its Work is done.
 #pragma once
@@ -49,6 +49,7 @@ inline constexpr int kExitCollectiveDesync = 76;
 /** Options of the communication layer; see comm_config_schema() for the keys. */
 struct CommOptions {
   std::string backend = "mpi";
+  std::string progress = "group";
   double timeout_s = 300.0;
   bool debug_hash = false;
   int64_t debug_hash_every = 1;
@@ -116,10 +117,11 @@ class Work {
    *  passed first (the operation keeps running). Throws tetra::Error when it failed. */
   bool wait_until(double deadline_s) const;
   bool done() const;
-  /** Seconds from the start to the end of execution on the progress engine (0 until done). */
+  /** Seconds from the start to the end of execution on the progress lane (0 until done). */
   double exec_seconds() const;
   /** Seconds from the issue to the start of execution: the time it waited behind operations
-   *  issued before it, on any group (0 until done). */
+   *  issued before it on its progress lane, i.e. its own group (every group, with
+   *  dist.progress=process) (0 until done). */
   double queued_seconds() const;
   /** Bytes this rank sends for the operation under the bandwidth-optimal (ring) algorithm the
    *  seeds' volumes assume: all-reduce 2(n-1)/n·D, reduce-scatter and all-gather (n-1)/n·D of the
@@ -133,7 +135,7 @@ class Work {
   std::shared_ptr<detail::WorkState> state_;
 };
 
-/** A process group. Cheap to copy; all copies and all groups of a process share one engine. */
+/** A process group. Cheap to copy; all copies share the group's progress lane. */
 class Communicator {
  public:
   Communicator() = default;
@@ -228,7 +230,7 @@ decltype(auto) run_or_abort(const Communicator& world, F&& f) {
 }
 
 /** Starts the backend named by options.backend ("mpi"; "nccl" once built) and returns the world
- *  group. Call once per process; the engine stops when the last Communicator is destroyed. */
+ *  group. Call once per process; MPI is finalised when the last Communicator is destroyed. */
 Communicator init_world(const CommOptions& options, int* argc = nullptr, char*** argv = nullptr);
 
 }  // namespace tetra::comm

@@ -1,11 +1,14 @@
-// MPI backend. One progress engine per process owns every MPI call: operations issued by any
-// thread go into one FIFO queue and run in issue order, so every rank runs its collectives in the
-// same order. A dedicated communication thread executes the queue with *blocking* MPI calls (in
-// OpenMPI these are several times faster than the non-blocking ones and progress by themselves),
-// which lets a bucket all-reduce run while the compute thread keeps computing. A thread that waits
-// on a Work may run the queue itself when the engine is free ("helping"), so a collective that is
-// waited on at once costs the same as the raw MPI call. MPI is initialised with
-// MPI_THREAD_SERIALIZED; a mutex serialises the two possible callers. See docs/comm.md.
+// MPI backend. Each process group runs its operations on a progress lane of its own: a FIFO queue
+// in issue order and a thread that executes it with *blocking* MPI calls (in OpenMPI these are
+// faster than the non-blocking ones and progress by themselves), so a bucket all-reduce runs while
+// the compute thread keeps computing, and one group's collectives never wait behind another's: a
+// tensor-parallel all-reduce passes the data-parallel buckets issued before it. Every rank issues
+// a group's collectives in the same order, so every communicator sees them in the same order, which
+// is all MPI asks; lanes of different groups never wait on each other, so no cycle can form. MPI is
+// initialised with MPI_THREAD_MULTIPLE. With dist.progress=process (or an MPI without thread
+// support) one lane serves every group, under MPI_THREAD_SERIALIZED. A thread that waits on a Work
+// may run its lane's queue itself when the lane is free ("helping"), so a collective waited on at
+// once costs the same as the raw MPI call. See docs/comm.md.
 #include <fmt/format.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -105,23 +108,62 @@ struct HashDesc {
   int32_t world_rank;
 };
 
-class Engine : public ProgressHelper, public std::enable_shared_from_this<Engine> {
+/** A progress lane: one FIFO queue of operations and the thread that runs them with blocking MPI
+ *  calls, in issue order. With dist.progress=group every group has its own lane, so a group's
+ *  collectives never wait behind another group's; with dist.progress=process one lane serves every
+ *  group. A thread waiting on a Work of this lane may run the queue itself ("helping"). */
+class Lane : public ProgressHelper {
  public:
-  Engine(const CommOptions& options, int* argc, char*** argv);
-  ~Engine() override;
+  explicit Lane(Engine& engine) : engine_(engine) {}
+  ~Lane() override;
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
 
-  void start(const std::vector<std::string>& hosts, uint64_t token);
-  std::shared_ptr<WorkState> submit(Op op, size_t bytes);
+  /** Appends an operation; starts the lane's thread on first use. */
+  void push(Op op);
   void help(const WorkState& target) override;
-  void synchronize();
+  /** Runs what is queued if the lane is free; never blocks on it. */
+  void help_all();
   void release_comm(MPI_Comm comm);
-  [[noreturn]] void abort_job(const std::string& message, int exit_code);
-
-  /** Hands a posted send/recv to the engine, which completes it when MPI says so (mpi_m_ held). */
+  /** Hands a posted send/recv to the lane, which completes it when MPI says so (mpi_m_ held). */
   void add_p2p(PendingP2P p) {
     p2p_.push_back(std::move(p));
     p2p_count_.fetch_add(1);
   }
+
+ private:
+  void thread_main();
+  void drain(const WorkState* target);  // mpi_m_ held
+  void execute(Op& op);                 // mpi_m_ held
+  void poll_p2p();                      // mpi_m_ held
+
+  Engine& engine_;
+
+  std::mutex queue_m_;
+  std::condition_variable queue_cv_;
+  std::deque<Op> queue_;
+  bool stop_ = false;
+  std::atomic<int64_t> p2p_count_{0};
+
+  // Serialises the lane's thread and a helping waiter; with dist.progress=process it is the one
+  // mutex in front of MPI (MPI_THREAD_SERIALIZED).
+  std::mutex mpi_m_;
+  std::vector<PendingP2P> p2p_;
+  std::thread thread_;
+};
+
+class Engine {
+ public:
+  Engine(const CommOptions& options, int* argc, char*** argv);
+  ~Engine();
+
+  void start(const std::vector<std::string>& hosts, uint64_t token);
+  /** The lane a new group runs on: its own, or the process's one. */
+  std::shared_ptr<Lane> lane_for_group();
+  std::shared_ptr<WorkState> submit(Op op, size_t bytes, const std::shared_ptr<Lane>& lane);
+  void synchronize();
+  void finish(Op& op, std::string error);
+  [[noreturn]] void abort_job(const std::string& message, int exit_code);
 
   const CommOptions& options() const { return options_; }
   const std::vector<std::string>& hosts() const { return hosts_; }
@@ -129,37 +171,28 @@ class Engine : public ProgressHelper, public std::enable_shared_from_this<Engine
   Watchdog& watchdog() { return *watchdog_; }
 
  private:
-  void thread_main();
-  void drain(const WorkState* target);  // mpi_m_ held
-  void execute(Op& op);                 // mpi_m_ held
-  void poll_p2p();                      // mpi_m_ held
-  void finish(Op& op, std::string error);
-
   CommOptions options_;
   bool we_initialised_ = false;
+  bool lane_per_group_ = true;
   int world_rank_ = 0;
   std::vector<std::string> hosts_;
 
-  std::mutex queue_m_;
-  std::condition_variable queue_cv_;
-  std::deque<Op> queue_;
-  bool stop_ = false;
+  // Issue order across lanes: operation ids and the history ring follow it.
+  std::mutex issue_m_;
   uint64_t next_id_ = 0;
+  std::vector<std::weak_ptr<Lane>> lanes_;  // for synchronize() to help
+  std::shared_ptr<Lane> process_lane_;      // dist.progress=process
   std::atomic<int64_t> outstanding_{0};
-  std::atomic<int64_t> p2p_count_{0};
-
-  std::mutex mpi_m_;
-  std::vector<PendingP2P> p2p_;
 
   std::unique_ptr<Watchdog> watchdog_;
-  std::thread thread_;
 };
 
 class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup> {
  public:
-  MpiGroup(std::shared_ptr<Engine> engine, MPI_Comm comm, std::string name,
-           std::vector<int> world_ranks, std::vector<std::string> hosts)
+  MpiGroup(std::shared_ptr<Engine> engine, std::shared_ptr<Lane> lane, MPI_Comm comm,
+           std::string name, std::vector<int> world_ranks, std::vector<std::string> hosts)
       : engine_(std::move(engine)),
+        lane_(std::move(lane)),
         comm_(comm),
         id_(make_group_id(name, world_ranks)),
         hosts_(std::move(hosts)) {
@@ -168,7 +201,7 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
   }
   ~MpiGroup() override {
     engine_->synchronize();
-    engine_->release_comm(comm_);
+    lane_->release_comm(comm_);
   }
 
   int rank() const override { return rank_; }
@@ -250,15 +283,14 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
     engine_->abort_job(message, exit_code);
   }
 
-  // Executed on the engine, mpi_m_ held.
+  // Executed on the group's lane, its mpi_m_ held.
   void exec(Op& op);
   void hash_step(const Op& op);
 
-  const std::shared_ptr<Engine>& engine() const { return engine_; }
   const GroupId& id() const { return id_; }
   MPI_Comm comm() const { return comm_; }
   // Collectives and point-to-point messages are numbered apart: only collectives must line up
-  // across the group. queue_m_ held.
+  // across the group. The engine's issue_m_ held.
   uint64_t next_seq(OpKind kind) {
     return kind == OpKind::send || kind == OpKind::recv ? ++p2p_seq_ : ++seq_;
   }
@@ -270,7 +302,7 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
     o.group = this;
     return o;
   }
-  Work submit(Op op, size_t bytes) { return Work(engine_->submit(std::move(op), bytes)); }
+  Work submit(Op op, size_t bytes) { return Work(engine_->submit(std::move(op), bytes, lane_)); }
 
   void exec_all_reduce(Op& op);
   void exec_reduce_scatter(Op& op);
@@ -279,12 +311,13 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
   void exec_split(Op& op);
 
   std::shared_ptr<Engine> engine_;
+  std::shared_ptr<Lane> lane_;
   MPI_Comm comm_;
   GroupId id_;
   std::vector<std::string> hosts_;
   int rank_ = 0, size_ = 1;
-  uint64_t seq_ = 0, p2p_seq_ = 0;  // queue_m_ held
-  // Engine-only state (mpi_m_ held).
+  uint64_t seq_ = 0, p2p_seq_ = 0;  // the engine's issue_m_ held
+  // Lane-only state (the lane's mpi_m_ held).
   uint64_t hash_ = 0;
   uint64_t hashed_ = 0;
   std::vector<float> scratch_;
@@ -294,11 +327,13 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
 // Engine
 
 Engine::Engine(const CommOptions& options, int* argc, char*** argv) : options_(options) {
+  lane_per_group_ = options_.progress == "group";
+  const int wanted = lane_per_group_ ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
   int initialised = 0;
   MPI_Initialized(&initialised);
   int provided = 0;
   if (!initialised) {
-    MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Init_thread(argc, argv, wanted, &provided);
     we_initialised_ = true;
   } else {
     MPI_Query_thread(&provided);
@@ -309,6 +344,17 @@ Engine::Engine(const CommOptions& options, int* argc, char*** argv) : options_(o
               "comm::init_world do it",
               provided, int(MPI_THREAD_SERIALIZED));
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+  if (lane_per_group_ && provided < MPI_THREAD_MULTIPLE) {
+    lane_per_group_ = false;
+    if (world_rank_ == 0) {
+      std::fprintf(stderr,
+                   "[comm] warning: MPI provides thread level %d, not MPI_THREAD_MULTIPLE (%d): "
+                   "every group's collectives share one progress thread, as with "
+                   "dist.progress=process, so tensor-parallel collectives queue behind "
+                   "data-parallel buckets; use an MPI built with thread support to avoid it\n",
+                   provided, int(MPI_THREAD_MULTIPLE));
+    }
+  }
 }
 
 void Engine::start(const std::vector<std::string>& hosts, uint64_t token) {
@@ -318,23 +364,32 @@ void Engine::start(const std::vector<std::string>& hosts, uint64_t token) {
   watchdog_ = std::make_unique<Watchdog>(options_, world_rank_, world_size, hosts, token);
   MPI_Barrier(MPI_COMM_WORLD);  // every local rank has mapped the arrival board
   watchdog_->start();
-  thread_ = std::thread([this] { thread_main(); });
 }
 
 Engine::~Engine() {
-  {
-    std::lock_guard<std::mutex> lock(queue_m_);
-    stop_ = true;
-  }
-  queue_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  process_lane_.reset();  // joins its thread before MPI goes away
   watchdog_.reset();
   int finalised = 0;
   MPI_Finalized(&finalised);
   if (we_initialised_ && !finalised) MPI_Finalize();
 }
 
-std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes) {
+std::shared_ptr<Lane> Engine::lane_for_group() {
+  std::lock_guard<std::mutex> lock(issue_m_);
+  if (!lane_per_group_) {
+    if (!process_lane_) {
+      process_lane_ = std::make_shared<Lane>(*this);
+      lanes_.push_back(process_lane_);
+    }
+    return process_lane_;
+  }
+  auto lane = std::make_shared<Lane>(*this);
+  std::erase_if(lanes_, [](const std::weak_ptr<Lane>& l) { return l.expired(); });
+  lanes_.push_back(lane);
+  return lane;
+}
+
+std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes, const std::shared_ptr<Lane>& lane) {
   auto ws = std::make_shared<WorkState>();
   ws->op = op.kind;
   ws->group = op.group->name();
@@ -342,7 +397,7 @@ std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes) {
   ws->sent_bytes = ring_sent_bytes(op.kind, bytes, op.group->size(),
                                    op.kind == OpKind::broadcast && op.peer == op.group->rank());
   ws->timeout_s = options_.timeout_s;
-  ws->helper = shared_from_this();
+  ws->helper = lane;
   ws->issue_s = now_s();
   op.work = ws;
   OpRecord rec;
@@ -351,38 +406,38 @@ std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes) {
   rec.bytes = bytes;
   rec.peer = op.peer;
   rec.issue_s = ws->issue_s;
-  {
-    std::lock_guard<std::mutex> lock(queue_m_);
-    TETRA_CHECK(!stop_, "[comm] {} issued on group '{}' after the engine stopped", op_name(op.kind),
-                op.group->name());
-    op.id = next_id_++;
-    op.seq = op.group->next_seq(op.kind);
-    ws->seq = op.seq;
-    rec.id = op.id;
-    rec.seq = op.seq;
-    // Recorded before the engine can see the operation, so history order is issue order.
-    watchdog_->on_issue(rec);
-    outstanding_.fetch_add(1);
-    queue_.push_back(std::move(op));
-  }
-  queue_cv_.notify_one();
+  std::lock_guard<std::mutex> lock(issue_m_);
+  op.id = next_id_++;
+  op.seq = op.group->next_seq(op.kind);
+  ws->seq = op.seq;
+  rec.id = op.id;
+  rec.seq = op.seq;
+  // Recorded before any lane can see the operation, so history order is issue order.
+  watchdog_->on_issue(rec);
+  outstanding_.fetch_add(1);
+  lane->push(std::move(op));
   return ws;
-}
-
-void Engine::help(const WorkState& target) {
-  std::unique_lock<std::mutex> lock(mpi_m_, std::try_to_lock);
-  if (!lock.owns_lock()) return;
-  drain(&target);
 }
 
 void Engine::synchronize() {
   while (outstanding_.load() > 0) {
+    std::vector<std::shared_ptr<Lane>> lanes;
     {
-      std::unique_lock<std::mutex> lock(mpi_m_, std::try_to_lock);
-      if (lock.owns_lock()) drain(nullptr);
+      std::lock_guard<std::mutex> lock(issue_m_);
+      for (const auto& l : lanes_) {
+        if (auto p = l.lock()) lanes.push_back(std::move(p));
+      }
     }
+    for (auto& l : lanes) l->help_all();
     if (outstanding_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+}
+
+void Engine::finish(Op& op, std::string error) {
+  op.work->end_s = now_s();
+  watchdog_->on_end(op.id, op.group->id(), op.seq, error.empty());
+  op.work->complete(std::move(error));
+  outstanding_.fetch_sub(1);
 }
 
 void Engine::abort_job(const std::string& message, int exit_code) {
@@ -390,9 +445,9 @@ void Engine::abort_job(const std::string& message, int exit_code) {
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
   std::fflush(stdout);
-  // MPI_Abort asks the launcher to kill every rank. It is called while the engine thread may sit
-  // in a collective that will never complete; should the abort itself hang there, the process
-  // still ends (the launcher then sees a rank exit without finalising and stops the others).
+  // MPI_Abort asks the launcher to kill every rank. It is called while a lane may sit in a
+  // collective that will never complete; should the abort itself hang there, the process still
+  // ends (the launcher then sees a rank exit without finalising and stops the others).
   std::thread([exit_code] {
     std::this_thread::sleep_for(std::chrono::seconds(5));
     _exit(exit_code);
@@ -401,12 +456,47 @@ void Engine::abort_job(const std::string& message, int exit_code) {
   _exit(exit_code);
 }
 
-void Engine::release_comm(MPI_Comm comm) {
+// ---------------------------------------------------------------------------------------------
+// Lane
+
+Lane::~Lane() {
+  {
+    std::lock_guard<std::mutex> lock(queue_m_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Lane::push(Op op) {
+  {
+    std::lock_guard<std::mutex> lock(queue_m_);
+    TETRA_CHECK(!stop_, "[comm] {} issued on group '{}' after its progress lane stopped",
+                op_name(op.kind), op.group->name());
+    queue_.push_back(std::move(op));
+    // Started lazily: groups that never communicate (size 1, unused dimensions) cost no thread.
+    if (!thread_.joinable()) thread_ = std::thread([this] { thread_main(); });
+  }
+  queue_cv_.notify_one();
+}
+
+void Lane::help(const WorkState& target) {
+  std::unique_lock<std::mutex> lock(mpi_m_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  drain(&target);
+}
+
+void Lane::help_all() {
+  std::unique_lock<std::mutex> lock(mpi_m_, std::try_to_lock);
+  if (lock.owns_lock()) drain(nullptr);
+}
+
+void Lane::release_comm(MPI_Comm comm) {
   std::lock_guard<std::mutex> lock(mpi_m_);
   MPI_Comm_free(&comm);
 }
 
-void Engine::thread_main() {
+void Lane::thread_main() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(queue_m_);
@@ -432,7 +522,7 @@ void Engine::thread_main() {
   }
 }
 
-void Engine::drain(const WorkState* target) {
+void Lane::drain(const WorkState* target) {
   for (;;) {
     if (target && target->done.load(std::memory_order_acquire)) break;
     Op op;
@@ -447,33 +537,28 @@ void Engine::drain(const WorkState* target) {
   if (!p2p_.empty()) poll_p2p();
 }
 
-void Engine::finish(Op& op, std::string error) {
-  op.work->end_s = now_s();
-  watchdog_->on_end(op.id, op.group->id(), op.seq, error.empty());
-  op.work->complete(std::move(error));
-  outstanding_.fetch_sub(1);
-}
-
-void Engine::execute(Op& op) {
+void Lane::execute(Op& op) {
   const OpKind kind = op.kind;
+  const int world_rank = engine_.world_rank();
   op.work->start_s = now_s();
-  watchdog_->on_start(op.id, op.group->id(), op.seq, op.kind);
+  engine_.watchdog().on_start(op.id, op.group->id(), op.seq, op.kind);
   try {
     op.group->exec(op);
   } catch (const MpiFailure& f) {
-    finish(op, fmt::format("[comm] {} #{} on group '{}' failed on world rank {}: {}",
-                           op_name(op.kind), op.seq, op.group->name(), world_rank_, f.what));
+    engine_.finish(op, fmt::format("[comm] {} #{} on group '{}' failed on world rank {}: {}",
+                                   op_name(op.kind), op.seq, op.group->name(), world_rank, f.what));
     return;
   } catch (const std::exception& e) {
-    finish(op, fmt::format("[comm] {} #{} on group '{}' failed on world rank {}: {}",
-                           op_name(op.kind), op.seq, op.group->name(), world_rank_, e.what()));
+    engine_.finish(
+        op, fmt::format("[comm] {} #{} on group '{}' failed on world rank {}: {}", op_name(op.kind),
+                        op.seq, op.group->name(), world_rank, e.what()));
     return;
   }
   if (kind == OpKind::send || kind == OpKind::recv) return;  // completes in poll_p2p
-  finish(op, {});
+  engine_.finish(op, {});
 }
 
-void Engine::poll_p2p() {
+void Lane::poll_p2p() {
   if (p2p_.empty()) return;
   std::vector<MPI_Request> reqs;
   reqs.reserve(p2p_.size());
@@ -483,7 +568,7 @@ void Engine::poll_p2p() {
   int rc = MPI_Testsome(int(reqs.size()), reqs.data(), &n_done, idx.data(), MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     std::string err = fmt::format("[comm] MPI_Testsome failed: {}", mpi_error_text(rc));
-    for (auto& p : p2p_) finish(p.op, err);
+    for (auto& p : p2p_) engine_.finish(p.op, err);
     p2p_count_.fetch_sub(int64_t(p2p_.size()));
     p2p_.clear();
     return;
@@ -494,7 +579,7 @@ void Engine::poll_p2p() {
   std::vector<PendingP2P> still;
   for (size_t i = 0; i < p2p_.size(); ++i) {
     if (completed[i]) {
-      finish(p2p_[i].op, {});
+      engine_.finish(p2p_[i].op, {});
       p2p_count_.fetch_sub(1);
     } else {
       still.push_back(std::move(p2p_[i]));
@@ -597,7 +682,7 @@ void MpiGroup::exec(Op& op) {
             "MPI_Irecv");
       }
       p.op = std::move(op);
-      engine_->add_p2p(std::move(p));
+      lane_->add_p2p(std::move(p));
       break;
     }
     case OpKind::split:
@@ -729,8 +814,8 @@ void MpiGroup::exec_split(Op& op) {
   const std::vector<std::string>& world_hosts = engine_->hosts();
   std::vector<std::string> hosts;
   for (int w : ranks) hosts.push_back(world_hosts[size_t(w)]);
-  *op.split_result =
-      std::make_shared<MpiGroup>(engine_, sub, op.split_name, std::move(ranks), std::move(hosts));
+  *op.split_result = std::make_shared<MpiGroup>(engine_, engine_->lane_for_group(), sub,
+                                                op.split_name, std::move(ranks), std::move(hosts));
 }
 
 }  // namespace
@@ -765,7 +850,8 @@ std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc,
   engine->start(hosts, token);
   std::vector<int> ranks(static_cast<size_t>(size));
   for (int i = 0; i < size; ++i) ranks[size_t(i)] = i;
-  return std::make_shared<MpiGroup>(engine, world, "world", std::move(ranks), std::move(hosts));
+  return std::make_shared<MpiGroup>(engine, engine->lane_for_group(), world, "world",
+                                    std::move(ranks), std::move(hosts));
 }
 
 }  // namespace tetra::comm::detail
