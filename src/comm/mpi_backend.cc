@@ -434,6 +434,10 @@ void Engine::synchronize() {
 }
 
 void Engine::finish(Op& op, std::string error) {
+  // A split's new group must never die on a lane thread: its destructor waits for every pending
+  // operation, the lane's own included. Dropping the lane's reference before the issuer wakes up
+  // leaves the last one to the issuer.
+  op.split_result.reset();
   op.work->end_s = now_s();
   watchdog_->on_end(op.id, op.group->id(), op.seq, error.empty());
   op.work->complete(std::move(error));
