@@ -32,6 +32,10 @@ TEST(CommOptions, DefaultsAndOverrides) {
   Config c = Config::from_overrides(schema, {"--dist.timeout_s=2.5", "dist.debug_hash=true"});
   CommOptions o = CommOptions::from_config(c);
   EXPECT_EQ(o.backend, "mpi");
+  EXPECT_EQ(o.progress, "group");
+  EXPECT_EQ(
+      CommOptions::from_config(Config::from_overrides(schema, {"dist.progress=process"})).progress,
+      "process");
   EXPECT_DOUBLE_EQ(o.timeout_s, 2.5);
   EXPECT_TRUE(o.debug_hash);
   EXPECT_EQ(o.debug_hash_every, 1);
@@ -39,6 +43,12 @@ TEST(CommOptions, DefaultsAndOverrides) {
   EXPECT_THROW(Config::from_overrides(schema, {"dist.timeout_s=0"}), Error);
   EXPECT_THROW(Config::from_overrides(schema, {"dist.history=0"}), Error);
   EXPECT_THROW(Config::from_overrides(schema, {"dist.backend=gloo"}), Error);
+  try {
+    Config::from_overrides(schema, {"dist.progress=fifo"});
+    ADD_FAILURE() << "dist.progress=fifo was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one of: group, process"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Backend, NcclStubSaysItIsNotBuilt) {

@@ -9,8 +9,12 @@
 //             shows that the scenario needs independent progress.
 //   stuck:    the last rank never joins its tp pair's all_reduce while every rank keeps reducing
 //             on its dp group; its partner must report the tp operation and that rank, and exit 75.
-// The last two take an even number of ranks >= 4: tp pairs {0,1}, {2,3}, ... and dp groups of the
-// ranks of equal parity, as on a tp 2 x dp n/2 mesh.
+//   serialized: MPI initialised by the program with MPI_THREAD_SERIALIZED; init_world must warn
+//             that every group shares one lane, and collectives on split groups still work.
+// overtake and stuck take an even number of ranks >= 4: tp pairs {0,1}, {2,3}, ... and dp groups of
+// the ranks of equal parity, as on a tp 2 x dp n/2 mesh.
+#include <mpi.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -64,13 +68,34 @@ void stuck(const Communicator& world, const Communicator& tp, const Communicator
   pending.wait();
 }
 
+int serialized(int* argc, char*** argv, const CommOptions& opts) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  int failed = 0;
+  {
+    Communicator world = init_world(opts, argc, argv);
+    const int r = world.rank();
+    Communicator pair = world.split(r / 2, r, "pair" + std::to_string(r / 2));
+    std::vector<float> a(1000, float(r)), b(10, 1.0f);
+    Work wa = world.all_reduce(a), wb = pair.all_reduce(b);
+    wb.wait();
+    wa.wait();
+    const float n = float(world.size());
+    failed = a[999] != n * (n - 1) / 2 || b[0] != float(pair.size());
+    if (failed) std::fprintf(stderr, "rank %d: sums %g %g\n", r, a[999], b[0]);
+  }
+  MPI_Finalize();
+  return failed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr,
-                 "usage: comm_watchdog_scenarios hang|desync|p2p|overtake|stuck TIMEOUT_S "
-                 "[group|process]\n");
+    std::fprintf(
+        stderr,
+        "usage: comm_watchdog_scenarios hang|desync|p2p|overtake|stuck|serialized TIMEOUT_S "
+        "[group|process]\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -78,6 +103,7 @@ int main(int argc, char** argv) {
   opts.timeout_s = std::atof(argv[2]);
   opts.debug_hash = mode == "desync";
   if (argc > 3) opts.progress = argv[3];
+  if (mode == "serialized") return serialized(&argc, &argv, opts);
   Communicator world = init_world(opts, &argc, &argv);
   const int r = world.rank(), n = world.size();
 
