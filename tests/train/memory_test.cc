@@ -1,8 +1,9 @@
 // The memory ledger: for a GPT-2 model (4 layers of width 256, an 8192-token vocabulary: every
-// category of gpt2-124m's ledger, at a size that runs in seconds) on 2 and 4 ranks, what every
-// ZeRO stage measures per rank in each category (the trainer's mem_* metrics) is within 5% of what
-// `tetra plan` predicts for the same model and layout, and the stages divide the state as the seeds
-// say: ZeRO-1 the optimizer state by N, ZeRO-2 also the gradients, ZeRO-3 also the parameters.
+// category of gpt2-124m's ledger, at a size that runs in seconds) on 2 ranks (and ZeRO-3 on 4),
+// what every ZeRO stage measures per rank in each category (the trainer's mem_* metrics) is within
+// 5% of what `tetra plan` predicts for the same model and layout, and the stages divide the state
+// as the seeds say: ZeRO-1 the optimizer state by N, ZeRO-2 also the gradients, ZeRO-3 also the
+// parameters.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -85,37 +86,45 @@ class MemoryLedger : public ::testing::Test {
 fs::path MemoryLedger::dir_;
 
 TEST_F(MemoryLedger, EveryStageMatchesThePlanAndTheSeedsRatios) {
-  for (int ranks : {2, 4}) {
-    std::vector<json> runs;
-    for (int stage = 0; stage <= 3; ++stage) {
-      SCOPED_TRACE(std::to_string(ranks) + " ranks, ZeRO stage " + std::to_string(stage));
-      const json got = measured(ranks, stage, "none"), want = planned(ranks, stage, "none");
-      for (const char* c : kCategories) {
-        const double m = got.value(std::string("mem_") + c, -1.0), p = want[c];
-        if (p == 0) {
-          EXPECT_EQ(m, 0.0) << c;
-        } else {
-          EXPECT_NEAR(m, p, 0.05 * p) << c;
-        }
-        RecordProperty(std::to_string(ranks) + "_" + std::to_string(stage) + "_" + c,
-                       std::to_string(m / std::max(p, 1.0)));
+  // Every stage on 2 ranks, and ZeRO-3 on 4 (oversubscribed, so one run there): the unsharded
+  // state per rank does not depend on the rank count, so stage 0 on 2 ranks is the base of the
+  // ratios on 4 too.
+  std::vector<json> two;
+  auto check = [](const json& got, const json& want) {
+    for (const char* c : kCategories) {
+      const double m = got.value(std::string("mem_") + c, -1.0), p = want[c];
+      if (p == 0) {
+        EXPECT_EQ(m, 0.0) << c;
+      } else {
+        EXPECT_NEAR(m, p, 0.05 * p) << c;
       }
-      runs.push_back(got);
     }
-    const double N = ranks;
-    auto ratio = [&](int stage, const char* c) {
-      return runs[size_t(stage)][std::string("mem_") + c].get<double>() /
-             runs[0][std::string("mem_") + c].get<double>();
-    };
-    EXPECT_NEAR(ratio(1, "optimizer"), 1 / N, 0.01 / N);
-    EXPECT_NEAR(ratio(1, "grads"), 1.0, 1e-9);
-    EXPECT_NEAR(ratio(2, "optimizer"), 1 / N, 0.01 / N);
-    EXPECT_NEAR(ratio(2, "grads"), 1 / N, 0.01 / N);
-    EXPECT_NEAR(ratio(2, "params"), 1.0, 1e-9);
-    EXPECT_NEAR(ratio(3, "params"), 1 / N, 0.01 / N);
-    EXPECT_NEAR(ratio(3, "grads"), 1 / N, 0.01 / N);
-    EXPECT_NEAR(ratio(3, "optimizer"), 1 / N, 0.01 / N);
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("2 ranks, ZeRO stage " + std::to_string(stage));
+    two.push_back(measured(2, stage, "none"));
+    check(two.back(), planned(2, stage, "none"));
   }
+  const json four = measured(4, 3, "none");
+  {
+    SCOPED_TRACE("4 ranks, ZeRO stage 3");
+    check(four, planned(4, 3, "none"));
+  }
+  auto ratio = [&](const json& run, const char* c) {
+    return run[std::string("mem_") + c].get<double>() /
+           two[0][std::string("mem_") + c].get<double>();
+  };
+  for (const auto& [run, N] : {std::pair<const json&, double>{two[3], 2.0}, {four, 4.0}}) {
+    SCOPED_TRACE(std::to_string(int(N)) + " ranks");
+    EXPECT_NEAR(ratio(run, "params"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(run, "grads"), 1 / N, 0.01 / N);
+    EXPECT_NEAR(ratio(run, "optimizer"), 1 / N, 0.01 / N);
+  }
+  EXPECT_NEAR(ratio(two[1], "optimizer"), 0.5, 0.005);
+  EXPECT_NEAR(ratio(two[1], "grads"), 1.0, 1e-9);
+  EXPECT_NEAR(ratio(two[2], "optimizer"), 0.5, 0.005);
+  EXPECT_NEAR(ratio(two[2], "grads"), 0.5, 0.005);
+  EXPECT_NEAR(ratio(two[2], "params"), 1.0, 1e-9);
 }
 
 TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
