@@ -72,8 +72,8 @@ BlockScratch<F> BlockScratch<F>::carve(F* p, const GptConfig& c, int B, int T) {
 
 template <typename F>
 BlockT<F>::BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store,
-                  parallel::TensorParallel& tp)
-    : c_(config), store_(store), tp_(tp), layer_(layer) {
+                  parallel::TensorParallel& tp, cpu::Bf16Operands* bf16)
+    : c_(config), store_(store), tp_(tp), bf16_(bf16), layer_(layer) {
   TETRA_CHECK(config.tp == tp.size(), "[model] internal: a model shaped for tp={} on {} rank(s)",
               config.tp, tp.size());
   const int64_t C = config.d_model, Cl = config.local_width(), H = config.local_hidden();
@@ -125,7 +125,8 @@ void BlockT<F>::row_parallel(F* out, const F* residual, const F* inp, TensorId w
   const int C = c_.d_model;
   if (c_.sequence_parallel) {
     const int64_t N = BT / tp_.size();
-    cpu::matmul_nt<F>(tmp, inp, store_.param(w), nullptr, BT, C, K, /*accumulate=*/false, role);
+    cpu::matmul_nt<F>(tmp, inp, store_.param(w), nullptr, BT, C, K, /*accumulate=*/false, role,
+                      bf16_);
     tp_.reduce_scatter(tmp, out, size_t(N) * C);
     cpu::residual_bias_add(out, residual, store_.param(b), N, C);
     return;
@@ -137,7 +138,7 @@ void BlockT<F>::row_parallel(F* out, const F* residual, const F* inp, TensorId w
     std::memset(out, 0, sizeof(F) * size_t(BT) * C);
   }
   cpu::matmul_nt(out, inp, store_.param(w), first ? store_.param(b) : nullptr, BT, C, K,
-                 /*accumulate=*/true, role);
+                 /*accumulate=*/true, role, bf16_);
   tp_.all_reduce(out, size_t(BT) * C);
 }
 
@@ -164,7 +165,7 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
   ParamStoreT<F>& w = store_;
   norm_gather(a.ln1, a.ln1_mean, a.ln1_rstd, x, ln1w_, ln1b_, BT, sp);
   cpu::matmul_nt(a.qkv, a.ln1, w.param(qkvw_), w.param(qkvb_), BT, 3 * Cl, C, /*accumulate=*/false,
-                 "attn.c_attn forward");
+                 "attn.c_attn forward", bf16_);
   if (cache) {
     cpu::attention_decode(a.atty, a.qkv, cache->keys, cache->values, cache->scores, pos0, B, T, Cl,
                           NHl, c_.max_seq);
@@ -175,7 +176,7 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
   norm_gather(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, ln2w_, ln2b_, BT, sp);
   // fch = ln2 · fc^T + fcb, the bias added in the GELU pass
   cpu::matmul_nt<F>(a.fch, a.ln2, w.param(fcw_), nullptr, BT, H, C, /*accumulate=*/false,
-                    "mlp.c_fc forward");
+                    "mlp.c_fc forward", bf16_);
   cpu::bias_gelu_forward(a.fch_gelu, a.fch, w.param(fcb_), BT, H);
   row_parallel(y, a.residual2, a.fch_gelu, fcprojw_, fcprojb_, BT, H, tmp, "mlp.c_proj forward");
 }
@@ -213,32 +214,33 @@ void BlockT<F>::backward(F* dres, const F* x, const BlockActs<F>& a, const Block
   };
   // y = residual2 + fch_gelu · fcproj^T
   const F* dy = gathered();
-  cpu::matmul_tn(w.grad(fcprojw_), dy, a.fch_gelu, C, H, BT, true, "mlp.c_proj weight grad");
+  cpu::matmul_tn(w.grad(fcprojw_), dy, a.fch_gelu, C, H, BT, true, "mlp.c_proj weight grad", bf16_);
   cpu::bias_backward(w.grad(fcprojb_), dy, BT, C);
   cpu::matmul_nn(s.dfch, dy, w.param(fcprojw_), BT, H, C, /*accumulate=*/false,
-                 "mlp.c_proj input grad");
+                 "mlp.c_proj input grad", bf16_);
   cpu::gelu_bias_backward(s.dfch, w.grad(fcb_), a.fch, s.dfch, BT, H);
-  cpu::matmul_tn(w.grad(fcw_), s.dfch, a.ln2, H, C, BT, true, "mlp.c_fc weight grad");
+  cpu::matmul_tn(w.grad(fcw_), s.dfch, a.ln2, H, C, BT, true, "mlp.c_fc weight grad", bf16_);
   cpu::matmul_nn(s.dln, s.dfch, w.param(fcw_), BT, C, H, /*accumulate=*/false,
-                 "mlp.c_fc input grad");
+                 "mlp.c_fc input grad", bf16_);
   cpu::layernorm_backward(dres, norm_grads[0], norm_grads[1], reduced(), a.residual2,
                           w.param(ln2w_), a.ln2_mean, a.ln2_rstd, N, C);
   // residual2 = x + atty · attproj^T
   const F* dr = gathered();
-  cpu::matmul_tn(w.grad(attprojw_), dr, a.atty, C, Cl, BT, true, "attn.c_proj weight grad");
+  cpu::matmul_tn(w.grad(attprojw_), dr, a.atty, C, Cl, BT, true, "attn.c_proj weight grad", bf16_);
   cpu::bias_backward(w.grad(attprojb_), dr, BT, C);
   cpu::matmul_nn(s.datty, dr, w.param(attprojw_), BT, Cl, C, /*accumulate=*/false,
-                 "attn.c_proj input grad");
+                 "attn.c_proj input grad", bf16_);
   const F* att = a.att;
   if (!att) {
     cpu::attention_probs(s.att, a.qkv, B, T, Cl, NHl);
     att = s.att;
   }
   cpu::attention_backward(s.dqkv, s.datt, s.datty, a.qkv, att, B, T, Cl, NHl);
-  cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * Cl, C, BT, true, "attn.c_attn weight grad");
+  cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * Cl, C, BT, true, "attn.c_attn weight grad",
+                 bf16_);
   cpu::bias_backward(w.grad(qkvb_), s.dqkv, BT, 3 * Cl);
   cpu::matmul_nn(s.dln, s.dqkv, w.param(qkvw_), BT, C, 3 * Cl, /*accumulate=*/false,
-                 "attn.c_attn input grad");
+                 "attn.c_attn input grad", bf16_);
   cpu::layernorm_backward(dres, norm_grads[2], norm_grads[3], reduced(), x, w.param(ln1w_),
                           a.ln1_mean, a.ln1_rstd, N, C);
   if (sp) {

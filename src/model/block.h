@@ -14,6 +14,7 @@
 
 #include "core/param_store.h"
 #include "core/recompute.h"
+#include "kernels/cpu/matmul.h"
 #include "model/gpt_config.h"
 #include "parallel/tensor_parallel.h"
 
@@ -57,8 +58,10 @@ template <typename F>
 class BlockT {
  public:
   /** Registers "transformer.h.<layer>.*" (this rank's slices of them) in `store`, inside the unit
-   *  the caller opened, in the order backward produces their gradients. config.tp == tp.size(). */
-  BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store, parallel::TensorParallel& tp);
+   *  the caller opened, in the order backward produces their gradients. config.tp == tp.size().
+   *  `bf16` (config.bf16) is the scratch of the mixed-precision products. */
+  BlockT(const GptConfig& config, int layer, ParamStoreT<F>& store, parallel::TensorParallel& tp,
+         cpu::Bf16Operands* bf16 = nullptr);
 
   // x and y are (B,T,C), y = block(x) (under sequence parallelism this rank's B·T/tp rows of
   // each); `a` receives the activations. With `cache`, the T tokens are positions pos0.. of a
@@ -83,6 +86,7 @@ class BlockT {
   const GptConfig& c_;
   ParamStoreT<F>& store_;
   parallel::TensorParallel& tp_;
+  cpu::Bf16Operands* bf16_;
   int layer_;
   TensorId fcprojw_, fcprojb_, fcw_, fcb_, ln2w_, ln2b_, attprojw_, attprojb_, qkvw_, qkvb_, ln1w_,
       ln1b_;

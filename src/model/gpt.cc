@@ -1,5 +1,6 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -24,18 +25,27 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
       "train.seq_len",
       B, T, int64_t(B) * T, config.tp);
   const int L = config.n_layer;
+  if (config.bf16) {
+    // The largest product's operands: an MLP product reads a (BT,4C/tp) activation or gradient
+    // with a weight or a (BT,C) one; the head's backward reads the (BT,Vp/tp) logit gradient.
+    const size_t BT = size_t(B) * T, C = size_t(config.d_model);
+    const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
+    const size_t elements = std::max(BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C);
+    bf16_ = std::make_unique<cpu::Bf16Operands>(elements + 32,
+                                                MemTag{ledger, MemCategory::temporaries});
+  }
   // Units in backward order: blocks from last to first, then the root (embedding and ln_f),
   // whose tied wte gradient is finished last, by the embedding's backward.
   blocks_.resize(size_t(L));
   block_unit_.resize(size_t(L));
   for (int l = L - 1; l >= 0; --l) {
     block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
-    blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store, *tp_);
+    blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store, *tp_, bf16_.get());
     store.end_unit();
   }
   root_unit_ = store.begin_unit("root");
   embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_);
-  head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_);
+  head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_, bf16_.get());
   store.end_unit();
 
   // The residual stream: this rank's rows of it under sequence parallelism.

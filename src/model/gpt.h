@@ -92,6 +92,9 @@ class GptT {
   parallel::TensorParallel own_tp_;  // one rank, when none is given
   parallel::TensorParallel* tp_;
 
+  // Mixed precision (config.bf16): the bf16 copies of a product's operands, charged to the ledger
+  // as temporaries; null in fp32.
+  std::unique_ptr<cpu::Bf16Operands> bf16_;
   std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer
   std::unique_ptr<EmbeddingT<F>> embedding_;
   std::unique_ptr<HeadT<F>> head_;

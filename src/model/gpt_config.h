@@ -20,6 +20,10 @@ struct GptConfig {
   // the B·T token rows on each rank; LayerNorm outputs are gathered before the column-parallel
   // products and the row-parallel sums reduce-scattered back.
   bool sequence_parallel = false;
+  // Mixed precision (train.precision = bf16): the blocks' and the head's products take their
+  // operands rounded to bf16 and accumulate in f32; everything else (parameters, gradients,
+  // LayerNorm, attention, softmax, loss) stays f32.
+  bool bf16 = false;
 
   /** Checks the shape (and that `tp` splits it) and pads the vocab; throws tetra::Error saying
    *  what to change. */

@@ -32,8 +32,8 @@ HeadActs<F> HeadActs<F>::carve(F* p, const GptConfig& c, int B, int T) {
 
 template <typename F>
 HeadT<F>::HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte,
-                parallel::TensorParallel& tp)
-    : c_(config), store_(store), tp_(tp), wte_(wte) {
+                parallel::TensorParallel& tp, cpu::Bf16Operands* bf16)
+    : c_(config), store_(store), tp_(tp), bf16_(bf16), wte_(wte) {
   if (config.sequence_parallel) norm_grads_.resize(2 * size_t(config.d_model));
   ParamSpec w, b;
   w.name = "transformer.ln_f.weight";
@@ -55,7 +55,7 @@ void HeadT<F>::forward(const F* x, const HeadActs<F>& a, int B, int T) {
                          N, C);
   if (N != BT) tp_.all_gather(mine, a.lnf, size_t(N) * C);
   cpu::matmul_nt<F>(a.logits, a.lnf, store_.param(wte_), nullptr, BT, c_.local_vocab(), C,
-                    /*accumulate=*/false, "lm_head forward");
+                    /*accumulate=*/false, "lm_head forward", bf16_);
 }
 
 template <typename F>
@@ -89,9 +89,9 @@ double HeadT<F>::backward(F* dres, F* dln, const F* x, const int32_t* targets, c
   const double sum = xent(targets, a.logits, a.losses, BT, true, F(loss_scale) / F(BT));
   const F* dlogits = a.logits;
   cpu::matmul_tn(store_.grad(wte_), dlogits, a.lnf, Vl, C, BT, /*accumulate=*/true,
-                 "lm_head weight grad");
+                 "lm_head weight grad", bf16_);
   cpu::matmul_nn(dln, dlogits, store_.param(wte_), BT, C, Vl, /*accumulate=*/false,
-                 "lm_head input grad");
+                 "lm_head input grad", bf16_);
   std::memset(dres, 0, sizeof(F) * N * C);
   // The head is column-parallel: dL/dlnf is the sum of every rank's vocabulary part.
   if (N == BT) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/param_store.h"
+#include "kernels/cpu/matmul.h"
 #include "model/gpt_config.h"
 #include "parallel/tensor_parallel.h"
 
@@ -27,8 +28,10 @@ struct HeadActs {
 template <typename F>
 class HeadT {
  public:
-  /** Registers ln_f inside the caller's open unit; `wte` is the tied embedding's id. */
-  HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte, parallel::TensorParallel& tp);
+  /** Registers ln_f inside the caller's open unit; `wte` is the tied embedding's id. `bf16`
+   *  (config.bf16) is the scratch of the mixed-precision products. */
+  HeadT(const GptConfig& config, ParamStoreT<F>& store, TensorId wte, parallel::TensorParallel& tp,
+        cpu::Bf16Operands* bf16 = nullptr);
 
   // x (B,T,C) (this rank's rows under sequence parallelism) -> logits (B,T,Vp/tp) in a.logits:
   // every row, this rank's columns.
@@ -48,6 +51,7 @@ class HeadT {
   const GptConfig& c_;
   ParamStoreT<F>& store_;
   parallel::TensorParallel& tp_;
+  cpu::Bf16Operands* bf16_;
   TensorId lnfw_, lnfb_, wte_;
   std::vector<F> norm_grads_;  // (2,C): one micro-batch's ln_f gradients (sequence parallelism)
 };

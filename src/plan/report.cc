@@ -136,9 +136,9 @@ json plan_report(const PlanInputs& in, int top) {
                  {"zero_stages", stages}};
 
   // What `tetra train` allocates for this layout, by its own memory categories (plan/run_memory).
-  if (m.gpt2_style && t.precision == Precision::Fp32 && m.experts == 1 && m.heads % l.tp == 0 &&
-      l.pp == 1 && l.ep == 1) {
+  if (m.gpt2_style && m.experts == 1 && m.heads % l.tp == 0 && l.pp == 1 && l.ep == 1) {
     RunShape rs;
+    rs.bf16 = t.precision == Precision::Bf16Mixed;
     rs.vocab = m.vocab;
     const int64_t multiple = m.vocab_multiple * l.tp;  // every tp rank an equal slice of wte
     rs.padded_vocab = (m.vocab + multiple - 1) / multiple * multiple;

@@ -1,5 +1,6 @@
 // The memory ledger of a tetra training run, by the trainer's own categories: what `tetra train`
-// allocates per rank for a GPT-2 model, micro-batch, recomputation and ZeRO layout (fp32). The
+// allocates per rank for a GPT-2 model, micro-batch, recomputation and ZeRO layout (f32 state, and
+// under mixed precision the bf16 operand copies). The
 // trainer prints it next to what it measures, and `tetra plan` reports it for the layout it
 // plans; tests hold the two within 5% of each other (docs/training.md, "Memory").
 #pragma once
@@ -22,6 +23,7 @@ struct RunShape {
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
   bool checkpoint = false;  // ckpt.dir set: the host snapshot of what a save writes
+  bool bf16 = false;        // train.precision=bf16: the bf16 copies of matmul operands
 };
 
 /** Bytes per rank by category; the names are the trainer's (core/memory.h). */

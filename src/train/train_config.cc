@@ -5,6 +5,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "kernels/cpu/matmul.h"
 #include "parallel/mesh.h"
 
 namespace tetra {
@@ -211,6 +212,12 @@ const std::vector<TrainKey>& train_keys() {
         "auto: continue from the newest checkpoint in ckpt.dir that verifies (start fresh when "
         "there is none); or a checkpoint directory to continue from"},
        into<&O::ckpt, &CkptOptions::resume>()},
+      {{"train.precision", ValueKind::String, "\"fp32\"",
+        "bf16: mixed precision, matmul operands rounded to bf16 with f32 accumulation (needs a "
+        "CPU with bf16 instructions); parameters, gradients, AdamW state, LayerNorm, attention "
+        "and the loss stay f32",
+        "fp32 | bf16"},
+       [](O& o, const ConfigValue& v) { o.model.bf16 = std::get<std::string>(v) == "bf16"; }},
       {{"train.recompute", ValueKind::String, "\"none\"",
         "activation recomputation: keep all; selective: recompute attention probabilities; "
         "full: keep block inputs only",
@@ -269,6 +276,14 @@ TrainOptions TrainOptions::from(const Config& c) {
               "[config] train.seq_len={} exceeds model.max_seq={}; lower seq_len or raise max_seq",
               o.seq_len, o.model.max_seq);
   o.model.sequence_parallel = o.model.sequence_parallel && o.model.tp > 1;
+  if (o.model.bf16) {
+    const cpu::Bf16MatmulPath& path = cpu::bf16_matmul_path();
+    TETRA_CHECK(path.hardware,
+                "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
+                "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA {}, where bf16 "
+                "products would be emulated and slower than fp32; set train.precision=fp32",
+                path.isa);
+  }
   o.schedule.total_steps = o.steps;
   TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),
               "[config] ckpt.resume=auto looks for checkpoints in ckpt.dir, which is not set; set "

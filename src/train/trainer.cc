@@ -99,6 +99,12 @@ void prepare_output_file(const std::string& key, const std::string& value) {
   prepare_dir(p.parent_path().empty() ? fs::path(".") : p.parent_path(), key, value);
 }
 
+// The run's precision and how its products are computed, for the header and the metrics.
+const char* precision_name(const GptConfig& m) { return m.bf16 ? "bf16" : "fp32"; }
+std::string matmul_path(const GptConfig& m) {
+  return m.bf16 ? cpu::bf16_matmul_path().describe() : "f32 (library chosen per product)";
+}
+
 }  // namespace
 
 // Test seams of the debug.* keys, wrapped around the data-parallel engine: a NaN written into a
@@ -523,6 +529,7 @@ plan::RunShape Trainer::run_shape() const {
   s.reshard_after_forward = opt_.zero.reshard_after_forward;
   s.prefetch = opt_.zero.prefetch;
   s.checkpoint = !opt_.ckpt.dir.empty();
+  s.bf16 = m.bf16;
   return s;
 }
 
@@ -567,9 +574,9 @@ void Trainer::print_header() const {
   log_info("{}", memory_table("before step 1"));
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s ({}, the MFU denominator); "
-      "model FLOPs/token {:.3g}; oneDNN ISA {}, bf16 matmuls {}",
+      "model FLOPs/token {:.3g}; oneDNN ISA {}; precision {}, matmuls {}",
       threads_, peak_gflops_, opt_.peak_gflops > 0 ? "run.peak_gflops" : "measured",
-      m.flops_per_token(opt_.seq_len), cpu::onednn_isa(), cpu::bf16_matmul_path().describe());
+      m.flops_per_token(opt_.seq_len), cpu::onednn_isa(), precision_name(m), matmul_path(m));
 }
 
 void Trainer::write_profile(const Profile& profile) const {
@@ -761,6 +768,8 @@ TrainResult Trainer::train() {
                           {"step_ms", step_s * 1e3},
                           {"data_wait_ms", data_ms},
                           {"mfu", mfu},
+                          {"precision", precision_name(opt_.model)},
+                          {"matmul_path", matmul_path(opt_.model)},
                           {"comm_ms", comm.exposed_ms + comm.gather_wait_ms + tpc.wait_ms},
                           {"comm_exec_ms", comm.exec_ms},
                           {"comm_bytes", comm.sent_bytes + tpc.sent_bytes},

@@ -165,6 +165,85 @@ TEST(Matmul, Bf16StridedBatchesAsAttentionUsesThem) {
   EXPECT_LT(max_abs_diff(out, ref), 1e-5f);
 }
 
+std::vector<float> rounded_to_bf16(const std::vector<float>& v) { return to_float(to_bf16(v)); }
+
+// Mixed precision (train.precision = bf16) exists only where the CPU has bf16 instructions:
+// elsewhere the scratch refuses to be made, naming the ISA (kernels_tests_max_isa_avx2 runs that
+// branch on every machine). Says which branch this run takes, and asserts the refusal in the
+// second.
+bool has_bf16_or_refuses() {
+  const Bf16MatmulPath& path = bf16_matmul_path();
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto with_bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  EXPECT_EQ(path.hardware, (isa & with_bf16) == with_bf16) << path.describe();
+  if (isa_cap() == "avx2") {
+    EXPECT_FALSE(path.hardware);
+  }
+  std::cout << "[ bf16     ] mixed precision " << (path.hardware ? "runs" : "is refused") << " on "
+            << path.describe() << std::endl;
+  if (path.hardware) return true;
+  try {
+    Bf16Operands ops(16);
+    ADD_FAILURE() << "mixed-precision scratch made on " << path.describe();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[matmul] mixed-precision products need bf16 instructions"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("oneDNN ISA " + path.isa), std::string::npos) << what;
+  }
+  return false;
+}
+
+// The three layouts the model uses (A·W^T with bias and accumulation, A^T·B, A·B), with f32
+// operands rounded to bf16 on the way in: equal to the f32 reference over the rounded operands
+// (only the accumulation order differs), and measurably not the unrounded product.
+TEST(Matmul, MixedPrecisionProductsRoundTheirOperandsToBf16) {
+  if (!has_bf16_or_refuses()) return;
+  const int64_t M = 33, N = 17, K = 65;
+  Bf16Operands ops(8);  // grows to what each product needs
+  const auto a = random_floats(M * K, 11), w = random_floats(N * K, 12),
+             bias = random_floats(N, 13);
+  const auto ar = rounded_to_bf16(a), wr = rounded_to_bf16(w);
+  std::vector<float> out(M * N, 0.5f), ref(M * N, 0.5f), exact(M * N, 0.5f);
+  matmul_nt(out.data(), a.data(), w.data(), bias.data(), M, N, K, true, "test", &ops);
+  matmul_nt(ref.data(), ar.data(), wr.data(), bias.data(), M, N, K, true, "test");
+  matmul_nt(exact.data(), a.data(), w.data(), bias.data(), M, N, K, true, "test");
+  EXPECT_LT(max_abs_diff(out, ref), 1e-4f);
+  EXPECT_GT(max_abs_diff(out, exact), 1e-3f);
+
+  const auto at = random_floats(K * M, 14), b = random_floats(K * N, 15);
+  const auto atr = rounded_to_bf16(at), br = rounded_to_bf16(b);
+  std::vector<float> tn(M * N), tn_ref(M * N);
+  matmul_tn(tn.data(), at.data(), b.data(), M, N, K, false, "test", &ops);
+  matmul_tn(tn_ref.data(), atr.data(), br.data(), M, N, K, false, "test");
+  EXPECT_LT(max_abs_diff(tn, tn_ref), 1e-4f);
+
+  std::vector<float> nn(M * N), nn_ref(M * N);
+  const auto bt = random_floats(K * N, 16);
+  matmul_nn(nn.data(), a.data(), bt.data(), M, N, K, false, "test", &ops);
+  matmul_nn(nn_ref.data(), ar.data(), rounded_to_bf16(bt).data(), M, N, K, false, "test");
+  EXPECT_LT(max_abs_diff(nn, nn_ref), 1e-4f);
+}
+
+// Rounding is to nearest, ties to even, as torch's f32 -> bf16 conversion: A times the identity
+// gives back the rounded A exactly.
+TEST(Matmul, MixedPrecisionRoundsToNearestEven) {
+  if (!has_bf16_or_refuses()) return;
+  const float tie_down = 1.0f + 0x1p-8f;          // halfway between 1 and 1 + 2^-7: even is 1
+  const float tie_up = 1.0f + 3 * 0x1p-8f;        // halfway between 1 + 2^-7 and 1 + 2^-6: up
+  const float above = 1.0f + 0x1p-8f + 0x1p-20f;  // just past the tie: up
+  const std::vector<float> a = {tie_down, tie_up, above, -tie_up};
+  std::vector<float> eye(16, 0.0f), out(4);
+  for (int i = 0; i < 4; ++i) eye[size_t(i) * 5] = 1.0f;
+  Bf16Operands ops(32);
+  matmul_nn(out.data(), a.data(), eye.data(), 1, 4, 4, false, "test", &ops);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(out[2], 1.0f + 0x1p-7f);
+  EXPECT_EQ(out[3], -(1.0f + 0x1p-6f));
+}
+
 TEST(Matmul, PrimitivesAreCachedPerShape) {
   const int64_t M = 8, N = 8, K = 8;
   auto a = random_floats(M * K, 9), b = random_floats(K * N, 10);

@@ -2,9 +2,13 @@
 // message that says what to change; accumulation and repeat runs behave as promised.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,6 +17,7 @@
 #include "ckpt/safetensors.h"
 #include "core/config.h"
 #include "data/token_shard.h"
+#include "kernels/cpu/matmul.h"
 #include "train/train_config.h"
 
 namespace tetra {
@@ -206,10 +211,48 @@ TEST_F(TrainCli, OutOfRangeSettingsAreRefused) {
       {"dp.bucket_mb=0", "'dp.bucket_mb' must be a finite number in (0, 65536]"},
       {"data.verify=maybe", "'data.verify' must be true or false, got 'maybe'"},
       {"train.seq_len=17", "train.seq_len=17 exceeds model.max_seq=16"},
+      {"train.precision=fp16", "'train.precision' must be one of: fp32, bf16, got 'fp16'"},
   };
   for (const auto& [arg, message] : cases) {
     EXPECT_REFUSED(tetra(base() + " --" + arg), message);
   }
+}
+
+// train.precision=bf16 where the CPU has bf16 instructions: trains to within bf16's rounding of
+// the fp32 run (but not bit-identically: the operands were rounded), and the metrics name the
+// precision and the path. Without them (and always with oneDNN capped at AVX2, which every
+// machine can do) it is refused before step 1, naming the ISA found.
+TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElsewhere) {
+  const std::string bf16 = base() + " --train.precision=bf16 --train.steps=4 --optim.lr=1e-2";
+  // This process probes its own CPU first; the cap then applies to the child alone.
+  const cpu::Bf16MatmulPath& mp = cpu::bf16_matmul_path();
+  ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+  const CliRun capped = tetra(bf16);
+  ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  EXPECT_REFUSED(capped,
+                 "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
+                 "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA avx2");
+  std::cout << "[ bf16     ] " << (mp.hardware ? "trains" : "is refused") << " on " << mp.describe()
+            << std::endl;
+  if (!mp.hardware) {
+    EXPECT_REFUSED(tetra(bf16), "this one has oneDNN ISA " + mp.isa);
+    return;
+  }
+  ASSERT_EQ(tetra(bf16 + " --run.dir=" + path("b")).code, 0);
+  ASSERT_EQ(tetra(base() + " --train.steps=4 --optim.lr=1e-2 --run.dir=" + path("f")).code, 0);
+  const auto b = metrics(path("b")), f = metrics(path("f"));
+  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(f.size(), 4u);
+  double largest = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double lb = b[i]["loss"], lf = f[i]["loss"];
+    EXPECT_NEAR(lb, lf, 1e-2 * lf) << "step " << i + 1;
+    largest = std::max(largest, std::abs(lb - lf) / lf);
+    EXPECT_EQ(b[i]["precision"], "bf16");
+    EXPECT_EQ(b[i]["matmul_path"], mp.describe());
+    EXPECT_EQ(f[i]["precision"], "fp32");
+  }
+  EXPECT_GT(largest, 1e-6) << "the bf16 run computed the fp32 run's numbers";
 }
 
 TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {

@@ -10,11 +10,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "data/token_shard.h"
+#include "kernels/cpu/matmul.h"
 #include "tests/train/run_tetra.h"
 
 namespace tetra {
@@ -43,7 +45,8 @@ class MemoryLedger : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   // The trainer's high-water marks per category after one step.
-  static json measured(int ranks, int stage, const std::string& recompute) {
+  static json measured(int ranks, int stage, const std::string& recompute,
+                       const std::string& precision = "fp32") {
     const fs::path run = dir_ / ("run_" + std::to_string(ranks) + "_" + std::to_string(stage));
     const Ran r = run_command(tetra_command(
         ranks, fmt::format("train --model.vocab_size={} --model.n_layer={} --model.n_head={} "
@@ -52,7 +55,8 @@ class MemoryLedger : public ::testing::Test {
                    " --train.seq_len=" + std::to_string(kT) +
                    " --train.micro_batch=" + std::to_string(kB) +
                    " --train.steps=1 --run.threads=1 --run.peak_gflops=50 --zero.stage=" +
-                   std::to_string(stage) + " --train.recompute=" + recompute + " --data.train=" +
+                   std::to_string(stage) + " --train.recompute=" + recompute +
+                   " --train.precision=" + precision + " --data.train=" +
                    (dir_ / "train.bin").string() + " --run.dir=" + run.string()));
     EXPECT_EQ(r.code, 0) << r.output;
     std::ifstream in(run / "metrics.jsonl");
@@ -62,7 +66,8 @@ class MemoryLedger : public ::testing::Test {
   }
 
   // `tetra plan`'s ledger of a tetra run for the same model and layout.
-  static json planned(int ranks, int stage, const std::string& recompute) {
+  static json planned(int ranks, int stage, const std::string& recompute,
+                      const std::string& precision = "fp32") {
     const Ran r = run_command(
         tetra_command(1, "plan --json --config " + std::string(TETRA_SOURCE_DIR) +
                              "/configs/plan/gpt2-124m-cpu.toml --model.seq=" + std::to_string(kT) +
@@ -74,6 +79,7 @@ class MemoryLedger : public ::testing::Test {
                              " --training.global_batch=" + std::to_string(ranks * kT) +
                              " --training.micro_batch=" + std::to_string(kB) +
                              " --training.recompute=" + recompute +
+                             " --training.precision=" + precision +
                              " --layout.tp=1 --layout.pp=1 --layout.dp=" + std::to_string(ranks) +
                              " --layout.zero=" + std::to_string(stage)),
         /*with_stderr=*/false);
@@ -138,6 +144,27 @@ TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
   // The block inputs instead of everything each block saves: under half here (the logits, which
   // recomputation keeps, weigh more in this small model than in gpt2-124m, where it is a third).
   EXPECT_LT(full["mem_activations"].get<double>(), none["activations"].get<double>() / 2);
+}
+
+// Mixed precision adds the bf16 copies of the largest product's operands (here the head's backward:
+// the (T,V) logit gradient with wte) to the temporaries; the rest of the ledger is fp32's.
+TEST_F(MemoryLedger, MixedPrecisionCountsTheBf16OperandCopies) {
+  const json want = planned(1, 0, "none", "bf16"), fp32 = planned(1, 0, "none");
+  const double copies = 2.0 * (kT * kV + double(kV) * kC);
+  EXPECT_DOUBLE_EQ(want["temporaries"].get<double>() - fp32["temporaries"].get<double>(), copies);
+  const cpu::Bf16MatmulPath& mp = cpu::bf16_matmul_path();
+  std::cout << "[ bf16     ] the run side " << (mp.hardware ? "runs" : "is refused (cli_test)")
+            << " on " << mp.describe() << std::endl;
+  if (!mp.hardware) return;
+  const json got = measured(1, 0, "none", "bf16");
+  for (const char* c : kCategories) {
+    const double m = got.value(std::string("mem_") + c, -1.0), p = want[c];
+    if (p == 0) {
+      EXPECT_EQ(m, 0.0) << c;
+    } else {
+      EXPECT_NEAR(m, p, 0.05 * p) << c;
+    }
+  }
 }
 
 }  // namespace

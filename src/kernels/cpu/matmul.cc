@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <map>
 #include <memory>
@@ -102,6 +103,11 @@ Bf16MatmulPath probe_bf16_path() {
   } catch (const dnnl::error&) {
     p.native = false;
   }
+  // cpu_isa values are bit sets: an ISA has bf16 instructions when it has all of
+  // avx512_core_bf16's bits (AMX does).
+  const auto isa = unsigned(dnnl::get_effective_cpu_isa());
+  const auto with_bf16 = unsigned(dnnl::cpu_isa::avx512_core_bf16);
+  p.hardware = p.native && (isa & with_bf16) == with_bf16;
   return p;
 }
 
@@ -123,6 +129,43 @@ MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, i
         for (int64_t c = 0; c < cols; ++c) out[c] = in[c * s[3]].to_float();
       }
   return {dst, {b1 * rows * cols, rows * cols, cols, 1}, DType::f32};
+}
+
+// f32 -> bf16, nearest even (NaN kept quiet): bf16::from_float without its branch, so the loops
+// below vectorize.
+inline uint16_t round_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
+// An f32 operand (b0, b1, rows, cols) rounded to bf16 into dense `dst`, keeping which of its
+// dimensions is contiguous (a transposed operand stays transposed: both the reads and the writes
+// stream, and oneDNN takes either layout).
+MatOperand rounded(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
+                   bf16* dst) {
+  const float* src = static_cast<const float*>(op.data);
+  uint16_t* out = &dst->bits;
+  const auto& s = op.strides;
+  const bool by_cols = s[3] != 1 && s[2] == 1;  // column-major: walk columns, rows contiguous
+  const int64_t outer = by_cols ? cols : rows, inner = by_cols ? rows : cols;
+  const int64_t so = by_cols ? s[3] : s[2], si = by_cols ? s[2] : s[3];
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int64_t i0 = 0; i0 < b0; ++i0)
+    for (int64_t i1 = 0; i1 < b1; ++i1)
+      for (int64_t o = 0; o < outer; ++o) {
+        const float* in = src + i0 * s[0] + i1 * s[1] + o * so;
+        uint16_t* w = out + ((i0 * b1 + i1) * outer + o) * inner;
+        if (si == 1) {
+#pragma omp simd
+          for (int64_t i = 0; i < inner; ++i) w[i] = round_bf16(in[i]);
+        } else {
+          for (int64_t i = 0; i < inner; ++i) w[i] = round_bf16(in[i * si]);
+        }
+      }
+  const int64_t m = rows * cols;
+  if (by_cols) return {dst, {b1 * m, m, 1, rows}, DType::bf16};
+  return {dst, {b1 * m, m, cols, 1}, DType::bf16};
 }
 
 template <typename T>
@@ -368,6 +411,18 @@ void matmul(const MatmulArgs& x) {
   const ProfileScope profile(x.role, x.b0 * x.b1, x.M, x.K, x.N);
   TETRA_CHECK(x.K > 0, "[matmul] K must be positive (got {})", x.K);
   TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
+  if (x.bf16) {
+    TETRA_CHECK(x.a.dtype == DType::f32 && x.b.dtype == DType::f32,
+                "[matmul] a mixed-precision product takes f32 operands (got {} x {})",
+                dtype_name(x.a.dtype), dtype_name(x.b.dtype));
+    const int64_t batch = x.b0 * x.b1;
+    const auto [a, b] = x.bf16->take(size_t(batch * x.M * x.K), size_t(batch * x.K * x.N));
+    MatmulArgs r = x;
+    r.bf16 = nullptr;
+    r.a = rounded(x.a, x.b0, x.b1, x.M, x.K, a);
+    r.b = rounded(x.b, x.b0, x.b1, x.K, x.N, b);
+    return onednn_matmul(r);
+  }
   if (x.a.dtype == DType::f64) return matmul_reference(x);
   const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
   if (!has_bf16) return matmul_with(matmul_chooser().choose(x), x);
@@ -386,6 +441,22 @@ const Bf16MatmulPath& bf16_matmul_path() {
   return path;
 }
 
+Bf16Operands::Bf16Operands(size_t elements, MemTag tag) : mem_(0, tag) {
+  const Bf16MatmulPath& path = bf16_matmul_path();
+  TETRA_CHECK(path.hardware,
+              "[matmul] mixed-precision products need bf16 instructions (oneDNN ISA "
+              "avx512_core_bf16 or avx512_core_amx); this CPU has oneDNN ISA {}",
+              path.isa);
+  mem_.resize(elements);
+}
+
+std::pair<bf16*, bf16*> Bf16Operands::take(size_t a, size_t b) {
+  // Each operand starts on a cache line, so the rounding threads never share one.
+  const size_t a_room = (a + 31) / 32 * 32;
+  if (mem_.size() < a_room + b) mem_.resize(a_room + b);
+  return {mem_.data(), mem_.data() + a_room};
+}
+
 std::string Bf16MatmulPath::describe() const {
   return std::string(native ? "onednn-bf16" : "f32-widened") + " (" + isa + ")";
 }
@@ -393,9 +464,11 @@ std::string Bf16MatmulPath::describe() const {
 namespace {
 
 template <typename T>
-MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate, const char* role) {
+MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate, const char* role,
+                 Bf16Operands* bf16) {
   MatmulArgs x;
   x.role = role;
+  x.bf16 = bf16;
   x.M = M, x.N = N, x.K = K;
   x.a.dtype = x.b.dtype = dtype_of<T>();
   x.c = out;
@@ -408,8 +481,8 @@ MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate, const
 
 template <typename T>
 void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
-               bool accumulate, const char* role) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role);
+               bool accumulate, const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
   x.a.data = inp, x.a.strides = {M * K, M * K, K, 1};
   x.b.data = w, x.b.strides = {N * K, N * K, 1, K};  // B(k, n) = W[n, k]
   x.bias = bias;
@@ -418,8 +491,8 @@ void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64
 
 template <typename T>
 void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate,
-               const char* role) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role);
+               const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
   x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
   x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
   matmul(x);
@@ -427,19 +500,20 @@ void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, 
 
 template <typename T>
 void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate,
-               const char* role) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role);
+               const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
   x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
   x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
   matmul(x);
 }
 
-#define TETRA_INSTANTIATE(T)                                                                    \
-  template void matmul_nt<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, \
-                             const char*);                                                      \
-  template void matmul_nn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool,           \
-                             const char*);                                                      \
-  template void matmul_tn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, const char*);
+#define TETRA_INSTANTIATE(T)                                                                       \
+  template void matmul_nt<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool,    \
+                             const char*, Bf16Operands*);                                          \
+  template void matmul_nn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, const char*, \
+                             Bf16Operands*);                                                       \
+  template void matmul_tn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, const char*, \
+                             Bf16Operands*);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)
 #undef TETRA_INSTANTIATE

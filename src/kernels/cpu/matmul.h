@@ -13,22 +13,43 @@
 // and the choice cached (kernels/cpu/matmul_choice.h). The libraries round differently, so a
 // run's numbers depend on the choices made; they are fixed per machine once cached.
 //
-// bf16 on every CPU: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16
-// and AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one
-// at all. The first bf16 product of the process probes by creating a small bf16 primitive, once:
+// bf16 operands: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16 and
+// AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one at
+// all. The first bf16 product of the process probes by creating a small bf16 primitive, once:
 // where that works every bf16 product runs oneDNN's bf16 primitive; where it does not, bf16
-// operands are widened (exactly) to f32 scratch and run through the f32 primitive. Both paths are
-// the same numbers class, bf16 inputs with f32 accumulation, so a bf16 model trains everywhere
-// rather than being refused on half the machines it is built on. bf16_matmul_path() says which.
+// operands are widened (exactly) to f32 scratch and run through the f32 primitive, so a bf16
+// tensor can be multiplied everywhere. bf16_matmul_path() says which.
+//
+// Mixed precision (train.precision = bf16) is the other use: f32 operands rounded to bf16 for the
+// product, in scratch a Bf16Operands provides. It needs bf16 instructions (bf16_matmul_path()
+// .hardware): emulated or widened bf16 costs more than the f32 product it replaces, so a run asks
+// for it only where it pays.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 
+#include "core/arena.h"
 #include "core/dtype.h"
 
 namespace tetra::cpu {
+
+/** Scratch for the bf16 copies of a mixed-precision product's f32 operands, owned by the model and
+ *  charged to its ledger. Grows when a product needs more (generation with a wider batch). */
+class Bf16Operands {
+ public:
+  /** Room for products whose A and B have `elements` elements together; needs bf16 instructions
+   *  (bf16_matmul_path().hardware). */
+  explicit Bf16Operands(size_t elements, MemTag tag = {});
+  /** The first `a` and the next `b` elements of the scratch, grown to a + b if needed. */
+  std::pair<bf16*, bf16*> take(size_t a, size_t b);
+  size_t bytes() const { return mem_.bytes(); }
+
+ private:
+  Buffer<bf16> mem_;
+};
 
 /** A batched 2-D operand: dims (b0, b1, rows, cols) with element strides for each dim. */
 struct MatOperand {
@@ -47,6 +68,9 @@ struct MatmulArgs {
   const void* bias = nullptr;   // (N), same dtype as C; only with b0 == b1 == 1
   bool accumulate = false;      // C += A·B instead of C = A·B
   const char* role = "matmul";  // its name in the per-kernel profile (core/profile.h)
+  // Mixed precision: f32 A and B are rounded to bf16 (nearest even) in this scratch and
+  // multiplied by oneDNN's bf16 matmul with f32 accumulation into f32 C (null: f32 product).
+  Bf16Operands* bf16 = nullptr;
 };
 
 /** C = A·B (+ bias) (+ C) through the library chosen for this product on this machine. */
@@ -70,21 +94,21 @@ std::string matmul_machine();
 void matmul_reference(const MatmulArgs& args);
 
 // Row-major 2-D helpers for the common cases, in f32 (oneDNN) or f64 (reference). Weights are
-// stored (out, in) as in PyTorch Linear.
+// stored (out, in) as in PyTorch Linear. `role` names the product in the per-kernel profile;
+// `bf16` (f32 only) makes it a mixed-precision product (MatmulArgs::bf16).
 
 /** out (M, N) = inp (M, K) · W^T, W (N, K), plus bias (N) if given; accumulate adds to out. */
-// `role` names the product in the per-kernel profile.
 template <typename T>
 void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false, const char* role = "matmul");
+               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
 /** out (M, N) = a (M, K) · b (K, N). */
 template <typename T>
 void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false, const char* role = "matmul");
+               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
 /** out (M, N) = a^T · b with a (K, M), b (K, N): the weight-gradient product. */
 template <typename T>
 void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false, const char* role = "matmul");
+               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -100,8 +124,9 @@ std::string onednn_isa();
 
 /** How bf16 operands are multiplied on this CPU, decided once per process. */
 struct Bf16MatmulPath {
-  bool native = false;  // true: oneDNN's bf16 primitive; false: widened to f32, f32 primitive
-  std::string isa;      // oneDNN's effective ISA, e.g. "avx512_core_bf16" or "avx2"
+  bool native = false;    // true: oneDNN's bf16 primitive; false: widened to f32, f32 primitive
+  bool hardware = false;  // bf16 instructions: oneDNN ISA avx512_core_bf16 or avx512_core_amx
+  std::string isa;        // oneDNN's effective ISA, e.g. "avx512_core_bf16" or "avx2"
   /** "onednn-bf16 (avx512_core_bf16)" or "f32-widened (avx2)", for logs and run headers. */
   std::string describe() const;
 };
