@@ -281,7 +281,8 @@ TrainOptions TrainOptions::from(const Config& c) {
     TETRA_CHECK(path.hardware,
                 "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
                 "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA {}, where bf16 "
-                "products would be emulated and slower than fp32; set train.precision=fp32",
+                "products are emulated or widened to f32 and slower than fp32; set "
+                "train.precision=fp32",
                 path.isa);
   }
   o.schedule.total_steps = o.steps;

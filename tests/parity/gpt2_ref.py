@@ -160,10 +160,12 @@ def make_optimizer(params, *, lr, weight_decay, beta1, beta2, eps, foreach=False
 
 def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_ratio=0.1,
           warmup=0, schedule="cosine", weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-          grad_clip=1.0, dtype=torch.float64):
+          grad_clip=1.0, dtype=torch.float64, autocast=False):
     """Runs `tetra train`'s loop on a copy of params (cast to dtype). Returns a dict with
     losses/lrs/grad_norms per step, grads1 (step 1's averaged gradients before clipping),
-    logits1 (first micro-batch of step 1) and params (after the last step), all as numpy."""
+    logits1 (first micro-batch of step 1) and params (after the last step), all as numpy.
+    autocast (dtype float32): the forward under torch.autocast("cpu", bfloat16), i.e. mixed
+    precision with float32 master weights, gradients and AdamW state; the loss in float32."""
     p = {n: t.detach().clone().to(dtype).requires_grad_(True) for n, t in params.items()}
     opt = make_optimizer(p, lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps)
     out = {"losses": [], "lrs": [], "grad_norms": []}
@@ -173,7 +175,9 @@ def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_
         step_loss = 0.0
         for m in range(grad_accum):
             x, y = get_batch(tokens, s, m, B, T, grad_accum)
-            logits = forward(p, x, cfg)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = forward(p, x, cfg)
+            logits = logits.to(dtype)
             if s == 0 and m == 0:
                 out["logits1"] = logits.detach().cpu().numpy()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
