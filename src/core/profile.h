@@ -28,6 +28,8 @@ enum class ProfKind : uint8_t {
   bias_grad,
   softmax_loss,
   embedding,
+  residual,   // residual adds outside a matmul (sequence-parallel row-parallel outputs)
+  bf16_cast,  // mixed precision: f32 operands rounded to bf16 for a product
   adamw,
   grad_norm,
   data_wait,

@@ -238,7 +238,7 @@ TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElse
     EXPECT_REFUSED(tetra(bf16), "this one has oneDNN ISA " + mp.isa);
     return;
   }
-  ASSERT_EQ(tetra(bf16 + " --run.dir=" + path("b")).code, 0);
+  ASSERT_EQ(tetra(bf16 + " --run.profile=true --run.dir=" + path("b")).code, 0);
   ASSERT_EQ(tetra(base() + " --train.steps=4 --optim.lr=1e-2 --run.dir=" + path("f")).code, 0);
   const auto b = metrics(path("b")), f = metrics(path("f"));
   ASSERT_EQ(b.size(), 4u);
@@ -253,6 +253,19 @@ TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElse
     EXPECT_EQ(f[i]["precision"], "fp32");
   }
   EXPECT_GT(largest, 1e-6) << "the bf16 run computed the fp32 run's numbers";
+  // The rounding has its own profile entry: each product of the blocks and the head rounds both
+  // operands; attention's products stay f32.
+  std::ifstream in(path("b/profile.json"));
+  const nlohmann::json prof = nlohmann::json::parse(in);
+  double casts = 0, products = 0;
+  for (const auto& e : prof["entries"]) {
+    if (e["kind"] == "bf16_cast") casts += e["calls_per_step"].get<double>();
+    if (e["kind"] == "matmul" && e["label"].get<std::string>().rfind("attention", 0) != 0) {
+      products += e["calls_per_step"].get<double>();
+    }
+  }
+  EXPECT_EQ(products, 2 * 12 + 3) << prof.dump(1);  // L = 2: 4 forward + 8 backward each, head 3
+  EXPECT_EQ(casts, 2 * products) << prof.dump(1);
 }
 
 TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {

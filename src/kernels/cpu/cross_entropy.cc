@@ -64,6 +64,8 @@ template <typename F>
 double softmax_xent_vocab_parallel(F* losses, F* logits, const int32_t* targets, int64_t N, int Vl,
                                    int v0, int V, bool backward, F dloss,
                                    const GroupReduce<F>& all_max, const GroupReduce<F>& all_sum) {
+  const ProfileScope profile(ProfKind::softmax_loss, backward ? "vocab-parallel forward + backward"
+                                                              : "vocab-parallel forward");
   const int real = std::clamp(V - v0, 0, Vl);  // this rank's real columns: [0, real)
   std::vector<F> mx(static_cast<size_t>(N)),
       sums(2 * static_cast<size_t>(N));  // sums: (N,2) = sum of exp, target logit

@@ -107,6 +107,7 @@ void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
 
 template <typename F>
 void residual_bias_add(F* out, const F* residual, const F* bias, int64_t N, int C) {
+  const ProfileScope profile(ProfKind::residual, "residual + bias");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     F* o = out + i * C;

@@ -144,6 +144,7 @@ inline uint16_t round_bf16(float f) {
 // stream, and oneDNN takes either layout).
 MatOperand rounded(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
                    bf16* dst) {
+  const ProfileScope profile(ProfKind::bf16_cast, "operands to bf16");
   const float* src = static_cast<const float*>(op.data);
   uint16_t* out = &dst->bits;
   const auto& s = op.strides;
