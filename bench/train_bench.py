@@ -33,8 +33,12 @@ OpenBLAS directory explicitly when one is found: --openblas-dir, $TETRA_OPENBLAS
 /usr/lib/x86_64-linux-gnu/openblas-openmp.
 --torch-blas=system,openblas runs both.
 
+--precision bf16 runs tetra with train.precision=bf16 and torch's forward under
+torch.autocast("cpu", bfloat16) (both: f32 master weights, gradients and AdamW state); MFU stays
+against the f32 peak, so above 100% is possible there.
+
   /usr/bin/python3 bench/train_bench.py [--shapes tiny,gpt2-124m] [--threads 1,2] [--steps N]
-                                        [--json out.json] [--tetra build/tetra]
+                                        [--json out.json] [--tetra build/tetra] [--precision bf16]
 """
 import argparse
 import json
@@ -116,7 +120,9 @@ def torch_worker(a):
         for t in params:
             t.grad = None
         x, y = ref.get_batch(tokens, s, 0, B, T, 1)
-        logits = ref.forward(p, x, cfg)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = ref.forward(p, x, cfg)
+        logits = logits.float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -147,7 +153,8 @@ def torch_worker(a):
 
 # ------------------------------------------------------------------------------ driver
 def run_torch(a, shape_name, shape, threads, data, blas_dir):
-    out = os.path.join(a.workdir, f"torch_{shape_name}_{threads}t_{'openblas' if blas_dir else 'system'}.json")
+    out = os.path.join(a.workdir, f"torch_{shape_name}_{threads}t_{a.precision}_"
+                       f"{'openblas' if blas_dir else 'system'}.json")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     if blas_dir:
@@ -156,7 +163,7 @@ def run_torch(a, shape_name, shape, threads, data, blas_dir):
         env["OPENBLAS_CORETYPE"] = "Haswell"
     cmd = ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch", "--shape", shape_name,
            "--threads", str(threads), "--steps", str(shape["warmup"] + shape["steps"]),
-           "--data", data, "--out", out]
+           "--data", data, "--out", out, "--precision", a.precision]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"torch worker failed:\n{r.stderr[-2000:]}")
@@ -171,7 +178,7 @@ def run_torch(a, shape_name, shape, threads, data, blas_dir):
 
 
 def run_tetra(a, shape_name, shape, threads, data):
-    run_dir = os.path.join(a.workdir, f"tetra_{shape_name}_{threads}t")
+    run_dir = os.path.join(a.workdir, f"tetra_{shape_name}_{threads}t_{a.precision}")
     os.makedirs(run_dir, exist_ok=True)
     mpath = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(mpath):
@@ -189,7 +196,7 @@ def run_tetra(a, shape_name, shape, threads, data):
            f"--model.max_seq={shape['max_seq']}", f"--data.train={data}",
            f"--train.micro_batch={shape['B']}", f"--train.seq_len={shape['T']}",
            f"--train.steps={shape['warmup'] + shape['steps']}", "--eval.every=0",
-           f"--run.dir={run_dir}", f"--run.threads={threads}"]
+           f"--run.dir={run_dir}", f"--run.threads={threads}", f"--train.precision={a.precision}"]
     if a.profile:
         cmd.append("--run.profile=true")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -232,6 +239,8 @@ def main():
     ap.add_argument("--isa", default="",
                     help="avx2: cap tetra's oneDNN (ONEDNN_MAX_CPU_ISA=AVX2) and OpenBLAS "
                          "(OPENBLAS_CORETYPE=Haswell, also torch's) at AVX2, the branch of an AVX2-only CPU")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="bf16: tetra train.precision=bf16, torch under torch.autocast bfloat16")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="", help=argparse.SUPPRESS)
     ap.add_argument("--data", default="", help=argparse.SUPPRESS)
@@ -301,6 +310,7 @@ def main():
                 row = {"shape": name, "threads": n, "params": P, "flops_per_token": fpt,
                        "B": shape["B"], "T": shape["T"], "steps": shape["steps"],
                        "warmup": shape["warmup"], "repeat": a.repeat, "torch_blas": blas,
+                       "precision": a.precision,
                        "loadavg_1m": max(loads), "tetra_wait_policy": a.tetra_wait_policy or "default"}
                 tr = max(trs[blas], key=lambda r: r["tok_s"]) if trs.get(blas) else None
                 if peaks:
@@ -353,6 +363,8 @@ def main():
     print(f"tetra OMP_WAIT_POLICY: {a.tetra_wait_policy or 'inherited'}; torch: PASSIVE. "
           f"Cores: {os.cpu_count()}; a load average above the thread count means the numbers are "
           "contended.")
+    print(f"precision: {a.precision}" + (" (tetra train.precision=bf16; torch's forward under "
+                                         "torch.autocast bfloat16)" if a.precision == "bf16" else ""))
     print(f"total {time.time() - t_start:.0f}s")
     if a.json:
         with open(a.json, "w") as fh:
