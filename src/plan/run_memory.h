@@ -1,8 +1,8 @@
 // The memory ledger of a tetra training run, by the trainer's own categories: what `tetra train`
-// allocates per rank for a GPT-2 model, micro-batch, recomputation and ZeRO layout (f32 state, and
-// under mixed precision the bf16 operand copies). The
-// trainer prints it next to what it measures, and `tetra plan` reports it for the layout it
-// plans; tests hold the two within 5% of each other (docs/training.md, "Memory").
+// allocates per rank for a GPT-2 model, micro-batch, recomputation and ZeRO layout (f32 state;
+// under mixed precision also the bf16 operand copies). The trainer prints it next to what it
+// measures, and `tetra plan` reports it for the layout it plans; tests hold the two within 5% of
+// each other (docs/training.md, "Memory").
 #pragma once
 
 #include <cstdint>

@@ -45,7 +45,6 @@ class Bf16Operands {
   explicit Bf16Operands(size_t elements, MemTag tag = {});
   /** The first `a` and the next `b` elements of the scratch, grown to a + b if needed. */
   std::pair<bf16*, bf16*> take(size_t a, size_t b);
-  size_t bytes() const { return mem_.bytes(); }
 
  private:
   Buffer<bf16> mem_;
