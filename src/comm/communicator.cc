@@ -221,13 +221,39 @@ Work Communicator::all_reduce(std::span<int32_t> data, ReduceOp op) const {
   return impl().all_reduce(view_of(data), op);
 }
 
-Work Communicator::reduce_scatter(std::span<const float> in, std::span<float> out,
-                                  ReduceOp op) const {
-  Range r = even_split(in.size(), size(), rank());
-  TETRA_CHECK(out.size() == r.count,
+Work Communicator::all_reduce(std::span<bf16> data, ReduceOp op) const {
+  TETRA_CHECK(op != ReduceOp::avg,
+              "[comm] all_reduce on group '{}': avg of bf16 is not defined; use sum and scale "
+              "after widening to f32",
+              name());
+  return impl().all_reduce(view_of(data), op);
+}
+
+namespace {
+
+void check_shard(const Communicator& c, size_t in, size_t out) {
+  Range r = even_split(in, c.size(), c.rank());
+  TETRA_CHECK(out == r.count,
               "[comm] reduce_scatter on group '{}': rank {} of {} owns {} of {} elements but out "
               "holds {}; size out with comm::even_split",
-              name(), rank(), size(), r.count, in.size(), out.size());
+              c.name(), c.rank(), c.size(), r.count, in, out);
+}
+
+}  // namespace
+
+Work Communicator::reduce_scatter(std::span<const float> in, std::span<float> out,
+                                  ReduceOp op) const {
+  check_shard(*this, in.size(), out.size());
+  return impl().reduce_scatter(view_of(in), view_of(out), op);
+}
+
+Work Communicator::reduce_scatter(std::span<const bf16> in, std::span<bf16> out,
+                                  ReduceOp op) const {
+  check_shard(*this, in.size(), out.size());
+  TETRA_CHECK(op != ReduceOp::avg,
+              "[comm] reduce_scatter on group '{}': avg of bf16 is not defined; use sum and scale "
+              "after widening to f32",
+              name());
   return impl().reduce_scatter(view_of(in), view_of(out), op);
 }
 

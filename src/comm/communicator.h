@@ -20,7 +20,8 @@
 namespace tetra::comm {
 
 enum class ReduceOp : uint8_t { sum, avg, max };
-/** Element types the communicator moves. Reductions take f32 and i32; the rest is byte copies. */
+/** Element types the communicator moves. Reductions take f32, bf16 and i32; the rest is byte
+ *  copies. */
 enum class ElemType : uint8_t { f32, bf16, i32, u8 };
 enum class OpKind : uint8_t {
   all_reduce,
@@ -154,8 +155,14 @@ class Communicator {
   /** In-place reduction over the group; bit-identical on every rank and every run. */
   Work all_reduce(std::span<float> data, ReduceOp op = ReduceOp::sum) const;
   Work all_reduce(std::span<int32_t> data, ReduceOp op = ReduceOp::sum) const;
+  /** bf16: each partial result is combined in f32 and rounded to bf16 (nearest even), the same
+   *  bits on every rank; sum or max (avg: sum, then scale after widening). */
+  Work all_reduce(std::span<bf16> data, ReduceOp op = ReduceOp::sum) const;
   /** `in` (whole buffer) reduced; this rank receives its even_split(in.size()) shard in `out`. */
   Work reduce_scatter(std::span<const float> in, std::span<float> out,
+                      ReduceOp op = ReduceOp::sum) const;
+  /** bf16, combined as all_reduce's; sum or max. */
+  Work reduce_scatter(std::span<const bf16> in, std::span<bf16> out,
                       ReduceOp op = ReduceOp::sum) const;
   /** Inverse of reduce_scatter: `in` is this rank's even_split(out.size()) shard. */
   template <typename T>

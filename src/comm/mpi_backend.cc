@@ -22,6 +22,7 @@
 #include <deque>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "comm/backend.h"
 #include "comm/watchdog.h"
@@ -306,6 +307,8 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
 
   void exec_all_reduce(Op& op);
   void exec_reduce_scatter(Op& op);
+  template <typename T>
+  void ring_reduce_scatter(Op& op);
   void exec_all_gather(Op& op);
   void exec_all_to_all(Op& op, bool variable);
   void exec_split(Op& op);
@@ -695,9 +698,37 @@ void MpiGroup::exec(Op& op) {
   }
 }
 
+// bf16 reductions combine in f32 and round each partial result to bf16 (nearest even), as a
+// bf16 collective does on a GPU; both operations are commutative, so every algorithm MPI picks
+// gives every rank the same bits.
+template <bool kMax>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = a[i].to_float(), y = b[i].to_float();
+    b[i] = bf16::from_float(kMax ? std::max(x, y) : x + y);
+  }
+}
+
+MPI_Op mpi_op(ElemType type, ReduceOp op) {
+  if (type != ElemType::bf16) return op == ReduceOp::max ? MPI_MAX : MPI_SUM;
+  static const MPI_Op sum = [] {
+    MPI_Op o;
+    check_mpi(MPI_Op_create(&bf16_combine<false>, 1, &o), "MPI_Op_create");
+    return o;
+  }();
+  static const MPI_Op max = [] {
+    MPI_Op o;
+    check_mpi(MPI_Op_create(&bf16_combine<true>, 1, &o), "MPI_Op_create");
+    return o;
+  }();
+  return op == ReduceOp::max ? max : sum;
+}
+
 void MpiGroup::exec_all_reduce(Op& op) {
   if (op.in.count == 0) return;
-  MPI_Op mop = op.rop == ReduceOp::max ? MPI_MAX : MPI_SUM;
+  const MPI_Op mop = mpi_op(op.in.type, op.rop);
   size_t esz = elem_size(op.in.type);
   char* p = static_cast<char*>(op.in.data);
   constexpr size_t kChunk = size_t(1) << 30;
@@ -706,10 +737,18 @@ void MpiGroup::exec_all_reduce(Op& op) {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, p + off * esz, int(c), mpi_type(op.in.type), mop, comm_),
               "MPI_Allreduce");
   }
-  if (op.rop == ReduceOp::avg) {
+  if (op.rop == ReduceOp::avg) {  // f32 only (Communicator refuses avg of the other types)
     float* f = static_cast<float*>(op.in.data);
     const float n = float(size_);
     for (size_t i = 0; i < op.in.count; ++i) f[i] /= n;
+  }
+}
+
+void MpiGroup::exec_reduce_scatter(Op& op) {
+  if (op.in.type == ElemType::bf16) {
+    ring_reduce_scatter<bf16>(op);
+  } else {
+    ring_reduce_scatter<float>(op);
   }
 }
 
@@ -717,44 +756,55 @@ void MpiGroup::exec_all_reduce(Op& op) {
 // x[c+1] + x[c+2] + ... + x[c] (ranks mod n) and ends on rank c only, so the result does not depend
 // on timing and is the same on every run. It moves (n-1)/n of the buffer per rank, half of what an
 // all-reduce moves; OpenMPI's MPI_Reduce_scatter_block is slower than a whole all-reduce here.
-void MpiGroup::exec_reduce_scatter(Op& op) {
-  const float* in = static_cast<const float*>(op.in.data);
-  float* out = static_cast<float*>(op.out.data);
+template <typename T>
+void MpiGroup::ring_reduce_scatter(Op& op) {
+  const T* in = static_cast<const T*>(op.in.data);
+  T* out = static_cast<T*>(op.out.data);
   const size_t total = op.in.count;
   const int n = size_, r = rank_;
   if (n == 1) {
-    if (total && out != in) std::memcpy(out, in, total * sizeof(float));
+    if (total && out != in) std::memcpy(out, in, total * sizeof(T));
     return;
   }
   if (total == 0) return;
   auto chunk = [&](int c) { return even_split(total, n, ((c % n) + n) % n); };
   size_t max_chunk = chunk(0).count;
-  if (scratch_.size() < 2 * max_chunk) scratch_.resize(2 * max_chunk);
-  float* bufs[2] = {scratch_.data(), scratch_.data() + max_chunk};
+  const size_t scratch_floats = (2 * max_chunk * sizeof(T) + sizeof(float) - 1) / sizeof(float);
+  if (scratch_.size() < scratch_floats) scratch_.resize(scratch_floats);
+  T* bufs[2] = {reinterpret_cast<T*>(scratch_.data()),
+                reinterpret_cast<T*>(scratch_.data()) + max_chunk};
+  const MPI_Datatype type = mpi_type(op.in.type);
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
   const bool is_max = op.rop == ReduceOp::max;
-  const float* send = nullptr;
+  const T* send = nullptr;
   for (int s = 0; s < n - 1; ++s) {
     Range cs = chunk(r - s - 1), cr = chunk(r - s - 2);
     if (s == 0) send = in + cs.offset;
-    float* recv = bufs[s % 2];
-    check_mpi(MPI_Sendrecv(nonnull(const_cast<float*>(send)), to_int(cs.count, "shard size"),
-                           MPI_FLOAT, right, 0, nonnull(recv), to_int(cr.count, "shard size"),
-                           MPI_FLOAT, left, 0, comm_, MPI_STATUS_IGNORE),
+    T* recv = bufs[s % 2];
+    check_mpi(MPI_Sendrecv(nonnull(const_cast<T*>(send)), to_int(cs.count, "shard size"), type,
+                           right, 0, nonnull(recv), to_int(cr.count, "shard size"), type, left, 0,
+                           comm_, MPI_STATUS_IGNORE),
               "MPI_Sendrecv (reduce_scatter)");
     // The last step writes `out` only after receiving, so `out` may alias this rank's shard of in.
-    float* dst = (s == n - 2) ? out : recv;
-    const float* own = in + cr.offset;
-    if (is_max) {
+    T* dst = (s == n - 2) ? out : recv;
+    const T* own = in + cr.offset;
+    if constexpr (std::is_same_v<T, bf16>) {
+      for (size_t i = 0; i < cr.count; ++i) {
+        const float x = recv[i].to_float(), y = own[i].to_float();
+        dst[i] = bf16::from_float(is_max ? std::max(x, y) : x + y);
+      }
+    } else if (is_max) {
       for (size_t i = 0; i < cr.count; ++i) dst[i] = std::max(recv[i], own[i]);
     } else {
       for (size_t i = 0; i < cr.count; ++i) dst[i] = recv[i] + own[i];
     }
     send = recv;
   }
-  if (op.rop == ReduceOp::avg) {
-    const float nf = float(n);
-    for (size_t i = 0; i < op.out.count; ++i) out[i] /= nf;
+  if constexpr (std::is_same_v<T, float>) {
+    if (op.rop == ReduceOp::avg) {
+      const float nf = float(n);
+      for (size_t i = 0; i < op.out.count; ++i) out[i] /= nf;
+    }
   }
 }
 

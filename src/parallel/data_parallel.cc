@@ -14,8 +14,17 @@
 
 namespace tetra::parallel {
 
+namespace {
+
+void round_to_bf16(const float* in, bf16* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = bf16::from_float(in[i]);
+}
+
+}  // namespace
+
 struct DataParallel::Workspace {
   Buffer<float> buf;
+  Buffer<bf16> staging;  // reduce_bf16 under stages 2 and 3
   bool busy = false;
 };
 
@@ -47,6 +56,9 @@ DataParallel::DataParallel(comm::Communicator dp, ParamStore& store, const ZeroO
   params_.resize(store.units().size());
   grad_ws_.assign(store.units().size(), nullptr);
   reserve_workspaces();
+  if (opt_.reduce_bf16 && n_ > 1 && opt_.stage < 2) {
+    flat_staging_ = Buffer<bf16>(store.flat_size(), {ledger_, MemCategory::comm});
+  }
 }
 
 DataParallel::~DataParallel() {
@@ -89,8 +101,30 @@ void DataParallel::drain(size_t keep) {
   }
 }
 
+bf16* DataParallel::staging(const float* f32) {
+  const float* g = store_.grads().data();
+  if (opt_.stage < 2) return flat_staging_.data() + (f32 - g);
+  for (auto& w : pool_) {
+    if (w->buf.data() == f32) return w->staging.data();
+  }
+  fail("[zero] internal: no bf16 staging buffer for a gradient outside the workspaces");
+}
+
+void DataParallel::widen_mean(const bf16* in, float* out, size_t n) const {
+  const float inv = 1.0f / float(n_);
+  for (size_t i = 0; i < n; ++i) out[i] = in[i].to_float() * inv;
+}
+
 void DataParallel::all_reduce_avg(float* data, size_t n) {
-  if (n_ > 1) track(dp_.all_reduce(std::span<float>(data, n), comm::ReduceOp::avg));
+  if (n_ == 1) return;
+  if (!opt_.reduce_bf16) {
+    track(dp_.all_reduce(std::span<float>(data, n), comm::ReduceOp::avg));
+    return;
+  }
+  bf16* half = staging(data);
+  round_to_bf16(data, half, n);
+  track(dp_.all_reduce(std::span<bf16>(half, n)),
+        [this, half, data, n] { widen_mean(half, data, n); });
 }
 
 void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
@@ -100,9 +134,22 @@ void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
     if (done) done();
     return;
   }
-  track(dp_.reduce_scatter(std::span<const float>(in, shard * size_t(n_)),
-                           std::span<float>(out, shard), comm::ReduceOp::avg),
-        std::move(done));
+  const size_t total = shard * size_t(n_);
+  if (!opt_.reduce_bf16) {
+    track(dp_.reduce_scatter(std::span<const float>(in, total), std::span<float>(out, shard),
+                             comm::ReduceOp::avg),
+          std::move(done));
+    return;
+  }
+  // In place in the staging buffer: this rank's shard of it receives the bf16 sum.
+  bf16* half = staging(in);
+  round_to_bf16(in, half, total);
+  bf16* mine = half + size_t(rank_) * shard;
+  track(dp_.reduce_scatter(std::span<const bf16>(half, total), std::span<bf16>(mine, shard)),
+        [this, mine, out, shard, done = std::move(done)] {
+          widen_mean(mine, out, shard);
+          if (done) done();
+        });
 }
 
 comm::Work DataParallel::all_gather(const float* shard, float* full, size_t shard_n) {
@@ -134,6 +181,7 @@ void DataParallel::reserve_workspaces() {
   auto add = [&](size_t n) {
     auto w = std::make_unique<Workspace>();
     w->buf = Buffer<float>(n, {ledger_, MemCategory::comm});
+    if (opt_.reduce_bf16 && n_ > 1) w->staging = Buffer<bf16>(n, {ledger_, MemCategory::comm});
     pool_.push_back(std::move(w));
   };
   for (size_t i = 0; i < root_bufs; ++i) add(units.back().padded);

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/arena.h"
+#include "core/dtype.h"
 #include "core/memory.h"
 #include "core/param_store.h"
 
@@ -37,6 +39,10 @@ struct ZeroOptions {
   int prefetch = 1;        // stage 3: gathers in flight ahead of the unit being computed
   double bucket_mb = 4.0;  // stage 0: gradient bucket size
   bool overlap = true;     // reduce during backward (false: all at the end)
+  // dp.reduce_dtype = bf16: gradients are rounded to bf16, reduced in bf16 (half the bytes) and
+  // widened back into the f32 gradients, through staging buffers charged as comm memory: the
+  // flat gradient's size under stages 0 and 1, each workspace's under 2 and 3.
+  bool reduce_bf16 = false;
 };
 
 /** Communication of one step, as this rank saw it. */
@@ -103,6 +109,10 @@ class DataParallel final : public UnitHooks {
   void reduce_scatter_avg(const float* in, float* out, size_t shard, std::function<void()> done);
   comm::Work all_gather(const float* shard, float* full, size_t shard_n);
   void track(comm::Work w, std::function<void()> done = {});
+  // reduce_bf16: the staging buffer of the f32 range starting at `f32` (in the flat gradient or
+  // a workspace), and the widening of a reduced range back into f32 as the mean.
+  bf16* staging(const float* f32);
+  void widen_mean(const bf16* in, float* out, size_t n) const;
   void poll();
   void drain(size_t keep = 0);  // waits until at most `keep` operations are pending
 
@@ -144,6 +154,7 @@ class DataParallel final : public UnitHooks {
   std::vector<float*> grad_ws_;
 
   std::vector<std::unique_ptr<Workspace>> pool_;
+  Buffer<bf16> flat_staging_;  // reduce_bf16 under stages 0 and 1
 };
 
 }  // namespace tetra::parallel

@@ -85,6 +85,9 @@ RunMemory run_memory(const RunShape& s) {
                                     : blocks + 1;
     m.comm = f32 * (2 * flat.root + param_blocks * flat.block);
   }
+  // dp.reduce_dtype=bf16: a bf16 staging buffer of the flat gradient (stages 0, 1) or of every
+  // workspace (2, 3).
+  if (s.reduce_bf16 && N > 1) m.comm += s.zero < 2 ? 2.0 * flat.total : m.comm / 2;
   return m;
 }
 

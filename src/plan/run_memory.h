@@ -22,8 +22,9 @@ struct RunShape {
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
-  bool checkpoint = false;  // ckpt.dir set: the host snapshot of what a save writes
-  bool bf16 = false;        // train.precision=bf16: the bf16 copies of matmul operands
+  bool checkpoint = false;   // ckpt.dir set: the host snapshot of what a save writes
+  bool bf16 = false;         // train.precision=bf16: the bf16 copies of matmul operands
+  bool reduce_bf16 = false;  // dp.reduce_dtype=bf16: bf16 staging of the reduced gradients
 };
 
 /** Bytes per rank by category; the names are the trainer's (core/memory.h). */

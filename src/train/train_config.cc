@@ -238,6 +238,12 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::zero, &parallel::ZeroOptions::bucket_mb>()},
       {{"dp.overlap", ValueKind::Bool, "true", "reduce gradients during backward (false: after)"},
        into<&O::zero, &parallel::ZeroOptions::overlap>()},
+      {{"dp.reduce_dtype", ValueKind::String, "\"fp32\"",
+        "the data-parallel gradient reduction's type: bf16 rounds gradients to bf16 and reduces "
+        "them in bf16 (half the bytes, about 3 significant digits per partial sum); the "
+        "gradients, the update and every other collective stay f32",
+        "fp32 | bf16"},
+       [](O& o, const ConfigValue& v) { o.zero.reduce_bf16 = std::get<std::string>(v) == "bf16"; }},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
         "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},

@@ -528,6 +528,7 @@ plan::RunShape Trainer::run_shape() const {
   s.sequence_parallel = m.sequence_parallel;
   s.reshard_after_forward = opt_.zero.reshard_after_forward;
   s.prefetch = opt_.zero.prefetch;
+  s.reduce_bf16 = opt_.zero.reduce_bf16;
   s.checkpoint = !opt_.ckpt.dir.empty();
   s.bf16 = m.bf16;
   return s;
@@ -565,12 +566,13 @@ void Trainer::print_header() const {
            opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
   log_info(
-      "[train] tensor parallel {}; ZeRO stage {} over {} data-parallel rank(s){}; recompute {}",
+      "[train] tensor parallel {}; ZeRO stage {} over {} data-parallel rank(s){}, gradients "
+      "reduced in {}; recompute {}",
       tp_->size(), opt_.zero.stage, dp_size_,
       opt_.zero.stage == 3 ? fmt::format(", reshard after forward {}, prefetch {}",
                                          opt_.zero.reshard_after_forward, opt_.zero.prefetch)
                            : "",
-      recompute_name(recompute_));
+      opt_.zero.reduce_bf16 ? "bf16" : "fp32", recompute_name(recompute_));
   log_info("{}", memory_table("before step 1"));
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s ({}, the MFU denominator); "

@@ -146,6 +146,73 @@ void test_reduce_scatter(const Communicator& c, const std::vector<size_t>& sizes
   }
 }
 
+// bf16 reductions: small integers are exact in bf16, so sums and maxima equal the reference;
+// arbitrary values are rounded at every partial sum, so the all-reduce is within that rounding of
+// the exact sum and the reduce-scatter equals the ring's documented order rounded step by step.
+void test_bf16_reductions(const Communicator& c, const std::vector<size_t>& sizes) {
+  const int n = c.size(), r = c.rank();
+  auto small = [](int q, size_t i) { return float(int((i * 7 + size_t(q) * 13) % 9) - 4); };
+  auto rounded = [](float v) { return bf16::from_float(v); };
+  for (size_t count : sizes) {
+    const Range mine = even_split(count, n, r);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      std::vector<bf16> x(count), in(count), out(mine.count);
+      std::vector<float> ref(count);
+      for (size_t i = 0; i < count; ++i) {
+        x[i] = in[i] = rounded(small(r, i));
+        float s = 0, m = -1e30f;
+        for (int q = 0; q < n; ++q) s += small(q, i), m = std::max(m, small(q, i));
+        ref[i] = op == ReduceOp::max ? m : s;
+      }
+      c.all_reduce(std::span<bf16>(x), op).wait();
+      c.reduce_scatter(std::span<const bf16>(in), std::span<bf16>(out), op).wait();
+      bool same = true;
+      for (size_t i = 0; i < count; ++i) same = same && x[i].to_float() == ref[i];
+      for (size_t i = 0; i < mine.count; ++i)
+        same = same && out[i].to_float() == ref[mine.offset + i];
+      EXPECT(same, "bf16 {} of {} integers on '{}'", reduce_op_name(op), count, c.name());
+    }
+    std::vector<bf16> a(count), b(count), in(count), shard(mine.count);
+    for (size_t i = 0; i < count; ++i) a[i] = b[i] = in[i] = rounded(noisy_value(r, i));
+    c.all_reduce(std::span<bf16>(a)).wait();
+    c.all_reduce(std::span<bf16>(b)).wait();
+    std::span<bf16> inplace(in.data() + mine.offset, mine.count);
+    std::vector<bf16> before(in);
+    c.reduce_scatter(std::span<const bf16>(in), inplace).wait();
+    bool close = true, ring_order = true;
+    for (size_t i = 0; i < count; ++i) {
+      double s = 0, mag = 0;
+      for (int q = 0; q < n; ++q) {
+        const double v = rounded(noisy_value(q, i)).to_float();
+        s += v, mag += std::abs(v);
+      }
+      close = close && std::abs(double(a[i].to_float()) - s) <= n * std::ldexp(mag, -8);
+    }
+    for (size_t i = 0; i < mine.count; ++i) {
+      // Chunk r ends on rank r: x[r+1] + x[r+2] + ... + x[r], rounded after every addition.
+      bf16 acc = rounded(noisy_value((r + 1) % n, mine.offset + i));
+      for (int k = 2; k <= n; ++k) {
+        acc =
+            rounded(acc.to_float() + rounded(noisy_value((r + k) % n, mine.offset + i)).to_float());
+      }
+      ring_order = ring_order && acc.bits == inplace[i].bits;
+    }
+    EXPECT(close, "bf16 all_reduce of noisy values beyond bf16 rounding (count {})", count);
+    EXPECT(ring_order, "bf16 reduce_scatter is not the ring's order rounded per step ({})", count);
+    EXPECT(std::memcmp(a.data(), b.data(), count * 2) == 0, "repeat bf16 all_reduce differs");
+    EXPECT(same_on_all_ranks(c, hash_bytes(a.data(), count * 2)),
+           "bf16 all_reduce differs across ranks (count {})", count);
+  }
+  bool threw = false;
+  try {
+    std::vector<bf16> v(4);
+    c.all_reduce(std::span<bf16>(v), ReduceOp::avg).wait();
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("avg of bf16") != std::string::npos;
+  }
+  EXPECT(threw, "avg of bf16 not refused");
+}
+
 template <typename T>
 void test_all_gather_type(const Communicator& c, size_t count) {
   const int n = c.size(), r = c.rank();
@@ -337,6 +404,7 @@ int main(int argc, char** argv) {
     std::vector<size_t> sizes = {0, 1, size_t(n) - 1, size_t(n) + 1, 1000, 4099, 70001};
     test_all_reduce(world, sizes);
     test_reduce_scatter(world, sizes);
+    test_bf16_reductions(world, sizes);
     test_all_gather(world, sizes);
     test_all_to_all(world);
     test_broadcast(world);
