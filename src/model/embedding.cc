@@ -16,15 +16,20 @@ EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store,
   wpe.decay = true;
   wpe.init = {ParamInit::Kind::normal, 0.02f, -1};
   wpe_ = store.add(std::move(wpe));
+  wte_ = store.add(wte_spec(config, tp));
+}
+
+template <typename F>
+ParamSpec EmbeddingT<F>::wte_spec(const GptConfig& config, const parallel::TensorParallel& tp) {
   ParamSpec wte;
   wte.name = "transformer.wte.weight";
-  wte.shape = {config.padded_vocab, C};
+  wte.shape = {config.padded_vocab, config.d_model};
   wte.decay = true;
   wte.init = {ParamInit::Kind::normal, 0.02f, config.vocab_size};
   wte.file.rows = config.vocab_size;
   if (tp.size() > 1)
     wte.slice = {0, int64_t(tp.rank()) * config.local_vocab(), config.local_vocab()};
-  wte_ = store.add(std::move(wte));
+  return wte;
 }
 
 template <typename F>

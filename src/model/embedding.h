@@ -28,6 +28,9 @@ class EmbeddingT {
   void backward(const F* dout, const int32_t* tokens, int B, int T, F* tmp = nullptr);
 
   TensorId wte() const { return wte_; }
+  /** wte's registration (name, shape, init, this rank's vocabulary slice): also the spec of the
+   *  tied copy a pipeline's last stage holds for its head, which therefore starts equal. */
+  static ParamSpec wte_spec(const GptConfig& config, const parallel::TensorParallel& tp);
 
  private:
   const GptConfig& c_;

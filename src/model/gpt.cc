@@ -11,8 +11,14 @@ namespace tetra {
 
 template <typename F>
 GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r,
-              MemoryLedger* ledger, parallel::TensorParallel* tp)
-    : config_(config), store_(store), B_(B), T_(T), recompute_(r), tp_(tp ? tp : &own_tp_) {
+              MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part)
+    : config_(config),
+      store_(store),
+      B_(B),
+      T_(T),
+      recompute_(r),
+      tp_(tp ? tp : &own_tp_),
+      part_(std::move(part)) {
   TETRA_CHECK(B > 0, "[model] micro-batch must be positive (got {})", B);
   TETRA_CHECK(T > 0 && T <= config.max_seq,
               "[model] sequence length {} must be in 1..model.max_seq={}; raise model.max_seq or "
@@ -25,6 +31,15 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
       "train.seq_len",
       B, T, int64_t(B) * T, config.tp);
   const int L = config.n_layer;
+  if (part_.chunks.empty()) part_.chunks.push_back({0, L, 1});
+  for (size_t c = 0; c < part_.chunks.size(); ++c) {
+    const GptPart::Chunk& k = part_.chunks[c];
+    TETRA_CHECK(k.first >= 0 && k.first < k.end && k.end <= L && k.slots >= 1 &&
+                    (c == 0 || k.first >= part_.chunks[c - 1].end),
+                "[model] internal: chunk {} holds layers [{}, {}) with {} slots of a {}-layer "
+                "model",
+                c, k.first, k.end, k.slots, L);
+  }
   if (config.bf16) {
     // The largest product's operands: an MLP product reads a (BT,4C/tp) activation or gradient
     // with a weight or a (BT,C) one; the head's backward reads the (BT,Vp/tp) logit gradient.
@@ -34,34 +49,67 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
     bf16_ = std::make_unique<cpu::Bf16Operands>(elements + 32,
                                                 MemTag{ledger, MemCategory::temporaries});
   }
-  // Units in backward order: blocks from last to first, then the root (embedding and ln_f),
-  // whose tied wte gradient is finished last, by the embedding's backward.
+  // Units in backward order: a head without the embedding (its backward comes first), the chunks
+  // from last to first with their blocks from last to first, then the root (the embedding, with
+  // ln_f when the head is here too), whose tied wte gradient is finished last.
   blocks_.resize(size_t(L));
-  block_unit_.resize(size_t(L));
-  for (int l = L - 1; l >= 0; --l) {
-    block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
-    blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store, *tp_, bf16_.get());
+  block_unit_.assign(size_t(L), -1);
+  const bool head_alone = part_.head && !part_.embedding;
+  if (head_alone) {
+    head_unit_ = store.begin_unit("head");
+    wte_copy_ = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
+    head_ = std::make_unique<HeadT<F>>(config_, store, wte_copy_, *tp_, bf16_.get());
     store.end_unit();
   }
-  root_unit_ = store.begin_unit("root");
-  embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_);
-  head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_, bf16_.get());
-  store.end_unit();
+  for (auto c = part_.chunks.rbegin(); c != part_.chunks.rend(); ++c) {
+    for (int l = c->end - 1; l >= c->first; --l) {
+      block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
+      blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store, *tp_, bf16_.get());
+      store.end_unit();
+    }
+  }
+  if (part_.embedding) {
+    root_unit_ = store.begin_unit("root");
+    embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_);
+    if (part_.head) {
+      head_unit_ = root_unit_;
+      head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_, bf16_.get());
+    }
+    store.end_unit();
+  }
 
   // The residual stream: this rank's rows of it under sequence parallelism.
-  const size_t BTC = size_t(config.local_rows(B, T)) * size_t(config.d_model);
+  const size_t BTC = boundary_size();
   const bool keep_layers = r != Recompute::full;
   const size_t per_layer = BlockActs<F>::elements(config, B, T, r == Recompute::none);
-  acts_mem_ = Buffer<F>(BTC * size_t(L + 1) + (keep_layers ? per_layer * size_t(L) : 0) +
-                            HeadActs<F>::elements(config, B, T),
-                        {ledger, MemCategory::activations});
+  size_t total = part_.head ? HeadActs<F>::elements(config, B, T) : 0;
+  for (const GptPart::Chunk& k : part_.chunks) {
+    const size_t n = size_t(k.end - k.first);
+    total += size_t(k.slots) * (BTC * (n + 1) + (keep_layers ? per_layer * n : 0));
+  }
+  acts_mem_ = Buffer<F>(total, {ledger, MemCategory::activations});
   F* p = acts_mem_.data();
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
-  for (int l = 0; l <= L; ++l) x_.push_back(take(BTC));
-  for (int l = 0; keep_layers && l < L; ++l) {
-    layer_acts_.push_back(BlockActs<F>::carve(take(per_layer), config, B, T, r == Recompute::none));
+  for (size_t c = 0; c < part_.chunks.size(); ++c) {
+    const GptPart::Chunk& k = part_.chunks[c];
+    ChunkState ch;
+    ch.first = k.first;
+    ch.end = k.end;
+    ch.embedding = part_.embedding && c == 0;
+    ch.head = part_.head && c + 1 == part_.chunks.size();
+    ch.slots.resize(size_t(k.slots));
+    for (Slot& s : ch.slots) {
+      for (int l = k.first; l <= k.end; ++l) s.x.push_back(take(BTC));
+      for (int l = k.first; keep_layers && l < k.end; ++l) {
+        s.acts.push_back(BlockActs<F>::carve(take(per_layer), config, B, T, r == Recompute::none));
+      }
+      if (ch.embedding) s.tokens.resize(size_t(B) * T);
+    }
+    chunks_.push_back(std::move(ch));
   }
-  head_acts_ = HeadActs<F>::carve(take(HeadActs<F>::elements(config, B, T)), config, B, T);
+  if (part_.head) {
+    head_acts_ = HeadActs<F>::carve(take(HeadActs<F>::elements(config, B, T)), config, B, T);
+  }
 
   const size_t work = r == Recompute::full ? BlockActs<F>::elements(config, B, T, false) + BTC : 0;
   tmp_mem_ = Buffer<F>(BTC + BlockScratch<F>::elements(config, B, T) + work,
@@ -74,54 +122,131 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
         BlockActs<F>::carve(take(BlockActs<F>::elements(config, B, T, false)), config, B, T, false);
     work_out_ = take(BTC);
   }
-  inputs_.resize(size_t(B) * T);
 }
 
 template <typename F>
-const BlockActs<F>& GptT<F>::saved_acts(int layer) const {
-  return recompute_ == Recompute::full ? work_acts_ : layer_acts_[size_t(layer)];
+size_t GptT<F>::boundary_size() const {
+  return size_t(config_.local_rows(B_, T_)) * size_t(config_.d_model);
 }
 
 template <typename F>
-void GptT<F>::forward_pass(const int32_t* inputs) {
-  const int L = config_.n_layer;
-  std::memcpy(inputs_.data(), inputs, sizeof(int32_t) * inputs_.size());
-  before_forward(root_unit_, block_unit_[0]);
-  embedding_->forward(x_[0], inputs, B_, T_, 0, scratch_.full);
-  after_forward(root_unit_);
-  for (int l = 0; l < L; ++l) {
-    before_forward(block_unit_[size_t(l)], l + 1 < L ? block_unit_[size_t(l) + 1] : root_unit_);
-    // Without saved probabilities the forward still needs somewhere to put them.
-    BlockActs<F> a = saved_acts(l);
-    if (!a.att) a.att = scratch_.att;
-    blocks_[size_t(l)]->forward(x_[size_t(l)], x_[size_t(l) + 1], a, B_, T_, nullptr, 0,
-                                scratch_.full);
-    after_forward(block_unit_[size_t(l)]);
+bool GptT<F>::whole() const {
+  return part_.embedding && part_.head && chunks_.size() == 1 && chunks_[0].first == 0 &&
+         chunks_[0].end == config_.n_layer;
+}
+
+template <typename F>
+void GptT<F>::check_whole(const char* what) const {
+  TETRA_CHECK(whole(), "[model] internal: {} needs the whole model, not a pipeline stage's part",
+              what);
+}
+
+template <typename F>
+typename GptT<F>::Slot& GptT<F>::slot_of(int chunk, int mb, bool take) {
+  TETRA_CHECK(chunk >= 0 && chunk < int(chunks_.size()),
+              "[model] internal: chunk {} of a part with {} chunks", chunk, chunks_.size());
+  for (Slot& s : chunks_[size_t(chunk)].slots) {
+    if (s.mb == (take ? -1 : mb)) {
+      if (take) s.mb = mb;
+      return s;
+    }
   }
+  fail("[model] internal: chunk {} {} micro-batch {} ({} slots)", chunk,
+       take ? "has no free slot for" : "holds no activations of", mb,
+       chunks_[size_t(chunk)].slots.size());
+}
+
+template <typename F>
+const BlockActs<F>& GptT<F>::saved_acts(const Slot& s, int i) const {
+  return recompute_ == Recompute::full ? work_acts_ : s.acts[size_t(i)];
+}
+
+template <typename F>
+void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs, const F* input) {
+  const int n = ch.end - ch.first;
+  auto unit = [&](int i) { return block_unit_[size_t(ch.first + i)]; };
+  if (ch.embedding) {
+    std::memcpy(s.tokens.data(), inputs, sizeof(int32_t) * s.tokens.size());
+    before_forward(root_unit_, unit(0));
+    embedding_->forward(s.x[0], inputs, B_, T_, 0, scratch_.full);
+    after_forward(root_unit_);
+  } else if (input) {
+    std::copy_n(input, boundary_size(), s.x[0]);
+  }
+  for (int i = 0; i < n; ++i) {
+    before_forward(unit(i), i + 1 < n ? unit(i + 1) : (ch.head ? head_unit_ : -1));
+    // Without saved probabilities the forward still needs somewhere to put them.
+    BlockActs<F> a = saved_acts(s, i);
+    if (!a.att) a.att = scratch_.att;
+    blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], s.x[size_t(i) + 1], a, B_, T_, nullptr,
+                                           0, scratch_.full);
+    after_forward(unit(i));
+  }
+}
+
+template <typename F>
+void GptT<F>::forward_chunk(int chunk, int mb, const int32_t* inputs, const F* input, F* output) {
+  const ChunkState& ch = chunks_[size_t(chunk)];
+  Slot& s = slot_of(chunk, mb, true);
+  TETRA_CHECK(ch.head || output, "[model] internal: chunk {} forward without an output", chunk);
+  TETRA_CHECK(ch.embedding || input, "[model] internal: chunk {} forward without an input", chunk);
+  forward_pass(ch, s, inputs, input);
+  if (output) std::copy_n(s.x.back(), boundary_size(), output);
+}
+
+template <typename F>
+double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
+                               F* grad_input, float loss_scale) {
+  const ChunkState& ch = chunks_[size_t(chunk)];
+  Slot& s = slot_of(chunk, mb, false);
+  const int n = ch.end - ch.first;
+  auto unit = [&](int i) { return block_unit_[size_t(ch.first + i)]; };
+  TETRA_CHECK(ch.head || grad_output, "[model] internal: chunk {} backward without a gradient",
+              chunk);
+  TETRA_CHECK(ch.embedding || grad_input,
+              "[model] internal: chunk {} backward with nowhere to put its input's gradient",
+              chunk);
+  double loss = 0.0;
+  if (ch.head) {
+    // The head's forward runs straight into its backward: one residency for both.
+    before_backward(head_unit_, unit(n - 1));
+    head_->forward(s.x.back(), head_acts_, B_, T_);
+    loss = head_->backward(dres_, scratch_.dln, s.x.back(), targets, head_acts_, B_, T_, loss_scale,
+                           scratch_.full);
+    if (head_unit_ != root_unit_) after_backward(head_unit_);
+  } else if (grad_output) {
+    std::copy_n(grad_output, boundary_size(), dres_);
+  }
+  // The root is resident since the head's backward on the whole model.
+  const bool root_next = ch.embedding && !ch.head;
+  for (int i = n - 1; i >= 0; --i) {
+    before_backward(unit(i), i > 0 ? unit(i - 1) : (root_next ? root_unit_ : -1));
+    if (recompute_ == Recompute::full) {
+      BlockActs<F> a = work_acts_;
+      a.att = scratch_.att;
+      blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], work_out_, a, B_, T_, nullptr, 0,
+                                             scratch_.full);
+    }
+    blocks_[size_t(ch.first + i)]->backward(dres_, s.x[size_t(i)], saved_acts(s, i), scratch_, B_,
+                                            T_);
+    after_backward(unit(i));
+  }
+  if (ch.embedding) {
+    if (root_next) before_backward(root_unit_, -1);
+    embedding_->backward(dres_, s.tokens.data(), B_, T_, scratch_.full);
+    after_backward(root_unit_);
+  } else if (grad_input) {
+    std::copy_n(dres_, boundary_size(), grad_input);
+  }
+  s.mb = -1;
+  return loss;
 }
 
 template <typename F>
 double GptT<F>::forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale) {
-  const int L = config_.n_layer;
-  forward_pass(inputs);
-  // The head's forward runs straight into its backward: one residency for both.
-  before_backward(root_unit_, block_unit_[size_t(L) - 1]);
-  head_->forward(x_[size_t(L)], head_acts_, B_, T_);
-  const double loss = head_->backward(dres_, scratch_.dln, x_[size_t(L)], targets, head_acts_, B_,
-                                      T_, loss_scale, scratch_.full);
-  for (int l = L - 1; l >= 0; --l) {
-    before_backward(block_unit_[size_t(l)], l > 0 ? block_unit_[size_t(l) - 1] : -1);
-    if (recompute_ == Recompute::full) {
-      BlockActs<F> a = work_acts_;
-      a.att = scratch_.att;
-      blocks_[size_t(l)]->forward(x_[size_t(l)], work_out_, a, B_, T_, nullptr, 0, scratch_.full);
-    }
-    blocks_[size_t(l)]->backward(dres_, x_[size_t(l)], saved_acts(l), scratch_, B_, T_);
-    after_backward(block_unit_[size_t(l)]);
-  }
-  embedding_->backward(dres_, inputs_.data(), B_, T_, scratch_.full);
-  after_backward(root_unit_);
-  return loss;
+  check_whole("forward_backward");
+  forward_chunk(0, 0, inputs, nullptr, nullptr);
+  return backward_chunk(0, 0, targets, nullptr, nullptr, loss_scale);
 }
 
 template <typename F>
@@ -132,9 +257,11 @@ double GptT<F>::forward_loss(const int32_t* inputs, const int32_t* targets) {
 
 template <typename F>
 const F* GptT<F>::forward_logits(const int32_t* inputs) {
-  forward_pass(inputs);
+  check_whole("forward_logits");
+  Slot& s = chunks_[0].slots[0];
+  forward_pass(chunks_[0], s, inputs, nullptr);
   before_forward(root_unit_, -1);
-  head_->forward(x_[size_t(config_.n_layer)], head_acts_, B_, T_);
+  head_->forward(s.x.back(), head_acts_, B_, T_);
   after_forward(root_unit_);
   end_forward_only();
   return head_acts_.logits;
@@ -169,6 +296,7 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
 
 template <typename F>
 const F* GptT<F>::decode(DecodeState& st, const int32_t* tokens, int pos) {
+  check_whole("decode");
   const int L = config_.n_layer;
   TETRA_CHECK(!config_.sequence_parallel,
               "[generate] decoding runs without tp.sequence_parallel (one token per step has no "

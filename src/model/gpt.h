@@ -5,7 +5,10 @@
 // (ZeRO) what it is about to use and what it has finished, so parameters can be gathered just in
 // time and gradients reduced as soon as they are final. Under tensor parallelism every module holds
 // its rank's slices (config.tp ways, over the group it is given) and the residual stream stays
-// whole on every rank of the group.
+// whole on every rank of the group. Under pipeline parallelism the model is the part a pipeline
+// rank holds (GptPart): chunks of consecutive layers, the embedding on the first virtual stage,
+// ln_f and the head with a copy of the tied wte on the last, each chunk keeping the activations
+// of the micro-batches it has in flight.
 #pragma once
 
 #include <cstdint>
@@ -23,22 +26,53 @@
 
 namespace tetra {
 
+/** The part of the model a pipeline rank holds: its chunks in virtual-stage order, each a range
+ * of consecutive layers with the number of micro-batches whose activations it keeps between
+ * forward and backward (slots); whether the first chunk starts with the embedding and whether the
+ * last ends with ln_f and the head. Empty chunks: the whole model, one slot. */
+struct GptPart {
+  struct Chunk {
+    int first = 0, end = 0;  // layers [first, end)
+    int slots = 1;
+  };
+  std::vector<Chunk> chunks;
+  bool embedding = true, head = true;
+};
+
 template <typename F>
 class GptT {
  public:
-  /** Registers every tensor with `store` (not yet finalized) and allocates activations for
-   *  micro-batches of (B,T) with recomputation `r`, charged to `ledger`. `tp` is the tensor-
+  /** Registers every tensor of `part` with `store` (not yet finalized) and allocates activations
+   *  for micro-batches of (B,T) with recomputation `r`, charged to `ledger`. `tp` is the tensor-
    *  parallel group of config.tp ranks (null: one rank); it must outlive the model. */
   GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r = Recompute::none,
-       MemoryLedger* ledger = nullptr, parallel::TensorParallel* tp = nullptr);
+       MemoryLedger* ledger = nullptr, parallel::TensorParallel* tp = nullptr, GptPart part = {});
 
   /** The residency manager the model reports to (null: every unit is always resident). */
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
 
   // inputs and targets are (B,T). Forward and backward of one micro-batch; gradients accumulate
   // with d(loss)/d(mean loss) = loss_scale (1 / micro-batches for accumulation). Returns the mean
-  // loss.
+  // loss. This and the calls below need the whole model.
   double forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale);
+
+  // Pipeline stages. Forward of micro-batch mb through chunk `chunk` into one of its free slots:
+  // the chunk with the embedding reads inputs (B,T), any other its input (B,T,C) (this rank's rows
+  // under sequence parallelism); output receives the chunk's output (B,T,C), except on the chunk
+  // with the head (nullptr), whose output stays in the slot for the head.
+  void forward_chunk(int chunk, int mb, const int32_t* inputs, const F* input, F* output);
+  // Backward of (mb, chunk), freeing its slot: the chunk with the head runs the head's forward and
+  // backward against targets (B,T) with d(loss)/d(mean loss) = loss_scale and returns the mean
+  // loss; any other starts from grad_output (B,T,C) and returns 0. grad_input receives the
+  // gradient of the chunk's input, except on the chunk with the embedding (nullptr).
+  double backward_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
+                        F* grad_input, float loss_scale);
+  /** Elements of the activation between two chunks (and of its gradient). */
+  size_t boundary_size() const;
+  const GptPart& part() const { return part_; }
+  /** The head's copy of the tied wte on a part with the head but not the embedding; -1 otherwise.
+   */
+  TensorId tied_wte_copy() const { return wte_copy_; }
   // Forward only: the mean loss (evaluation).
   double forward_loss(const int32_t* inputs, const int32_t* targets);
   // Forward only: the logits (B,T,Vp/tp) (this rank's vocabulary columns), valid until the next
@@ -60,13 +94,31 @@ class GptT {
   ParamStoreT<F>& store() { return store_; }
   parallel::TensorParallel& tp() { return *tp_; }
   int root_unit() const { return root_unit_; }
-  int block_unit(int layer) const { return block_unit_[size_t(layer)]; }
+  int block_unit(int layer) const { return block_unit_[size_t(layer)]; }  // -1: not held
   size_t activation_bytes() const { return acts_mem_.bytes(); }
   size_t temporary_bytes() const { return tmp_mem_.bytes(); }
 
  private:
-  void forward_pass(const int32_t* inputs);  // embedding and blocks, with hooks
-  const BlockActs<F>& saved_acts(int layer) const;
+  // One micro-batch's activations in a chunk: the residual stream at every block boundary (x[i] is
+  // the input of layer first + i, x.back() the chunk's output), what each block saves, the tokens.
+  struct Slot {
+    int mb = -1;  // the micro-batch held; -1: free
+    std::vector<F*> x;
+    std::vector<BlockActs<F>> acts;  // none/selective: one per layer; full: empty
+    std::vector<int32_t> tokens;     // (B,T): the chunk with the embedding only
+  };
+  struct ChunkState {
+    int first = 0, end = 0;
+    bool embedding = false, head = false;
+    std::vector<Slot> slots;
+  };
+
+  bool whole() const;
+  void check_whole(const char* what) const;
+  Slot& slot_of(int chunk, int mb, bool take);
+  // The embedding (or the copied input) and the chunk's blocks into slot s, with hooks.
+  void forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs, const F* input);
+  const BlockActs<F>& saved_acts(const Slot& s, int i) const;
 
   void before_forward(int unit, int next) {
     if (hooks_) hooks_->before_forward(unit, next);
@@ -95,17 +147,19 @@ class GptT {
   // Mixed precision (config.bf16): the bf16 copies of a product's operands, charged to the ledger
   // as temporaries; null in fp32.
   std::unique_ptr<cpu::Bf16Operands> bf16_;
-  std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer
+  GptPart part_;
+  std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer; null where not held
   std::unique_ptr<EmbeddingT<F>> embedding_;
   std::unique_ptr<HeadT<F>> head_;
   std::vector<int> block_unit_;
-  int root_unit_ = 0;
+  // The unit of the embedding (with ln_f when the head is here too) and of the head: the same
+  // unit on the whole model; -1 where absent.
+  int root_unit_ = -1, head_unit_ = -1;
+  TensorId wte_copy_ = -1;
 
-  // Activations: the residual stream at every block boundary (x_[l] is block l's input, x_[L] the
-  // head's), what each block saves, and the head's.
+  // Activations: every chunk's slots, and the head's (its forward runs straight into backward).
   Buffer<F> acts_mem_, tmp_mem_;
-  std::vector<F*> x_;
-  std::vector<BlockActs<F>> layer_acts_;  // none/selective: one per layer; full: empty
+  std::vector<ChunkState> chunks_;
   HeadActs<F> head_acts_;
   // Temporaries: the residual-stream gradient, backward scratch, and the activations of the block
   // being run (forward under full recomputation, or recomputed in backward) with its output.
@@ -113,7 +167,6 @@ class GptT {
   BlockScratch<F> scratch_;
   BlockActs<F> work_acts_;
   F* work_out_ = nullptr;
-  std::vector<int32_t> inputs_;  // (B,T) copy of the last forward's inputs
 };
 
 template <typename F>

@@ -1,0 +1,170 @@
+// Pipeline stages of the GPT in one process: the model cut into parts (even, uneven, interleaved
+// chunks) and driven chunk by chunk, with the boundary activations and gradients handed over by
+// hand, gives the whole model's loss and gradients (the tied wte's as the sum of the embedding's
+// gradient and the head copy's); every part's tensors start equal to the whole model's; slots
+// hold several micro-batches in flight and are charged to the ledger.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "model/gpt.h"
+#include "tests/model/test_model.h"
+
+namespace tetra {
+namespace {
+
+GptConfig config() { return GptConfig::make(37, 4, 2, 16, 8, 64); }
+
+std::vector<int32_t> tokens(int n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(gen() % 37u);
+  return t;
+}
+
+struct Part {
+  ParamStoreT<double> store;
+  std::unique_ptr<GptT<double>> model;
+  MemoryLedger ledger;
+};
+
+// Layer ranges of each virtual stage; part r holds stages r, r + p, ... (chunks).
+std::vector<std::unique_ptr<Part>> make_parts(const std::vector<int>& split, int p, int slots,
+                                              int B, int T) {
+  std::vector<int> begin = {0};
+  for (int n : split) begin.push_back(begin.back() + n);
+  const int stages = int(split.size());
+  std::vector<std::unique_ptr<Part>> parts;
+  for (int r = 0; r < p; ++r) {
+    GptPart gp;
+    for (int s = r; s < stages; s += p)
+      gp.chunks.push_back({begin[size_t(s)], begin[size_t(s) + 1], slots});
+    gp.embedding = r == 0;
+    gp.head = r == (stages - 1) % p;
+    auto part = std::make_unique<Part>();
+    part->model = std::make_unique<GptT<double>>(config(), part->store, B, T, Recompute::none,
+                                                 &part->ledger, nullptr, gp);
+    part->store.finalize({});
+    part->store.init(11);
+    part->store.grads().zero();
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+// Micro-batches mb = 0..m-1 through every stage forward (all in flight), then backward in reverse
+// stage order: GPipe by hand. Returns the mean loss.
+double run_parts(std::vector<std::unique_ptr<Part>>& parts, int stages, int m, int B, int T,
+                 const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
+  const int p = int(parts.size());
+  const size_t n = parts[0]->model->boundary_size();
+  std::vector<double> act(n), grad(n), next(n);
+  for (int mb = 0; mb < m; ++mb) {
+    const int32_t* x = in.data() + size_t(mb) * B * T;
+    for (int s = 0; s < stages; ++s) {
+      GptT<double>& g = *parts[size_t(s % p)]->model;
+      g.forward_chunk(s / p, mb, x, s == 0 ? nullptr : act.data(),
+                      s == stages - 1 ? nullptr : next.data());
+      std::swap(act, next);
+    }
+  }
+  double loss = 0;
+  for (int mb = 0; mb < m; ++mb) {
+    const int32_t* y = tg.data() + size_t(mb) * B * T;
+    for (int s = stages - 1; s >= 0; --s) {
+      GptT<double>& g = *parts[size_t(s % p)]->model;
+      loss += g.backward_chunk(s / p, mb, y, s == stages - 1 ? nullptr : grad.data(),
+                               s == 0 ? nullptr : next.data(), 1.0f / float(m));
+      std::swap(grad, next);
+    }
+  }
+  return loss / m;
+}
+
+void expect_parts_match_whole(const std::vector<int>& split, int p) {
+  const int B = 2, T = 5, m = 3;
+  const auto in = tokens(B * T * m, 5), tg = tokens(B * T * m, 6);
+  testing::TestModel<double> whole(config(), B, T);
+  whole.store.init(11);
+  whole.store.grads().zero();
+  double want = 0;
+  for (int mb = 0; mb < m; ++mb) {
+    want += whole.model.forward_backward(in.data() + mb * B * T, tg.data() + mb * B * T,
+                                         1.0f / float(m));
+  }
+  want /= m;
+
+  auto parts = make_parts(split, p, m, B, T);
+  const double got = run_parts(parts, int(split.size()), m, B, T, in, tg);
+  EXPECT_NEAR(got, want, 1e-12 * want);
+
+  // Every tensor is held by exactly one part, except wte: on the first part and, as the head's
+  // copy, on the last; its gradient is the sum of the two.
+  std::map<std::string, int> seen;
+  for (const auto& part : parts) {
+    for (TensorId id = 0; id < TensorId(part->store.tensors().size()); ++id) {
+      const std::string& name = part->store.tensor(id).spec.name;
+      ++seen[name];
+      const TensorId w = whole.store.find(name);
+      ASSERT_GE(w, 0) << name;
+      const int64_t count = part->store.tensor(id).numel();
+      std::vector<double> g(part->store.grad(id), part->store.grad(id) + count);
+      if (name == "transformer.wte.weight" && p > 1) {
+        Part& other = *parts[size_t(&part == &parts[0] ? (int(split.size()) - 1) % p : 0)];
+        const double* o = other.store.grad(other.store.find(name));
+        for (int64_t i = 0; i < count; ++i) g[size_t(i)] += o[i];
+      }
+      double diff = 0, ref = 1e-30;
+      for (int64_t i = 0; i < count; ++i) {
+        EXPECT_EQ(part->store.param(id)[i], whole.store.param(w)[i]) << name << " init " << i;
+        diff += std::pow(g[size_t(i)] - whole.store.grad(w)[i], 2);
+        ref += std::pow(whole.store.grad(w)[i], 2);
+      }
+      EXPECT_LT(std::sqrt(diff / ref), 1e-12) << name;
+    }
+  }
+  EXPECT_EQ(seen.size(), whole.store.tensors().size());
+  for (const auto& [name, count] : seen)
+    EXPECT_EQ(count, name == "transformer.wte.weight" && p > 1 ? 2 : 1) << name;
+  EXPECT_EQ(parts.back()->model->tied_wte_copy() >= 0, p > 1);
+}
+
+TEST(GptStage, EvenSplitOverTwoPartsEqualsTheWholeModel) { expect_parts_match_whole({2, 2}, 2); }
+
+TEST(GptStage, UnevenSplitOverFourPartsEqualsTheWholeModel) {
+  expect_parts_match_whole({1, 1, 1, 1}, 4);
+  expect_parts_match_whole({1, 3}, 2);
+}
+
+TEST(GptStage, InterleavedChunksEqualTheWholeModel) { expect_parts_match_whole({1, 1, 1, 1}, 2); }
+
+TEST(GptStage, OnePartHoldingEveryChunkEqualsTheWholeModel) { expect_parts_match_whole({2, 2}, 1); }
+
+TEST(GptStage, SlotsAreChargedToTheLedgerAndRefuseOneTooMany) {
+  const int B = 2, T = 5;
+  auto one = make_parts({2, 2}, 2, 1, B, T);
+  auto three = make_parts({2, 2}, 2, 3, B, T);
+  // Activations of the first part: 3 layers' boundaries (B,T,C) and 2 blocks' saved tensors per
+  // slot; no head.
+  const size_t per_slot = three[0]->ledger.peak(MemCategory::activations) -
+                          one[0]->ledger.peak(MemCategory::activations);
+  const size_t BTC = size_t(B) * T * 16;
+  EXPECT_EQ(per_slot,
+            2 * sizeof(double) * (3 * BTC + 2 * BlockActs<double>::elements(config(), B, T, true)));
+  const auto in = tokens(B * T, 1);
+  std::vector<double> out(BTC);
+  GptT<double>& g = *one[0]->model;
+  g.forward_chunk(0, 0, in.data(), nullptr, out.data());
+  EXPECT_THROW(g.forward_chunk(0, 1, in.data(), nullptr, out.data()), Error);
+  EXPECT_THROW(g.forward_backward(in.data(), in.data(), 1.0f), Error);  // a part, not the whole
+}
+
+}  // namespace
+}  // namespace tetra
