@@ -319,10 +319,10 @@ std::vector<Source> sources(ParamStore& store, const float* m, const float* v, b
   return out;
 }
 
-void load(const Manifest& manifest, ParamStore& store, float* m, float* v) {
+void load(const Manifest& manifest, ParamStore& store, float* m, float* v, bool stage) {
   const std::string where = manifest.dir.string();
   for (const auto& [name, rec] : manifest.tensors) {
-    TETRA_CHECK(store.find(name) >= 0,
+    TETRA_CHECK(stage || store.find(name) >= 0,
                 "[ckpt] {} holds '{}', which this model does not have: it was saved from another "
                 "model ({})",
                 where, name, manifest.model);

@@ -92,8 +92,9 @@ std::vector<Source> sources(ParamStore& store, const float* m, const float* v, b
 
 /** Fills what this rank holds of parameters (store.held) and moments (store.owned, into m and v)
  * from checkpoint `m`, reading only the chunks that overlap it; each chunk read is checked
- * against its checksum. Throws tetra::Error naming the checkpoint, file and tensor. */
-void load(const Manifest& manifest, ParamStore& store, float* m, float* v);
+ * against its checksum. Throws tetra::Error naming the checkpoint, file and tensor. `stage`: the
+ * store holds one pipeline stage's tensors, so the checkpoint's others are not refused. */
+void load(const Manifest& manifest, ParamStore& store, float* m, float* v, bool stage = false);
 
 /** Assembles the whole global tensor `name` of kind `kind` (all chunks). */
 std::vector<float> read_global(const Manifest& manifest, const std::string& name,

@@ -183,6 +183,16 @@ Split balance_split(int layers, int stages, double embedding_cost, double head_c
   return split;
 }
 
+std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank) {
+  std::vector<int> now(size_t(s.v), 0), peak(size_t(s.v), 0);
+  for (const Instr& in : s.ranks[size_t(rank)]) {
+    int& n = now[size_t(in.chunk)];
+    if (in.op == Op::forward) peak[size_t(in.chunk)] = std::max(peak[size_t(in.chunk)], ++n);
+    if (in.op == Op::backward) --n;
+  }
+  return peak;
+}
+
 Split parse_split(const std::string& text, int layers, int stages, double embedding_cost,
                   double head_cost, const std::string& key) {
   TETRA_CHECK(stages >= 1 && layers >= stages,

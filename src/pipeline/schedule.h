@@ -54,6 +54,10 @@ struct Schedule {
  * multiple of p. */
 Schedule make_schedule(Kind kind, int p, int m, int v = 1);
 
+/** The most micro-batches whose activations each of `rank`'s chunks holds at once (forwarded, not
+ * yet backward): how many a stage model must keep for the program (GPipe m, 1F1B p - rank). */
+std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank);
+
 /** A stage split: layers per pipeline stage (p*v entries, virtual stage order). */
 using Split = std::vector<int>;
 

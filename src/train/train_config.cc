@@ -128,6 +128,10 @@ const std::vector<TrainKey>& train_keys() {
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
        into<&O::progress>()},
+      {{"run.trace", ValueKind::Bool, "false",
+        "write every step's pipeline timeline (forward, backward, transfers, waits, reduction, "
+        "update) per rank to run.dir/trace-rank-N.json, for ui.perfetto.dev"},
+       into<&O::trace>()},
       {{"run.profile", ValueKind::Bool, "false",
         "time every kernel per step (matmuls by role and shape with GFLOP/s); prints a table at "
         "the end and writes profile.json to run.dir"},
@@ -244,6 +248,17 @@ const std::vector<TrainKey>& train_keys() {
         "gradients, the update and every other collective stay f32",
         "fp32 | bf16"},
        [](O& o, const ConfigValue& v) { o.zero.reduce_bf16 = std::get<std::string>(v) == "bf16"; }},
+      {{"pp.schedule", ValueKind::String, "\"1f1b\"",
+        "pipeline schedule over parallel.pp ranks (train.grad_accum micro-batches per step)",
+        "gpipe | 1f1b | interleaved"},
+       into<&O::pp_schedule>()},
+      {{"pp.chunks", ValueKind::Int, "1",
+        "model chunks per pipeline rank (interleaved: 2 or more; otherwise 1)", "[1, 1024]"},
+       into<&O::pp_chunks>()},
+      {{"pp.layers", ValueKind::String, "\"\"",
+        "layers per pipeline stage: \"\" (even), parallel.pp x pp.chunks counts such as "
+        "\"5,6,6,5\", or auto (balanced, the embedding and the head counted)"},
+       into<&O::pp_layers>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
         "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},
@@ -297,6 +312,23 @@ TrainOptions TrainOptions::from(const Config& c) {
               "ckpt.dir or give ckpt.resume a checkpoint directory");
   o.comm = comm::CommOptions::from_config(c);
   o.mesh = parallel::MeshShape::from_config(c);
+  o.pp_kind = pipeline::parse_kind(o.pp_schedule);
+  try {
+    // The schedule's and the split's refusals, before anything is allocated.
+    pipeline::make_schedule(o.pp_kind, o.mesh.pp, o.grad_accum, o.pp_chunks);
+    // auto balances by parameters: a block's, the embedding's (wte and wpe) and the head's (the
+    // tied wte product) in layers.
+    const GptConfig& m = o.model;
+    const double C = m.d_model, block = 12 * C * C + 13 * C;
+    o.pp_split = pipeline::parse_split(o.pp_layers, m.n_layer, o.mesh.pp * o.pp_chunks,
+                                       (m.vocab_size + m.max_seq) * C / block,
+                                       m.vocab_size * C / block, "pp.layers");
+  } catch (const Error& e) {
+    fail(
+        "[config] parallel.pp={} pp.schedule={} pp.chunks={} train.grad_accum={} (micro-batches) "
+        "model.n_layer={}: {}",
+        o.mesh.pp, o.pp_schedule, o.pp_chunks, o.grad_accum, o.model.n_layer, e.what());
+  }
   TETRA_CHECK(!o.train_data.empty(),
               "[config] data.train is not set; point it at a token shard (tetra data prepare "
               "makes them)");

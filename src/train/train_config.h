@@ -11,6 +11,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "pipeline/schedule.h"
 
 namespace tetra {
 
@@ -63,6 +64,12 @@ struct TrainOptions {
   parallel::ZeroOptions zero;  // stage, resharding, prefetch, stage-0 buckets, overlap
   comm::CommOptions comm;
   parallel::MeshShape mesh;
+  // Pipeline parallelism over mesh.pp ranks (docs/pipeline.md); train.grad_accum micro-batches.
+  std::string pp_schedule = "1f1b", pp_layers;
+  pipeline::Kind pp_kind = pipeline::Kind::one_f_one_b;
+  int pp_chunks = 1;         // v: model chunks per pipeline rank
+  pipeline::Split pp_split;  // layers per virtual stage (mesh.pp * pp_chunks)
+  bool trace = false;        // run.trace: a Chrome trace of every step per rank
 
   /** Reads and validates every option; errors say which key to change. */
   static TrainOptions from(const Config& c);

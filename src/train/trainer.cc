@@ -20,9 +20,12 @@
 #include "core/profile.h"
 #include "core/timer.h"
 #include "data/tokenizer.h"
+#include "kernels/cpu/adamw.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
 #include "model/gpt_io.h"
+#include "pipeline/simulate.h"
+#include "pipeline/trace.h"
 #include "plan/checkpoint_math.h"
 #include "plan/run_memory.h"
 
@@ -140,6 +143,40 @@ class Trainer::DebugHooks final : public UnitHooks {
   bool nan_ = false, fail_ = false;
 };
 
+// The part of the model this rank holds, as the pipeline executor drives it over one step's
+// batch: micro-batch mb is rows [mb·B, (mb+1)·B) of it. The loss is the mean over micro-batches
+// of the head's losses (0 on stages without the head).
+class Trainer::Stage final : public parallel::StageModel {
+ public:
+  Stage(Gpt& model, parallel::DataParallel& zero, int micro_batches)
+      : model_(model), zero_(zero), m_(micro_batches) {}
+  void begin(const Batch& batch) {
+    batch_ = &batch;
+    loss_ = 0.0;
+  }
+  double loss() const { return loss_ / m_; }
+
+  size_t boundary_size() const override { return model_.boundary_size(); }
+  void forward(int mb, int chunk, const float* input, float* output) override {
+    // Stages 0 and 1 reduce during the last micro-batch's backward (one pipeline rank).
+    if (chunk == 0) zero_.begin_micro_batch(mb + 1 == m_);
+    model_.forward_chunk(chunk, mb, batch_->inputs.data() + row(mb), input, output);
+  }
+  void backward(int mb, int chunk, const float* grad_output, float* grad_input) override {
+    loss_ += model_.backward_chunk(chunk, mb, batch_->targets.data() + row(mb), grad_output,
+                                   grad_input, 1.0f / float(m_));
+  }
+
+ private:
+  size_t row(int mb) const { return size_t(mb) * size_t(model_.batch()) * size_t(model_.seq()); }
+
+  Gpt& model_;
+  parallel::DataParallel& zero_;
+  int m_;
+  const Batch* batch_ = nullptr;
+  double loss_ = 0.0;
+};
+
 Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
                  const comm::Communicator& world)
     : opt_(options), world_(world), config_toml_(config_toml) {
@@ -157,27 +194,40 @@ TrainResult Trainer::run() {
 void Trainer::setup(const std::string& config_toml) {
   const parallel::MeshShape& shape = opt_.mesh;
   if (world_.valid()) {
-    TETRA_CHECK(shape.pp == 1 && shape.ep == 1,
-                "[train] this trainer runs data and tensor parallelism: set parallel.pp and "
-                "parallel.ep to 1 (got {}, {})",
-                shape.pp, shape.ep);
+    TETRA_CHECK(shape.ep == 1,
+                "[train] this trainer runs data, tensor and pipeline parallelism: set parallel.ep "
+                "to 1 (got {})",
+                shape.ep);
     mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
     rank_ = world_.rank();
     world_size_ = world_.size();
     dp_ = mesh_->dp();
     dp_size_ = dp_.size();
     dp_rank_ = dp_.rank();
+    pp_ = mesh_->pp();
+    pp_size_ = pp_.size();
+    pp_rank_ = pp_.rank();
     log_state().rank = rank_;
     tp_ = std::make_unique<parallel::TensorParallel>(mesh_->tp(), false);
+    if (pp_size_ > 1) {
+      // Collective over the world: every rank names a group; only the pipeline's ends use theirs.
+      const bool end = pp_rank_ == 0 || pp_rank_ == pp_size_ - 1;
+      const parallel::MeshCoord& c = mesh_->coord();
+      comm::Communicator group =
+          world_.split(end ? c.dp * shape.tp + c.tp : world_size_ + rank_, pp_rank_, "embedding");
+      if (end) embed_ = group;
+    }
     std::vector<std::string> hosts;
     for (int r = 0; r < world_size_; ++r) hosts.push_back(world_.host(r));
     const std::string warning = parallel::tp_placement_warning(mesh_->layout(), hosts);
     if (!warning.empty() && is_root()) log_warn("{}", warning);
   } else {
-    TETRA_CHECK(shape.tp == 1,
-                "[train] parallel.tp={} needs {} ranks but this is a single process; run it as "
-                "`tetra launch -n {} -- train ...` (or under mpirun), or set parallel.tp=1",
-                shape.tp, shape.tp, shape.tp);
+    for (const auto& [key, n] : {std::pair{"parallel.tp", shape.tp}, {"parallel.pp", shape.pp}}) {
+      TETRA_CHECK(n == 1,
+                  "[train] {}={} needs {} ranks but this is a single process; run it as "
+                  "`tetra launch -n {} -- train ...` (or under mpirun), or set {}=1",
+                  key, n, n, n, key);
+    }
     tp_ = std::make_unique<parallel::TensorParallel>();
   }
   threads_ = opt_.threads > 0 ? opt_.threads : default_threads();
@@ -185,6 +235,25 @@ void Trainer::setup(const std::string& config_toml) {
   recompute_ = parse_recompute(opt_.recompute, "train.recompute");
   TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
+  if (pp_size_ > 1) {
+    // What a pipeline stage does not run yet, refused before anything is computed.
+    TETRA_CHECK(opt_.zero.stage <= 1,
+                "[train] parallel.pp={} runs with zero.stage 0 or 1 (got {}): stages 2 and 3 "
+                "reduce or gather per micro-batch, which the pipeline's interleaved micro-batches "
+                "do not support yet; set zero.stage=1 (sharded optimizer state)",
+                pp_size_, opt_.zero.stage);
+    const std::pair<const char*, const std::string*> whole_model_only[] = {
+        {"data.val", &opt_.val_data},
+        {"init.from", &opt_.init_from},
+        {"debug.dump_grads", &opt_.dump_grads},
+        {"debug.dump_logits", &opt_.dump_logits}};
+    for (const auto& [key, value] : whole_model_only) {
+      TETRA_CHECK(value->empty(),
+                  "[train] {}={} needs the whole model on one rank, but parallel.pp={} splits it "
+                  "over the pipeline; leave {} unset (or run with parallel.pp=1)",
+                  key, *value, pp_size_, key);
+    }
+  }
 
   // Every input and output is checked before anything is computed or written.
   if (is_root()) {
@@ -231,8 +300,23 @@ void Trainer::setup(const std::string& config_toml) {
         global_batch, dp_size_, opt_.grad_accum, opt_.micro_batch, train_->num_samples(),
         opt_.seq_len);
   }
+  // This rank's pipeline program; its chunk c is virtual stage c·pp + pp_rank, holding the layers
+  // pp.layers gives it and activations for as many micro-batches as the program keeps in flight.
+  pipeline::Schedule schedule =
+      pipeline::make_schedule(opt_.pp_kind, pp_size_, opt_.grad_accum, opt_.pp_chunks);
+  GptPart part;
+  const std::vector<int> slots = pipeline::peak_inflight_per_chunk(schedule, pp_rank_);
+  for (int c = 0; c < schedule.v; ++c) {
+    const int stage = schedule.stage(pp_rank_, c);
+    int first = 0;
+    for (int k = 0; k < stage; ++k) first += opt_.pp_split[size_t(k)];
+    part.chunks.push_back({first, first + opt_.pp_split[size_t(stage)], slots[size_t(c)]});
+  }
+  part.embedding = pp_rank_ == 0;
+  part.head = pp_rank_ == pp_size_ - 1;
+  executor_ = std::make_unique<parallel::PipelineExecutor>(std::move(schedule), pp_);
   model_ = std::make_unique<Gpt>(opt_.model, store_, opt_.micro_batch, opt_.seq_len, recompute_,
-                                 &ledger_, tp_.get());
+                                 &ledger_, tp_.get(), std::move(part));
   store_.finalize(parallel::DataParallel::sharding_for(opt_.zero.stage, dp_size_, dp_rank_),
                   &ledger_);
   if (opt_.zero.stage > 0 && dp_size_ == 1) {
@@ -241,9 +325,16 @@ void Trainer::setup(const std::string& config_toml) {
         "parameter, gradient and optimizer state (the stage's code paths still run)",
         opt_.zero.stage);
   }
-  zero_ = std::make_unique<parallel::DataParallel>(dp_, store_, opt_.zero, &ledger_);
+  parallel::ZeroOptions zero = opt_.zero;
+  // Reductions overlap backward only when the last micro-batch's backward is the rank's last
+  // compute (1F1B on one pipeline rank). Otherwise they start after the last backward (the
+  // program's reduce_grads), on a pipeline once the tied wte's gradient has been summed over the
+  // embedding group.
+  if (pp_size_ > 1 || opt_.pp_kind == pipeline::Kind::gpipe) zero.overlap = false;
+  zero_ = std::make_unique<parallel::DataParallel>(dp_, store_, zero, &ledger_);
   debug_hooks_ = std::make_unique<DebugHooks>(*zero_, store_);
   model_->set_hooks(debug_hooks_.get());
+  stage_ = std::make_unique<Stage>(*model_, *zero_, opt_.grad_accum);
   if (!opt_.init_from.empty()) {
     load_safetensors_into(store_, model_weights_path(opt_.init_from, "init"),
                           opt_.model.describe());
@@ -336,7 +427,7 @@ std::optional<SamplerState> Trainer::resume() {
       sampler = SamplerState::from_json(trainer.at("sampler"));
       // Refuses other data before anything is loaded.
       Sampler(train_->num_samples(), opt_.shuffle, opt_.seed, 1, 0, 1).restore(sampler);
-      ckpt::load(m, store_, adamw_->m().data(), adamw_->v().data());
+      ckpt::load(m, store_, adamw_->m().data(), adamw_->v().data(), pp_size_ > 1);
     } catch (const Error& e) {
       error = e.what();
     } catch (const nlohmann::json::exception& e) {
@@ -378,8 +469,13 @@ std::vector<ckpt::Source> Trainer::checkpoint_sources() {
   // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
   const bool dp_replica = !store_.sharding().state && dp_rank_ != 0;
   // Tensor-parallel ranks other than the first hold copies of the tensors that are not sliced.
-  return ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica,
-                       tp_->rank() != 0);
+  std::vector<ckpt::Source> out =
+      ckpt::sources(store_, adamw_->m().data(), adamw_->v().data(), dp_replica, tp_->rank() != 0);
+  // The head's copy of the tied wte equals the first stage's wte, which is written.
+  if (const TensorId copy = model_->tied_wte_copy(); copy >= 0) {
+    std::erase_if(out, [&](const ckpt::Source& s) { return s.tensor == &store_.tensor(copy); });
+  }
+  return out;
 }
 
 double Trainer::save_checkpoint(int64_t step, double median_step_s) {
@@ -394,7 +490,7 @@ double Trainer::save_checkpoint(int64_t step, double median_step_s) {
                                   {{"world", mesh_ ? world_.size() : 1},
                                    {"dp", dp_size_},
                                    {"tp", tp_->size()},
-                                   {"pp", 1},
+                                   {"pp", pp_size_},
                                    {"ep", 1},
                                    {"zero", opt_.zero.stage}}},
                                  {"config", config_toml_},
@@ -573,6 +669,18 @@ void Trainer::print_header() const {
                                          opt_.zero.reshard_after_forward, opt_.zero.prefetch)
                            : "",
       opt_.zero.reduce_bf16 ? "bf16" : "fp32", recompute_name(recompute_));
+  if (pp_size_ > 1) {
+    const GptPart& part = model_->part();
+    std::string layers;
+    for (const GptPart::Chunk& c : part.chunks)
+      layers += fmt::format("{}{}-{}", layers.empty() ? "" : ", ", c.first, c.end - 1);
+    log_info(
+        "[train] pipeline: {} stages x {} chunk(s), {} over {} micro-batches, layers per stage "
+        "{}; this stage (rank {} of the pipeline) holds layers {}{}{}",
+        pp_size_, opt_.pp_chunks, pipeline::to_string(opt_.pp_kind), opt_.grad_accum,
+        fmt::join(opt_.pp_split, ","), pp_rank_, layers, part.embedding ? ", the embedding" : "",
+        part.head ? ", ln_f and the head (with a copy of the tied wte)" : "");
+  }
   log_info("{}", memory_table("before step 1"));
   log_info(
       "[train] threads: {}; fp32 matmul peak {:.1f} GFLOP/s ({}, the MFU denominator); "
@@ -593,7 +701,8 @@ void Trainer::write_profile(const Profile& profile) const {
 void Trainer::save_final() {
   std::vector<float> params = zero_->full_params();  // collective under ZeRO-3
   // Collective over the tp group: its slices are assembled into the global tensors.
-  const SafeTensorsFile file = store_to_safetensors(store_, params.data(), true, tp_.get());
+  SafeTensorsFile file = store_to_safetensors(store_, params.data(), true, tp_.get());
+  if (pp_size_ > 1 && dp_rank_ == 0 && tp_->rank() == 0) gather_stages(file);
   if (!is_root()) return;
   if (is_model_dir_target(opt_.save_final)) {
     const auto tok = load_tokenizer(train_->tokenizer_path());
@@ -606,6 +715,95 @@ void Trainer::save_final() {
   }
   write_safetensors(opt_.save_final, file);
   log_info("[train] saved weights to {}", opt_.save_final);
+}
+
+void Trainer::gather_stages(SafeTensorsFile& file) {
+  constexpr int kTag = 3;  // apart from the executor's activation and gradient tags
+  auto bytes = [](auto* p, size_t n) { return std::span(reinterpret_cast<std::byte*>(p), n); };
+  if (pp_rank_ > 0) {
+    // A header naming each tensor with its shape and size, then their values back to back. The
+    // last stage's wte is the head's copy of the first stage's.
+    nlohmann::json header = nlohmann::json::array();
+    std::vector<uint8_t> values;
+    for (const auto& [name, t] : file.tensors) {
+      if (name == "transformer.wte.weight") continue;
+      header.push_back({name, t.shape, t.bytes.size()});
+      values.insert(values.end(), t.bytes.begin(), t.bytes.end());
+    }
+    std::string text = header.dump();
+    int64_t sizes[2] = {int64_t(text.size()), int64_t(values.size())};
+    pp_.send(std::span<const std::byte>(bytes(sizes, sizeof sizes)), 0, kTag).wait();
+    pp_.send(std::span<const std::byte>(bytes(text.data(), text.size())), 0, kTag).wait();
+    pp_.send(std::span<const std::byte>(bytes(values.data(), values.size())), 0, kTag).wait();
+    return;
+  }
+  for (int src = 1; src < pp_size_; ++src) {
+    int64_t sizes[2] = {0, 0};
+    pp_.recv(bytes(sizes, sizeof sizes), src, kTag).wait();
+    std::string text(static_cast<size_t>(sizes[0]), '\0');
+    std::vector<uint8_t> values(static_cast<size_t>(sizes[1]));
+    pp_.recv(bytes(text.data(), text.size()), src, kTag).wait();
+    pp_.recv(bytes(values.data(), values.size()), src, kTag).wait();
+    size_t at = 0;
+    for (const nlohmann::json& t : nlohmann::json::parse(text)) {
+      SafeTensor& out = file.tensors[t[0].get<std::string>()];
+      out.shape = t[1].get<Shape>();
+      const size_t n = t[2].get<size_t>();
+      out.bytes.assign(values.begin() + ptrdiff_t(at), values.begin() + ptrdiff_t(at + n));
+      at += n;
+    }
+  }
+}
+
+void Trainer::reduce_tied_grad() {
+  // The embedding's wte on the first stage and the head's copy on the last are one tensor (the
+  // same tp slice on both): each adds its micro-batches' gradient, and both update with the sum.
+  const ProfileScope scope(ProfKind::comm, "tied embedding all-reduce");
+  const TensorId wte = store_.find("transformer.wte.weight");
+  embed_.all_reduce(std::span<float>(store_.grad(wte), size_t(store_.tensor(wte).numel()))).wait();
+}
+
+void Trainer::note_pipeline(const parallel::PipelineStepStats& stats, double step_start_s,
+                            nlohmann::json& rec) {
+  const pipeline::Timeline& tl = stats.timeline;
+  if (opt_.trace) {
+    for (pipeline::Span span : tl.spans) {
+      span.start += step_start_s;
+      span.end += step_start_s;
+      trace_.push_back(std::move(span));
+    }
+  }
+  rec["pp_p2p_ms"] = 1e3 * stats.p2p_wait_s;
+  if (pp_size_ == 1) return;
+  // Every pipeline rank's busy time, last backward and mean forward and backward per chunk: the
+  // measured bubble (the simulator's definition: idle share of [0, the last backward)) and the
+  // simulated one of the same program at these costs.
+  const pipeline::Schedule& sched = executor_->schedule();
+  const size_t v = size_t(sched.v), n = 2 + 2 * v;
+  std::vector<float> mine(n, 0.0f), all(n * size_t(pp_size_));
+  mine[0] = float(tl.busy[size_t(pp_rank_)]);
+  mine[1] = float(tl.last_backward[size_t(pp_rank_)]);
+  for (const pipeline::Span& span : tl.spans) {
+    const bool fwd = span.name == "forward";
+    if (fwd || span.name == "backward") {
+      mine[2 + (fwd ? 0 : v) + size_t(span.chunk)] += float((span.end - span.start) / sched.m);
+    }
+  }
+  pp_.all_gather(std::span<const float>(mine), std::span<float>(all)).wait();
+  pipeline::Costs costs = pipeline::Costs::uniform(sched.p * sched.v, 0.0, 0.0);
+  double flush = 0.0, busy = 0.0;
+  for (int r = 0; r < sched.p; ++r) {
+    const float* a = all.data() + size_t(r) * n;
+    busy += a[0];
+    flush = std::max(flush, double(a[1]));
+    for (int c = 0; c < sched.v; ++c) {
+      costs.forward[size_t(sched.stage(r, c))] = a[2 + c];
+      costs.backward[size_t(sched.stage(r, c))] = a[2 + v + size_t(c)];
+    }
+  }
+  rec["pp_bubble"] = flush > 0 ? 1.0 - busy / sched.p / flush : 0.0;
+  rec["pp_bubble_sim"] = pipeline::simulate(sched, costs).bubble();
+  rec["pp_bubble_formula"] = double(sched.p - 1) / double(sched.v * sched.m + sched.p - 1);
 }
 
 TrainResult Trainer::train() {
@@ -668,71 +866,79 @@ TrainResult Trainer::train() {
     tp_->reset_counters();
     debug_hooks_->arm(step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank,
                       step == opt_.fail_step && rank_ == opt_.fail_rank);
-    double loss = 0.0;
-    for (int m = 0; m < opt_.grad_accum; ++m) {
-      const size_t row = size_t(m) * opt_.micro_batch * opt_.seq_len;  // micro-batch m of (B,T)
-      zero_->begin_micro_batch(m + 1 == opt_.grad_accum);
-      loss += model_->forward_backward(batch.inputs.data() + row, batch.targets.data() + row,
-                                       1.0f / float(opt_.grad_accum));
-    }
-    loss /= opt_.grad_accum;
-    zero_->finish_gradients();
-
-    // The step's scalars over every rank (the dp × tp mesh), summed: the loss (the same on every
-    // rank of a tp group), the squared gradient norm and a count of ranks that saw a non-finite
-    // value, so that every rank takes the same decision. Each gradient element counts once: under
-    // stage 0 every dp rank holds every reduced gradient, so one contributes; tensors whole on
-    // every tp rank (LayerNorms, row-parallel biases, wpe) are counted on tp rank 0 only.
-    const double local_sq = zero_->local_grad_sum_squares(tp_->rank() == 0);
-    double norm_sq = local_sq;
-    bool nonfinite = !std::isfinite(local_sq) || !std::isfinite(loss);
-    if (world_size_ > 1) {
-      const ProfileScope scope(ProfKind::comm, "step scalars all-reduce");
-      const bool counts = opt_.zero.stage > 0 || dp_rank_ == 0;
-      float scalars[3] = {float(loss),
-                          counts ? float(std::min(local_sq, double(FLT_MAX) / world_size_)) : 0.0f,
-                          nonfinite ? 1.0f : 0.0f};
-      mesh_->world().all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
-      loss = scalars[0] / world_size_;
-      norm_sq = scalars[1];
-      nonfinite = scalars[2] != 0.0f || !std::isfinite(scalars[0]) || !std::isfinite(scalars[1]);
-    }
-    const double norm = std::sqrt(norm_sq);
-    if (s == 0 && !opt_.dump_grads.empty()) {
-      const SafeTensorsFile grads =
-          store_to_safetensors(store_, store_.grads().data(), false, tp_.get());
-      if (is_root()) write_safetensors(opt_.dump_grads, grads);
-    }
+    stage_->begin(batch);
+    double loss = 0.0, norm = 0.0;
     const double lr = opt_.schedule.at(s);
-    const bool skip = nonfinite || step == opt_.skip_step;
-    if (skip) {
-      ++result.skipped;
-      ++consecutive_skips_;
-      std::string what = fmt::format("loss {}, gradient norm {}", loss, norm);
-      if (nonfinite) {
-        const TensorId bad = zero_->first_nonfinite_grad();  // collective: every rank is here
-        if (bad >= 0)
-          what += fmt::format("; first non-finite gradient: {}", store_.tensor(bad).spec.name);
-      } else {
-        what += " (debug.skip_step)";
+    auto reduce_grads = [&] {
+      if (embed_.valid()) reduce_tied_grad();
+      zero_->finish_gradients();
+    };
+    auto optimizer_step = [&] {
+      loss = stage_->loss();
+      // The step's scalars over every rank (the dp × tp × pp mesh), summed: the loss (the same on
+      // every rank of a tp group, 0 off the last pipeline stage), the squared gradient norm and a
+      // count of ranks that saw a non-finite value, so that every rank takes the same decision.
+      // Each gradient element counts once: under stage 0 every dp rank holds every reduced
+      // gradient, so one contributes; tensors whole on every tp rank (LayerNorms, row-parallel
+      // biases, wpe) are counted on tp rank 0 only; the head's copy of wte is not counted.
+      double local_sq = zero_->local_grad_sum_squares(tp_->rank() == 0);
+      if (const TensorId copy = model_->tied_wte_copy(); copy >= 0) {
+        for (const OwnedSegment& o : store_.owned()) {
+          if (o.tensor != copy) continue;
+          local_sq -= cpu::sum_squares(store_.grads().data() + o.grad_pos, int64_t(o.count));
+        }
       }
-      TETRA_CHECK(opt_.on_nonfinite == "skip" || !nonfinite,
-                  "[train] step {}: {}; stopping before the update (train.on_nonfinite=stop), so "
-                  "the weights stay those of step {}. Lower optim.lr or check the data.",
-                  step, what, s);
-      TETRA_CHECK(consecutive_skips_ < opt_.max_skipped,
-                  "[train] step {}: {}; that is {} skipped updates in a row "
-                  "(train.max_skipped={}): stopping. The weights stay those of step {}; lower "
-                  "optim.lr or check the data and --init.from.",
-                  step, what, consecutive_skips_, opt_.max_skipped, step - consecutive_skips_);
-      log_warn("[train] step {}: {}; update skipped ({} in a row, train.max_skipped={})", step,
-               what, consecutive_skips_, opt_.max_skipped);
-    } else {
-      consecutive_skips_ = 0;
-      adamw_->step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
-                   clip_scale(norm, opt_.grad_clip));
-      zero_->after_update();
-    }
+      double norm_sq = local_sq;
+      bool nonfinite = !std::isfinite(local_sq) || !std::isfinite(loss);
+      if (world_size_ > 1) {
+        const ProfileScope scope(ProfKind::comm, "step scalars all-reduce");
+        const bool counts = opt_.zero.stage > 0 || dp_rank_ == 0;
+        float scalars[3] = {
+            float(loss), counts ? float(std::min(local_sq, double(FLT_MAX) / world_size_)) : 0.0f,
+            nonfinite ? 1.0f : 0.0f};
+        mesh_->world().all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
+        loss = scalars[0] / (world_size_ / pp_size_);
+        norm_sq = scalars[1];
+        nonfinite = scalars[2] != 0.0f || !std::isfinite(scalars[0]) || !std::isfinite(scalars[1]);
+      }
+      norm = std::sqrt(std::max(norm_sq, 0.0));
+      if (s == 0 && !opt_.dump_grads.empty()) {
+        const SafeTensorsFile grads =
+            store_to_safetensors(store_, store_.grads().data(), false, tp_.get());
+        if (is_root()) write_safetensors(opt_.dump_grads, grads);
+      }
+      const bool skip = nonfinite || step == opt_.skip_step;
+      if (skip) {
+        ++result.skipped;
+        ++consecutive_skips_;
+        std::string what = fmt::format("loss {}, gradient norm {}", loss, norm);
+        if (nonfinite) {
+          const TensorId bad = zero_->first_nonfinite_grad();  // collective: every rank is here
+          if (bad >= 0)
+            what += fmt::format("; first non-finite gradient: {}", store_.tensor(bad).spec.name);
+        } else {
+          what += " (debug.skip_step)";
+        }
+        TETRA_CHECK(opt_.on_nonfinite == "skip" || !nonfinite,
+                    "[train] step {}: {}; stopping before the update (train.on_nonfinite=stop), "
+                    "so the weights stay those of step {}. Lower optim.lr or check the data.",
+                    step, what, s);
+        TETRA_CHECK(consecutive_skips_ < opt_.max_skipped,
+                    "[train] step {}: {}; that is {} skipped updates in a row "
+                    "(train.max_skipped={}): stopping. The weights stay those of step {}; lower "
+                    "optim.lr or check the data and --init.from.",
+                    step, what, consecutive_skips_, opt_.max_skipped, step - consecutive_skips_);
+        log_warn("[train] step {}: {}; update skipped ({} in a row, train.max_skipped={})", step,
+                 what, consecutive_skips_, opt_.max_skipped);
+      } else {
+        consecutive_skips_ = 0;
+        adamw_->step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
+                     clip_scale(norm, opt_.grad_clip));
+        zero_->after_update();
+      }
+    };
+    const double step_start_s = total.elapsed_s();
+    const parallel::PipelineStepStats pipe = executor_->run(*stage_, reduce_grads, optimizer_step);
 
     const double step_s = step_clock.elapsed_s();
     const parallel::StepComm& comm = zero_->step_comm();
@@ -785,6 +991,7 @@ TrainResult Trainer::train() {
       rec[fmt::format("mem_{}", mem_category_name(MemCategory(c)))] = ledger_.peak(MemCategory(c));
     }
     const Rss rss = read_rss();
+    note_pipeline(pipe, step_start_s, rec);
     rec["rss"] = rss.current;
     rec["rss_peak"] = rss.peak;
     const bool last = step == opt_.steps;
@@ -826,6 +1033,12 @@ TrainResult Trainer::train() {
   result.tokens_per_s = median(rates);
   if (metrics) metrics->close();
   if (profile) write_profile(*profile);
+  if (opt_.trace) {
+    const std::string path =
+        (fs::path(opt_.run_dir) / fmt::format("trace-rank-{}.json", rank_)).string();
+    pipeline::write_chrome_trace(path, trace_, fmt::format("tetra train, rank {}", rank_));
+    log_info("[train] wrote the pipeline trace to {} (open it in ui.perfetto.dev)", path);
+  }
   if (!opt_.save_final.empty()) save_final();
   std::string val =
       result.final_val_loss >= 0 ? fmt::format(", val loss {:.4f}", result.final_val_loss) : "";

@@ -1,5 +1,6 @@
-// The training loop: micro-batches with gradient accumulation, data parallelism with ZeRO, the
-// global gradient norm with its non-finite check, clipping, the LR schedule, AdamW, periodic
+// The training loop: a step is the pipeline executor running this rank's program over the part of
+// the model it holds (with one pipeline rank, gradient accumulation), data parallelism with ZeRO,
+// the global gradient norm with its non-finite check, clipping, the LR schedule, AdamW, periodic
 // validation, metrics (with the memory ledger) and the progress line.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/safetensors.h"
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "core/param_store.h"
@@ -18,6 +20,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_executor.h"
 #include "parallel/tensor_parallel.h"
 #include "plan/run_memory.h"
 #include "train/metrics.h"
@@ -45,6 +48,7 @@ class Trainer {
 
  private:
   class DebugHooks;
+  class Stage;
 
   void setup(const std::string& config_toml);
   void start_run_dir(const std::string& config_toml);  // sets a previous run aside
@@ -55,6 +59,14 @@ class Trainer {
   plan::RunShape run_shape() const;  // this run, for the planner's memory ledger
   std::string memory_table(const char* when) const;
   void save_final();
+  // Pipeline stages other than the first send their tensors to the first (rank 0's), which adds
+  // them to `file`; collective over the pipeline group of dp and tp rank 0.
+  void gather_stages(SafeTensorsFile& file);
+  // The wte gradient summed over the embedding group (the first and the last pipeline stage).
+  void reduce_tied_grad();
+  // The measured and simulated bubble of the step that made `stats` (rank 0's metrics).
+  void note_pipeline(const parallel::PipelineStepStats& stats, double step_start_s,
+                     nlohmann::json& rec);
   // Checkpoints (docs/checkpoints.md).
   // ckpt.resume: loads the newest checkpoint every rank can read and verify; returns its sampler
   // state (none when ckpt.resume=auto finds no checkpoint).
@@ -74,7 +86,9 @@ class Trainer {
   std::unique_ptr<parallel::Mesh> mesh_;          // absent for a single process
   comm::Communicator dp_;                         // invalid for a single process
   std::unique_ptr<parallel::TensorParallel> tp_;  // the mesh's tp group (one rank without a mesh)
-  int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0;
+  comm::Communicator pp_;                         // the pipeline group (invalid for one process)
+  comm::Communicator embed_;  // first and last pipeline stage of this dp x tp coordinate (pp > 1)
+  int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
   int threads_ = 1;
   double peak_gflops_ = 0.0;
   MemoryLedger ledger_;
@@ -86,6 +100,9 @@ class Trainer {
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<parallel::DataParallel> zero_;
   std::unique_ptr<DebugHooks> debug_hooks_;
+  std::unique_ptr<parallel::PipelineExecutor> executor_;
+  std::unique_ptr<Stage> stage_;
+  std::vector<pipeline::Span> trace_;  // run.trace: every step's spans, seconds from the run start
   std::unique_ptr<TokenDataset> train_, val_;
   std::unique_ptr<Prefetcher> prefetch_;  // training batches, assembled ahead of the step
   std::unique_ptr<ckpt::Writer> ckpt_;    // absent without ckpt.dir
