@@ -118,6 +118,22 @@ TEST(Schedule, OneFOneBHoldsAtMostPMicroBatchesGPipeHoldsM) {
   }
   // Same bubble, a quarter of the activations on the first stage.
   EXPECT_NEAR(g.bubble(), f.bubble(), 1e-12);
+  // The slots a stage model keeps per chunk are the same counts, and under interleaving no chunk
+  // holds more than the rank's peak nor fewer than one.
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(peak_inflight_per_chunk(make_schedule(Kind::gpipe, p, m), r), std::vector<int>{m});
+    EXPECT_EQ(peak_inflight_per_chunk(make_schedule(Kind::one_f_one_b, p, m), r),
+              std::vector<int>{p - r});
+    const Schedule s = make_schedule(Kind::interleaved, p, m, 2);
+    const Timeline t = simulate(s, Costs::uniform(p * 2, 1, 2));
+    const std::vector<int> slots = peak_inflight_per_chunk(s, r);
+    ASSERT_EQ(slots.size(), 2u);
+    for (int n : slots) {
+      EXPECT_GE(n, 1);
+      EXPECT_LE(n, t.peak_inflight[size_t(r)]);
+    }
+    EXPECT_GE(slots[0] + slots[1], t.peak_inflight[size_t(r)]);
+  }
 }
 
 TEST(Schedule, TransfersAndUnevenStagesShowInTheTimeline) {

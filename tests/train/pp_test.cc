@@ -91,8 +91,9 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
 }
 
 TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
-  auto refused = [&](const std::string& extra, const std::string& text) {
-    const testing::Ran r = testing::run_command(testing::tetra_command(1, args("refused", extra)));
+  auto refused = [&](const std::string& extra, const std::string& text, int ranks = 1) {
+    const testing::Ran r =
+        testing::run_command(testing::tetra_command(ranks, args("refused", extra)));
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find(text), std::string::npos) << "missing '" << text << "' in\n"
                                                       << r.output;
@@ -112,6 +113,11 @@ TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
   refused("--parallel.pp=2",
           "[train] parallel.pp=2 needs 2 ranks but this is a single process; run it as `tetra "
           "launch -n 2 -- train ...`");
+  refused("--parallel.pp=2 --data.val=" + path("train.bin"),
+          "[train] data.val=" + path("train.bin") +
+              " needs the whole model on one rank, but parallel.pp=2 splits it over the pipeline; "
+              "leave data.val unset (or run with parallel.pp=1)",
+          2);
 }
 
 }  // namespace
