@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "ckpt/checkpoint.h"
 #include "tests/train/layout_run.h"
 #include "tests/train/run_tetra.h"
 
@@ -28,7 +29,7 @@ class PipelineParallel : public testing::RunDirTest {
  protected:
   // 8 layers of a 4-head C=32 model; a step is 8 sequences of 16 tokens: 4 micro-batches of 2 on
   // one data-parallel rank.
-  std::string args(const std::string& name, const std::string& extra) const {
+  std::string args(const std::string& name, const std::string& extra, int steps = kSteps) const {
     const fs::path run = dir_ / name;
     return fmt::format(
         "train --model.vocab_size=64 --model.vocab_multiple=1 --model.n_layer=8 "
@@ -36,10 +37,12 @@ class PipelineParallel : public testing::RunDirTest {
         "--train.steps={} --optim.lr=1e-3 --optim.warmup_steps=2 --data.shuffle=true "
         "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --train.micro_batch=2 "
         "--train.grad_accum=4 --data.train={} --run.dir={} --save.final={} {}",
-        kSteps, path("train.bin"), run.string(), (run / "w.safetensors").string(), extra);
+        steps, path("train.bin"), run.string(), (run / "w.safetensors").string(), extra);
   }
-  LayoutRun train(int ranks, const std::string& name, const std::string& extra) const {
-    const testing::Ran ran = testing::run_command(testing::tetra_command(ranks, args(name, extra)));
+  LayoutRun train(int ranks, const std::string& name, const std::string& extra,
+                  int steps = kSteps) const {
+    const testing::Ran ran =
+        testing::run_command(testing::tetra_command(ranks, args(name, extra, steps)));
     return testing::read_layout_run(ran, dir_ / name, dir_ / name / "w.safetensors");
   }
 };
@@ -88,6 +91,42 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
     EXPECT_EQ(forward, 4 * kSteps) << "rank " << rank;
     EXPECT_EQ(backward, 4 * kSteps) << "rank " << rank;
   }
+}
+
+// A pipeline's checkpoint holds every tensor once (the head's copy of wte is not written) and
+// resumes on one rank; that rank's checkpoint resumes on another pipeline: both continue the
+// uninterrupted pipeline run (losses and final weights within 1e-5).
+TEST_F(PipelineParallel, CheckpointsResumeUnderAnotherPipelineLayout) {
+  const std::string common = "--optim.schedule=constant --ckpt.every=2 ";
+  const LayoutRun a =
+      train(2, "a", common + "--parallel.pp=2 --pp.layers=3,5 --ckpt.dir=" + path("a-ckpt"), 6);
+  ASSERT_EQ(a.code, 0) << a.output;
+  const ckpt::Manifest m = ckpt::Manifest::read(dir_ / "a-ckpt" / ckpt::checkpoint_name(2));
+  EXPECT_EQ(m.layout["pp"], 2);
+  for (const auto& [name, rec] : m.tensors) {
+    int64_t written = 0;
+    for (const ckpt::Chunk& c : rec.chunks.at("param")) written += c.count;
+    EXPECT_EQ(written, shape_numel(rec.shape)) << name;
+  }
+  const LayoutRun b = train(1, "b",
+                            common + "--ckpt.dir=" + path("b-ckpt") +
+                                " --ckpt.resume=" + path("a-ckpt/" + ckpt::checkpoint_name(2)),
+                            4);
+  ASSERT_EQ(b.code, 0) << b.output;
+  const LayoutRun c =
+      train(4, "c",
+            common + "--parallel.pp=4 --pp.schedule=gpipe --ckpt.dir=" + path("c-ckpt") +
+                " --ckpt.resume=" + path("b-ckpt/" + ckpt::checkpoint_name(4)),
+            6);
+  ASSERT_EQ(c.code, 0) << c.output;
+  ASSERT_EQ(a.loss.size(), 6u);
+  ASSERT_EQ(b.loss.size(), 2u);  // steps 3 and 4
+  ASSERT_EQ(c.loss.size(), 2u);  // steps 5 and 6
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(b.loss[i], a.loss[2 + i], kTol * a.loss[2 + i]) << "step " << 3 + i;
+    EXPECT_NEAR(c.loss[i], a.loss[4 + i], kTol * a.loss[4 + i]) << "step " << 5 + i;
+  }
+  testing::expect_same_weights(a, c, kTol);
 }
 
 TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {

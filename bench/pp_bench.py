@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Pipeline parallelism on this machine, every figure measured in the same run:
+
+(a) pp = 2 (2 ranks x 1 thread, 1F1B) against pp = 1 (1 rank x 2 threads, the same micro-batches
+    accumulated) on the gpt2-124m shape with a short sequence, for m = 4, 8, 16 micro-batches:
+    median tokens/s and its ratio to pp = 1, the measured bubble (1 - mean busy / the last
+    backward, from the executor's spans), the simulated one at the measured stage costs, and the
+    time rank 0 was blocked on point-to-point transfers per step.
+(b) p x m x schedule on a model with uniform stages (its embedding and head are small against
+    its blocks): the formula (p-1)/(v*m+p-1), the simulated bubble (the simulator on the same
+    program at the measured costs) and the measured one.
+(c) peak activation bytes on the first stage, GPipe against 1F1B, from the memory ledger, and
+    the slots the program keeps (m for GPipe, p for 1F1B on the first stage) times the bytes of
+    one slot (GPipe at m = 1).
+
+    /usr/bin/python3 bench/pp_bench.py [--steps 5] [--warmup 2] [--json out.json] [--only a,b,c]
+"""
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+from benchutil import cpu_name, random_tokens, run_train, summarize, write_tokens
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+       "--mca", "btl", "self,vader"]
+GPT2 = dict(vocab_size=50257, n_layer=12, n_head=12, d_model=768, max_seq=64)
+UNIFORM = dict(vocab_size=512, n_layer=8, n_head=8, d_model=256, max_seq=64)
+
+
+def run(a, workdir, data, name, ranks, threads, model, B, T, flags):
+    run_dir = os.path.join(workdir, name)
+    cmd = ([] if ranks == 1 else MPI + ["-np", str(ranks)]) + [a.tetra, "train"] + [
+        f"--model.{k}={v}" for k, v in model.items()] + [
+        f"--train.micro_batch={B}", f"--train.seq_len={T}", f"--train.steps={a.steps}",
+        f"--run.threads={threads}", f"--data.train={data}", f"--run.dir={run_dir}",
+        "--run.progress=never", "--optim.warmup_steps=2", "--data.val="] + flags
+    rows = run_train(cmd, run_dir)
+    out = summarize(rows, a.warmup)
+    timed = rows[a.warmup:]
+    for k in ("pp_bubble", "pp_bubble_sim", "pp_bubble_formula", "pp_p2p_ms"):
+        if k in rows[-1]:
+            out[k] = statistics.median(r[k] for r in timed)
+    return out
+
+
+def part_a(a, workdir, data):
+    print(f"\n(a) gpt2-124m shape (L=12 C=768 NH=12 V=50257), B=2 T=32; pp=2 is 1F1B")
+    print(f"{'m':>3} {'variant':26}{'tok/s':>8}{'vs pp1':>8}{'step ms':>9}{'bubble':>8}"
+          f"{'sim':>7}{'formula':>8}{'p2p ms':>8}")
+    res = {}
+    for m in (4, 8, 16):
+        one = run(a, workdir, data, f"a-pp1-m{m}", 1, 2, GPT2, 2, 32, [f"--train.grad_accum={m}"])
+        two = run(a, workdir, data, f"a-pp2-m{m}", 2, 1, GPT2, 2, 32,
+                  [f"--train.grad_accum={m}", "--parallel.pp=2"])
+        res[m] = {"pp1": one, "pp2": two}
+        for name, r in (("pp=1, 1 rank x 2 threads", one), ("pp=2, 2 ranks x 1 thread", two)):
+            ratio = r["tokens_per_s"] / one["tokens_per_s"]
+            extra = (f"{r['pp_bubble']:8.1%}{r['pp_bubble_sim']:7.1%}{r['pp_bubble_formula']:8.1%}"
+                     f"{r['pp_p2p_ms']:8.1f}" if "pp_bubble" in r else "")
+            print(f"{m:3} {name:26}{r['tokens_per_s']:8.0f}{ratio:7.2f}x{r['step_ms']:9.0f}{extra}")
+    return res
+
+
+def part_b(a, workdir, data):
+    print(f"\n(b) uniform stages (L=8 C=256 NH=8 V=512), B=2 T=64, 2 ranks x 1 thread")
+    print(f"{'p':>2}{'m':>4} {'schedule':14}{'formula':>9}{'simulated':>10}{'measured':>9}")
+    res = []
+    for m in (2, 4, 8):
+        for sched, flags in (("gpipe", ["--pp.schedule=gpipe"]), ("1f1b", []),
+                             ("interleaved v=2", ["--pp.schedule=interleaved", "--pp.chunks=2"])):
+            r = run(a, workdir, data, f"b-m{m}-{sched.split()[0]}", 2, 1, UNIFORM, 2, 64,
+                    [f"--train.grad_accum={m}", "--parallel.pp=2"] + flags)
+            res.append(dict(p=2, m=m, schedule=sched, **r))
+            print(f"{2:2}{m:4} {sched:14}{r['pp_bubble_formula']:9.1%}{r['pp_bubble_sim']:10.1%}"
+                  f"{r['pp_bubble']:9.1%}")
+    return res
+
+
+def part_c(a, workdir, data):
+    print(f"\n(c) peak activation bytes of the first stage (uniform model, B=2 T=64, p=2)")
+    base = run(a, workdir, data, "c-gpipe-m1", 2, 1, UNIFORM, 2, 64,
+               ["--train.grad_accum=1", "--parallel.pp=2", "--pp.schedule=gpipe"])
+    slot = base["mem"]["activations"]
+    MB = 1 << 20
+    print(f"one slot (GPipe, m=1): {slot / MB:.2f} MB")
+    print(f"{'m':>3} {'schedule':8}{'ledger MB':>11}{'slots':>7}{'slots x slot MB':>17}")
+    res = []
+    for m in (2, 4, 8):
+        for sched in ("gpipe", "1f1b"):
+            r = run(a, workdir, data, f"c-{sched}-m{m}", 2, 1, UNIFORM, 2, 64,
+                    [f"--train.grad_accum={m}", "--parallel.pp=2", f"--pp.schedule={sched}"])
+            slots = m if sched == "gpipe" else min(2, m)
+            got = r["mem"]["activations"]
+            res.append(dict(m=m, schedule=sched, ledger=got, slots=slots, predicted=slots * slot))
+            print(f"{m:3} {sched:8}{got / MB:11.2f}{slots:7}{slots * slot / MB:17.2f}")
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
+    ap.add_argument("--only", default="a,b,c")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="tetra_pp_bench_")
+    data = os.path.join(workdir, "tokens.bin")
+    write_tokens(data, random_tokens(200000, 512))
+    print(f"CPU: {cpu_name()}; medians of {a.steps - a.warmup} steps")
+    parts = {"a": part_a, "b": part_b, "c": part_c}
+    res = {k: parts[k](a, workdir, data) for k in a.only.split(",")}
+    if a.json:
+        json.dump(dict(cpu=cpu_name(), results=res), open(a.json, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()
