@@ -250,6 +250,28 @@ double GptT<F>::forward_backward(const int32_t* inputs, const int32_t* targets, 
 }
 
 template <typename F>
+double GptT<F>::evaluate_chunk(int chunk, const int32_t* inputs, const F* input, F* output,
+                               const int32_t* targets) {
+  const ChunkState& ch = chunks_[size_t(chunk)];
+  TETRA_CHECK(ch.head || output, "[model] internal: chunk {} forward without an output", chunk);
+  TETRA_CHECK(ch.embedding || input, "[model] internal: chunk {} forward without an input", chunk);
+  Slot& s = slot_of(chunk, -2, true);
+  forward_pass(ch, s, inputs, input);
+  double loss = 0.0;
+  if (ch.head) {
+    before_forward(head_unit_, -1);
+    head_->forward(s.x.back(), head_acts_, B_, T_);
+    after_forward(head_unit_);
+    loss = head_->loss(targets, head_acts_, B_, T_);
+  } else if (output) {
+    std::copy_n(s.x.back(), boundary_size(), output);
+  }
+  end_forward_only();
+  s.mb = -1;
+  return loss;
+}
+
+template <typename F>
 double GptT<F>::forward_loss(const int32_t* inputs, const int32_t* targets) {
   forward_logits(inputs);
   return head_->loss(targets, head_acts_, B_, T_);

@@ -67,6 +67,11 @@ class GptT {
   // gradient of the chunk's input, except on the chunk with the embedding (nullptr).
   double backward_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
                         F* grad_input, float loss_scale);
+  // Forward only (evaluation) of one micro-batch through `chunk`, with inputs, input and output
+  // as forward_chunk; the chunk with the head returns the mean loss against targets (B,T), any
+  // other 0. Needs a free slot; keeps nothing.
+  double evaluate_chunk(int chunk, const int32_t* inputs, const F* input, F* output,
+                        const int32_t* targets);
   /** Elements of the activation between two chunks (and of its gradient). */
   size_t boundary_size() const;
   const GptPart& part() const { return part_; }

@@ -243,7 +243,6 @@ void Trainer::setup(const std::string& config_toml) {
                 "do not support yet; set zero.stage=1 (sharded optimizer state)",
                 pp_size_, opt_.zero.stage);
     const std::pair<const char*, const std::string*> whole_model_only[] = {
-        {"data.val", &opt_.val_data},
         {"init.from", &opt_.init_from},
         {"debug.dump_grads", &opt_.dump_grads},
         {"debug.dump_logits", &opt_.dump_logits}};
@@ -601,9 +600,32 @@ double Trainer::evaluate() {
   double sum = 0.0;
   for (int k = 0; k < opt_.eval_batches; ++k) {
     load_batch(*val_, order, int64_t(k) * opt_.micro_batch);
-    sum += model_->forward_loss(inputs_.data(), targets_.data());
+    sum +=
+        pp_size_ == 1 ? model_->forward_loss(inputs_.data(), targets_.data()) : evaluate_stages();
+  }
+  if (pp_size_ > 1) {
+    // The loss is the last stage's (pipeline rank p - 1 holds the last virtual stage).
+    pp_.broadcast(std::span(reinterpret_cast<std::byte*>(&sum), sizeof sum), pp_size_ - 1).wait();
   }
   return sum / opt_.eval_batches;
+}
+
+double Trainer::evaluate_stages() {
+  constexpr int kTag = 4;  // apart from the executor's tags
+  const pipeline::Schedule& s = executor_->schedule();
+  const size_t n = model_->boundary_size();
+  std::vector<float> in(n), out(n);
+  double loss = 0.0;
+  // Virtual stages in order: each rank waits only for a stage before its own, so the blocking
+  // transfers cannot wait in a cycle.
+  for (int stage = pp_rank_; stage < s.p * s.v; stage += s.p) {
+    const bool first = stage == 0, last = stage == s.p * s.v - 1;
+    if (!first) pp_.recv(std::span<float>(in), (pp_rank_ + s.p - 1) % s.p, kTag).wait();
+    loss += model_->evaluate_chunk(stage / s.p, inputs_.data(), first ? nullptr : in.data(),
+                                   last ? nullptr : out.data(), targets_.data());
+    if (!last) pp_.send(std::span<const float>(out), (pp_rank_ + 1) % s.p, kTag).wait();
+  }
+  return loss;
 }
 
 plan::RunShape Trainer::run_shape() const {

@@ -55,6 +55,9 @@ class Trainer {
   TrainResult train();
   void load_batch(TokenDataset& data, SampleOrder& order, int64_t first_sample);
   double evaluate();
+  // One validation micro-batch (inputs_, targets_) through the pipeline's stages in order; the
+  // last stage's loss, 0 on the others.
+  double evaluate_stages();
   void print_header() const;
   plan::RunShape run_shape() const;  // this run, for the planner's memory ledger
   std::string memory_table(const char* when) const;

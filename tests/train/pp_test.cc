@@ -1,6 +1,7 @@
 // Serial ≡ pipeline parallel: pp = 2 and 4 × {GPipe, 1F1B, interleaved v = 2} (even and uneven
 // splits), and tp 2 × pp 2 × dp 2 on 8 ranks with ZeRO-1, give the single-rank run's loss at every
-// step and its final weights (the stages' tensors gathered into one file, the tied wte once).
+// step, its validation loss (forward through the stages) and its final weights (the stages'
+// tensors gathered into one file, the tied wte once).
 // run.trace writes a Chrome trace per rank and the metrics carry the measured and simulated
 // bubble. Refusals of impossible pipelines name the keys. Ranks are real processes under mpirun,
 // one thread each.
@@ -36,8 +37,10 @@ class PipelineParallel : public testing::RunDirTest {
         "--model.n_head=4 --model.d_model=32 --model.max_seq=16 --train.seq_len=16 "
         "--train.steps={} --optim.lr=1e-3 --optim.warmup_steps=2 --data.shuffle=true "
         "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --train.micro_batch=2 "
-        "--train.grad_accum=4 --data.train={} --run.dir={} --save.final={} {}",
-        steps, path("train.bin"), run.string(), (run / "w.safetensors").string(), extra);
+        "--train.grad_accum=4 --data.train={} --data.val={} --eval.batches=2 --run.dir={} "
+        "--save.final={} {}",
+        steps, path("train.bin"), path("train.bin"), run.string(), (run / "w.safetensors").string(),
+        extra);
   }
   LayoutRun train(int ranks, const std::string& name, const std::string& extra,
                   int steps = kSteps) const {
@@ -53,6 +56,7 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
   struct Layout {
     int ranks;
     std::string flags;
+    bool same_val = true;  // validates the serial run's micro-batches (same train.micro_batch)
   };
   const Layout layouts[] = {
       {2, "--parallel.pp=2 --pp.schedule=gpipe"},
@@ -62,7 +66,7 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
       {4, "--parallel.pp=4 --pp.schedule=1f1b --pp.layers=1,2,3,2 --run.trace=true"},
       {4, "--parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2"},
       // tp 2 x pp 2 x dp 2: each data-parallel rank takes 4 micro-batches of 1 sequence.
-      {8, "--parallel.tp=2 --parallel.pp=2 --zero.stage=1 --train.micro_batch=1"},
+      {8, "--parallel.tp=2 --parallel.pp=2 --zero.stage=1 --train.micro_batch=1", false},
   };
   int n = 0;
   for (const Layout& l : layouts) {
@@ -71,6 +75,10 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
     const LayoutRun r = train(l.ranks, name, l.flags);
     ASSERT_EQ(r.code, 0) << r.output;
     testing::expect_same_trajectory(serial, r, kTol, kSteps);
+    const double val = metrics("serial").back()["val_loss"];
+    if (l.same_val) {
+      EXPECT_NEAR(double(metrics(name).back()["val_loss"]), val, kTol * val);
+    }
     for (const auto& m : metrics(name)) {
       EXPECT_TRUE(m.contains("pp_bubble") && m.contains("pp_bubble_sim")) << m.dump();
       EXPECT_GE(double(m["pp_bubble_sim"]), 0.0);
@@ -152,10 +160,10 @@ TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
   refused("--parallel.pp=2",
           "[train] parallel.pp=2 needs 2 ranks but this is a single process; run it as `tetra "
           "launch -n 2 -- train ...`");
-  refused("--parallel.pp=2 --data.val=" + path("train.bin"),
-          "[train] data.val=" + path("train.bin") +
+  refused("--parallel.pp=2 --init.from=" + path("w.safetensors"),
+          "[train] init.from=" + path("w.safetensors") +
               " needs the whole model on one rank, but parallel.pp=2 splits it over the pipeline; "
-              "leave data.val unset (or run with parallel.pp=1)",
+              "leave init.from unset (or run with parallel.pp=1)",
           2);
 }
 
