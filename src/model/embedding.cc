@@ -7,8 +7,8 @@ namespace tetra {
 
 template <typename F>
 EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store,
-                          parallel::TensorParallel& tp)
-    : c_(config), store_(store), tp_(tp) {
+                          parallel::TensorParallel& tp, TensorId wte)
+    : c_(config), store_(store), tp_(tp), wte_(wte) {
   const int64_t C = config.d_model;
   ParamSpec wpe;
   wpe.name = "transformer.wpe.weight";
@@ -16,7 +16,7 @@ EmbeddingT<F>::EmbeddingT(const GptConfig& config, ParamStoreT<F>& store,
   wpe.decay = true;
   wpe.init = {ParamInit::Kind::normal, 0.02f, -1};
   wpe_ = store.add(std::move(wpe));
-  wte_ = store.add(wte_spec(config, tp));
+  if (wte_ < 0) wte_ = store.add(wte_spec(config, tp));
 }
 
 template <typename F>

@@ -16,8 +16,10 @@ namespace tetra {
 template <typename F>
 class EmbeddingT {
  public:
-  /** Registers wpe then wte inside the caller's open unit (wte's gradient is finished last). */
-  EmbeddingT(const GptConfig& config, ParamStoreT<F>& store, parallel::TensorParallel& tp);
+  /** Registers wpe then wte inside the caller's open unit (wte's gradient is finished last), or
+   *  wpe only when the caller registered wte (`wte` >= 0; wte_spec) in a unit of its own. */
+  EmbeddingT(const GptConfig& config, ParamStoreT<F>& store, parallel::TensorParallel& tp,
+             TensorId wte = -1);
 
   // out (B,T,C) = wte[tokens] + wpe[pos0 + t]; tokens is (B,T). Under sequence parallelism out
   // is this rank's B·T/tp rows and tmp (B,T,C) scratch for the lookups before their

@@ -56,8 +56,10 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
   block_unit_.assign(size_t(L), -1);
   const bool head_alone = part_.head && !part_.embedding;
   if (head_alone) {
-    head_unit_ = store.begin_unit("head");
+    wte_unit_ = store.begin_unit("wte");
     wte_copy_ = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
+    store.end_unit();
+    head_unit_ = store.begin_unit("head");
     head_ = std::make_unique<HeadT<F>>(config_, store, wte_copy_, *tp_, bf16_.get());
     store.end_unit();
   }
@@ -69,8 +71,14 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
     }
   }
   if (part_.embedding) {
+    TensorId wte = -1;
+    if (!part_.head) {
+      wte_unit_ = store.begin_unit("wte");
+      wte = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
+      store.end_unit();
+    }
     root_unit_ = store.begin_unit("root");
-    embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_);
+    embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_, wte);
     if (part_.head) {
       head_unit_ = root_unit_;
       head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_, bf16_.get());
@@ -167,9 +175,9 @@ void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs,
   auto unit = [&](int i) { return block_unit_[size_t(ch.first + i)]; };
   if (ch.embedding) {
     std::memcpy(s.tokens.data(), inputs, sizeof(int32_t) * s.tokens.size());
-    before_forward(root_unit_, unit(0));
+    before_forward_end(root_unit_, unit(0));
     embedding_->forward(s.x[0], inputs, B_, T_, 0, scratch_.full);
-    after_forward(root_unit_);
+    after_forward_end(root_unit_);
   } else if (input) {
     std::copy_n(input, boundary_size(), s.x[0]);
   }
@@ -209,11 +217,11 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
   double loss = 0.0;
   if (ch.head) {
     // The head's forward runs straight into its backward: one residency for both.
-    before_backward(head_unit_, unit(n - 1));
+    before_backward_end(head_unit_, unit(n - 1));
     head_->forward(s.x.back(), head_acts_, B_, T_);
     loss = head_->backward(dres_, scratch_.dln, s.x.back(), targets, head_acts_, B_, T_, loss_scale,
                            scratch_.full);
-    if (head_unit_ != root_unit_) after_backward(head_unit_);
+    if (head_unit_ != root_unit_) after_backward_end(head_unit_);
   } else if (grad_output) {
     std::copy_n(grad_output, boundary_size(), dres_);
   }
@@ -232,9 +240,9 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
     after_backward(unit(i));
   }
   if (ch.embedding) {
-    if (root_next) before_backward(root_unit_, -1);
+    if (root_next) before_backward_end(root_unit_, -1);
     embedding_->backward(dres_, s.tokens.data(), B_, T_, scratch_.full);
-    after_backward(root_unit_);
+    after_backward_end(root_unit_);
   } else if (grad_input) {
     std::copy_n(dres_, boundary_size(), grad_input);
   }
@@ -259,9 +267,9 @@ double GptT<F>::evaluate_chunk(int chunk, const int32_t* inputs, const F* input,
   forward_pass(ch, s, inputs, input);
   double loss = 0.0;
   if (ch.head) {
-    before_forward(head_unit_, -1);
+    before_forward_end(head_unit_, -1);
     head_->forward(s.x.back(), head_acts_, B_, T_);
-    after_forward(head_unit_);
+    after_forward_end(head_unit_);
     loss = head_->loss(targets, head_acts_, B_, T_);
   } else if (output) {
     std::copy_n(s.x.back(), boundary_size(), output);

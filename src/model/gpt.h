@@ -140,6 +140,23 @@ class GptT {
   void end_forward_only() {
     if (hooks_) hooks_->end_forward_only();
   }
+  // The embedding's or the head's unit and, on a pipeline's end stage, the tied wte's own unit.
+  void before_forward_end(int unit, int next) {
+    if (wte_unit_ >= 0) before_forward(wte_unit_, unit);
+    before_forward(unit, next);
+  }
+  void after_forward_end(int unit) {
+    after_forward(unit);
+    if (wte_unit_ >= 0) after_forward(wte_unit_);
+  }
+  void before_backward_end(int unit, int next) {
+    if (wte_unit_ >= 0) before_backward(wte_unit_, unit);
+    before_backward(unit, next);
+  }
+  void after_backward_end(int unit) {
+    after_backward(unit);
+    if (wte_unit_ >= 0) after_backward(wte_unit_);
+  }
 
   GptConfig config_;
   ParamStoreT<F>& store_;
@@ -158,8 +175,9 @@ class GptT {
   std::unique_ptr<HeadT<F>> head_;
   std::vector<int> block_unit_;
   // The unit of the embedding (with ln_f when the head is here too) and of the head: the same
-  // unit on the whole model; -1 where absent.
-  int root_unit_ = -1, head_unit_ = -1;
+  // unit on the whole model; -1 where absent. On a part with only one of them the tied wte (or
+  // the head's copy) is a unit of its own, so that ZeRO shards it alike on both end stages.
+  int root_unit_ = -1, head_unit_ = -1, wte_unit_ = -1;
   TensorId wte_copy_ = -1;
 
   // Activations: every chunk's slots, and the head's (its forward runs straight into backward).

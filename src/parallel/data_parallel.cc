@@ -167,10 +167,21 @@ void DataParallel::reserve_workspaces() {
   // for older reductions). Parameters (stage 3): the root's, and the block being computed plus
   // zero.prefetch gathers ahead — or, kept between forward and backward, every block (the one
   // whose gradient is produced is among them). They are allocated up front, so the memory a run
-  // holds is this bound, the figure `tetra plan` predicts, whatever the timing.
+  // holds is this bound, the figure `tetra plan` predicts, whatever the timing. A pipeline stage
+  // holds blocks ("h.N" units, all one size) and, on the first or the last stage, units in place
+  // of the root (the embedding, or ln_f with the head, and the tied wte), each reserved as the
+  // root is.
   if (opt_.stage < 2) return;
-  const auto& units = store_.units();
-  const size_t blocks = units.size() - 1;
+  std::vector<size_t> ends;
+  size_t blocks = 0, block_size = 0;
+  for (const ParamUnit& u : store_.units()) {
+    if (u.name.rfind("h.", 0) == 0) {
+      ++blocks;
+      block_size = u.padded;
+    } else {
+      ends.push_back(u.padded);
+    }
+  }
   size_t block_bufs = std::min<size_t>(2, blocks), root_bufs = 1;
   if (opt_.stage == 3) {
     root_bufs = 2;
@@ -184,8 +195,10 @@ void DataParallel::reserve_workspaces() {
     if (opt_.reduce_bf16 && n_ > 1) w->staging = Buffer<bf16>(n, {ledger_, MemCategory::comm});
     pool_.push_back(std::move(w));
   };
-  for (size_t i = 0; i < root_bufs; ++i) add(units.back().padded);
-  for (size_t i = 0; blocks > 0 && i < block_bufs; ++i) add(units.front().padded);
+  for (size_t n : ends) {
+    for (size_t i = 0; i < root_bufs; ++i) add(n);
+  }
+  for (size_t i = 0; blocks > 0 && i < block_bufs; ++i) add(block_size);
 }
 
 float* DataParallel::acquire(size_t n, bool zero) {

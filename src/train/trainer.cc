@@ -237,11 +237,6 @@ void Trainer::setup(const std::string& config_toml) {
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
   if (pp_size_ > 1) {
     // What a pipeline stage does not run yet, refused before anything is computed.
-    TETRA_CHECK(opt_.zero.stage <= 1,
-                "[train] parallel.pp={} runs with zero.stage 0 or 1 (got {}): stages 2 and 3 "
-                "reduce or gather per micro-batch, which the pipeline's interleaved micro-batches "
-                "do not support yet; set zero.stage=1 (sharded optimizer state)",
-                pp_size_, opt_.zero.stage);
     const std::pair<const char*, const std::string*> whole_model_only[] = {
         {"init.from", &opt_.init_from},
         {"debug.dump_grads", &opt_.dump_grads},
@@ -779,10 +774,15 @@ void Trainer::gather_stages(SafeTensorsFile& file) {
 
 void Trainer::reduce_tied_grad() {
   // The embedding's wte on the first stage and the head's copy on the last are one tensor (the
-  // same tp slice on both): each adds its micro-batches' gradient, and both update with the sum.
+  // same tp slice, each a unit of its own, so every ZeRO stage shards them alike): after the
+  // data-parallel reduction each holds the mean of its stage's contribution over the batch, and
+  // both update with the sum.
   const ProfileScope scope(ProfKind::comm, "tied embedding all-reduce");
   const TensorId wte = store_.find("transformer.wte.weight");
-  embed_.all_reduce(std::span<float>(store_.grad(wte), size_t(store_.tensor(wte).numel()))).wait();
+  for (const OwnedSegment& o : store_.owned()) {
+    if (o.tensor != wte) continue;
+    embed_.all_reduce(std::span<float>(store_.grads().data() + o.grad_pos, o.count)).wait();
+  }
 }
 
 void Trainer::note_pipeline(const parallel::PipelineStepStats& stats, double step_start_s,
@@ -892,8 +892,8 @@ TrainResult Trainer::train() {
     double loss = 0.0, norm = 0.0;
     const double lr = opt_.schedule.at(s);
     auto reduce_grads = [&] {
-      if (embed_.valid()) reduce_tied_grad();
       zero_->finish_gradients();
+      if (embed_.valid()) reduce_tied_grad();
     };
     auto optimizer_step = [&] {
       loss = stage_->loss();

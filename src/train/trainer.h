@@ -65,7 +65,8 @@ class Trainer {
   // Pipeline stages other than the first send their tensors to the first (rank 0's), which adds
   // them to `file`; collective over the pipeline group of dp and tp rank 0.
   void gather_stages(SafeTensorsFile& file);
-  // The wte gradient summed over the embedding group (the first and the last pipeline stage).
+  // After the data-parallel reduction: the wte gradient this rank owns summed over the embedding
+  // group (the first and the last pipeline stage).
   void reduce_tied_grad();
   // The measured and simulated bubble of the step that made `stats` (rank 0's metrics).
   void note_pipeline(const parallel::PipelineStepStats& stats, double step_start_s,
