@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Pipeline parallelism on this machine, every figure measured in the same run:
 
-(a) pp = 2 (2 ranks x 1 thread, 1F1B) against pp = 1 (1 rank x 2 threads, the same micro-batches
-    accumulated) on the gpt2-124m shape with a short sequence, for m = 4, 8, 16 micro-batches:
+(a) pp = 2 (2 ranks x 1 thread, 1F1B; the even split 6,6 and pp.layers=auto, 9,3) against
+    pp = 1 (1 rank x 2 threads, the same micro-batches accumulated) on the gpt2-124m shape with a
+    short sequence, for m = 4, 8, 16 micro-batches:
     median tokens/s and its ratio to pp = 1, the measured bubble (1 - mean busy / the last
     backward, from the executor's spans), the simulated one at the measured stage costs, and the
     time rank 0 was blocked on point-to-point transfers per step.
@@ -55,8 +56,11 @@ def part_a(a, workdir, data):
         one = run(a, workdir, data, f"a-pp1-m{m}", 1, 2, GPT2, 2, 32, [f"--train.grad_accum={m}"])
         two = run(a, workdir, data, f"a-pp2-m{m}", 2, 1, GPT2, 2, 32,
                   [f"--train.grad_accum={m}", "--parallel.pp=2"])
-        res[m] = {"pp1": one, "pp2": two}
-        for name, r in (("pp=1, 1 rank x 2 threads", one), ("pp=2, 2 ranks x 1 thread", two)):
+        auto = run(a, workdir, data, f"a-pp2auto-m{m}", 2, 1, GPT2, 2, 32,
+                   [f"--train.grad_accum={m}", "--parallel.pp=2", "--pp.layers=auto"])
+        res[m] = {"pp1": one, "pp2": two, "pp2_auto": auto}
+        for name, r in (("pp=1, 1 rank x 2 threads", one), ("pp=2 6,6, 2 ranks x 1 thr", two),
+                        ("pp=2 auto, 2 ranks x 1 thr", auto)):
             ratio = r["tokens_per_s"] / one["tokens_per_s"]
             extra = (f"{r['pp_bubble']:8.1%}{r['pp_bubble_sim']:7.1%}{r['pp_bubble_formula']:8.1%}"
                      f"{r['pp_p2p_ms']:8.1f}" if "pp_bubble" in r else "")

@@ -257,7 +257,7 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::pp_chunks>()},
       {{"pp.layers", ValueKind::String, "\"\"",
         "layers per pipeline stage: \"\" (even), parallel.pp x pp.chunks counts such as "
-        "\"5,6,6,5\", or auto (balanced, the embedding and the head counted)"},
+        "\"5,6,6,5\", or auto (balanced by modelled compute, the head counted)"},
        into<&O::pp_layers>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
@@ -316,13 +316,13 @@ TrainOptions TrainOptions::from(const Config& c) {
   try {
     // The schedule's and the split's refusals, before anything is allocated.
     pipeline::make_schedule(o.pp_kind, o.mesh.pp, o.grad_accum, o.pp_chunks);
-    // auto balances by parameters: a block's, the embedding's (wte and wpe) and the head's (the
-    // tied wte product) in layers.
+    // auto balances the modelled compute per token (GptConfig::flops_per_token's terms), in
+    // blocks: a block's 6·12C² + 12·C·T, the head's tied product 6·V·C; the embedding is a lookup.
+    // A pipeline step runs at the pace of its slowest stage, so compute, not memory, is balanced.
     const GptConfig& m = o.model;
-    const double C = m.d_model, block = 12 * C * C + 13 * C;
-    o.pp_split = pipeline::parse_split(o.pp_layers, m.n_layer, o.mesh.pp * o.pp_chunks,
-                                       (m.vocab_size + m.max_seq) * C / block,
-                                       m.vocab_size * C / block, "pp.layers");
+    const double C = m.d_model, block = 72 * C * C + 12 * C * o.seq_len;
+    o.pp_split = pipeline::parse_split(o.pp_layers, m.n_layer, o.mesh.pp * o.pp_chunks, 0.0,
+                                       6 * m.vocab_size * C / block, "pp.layers");
   } catch (const Error& e) {
     fail(
         "[config] parallel.pp={} pp.schedule={} pp.chunks={} train.grad_accum={} (micro-batches) "

@@ -68,7 +68,7 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
       {2, "--parallel.pp=2 --pp.schedule=interleaved --pp.chunks=2 --pp.layers=1,3,2,2"},
       {4, "--parallel.pp=4 --pp.schedule=gpipe"},
       {4, "--parallel.pp=4 --pp.schedule=1f1b --pp.layers=1,2,3,2 --run.trace=true"},
-      {4, "--parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2"},
+      {4, "--parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2 --pp.layers=auto"},
       // pp 2 x dp 2 (ZeRO-3): each data-parallel rank takes 2 micro-batches of 2 sequences.
       {4, "--parallel.pp=2 --zero.stage=3", 2},
   };
