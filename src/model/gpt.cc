@@ -49,9 +49,11 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
     bf16_ = std::make_unique<cpu::Bf16Operands>(elements + 32,
                                                 MemTag{ledger, MemCategory::temporaries});
   }
-  // Units in backward order: a head without the embedding (its backward comes first), the chunks
-  // from last to first with their blocks from last to first, then the root (the embedding, with
-  // ln_f when the head is here too), whose tied wte gradient is finished last.
+  // Units in backward order: a head without the embedding (its backward comes first: its copy of
+  // the tied wte, then ln_f), the chunks from last to first with their blocks from last to first,
+  // then the embedding — wte and the root (wpe; with wte and ln_f when the head is here too, the
+  // whole model), whose wte gradient is finished last. On the end stages of a pipeline wte is a
+  // unit of its own, so that ZeRO shards it alike on both.
   blocks_.resize(size_t(L));
   block_unit_.assign(size_t(L), -1);
   const bool head_alone = part_.head && !part_.embedding;
