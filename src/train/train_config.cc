@@ -129,8 +129,9 @@ const std::vector<TrainKey>& train_keys() {
         "auto | always | never"},
        into<&O::progress>()},
       {{"run.trace", ValueKind::Bool, "false",
-        "write every step's pipeline timeline (forward, backward, transfers, waits, reduction, "
-        "update) per rank to run.dir/trace-rank-N.json, for ui.perfetto.dev"},
+        "write every step's pipeline timeline (forward, backward, waits for transfers, the "
+        "gradient reduction, the update) per rank to run.dir/trace-rank-N.json, for "
+        "ui.perfetto.dev"},
        into<&O::trace>()},
       {{"run.profile", ValueKind::Bool, "false",
         "time every kernel per step (matmuls by role and shape with GFLOP/s); prints a table at "
