@@ -47,8 +47,8 @@ int64_t first_non_finite(const float* v, int64_t n) {
 
 }  // namespace
 
-void load_safetensors_into(ParamStore& store, const std::string& path,
-                           const std::string& describe) {
+void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
+                           const ParamStore* model) {
   SafeTensorsFile file = read_safetensors(path);
   std::map<std::string, const SafeTensor*> by_name;
   std::vector<std::string> unknown;
@@ -56,7 +56,7 @@ void load_safetensors_into(ParamStore& store, const std::string& path,
     std::string n = name.rfind("transformer.", 0) == 0 ? name : "transformer." + name;
     if (store.find(n) >= 0) {
       by_name[n] = &t;
-    } else if (!ignorable(name)) {
+    } else if (!ignorable(name) && !(model && model->find(n) >= 0)) {
       unknown.push_back(name);
     }
   }

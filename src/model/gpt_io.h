@@ -18,8 +18,11 @@ namespace tetra {
 /** Loads every registered tensor from `path` into the store (each rank keeps what it holds).
  * Names may carry the "transformer." prefix or not. Refuses, before touching the store, missing,
  * unknown or mis-shaped tensors (naming each; `describe` says what the model is) and any NaN or
- * infinity (naming the tensor and the element). */
-void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe);
+ * infinity (naming the tensor and the element). When `store` holds one pipeline stage, `model`
+ * is the whole model's (registered, not finalized): the file's tensors of other stages are known
+ * there and skipped. */
+void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
+                           const ParamStore* model = nullptr);
 
 /** The tensors of a flat buffer laid out like the store's full (unsharded) layout — the weights
  * themselves, or their gradients — in Hugging Face names and file layouts. `check_finite` refuses

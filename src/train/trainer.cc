@@ -238,9 +238,7 @@ void Trainer::setup(const std::string& config_toml) {
   if (pp_size_ > 1) {
     // What a pipeline stage does not run yet, refused before anything is computed.
     const std::pair<const char*, const std::string*> whole_model_only[] = {
-        {"init.from", &opt_.init_from},
-        {"debug.dump_grads", &opt_.dump_grads},
-        {"debug.dump_logits", &opt_.dump_logits}};
+        {"debug.dump_grads", &opt_.dump_grads}, {"debug.dump_logits", &opt_.dump_logits}};
     for (const auto& [key, value] : whole_model_only) {
       TETRA_CHECK(value->empty(),
                   "[train] {}={} needs the whole model on one rank, but parallel.pp={} splits it "
@@ -330,8 +328,16 @@ void Trainer::setup(const std::string& config_toml) {
   model_->set_hooks(debug_hooks_.get());
   stage_ = std::make_unique<Stage>(*model_, *zero_, opt_.grad_accum);
   if (!opt_.init_from.empty()) {
-    load_safetensors_into(store_, model_weights_path(opt_.init_from, "init"),
-                          opt_.model.describe());
+    // A stage knows the file's other tensors from the whole model's registrations (it allocates
+    // activations for tp tokens; the store is never finalized).
+    ParamStore whole;
+    std::unique_ptr<Gpt> names;
+    if (pp_size_ > 1) {
+      names = std::make_unique<Gpt>(opt_.model, whole, opt_.model.tp, 1, recompute_, nullptr,
+                                    tp_.get());
+    }
+    load_safetensors_into(store_, model_weights_path(opt_.init_from, "init"), opt_.model.describe(),
+                          names ? &whole : nullptr);
   } else {
     store_.init(opt_.seed);
   }

@@ -125,8 +125,9 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
 // A pipeline's checkpoint holds every tensor once (the head's copy of wte is not written) and
 // resumes on one rank; that rank's checkpoint resumes on a pipeline of another schedule with two
 // data-parallel replicas under ZeRO-2: both continue the uninterrupted pipeline run (losses and
-// final weights within 1e-5).
-TEST_F(PipelineParallel, CheckpointsResumeUnderAnotherPipelineLayout) {
+// final weights within 1e-5). Its final weights loaded with init.from on 4 interleaved stages
+// give the single rank's next step.
+TEST_F(PipelineParallel, CheckpointsAndInitFromWorkUnderAnotherPipelineLayout) {
   const std::string common = "--optim.schedule=constant --ckpt.every=2 ";
   const LayoutRun a =
       train(2, "a", common + "--parallel.pp=2 --pp.layers=3,5 --ckpt.dir=" + path("a-ckpt"), 6);
@@ -157,6 +158,15 @@ TEST_F(PipelineParallel, CheckpointsResumeUnderAnotherPipelineLayout) {
     EXPECT_NEAR(c.loss[i], a.loss[4 + i], kTol * a.loss[4 + i]) << "step " << 5 + i;
   }
   testing::expect_same_weights(a, c, kTol);
+  // The final weights as init.from: one step on 4 stages equals one step on one rank.
+  const std::string init =
+      "--optim.schedule=constant --init.from=" + (dir_ / "a" / "w.safetensors").string();
+  const LayoutRun d = train(1, "d", init, 1);
+  const LayoutRun e =
+      train(4, "e", init + " --parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2", 1);
+  ASSERT_EQ(d.code, 0) << d.output;
+  ASSERT_EQ(e.code, 0) << e.output;
+  testing::expect_same_trajectory(d, e, kTol, 1);
 }
 
 TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
@@ -182,10 +192,10 @@ TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
   refused("--parallel.pp=2",
           "[train] parallel.pp=2 needs 2 ranks but this is a single process; run it as `tetra "
           "launch -n 2 -- train ...`");
-  refused("--parallel.pp=2 --init.from=" + path("w.safetensors"),
-          "[train] init.from=" + path("w.safetensors") +
+  refused("--parallel.pp=2 --debug.dump_logits=" + path("logits.safetensors"),
+          "[train] debug.dump_logits=" + path("logits.safetensors") +
               " needs the whole model on one rank, but parallel.pp=2 splits it over the pipeline; "
-              "leave init.from unset (or run with parallel.pp=1)",
+              "leave debug.dump_logits unset (or run with parallel.pp=1)",
           2);
 }
 
