@@ -671,6 +671,14 @@ std::string Trainer::memory_table(const char* when) const {
       "[memory]   {:<12} {:>10.1f} {:>10.1f} {:>10.1f}   (process RSS: {:.1f} / {:.1f} MB)",
       "total", double(ledger_.current_total()) * MB, double(ledger_.peak_total()) * MB,
       p.total() * MB, double(rss.current) * MB, double(rss.peak) * MB);
+  if (pp_size_ > 1) {
+    int layers = 0;
+    for (const GptPart::Chunk& c : model_->part().chunks) layers += c.end - c.first;
+    out += fmt::format(
+        "\n[memory]   plan MB is the whole model's: the planner does not model a pipeline "
+        "stage's share yet (this stage holds {} of the {} layers)",
+        layers, opt_.model.n_layer);
+  }
   return out;
 }
 
