@@ -235,17 +235,12 @@ void Trainer::setup(const std::string& config_toml) {
   recompute_ = parse_recompute(opt_.recompute, "train.recompute");
   TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
-  if (pp_size_ > 1) {
-    // What a pipeline stage does not run yet, refused before anything is computed.
-    const std::pair<const char*, const std::string*> whole_model_only[] = {
-        {"debug.dump_grads", &opt_.dump_grads}, {"debug.dump_logits", &opt_.dump_logits}};
-    for (const auto& [key, value] : whole_model_only) {
-      TETRA_CHECK(value->empty(),
-                  "[train] {}={} needs the whole model on one rank, but parallel.pp={} splits it "
-                  "over the pipeline; leave {} unset (or run with parallel.pp=1)",
-                  key, *value, pp_size_, key);
-    }
-  }
+  // The first micro-batch's logits exist only on the last stage, before any step; not gathered.
+  TETRA_CHECK(pp_size_ == 1 || opt_.dump_logits.empty(),
+              "[train] debug.dump_logits={} needs the whole model on one rank, but parallel.pp={} "
+              "splits it over the pipeline; leave debug.dump_logits unset (or run with "
+              "parallel.pp=1)",
+              opt_.dump_logits, pp_size_);
 
   // Every input and output is checked before anything is computed or written.
   if (is_root()) {
@@ -939,8 +934,10 @@ TrainResult Trainer::train() {
       }
       norm = std::sqrt(std::max(norm_sq, 0.0));
       if (s == 0 && !opt_.dump_grads.empty()) {
-        const SafeTensorsFile grads =
+        // After the tied reduction: both copies of wte hold its whole gradient.
+        SafeTensorsFile grads =
             store_to_safetensors(store_, store_.grads().data(), false, tp_.get());
+        if (pp_size_ > 1 && dp_rank_ == 0 && tp_->rank() == 0) gather_stages(grads);
         if (is_root()) write_safetensors(opt_.dump_grads, grads);
       }
       const bool skip = nonfinite || step == opt_.skip_step;

@@ -1,12 +1,12 @@
-// Serial ≡ pipeline parallel: pp = 2 and 4 × {GPipe, 1F1B, interleaved v = 2} (even and uneven
-// splits), pp 2 × dp 2 with ZeRO-3 and tp 2 × pp 2 × dp 2 on 8 ranks with ZeRO-1, give the
-// single-rank run's loss at every
-// step, its validation loss (forward through the stages) and its final weights (the stages'
-// tensors gathered into one file, the tied wte once); with sequence parallelism a pipeline gives
-// the numbers of the same layout without one.
-// run.trace writes a Chrome trace per rank and the metrics carry the measured and simulated
-// bubble. Refusals of impossible pipelines name the keys. Ranks are real processes under mpirun,
-// one thread each.
+// Serial ≡ pipeline parallel: pp = 2 and 4 × {GPipe, 1F1B, interleaved v = 2} (even, uneven and
+// auto splits) and pp 2 × dp 2 under ZeRO-3 give the single-rank run's loss at every step, its
+// step-1 gradients (the stages' gathered, the tied wte's summed over both copies), its validation
+// loss (forward through the stages) and its final weights (the stages' tensors gathered into one
+// file, wte once). tp 2 × pp 2 × dp 2 on 8 ranks, with and without sequence parallelism, gives
+// the serial losses and the numbers of the same layout without a pipeline. run.trace writes a
+// Chrome trace per rank and the metrics carry the measured and simulated bubble; checkpoints and
+// init.from cross pipeline layouts; impossible pipelines are refused naming the keys. Ranks are
+// real processes under mpirun, one thread each.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/safetensors.h"
 #include "tests/train/layout_run.h"
 #include "tests/train/run_tetra.h"
 
@@ -55,12 +56,15 @@ class PipelineParallel : public testing::RunDirTest {
 };
 
 TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
-  const LayoutRun serial = train(1, "serial", "");
+  auto dump = [&](const std::string& name) { return path(name + "-grads.safetensors"); };
+  const LayoutRun serial = train(1, "serial", "--debug.dump_grads=" + dump("serial"));
   ASSERT_EQ(serial.code, 0) << serial.output;
+  const SafeTensorsFile grads = read_safetensors(dump("serial"));
   struct Layout {
     int ranks;
     std::string flags;
     int accum = 4;
+    bool zero0 = true;  // every gradient whole on dp rank 0: step 1's are dumped and compared
   };
   const Layout layouts[] = {
       {2, "--parallel.pp=2 --pp.schedule=gpipe"},
@@ -70,14 +74,24 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
       {4, "--parallel.pp=4 --pp.schedule=1f1b --pp.layers=1,2,3,2 --run.trace=true"},
       {4, "--parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2 --pp.layers=auto"},
       // pp 2 x dp 2 (ZeRO-3): each data-parallel rank takes 2 micro-batches of 2 sequences.
-      {4, "--parallel.pp=2 --zero.stage=3", 2},
+      {4, "--parallel.pp=2 --zero.stage=3", 2, false},
   };
   int n = 0;
   for (const Layout& l : layouts) {
     SCOPED_TRACE(fmt::format("{} ranks: {}", l.ranks, l.flags));
     const std::string name = fmt::format("l{}", n++);
-    const LayoutRun r = train(l.ranks, name, l.flags, kSteps, l.accum);
+    const LayoutRun r =
+        train(l.ranks, name, l.flags + (l.zero0 ? " --debug.dump_grads=" + dump(name) : ""), kSteps,
+              l.accum);
     ASSERT_EQ(r.code, 0) << r.output;
+    if (l.zero0) {  // the stages' gradients gathered, the tied wte's summed over both copies
+      const SafeTensorsFile got = read_safetensors(dump(name));
+      ASSERT_EQ(got.tensors.size(), grads.tensors.size());
+      for (const auto& [tensor, g] : grads.tensors) {
+        EXPECT_LT(testing::norm_rel_error(g.to_f32(), got.tensors.at(tensor).to_f32()), kTol)
+            << tensor;
+      }
+    }
     testing::expect_same_trajectory(serial, r, kTol, kSteps);
     const double val = metrics("serial").back()["val_loss"];
     EXPECT_NEAR(double(metrics(name).back()["val_loss"]), val, kTol * val);
