@@ -14,11 +14,11 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "tests/kernels/random_floats.h"
 
 namespace tetra::cpu {
 namespace {
@@ -26,13 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using testing::random_floats;
 
 struct Layout {
   std::string name;

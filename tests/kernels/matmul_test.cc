@@ -9,22 +9,16 @@
 #include <cstdlib>
 #include <iostream>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "tests/kernels/random_floats.h"
 
 namespace tetra::cpu {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using testing::random_floats;
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float m = 0;
