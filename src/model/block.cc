@@ -170,7 +170,7 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
     cpu::attention_decode(a.atty, a.qkv, cache->keys, cache->values, cache->scores, pos0, B, T, Cl,
                           NHl, c_.max_seq);
   } else {
-    cpu::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
+    cpu::attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl, bf16_);
   }
   row_parallel(a.residual2, x, a.atty, attprojw_, attprojb_, BT, Cl, tmp, "attn.c_proj forward");
   norm_gather(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, ln2w_, ln2b_, BT, sp);
@@ -232,10 +232,10 @@ void BlockT<F>::backward(F* dres, const F* x, const BlockActs<F>& a, const Block
                  "attn.c_proj input grad", bf16_);
   const F* att = a.att;
   if (!att) {
-    cpu::attention_probs(s.att, a.qkv, B, T, Cl, NHl);
+    cpu::attention_probs(s.att, a.qkv, B, T, Cl, NHl, bf16_);
     att = s.att;
   }
-  cpu::attention_backward(s.dqkv, s.datt, s.datty, a.qkv, att, B, T, Cl, NHl);
+  cpu::attention_backward(s.dqkv, s.datt, s.datty, a.qkv, att, B, T, Cl, NHl, bf16_);
   cpu::matmul_tn(w.grad(qkvw_), s.dqkv, a.ln1, 3 * Cl, C, BT, true, "attn.c_attn weight grad",
                  bf16_);
   cpu::bias_backward(w.grad(qkvb_), s.dqkv, BT, 3 * Cl);

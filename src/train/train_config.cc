@@ -218,9 +218,9 @@ const std::vector<TrainKey>& train_keys() {
         "there is none); or a checkpoint directory to continue from"},
        into<&O::ckpt, &CkptOptions::resume>()},
       {{"train.precision", ValueKind::String, "\"fp32\"",
-        "bf16: mixed precision, matmul operands rounded to bf16 with f32 accumulation (needs a "
-        "CPU with bf16 instructions); parameters, gradients, AdamW state, LayerNorm, attention "
-        "and the loss stay f32",
+        "bf16: mixed precision, matmul operands (attention's too, but for dq and dk) rounded to "
+        "bf16 with f32 accumulation (needs a CPU with bf16 instructions); parameters, gradients, "
+        "AdamW state, LayerNorm, softmax and the loss stay f32",
         "fp32 | bf16"},
        [](O& o, const ConfigValue& v) { o.model.bf16 = std::get<std::string>(v) == "bf16"; }},
       {{"train.recompute", ValueKind::String, "\"none\"",

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/attention.h"
 #include "tests/kernels/random_floats.h"
 
 namespace tetra::cpu {
@@ -236,6 +238,84 @@ TEST(Matmul, MixedPrecisionRoundsToNearestEven) {
   EXPECT_EQ(out[1], 1.0f + 0x1p-6f);
   EXPECT_EQ(out[2], 1.0f + 0x1p-7f);
   EXPECT_EQ(out[3], -(1.0f + 0x1p-6f));
+}
+
+// Mixed-precision attention (kernels/cpu/attention.h) against a double-precision reference that
+// rounds exactly where tetra says it does: q, k, v and dy to bf16, and the probabilities to bf16
+// for att·v and dv; softmax, its backward, dq and dk (from the f32 qkv) and the results unrounded.
+// The reference rounds tetra's own f32 probabilities (so that one f32 ulp cannot flip a rounding),
+// after checking them. T = 70 spans two causal blocks. The f32 kernel against the same reference
+// shows that the tolerances can fail.
+TEST(Matmul, MixedPrecisionAttentionRoundsEachOperandOnce) {
+  if (!has_bf16_or_refuses()) return;
+  const int B = 2, T = 70, C = 16, NH = 2, hs = C / NH;
+  const size_t BT = size_t(B) * T, TT = size_t(T) * T;
+  const auto qkv = random_floats(BT * 3 * C, 21), dy = random_floats(BT * C, 22);
+  Bf16Operands ops(8);
+  std::vector<float> out(BT * C), att(size_t(B) * NH * TT), dqkv(qkv.size()), datt(att.size());
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, &ops);
+  attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH,
+                     &ops);
+  std::vector<float> out32(out.size()), att32(att.size()), dqkv32(dqkv.size()), datt32(att.size());
+  attention_forward(out32.data(), att32.data(), qkv.data(), B, T, C, NH);
+  attention_backward(dqkv32.data(), datt32.data(), dy.data(), qkv.data(), att32.data(), B, T, C,
+                     NH);
+
+  const auto r = rounded_to_bf16(qkv), dyr = rounded_to_bf16(dy);
+  const auto round = [](double x) { return double(bf16::from_float(float(x)).to_float()); };
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<double> out_ref(out.size(), 0.0), dqkv_ref(qkv.size(), 0.0);
+  double att_err = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const size_t base = (size_t(b) * NH + h) * TT;
+      auto at = [&](const auto& x, int t, int part, int d) {
+        return double(x[(size_t(b) * T + t) * 3 * C + part * C + h * hs + d]);
+      };
+      auto g = [&](int t, int d) { return double(dyr[(size_t(b) * T + t) * C + h * hs + d]); };
+      auto grad = [&](int t, int part, int d) -> double& {
+        return dqkv_ref[(size_t(b) * T + t) * 3 * C + part * C + h * hs + d];
+      };
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> s(size_t(t) + 1, 0.0), datt_ref(s.size(), 0.0);
+        double mx = -1e300, sum = 0, dot = 0;
+        for (int j = 0; j <= t; ++j) {
+          for (int e = 0; e < hs; ++e) s[j] += at(r, t, 0, e) * at(r, j, 1, e);
+          mx = std::max(mx, s[j] * scale);
+        }
+        for (int j = 0; j <= t; ++j) sum += std::exp(s[j] * scale - mx);
+        for (int j = 0; j <= t; ++j) {
+          const double p = att[base + size_t(t) * T + j];
+          att_err = std::max(att_err, std::abs(p - std::exp(s[j] * scale - mx) / sum));
+          for (int e = 0; e < hs; ++e) datt_ref[j] += g(t, e) * at(r, j, 2, e);
+          dot += p * datt_ref[j];
+        }
+        for (int j = 0; j <= t; ++j) {
+          const double p = att[base + size_t(t) * T + j], p16 = round(p);
+          const double dpre = scale * p * (datt_ref[j] - dot);
+          for (int e = 0; e < hs; ++e) {
+            out_ref[(size_t(b) * T + t) * C + h * hs + e] += p16 * at(r, j, 2, e);
+            grad(j, 2, e) += p16 * g(t, e);
+            grad(t, 0, e) += dpre * at(qkv, j, 1, e);
+            grad(j, 1, e) += dpre * at(qkv, t, 0, e);
+          }
+        }
+      }
+    }
+  }
+  const auto err = [](const std::vector<float>& got, const std::vector<double>& want) {
+    double m = 0;
+    for (size_t i = 0; i < got.size(); ++i) m = std::max(m, std::abs(got[i] - want[i]));
+    return m;
+  };
+  EXPECT_LT(att_err, 1e-6);
+  EXPECT_LT(err(out, out_ref), 1e-6);
+  EXPECT_LT(err(dqkv, dqkv_ref), 1e-6);
+  std::cout << "[ bf16     ] attention vs the rounded reference: out " << err(out, out_ref)
+            << ", dqkv " << err(dqkv, dqkv_ref) << "; the f32 kernel: out " << err(out32, out_ref)
+            << ", dqkv " << err(dqkv32, dqkv_ref) << std::endl;
+  EXPECT_GT(err(out32, out_ref), 1e-4);
+  EXPECT_GT(err(dqkv32, dqkv_ref), 1e-4);
 }
 
 TEST(Matmul, PrimitivesAreCachedPerShape) {

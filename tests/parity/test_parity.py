@@ -373,7 +373,7 @@ def run_case(args, case):
                                 - r64["params"][f"transformer.h.{i}.attn.c_attn.bias"][C:2 * C]).max())
                   for i in range(cfg.n_layer))
         print(f"  key bias c_attn.bias[C:2C] (zero true gradient): max |tetra - ref| = {kworst:.2e}, "
-              f"torch-f32 {k32:.2e}, bound {kbound:.2e} (= 0.25 * sum of lr); "
+              f"{peer} {k32:.2e}, bound {kbound:.2e} (= 0.25 * sum of lr); "
               f"rows below compare c_attn.bias on its q and v parts")
     else:
         got_w, w32, w64 = None, r32["params"], r64["params"]

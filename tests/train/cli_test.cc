@@ -253,19 +253,22 @@ TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElse
     EXPECT_EQ(f[i]["precision"], "fp32");
   }
   EXPECT_GT(largest, 1e-6) << "the bf16 run computed the fp32 run's numbers";
-  // The rounding has its own profile entry: each product of the blocks and the head rounds both
-  // operands; attention's products stay f32.
+  // The rounding has its own profile entries: each product of the blocks and the head rounds both
+  // operands; attention rounds q, k, v once in forward and q, k, v, dy and the probabilities once
+  // in backward for its four products.
   std::ifstream in(path("b/profile.json"));
   const nlohmann::json prof = nlohmann::json::parse(in);
-  double casts = 0, products = 0;
+  double operand_casts = 0, attention_casts = 0, products = 0;
   for (const auto& e : prof["entries"]) {
-    if (e["kind"] == "bf16_cast") casts += e["calls_per_step"].get<double>();
-    if (e["kind"] == "matmul" && e["label"].get<std::string>().rfind("attention", 0) != 0) {
-      products += e["calls_per_step"].get<double>();
-    }
+    const std::string label = e["label"];
+    const double calls = e["calls_per_step"];
+    if (e["kind"] == "bf16_cast")
+      (label.rfind("attention", 0) == 0 ? attention_casts : operand_casts) += calls;
+    if (e["kind"] == "matmul" && label.rfind("attention", 0) != 0) products += calls;
   }
   EXPECT_EQ(products, 2 * 12 + 3) << prof.dump(1);  // L = 2: 4 forward + 8 backward each, head 3
-  EXPECT_EQ(casts, 2 * products) << prof.dump(1);
+  EXPECT_EQ(operand_casts, 2 * products) << prof.dump(1);
+  EXPECT_EQ(attention_casts, 2 * (1 + 3)) << prof.dump(1);
 }
 
 TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "core/error.h"
 #include "core/profile.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec_math.h"
@@ -23,24 +25,59 @@ Strides qkv_strides(int T, int C, int hs, bool transposed) {
 // the products skip most of the masked upper triangle (25% of the work at T = 128, ~47% at 1024).
 constexpr int kCausalBlock = 64;
 
+// The columns of (.., T) row t that its block's products read: [0, end of the block).
+int block_end(int t, int T) { return std::min(T, (t / kCausalBlock + 1) * kCausalBlock); }
+
+// A product operand: `data` of dtype `t` (the model's F, or bf16 under mixed precision), offset by
+// `offset` elements and read with `strides`.
+struct Operand {
+  const void* data;
+  DType t;
+  Operand at(int64_t offset) const {
+    return {static_cast<const char*>(data) + offset * int64_t(dtype_size(t)), t};
+  }
+};
+
 template <typename F>
-void product(const char* role, int B, int NH, int64_t M, int64_t N, int64_t K, const F* a,
-             Strides sa, const F* b, Strides sb, F* c, Strides sc, bool accumulate = false) {
+Operand operand(const F* p) {
+  return {p, dtype_of<F>()};
+}
+
+void product(const char* role, int B, int NH, int64_t M, int64_t N, int64_t K, Operand a,
+             Strides sa, Operand b, Strides sb, void* c, Strides sc, bool accumulate = false) {
   MatmulArgs x;
   x.role = role;
   x.accumulate = accumulate;
   x.b0 = B, x.b1 = NH, x.M = M, x.N = N, x.K = K;
-  x.a = {a, sa, dtype_of<F>()};
-  x.b = {b, sb, dtype_of<F>()};
+  x.a = {a.data, sa, a.t};
+  x.b = {b.data, sb, b.t};
   x.c = c;
   x.c_strides = sc;
   matmul(x);
 }
 
-}  // namespace
+// Mixed precision: scratch for the bf16 copies of qkv (B,T,3C) in forward, or of v and dout (B,T,C)
+// each in backward, in one region, and of the probabilities (B,NH,T,T) in the other.
+struct Bf16Scratch {
+  bf16 *rows, *att;
+};
+
+Bf16Scratch take(Bf16Operands& ops, int B, int T, int C, int NH) {
+  const auto [rows, att] =
+      ops.take(size_t(3) * B * T * C, size_t(B) * NH * T * T);  // attention_bf16_elements
+  return {rows, att};
+}
 
 template <typename F>
-void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH) {
+void check_bf16(const Bf16Operands* bf16) {
+  constexpr bool f32 = std::is_same_v<F, float>;
+  TETRA_CHECK(!bf16 || f32, "[attention] mixed precision takes f32 activations");
+}
+
+// preatt = q · k^T by causal blocks, then the scaled causal softmax in place. `qkv` is the model's
+// buffer or its bf16 copy; att16 (null in f32) receives the probabilities rounded to bf16 as well.
+template <typename F>
+void probs(F* att, Operand qkv, bf16* att16, int B, int T, int C, int NH) {
   const ProfileScope profile(ProfKind::attention, "causal softmax");
   const int hs = C / NH;
   const int64_t TT = int64_t(T) * T;
@@ -49,9 +86,9 @@ void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH) {
   // preatt (B,NH,T,T) = q · k^T, the causal part only (row block [q0,q1) against keys [0,q1))
   for (int q0 = 0; q0 < T; q0 += kCausalBlock) {
     const int q1 = std::min(T, q0 + kCausalBlock);
-    product<F>("attention q.k^T", B, NH, q1 - q0, q1, hs, qkv + q0 * C3,
-               qkv_strides(T, C, hs, false), qkv + C, qkv_strides(T, C, hs, true),
-               att + int64_t(q0) * T, att_s);
+    product("attention q.k^T", B, NH, q1 - q0, q1, hs, qkv.at(q0 * C3),
+            qkv_strides(T, C, hs, false), qkv.at(C), qkv_strides(T, C, hs, true),
+            att + int64_t(q0) * T, att_s);
   }
 
   const F scale = F(1) / std::sqrt(F(hs));
@@ -72,26 +109,65 @@ void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH) {
     F inv = F(1) / sum;
     for (int j = 0; j <= t; ++j) a[j] *= inv;
     for (int j = t + 1; j < T; ++j) a[j] = 0;
+    if constexpr (std::is_same_v<F, float>) {
+      if (att16) {
+        uint16_t* a16 = &att16[row * T].bits;
+        const int end = block_end(t, T);
+#pragma omp simd
+        for (int j = 0; j < end; ++j) a16[j] = round_bf16(a[j]);
+      }
+    }
   }
 }
 
-template <typename F>
-void attention_apply(F* out, const F* att, const F* qkv, int B, int T, int C, int NH) {
+// out (B,T,NH,hs) = att · v, by causal blocks.
+void apply(void* out, DType out_t, Operand att, Operand qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const int64_t TT = int64_t(T) * T;
   const Strides att_s{NH * TT, TT, T, 1};
-  // out (B,T,NH,hs) = att · v
+  const int64_t es = int64_t(dtype_size(out_t));
   for (int q0 = 0; q0 < T; q0 += kCausalBlock) {
     const int q1 = std::min(T, q0 + kCausalBlock);
-    product<F>("attention att.v", B, NH, q1 - q0, hs, q1, att + int64_t(q0) * T, att_s, qkv + 2 * C,
-               qkv_strides(T, C, hs, false), out + int64_t(q0) * C, {int64_t(T) * C, hs, C, 1});
+    product("attention att.v", B, NH, q1 - q0, hs, q1, att.at(int64_t(q0) * T), att_s,
+            qkv.at(2 * C), qkv_strides(T, C, hs, false),
+            static_cast<char*>(out) + int64_t(q0) * C * es, {int64_t(T) * C, hs, C, 1});
   }
 }
 
+}  // namespace
+
+size_t attention_bf16_elements(int B, int T, int C, int NH) {
+  return (size_t(3) * B * T * C + 31) / 32 * 32 + size_t(B) * NH * T * T;
+}
+
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
-  attention_probs(att, qkv, B, T, C, NH);
-  attention_apply(out, att, qkv, B, T, C, NH);
+void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH, Bf16Operands* bf16) {
+  check_bf16<F>(bf16);
+  if constexpr (std::is_same_v<F, float>) {
+    if (bf16) {
+      const Bf16Scratch s = take(*bf16, B, T, C, NH);
+      round_to_bf16(s.rows, qkv, size_t(B) * T * 3 * C, "attention q, k, v to bf16");
+      return probs(att, {s.rows, DType::bf16}, nullptr, B, T, C, NH);
+    }
+  }
+  probs(att, operand(qkv), nullptr, B, T, C, NH);
+}
+
+template <typename F>
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH,
+                       Bf16Operands* bf16) {
+  check_bf16<F>(bf16);
+  if constexpr (std::is_same_v<F, float>) {
+    if (bf16) {
+      const Bf16Scratch s = take(*bf16, B, T, C, NH);
+      round_to_bf16(s.rows, qkv, size_t(B) * T * 3 * C, "attention q, k, v to bf16");
+      const Operand qkv16{s.rows, DType::bf16};
+      probs(att, qkv16, s.att, B, T, C, NH);
+      return apply(out, DType::f32, {s.att, DType::bf16}, qkv16, B, T, C, NH);
+    }
+  }
+  probs(att, operand(qkv), nullptr, B, T, C, NH);
+  apply(out, dtype_of<F>(), operand<F>(att), operand(qkv), B, T, C, NH);
 }
 
 template <typename F>
@@ -139,13 +215,48 @@ void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scores, int
 
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH) {
+                        int C, int NH, Bf16Operands* bf16) {
+  check_bf16<F>(bf16);
   const ProfileScope profile(ProfKind::attention, "softmax backward");
   const int hs = C / NH;
-  const int64_t TT = int64_t(T) * T;
+  const int64_t TT = int64_t(T) * T, BT = int64_t(B) * T, rows = int64_t(B) * NH * T;
   const Strides att_s{NH * TT, TT, T, 1}, att_t{NH * TT, TT, 1, T};
-  const Strides dout_s{int64_t(T) * C, hs, C, 1};
-  const Strides part = qkv_strides(T, C, hs, false), part_t = qkv_strides(T, C, hs, true);
+  const Strides part = qkv_strides(T, C, hs, false);
+
+  // datt and dv read v, dy and the probabilities: the model's buffers, or (mixed precision) bf16
+  // copies made once here, v and dy dense (B,T,C).
+  Operand v = operand(qkv).at(2 * C), dy = operand(dout), p = operand(att);
+  int64_t v_width = 3 * int64_t(C);
+  if constexpr (std::is_same_v<F, float>) {
+    if (bf16) {
+      const Bf16Scratch s = take(*bf16, B, T, C, NH);
+      {
+        const ProfileScope cast(ProfKind::bf16_cast, "attention v to bf16");
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < BT; ++r) {
+          const float* in = qkv + r * 3 * C + 2 * C;
+          uint16_t* out = &s.rows[r * C].bits;
+#pragma omp simd
+          for (int c = 0; c < C; ++c) out[c] = round_bf16(in[c]);
+        }
+      }
+      round_to_bf16(s.rows + BT * C, dout, size_t(BT) * C, "attention dy to bf16");
+      {
+        const ProfileScope cast(ProfKind::bf16_cast, "attention probabilities to bf16");
+#pragma omp parallel for schedule(static)
+        for (int64_t row = 0; row < rows; ++row) {
+          const float* in = att + row * T;
+          uint16_t* out = &s.att[row * T].bits;
+          const int end = block_end(int(row % T), T);
+#pragma omp simd
+          for (int j = 0; j < end; ++j) out[j] = round_bf16(in[j]);
+        }
+      }
+      v = {s.rows, DType::bf16}, dy = {s.rows + BT * C, DType::bf16}, p = {s.att, DType::bf16};
+      v_width = C;
+    }
+  }
+  const Strides dy_s{int64_t(T) * C, hs, C, 1}, v_t{T * v_width, hs, 1, v_width};
 
   const int64_t C3 = 3 * int64_t(C);
   // Blocks are visited last to first: the last block meets every key, so its dv and dk products
@@ -154,50 +265,51 @@ void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* 
     const int q1 = std::min(T, q0 + kCausalBlock);
     const bool first = q1 == T;
     // datt = dout · v^T
-    product<F>("attention datt = dy.v^T", B, NH, q1 - q0, q1, hs, dout + int64_t(q0) * C, dout_s,
-               qkv + 2 * C, part_t, datt + int64_t(q0) * T, att_s);
+    product("attention datt = dy.v^T", B, NH, q1 - q0, q1, hs, dy.at(int64_t(q0) * C), dy_s, v, v_t,
+            datt + int64_t(q0) * T, att_s);
     // dv = att^T · dout
-    product<F>("attention dv = att^T.dy", B, NH, q1, hs, q1 - q0, att + int64_t(q0) * T, att_t,
-               dout + int64_t(q0) * C, dout_s, dqkv + 2 * C, part, !first);
+    product("attention dv = att^T.dy", B, NH, q1, hs, q1 - q0, p.at(int64_t(q0) * T), att_t,
+            dy.at(int64_t(q0) * C), dy_s, dqkv + 2 * C, part, !first);
   }
 
   // softmax backward with the scale folded in: dpre = scale * p * (datt - sum(p * datt))
   const F scale = F(1) / std::sqrt(F(hs));
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < int64_t(B) * NH * T; ++row) {
+  for (int64_t row = 0; row < rows; ++row) {
     int t = int(row % T);
-    const F* p = att + row * T;
+    const F* pr = att + row * T;
     F* d = datt + row * T;
     F dot = 0;
 #pragma omp simd reduction(+ : dot)
-    for (int j = 0; j <= t; ++j) dot += p[j] * d[j];
-    for (int j = 0; j <= t; ++j) d[j] = scale * p[j] * (d[j] - dot);
+    for (int j = 0; j <= t; ++j) dot += pr[j] * d[j];
+    for (int j = 0; j <= t; ++j) d[j] = scale * pr[j] * (d[j] - dot);
     for (int j = t + 1; j < T; ++j) d[j] = 0;
   }
 
+  // dq and dk from dpre in the model's precision, even under mixed precision: each row of dpre
+  // sums to zero, which makes the key bias's gradient exactly zero; rounded to bf16 the rows
+  // would not, and AdamW turns that noise into updates of order lr (docs/parity.md, "bf16").
+  const Operand q = operand(qkv), k = operand(qkv).at(C);
   for (int q0 = (T - 1) / kCausalBlock * kCausalBlock; q0 >= 0; q0 -= kCausalBlock) {
     const int q1 = std::min(T, q0 + kCausalBlock);
     const bool first = q1 == T;
     // dq = dpre · k
-    product<F>("attention dq = datt.k", B, NH, q1 - q0, hs, q1, datt + int64_t(q0) * T, att_s,
-               qkv + C, part, dqkv + q0 * C3, part);
+    product("attention dq = datt.k", B, NH, q1 - q0, hs, q1, operand<F>(datt + int64_t(q0) * T),
+            att_s, k, part, dqkv + q0 * C3, part);
     // dk = dpre^T · q
-    product<F>("attention dk = datt^T.q", B, NH, q1, hs, q1 - q0, datt + int64_t(q0) * T, att_t,
-               qkv + q0 * C3, part, dqkv + C, part, !first);
+    product("attention dk = datt^T.q", B, NH, q1, hs, q1 - q0, operand<F>(datt + int64_t(q0) * T),
+            att_t, q.at(q0 * C3), part, dqkv + C, part, !first);
   }
 }
 
-#define TETRA_INSTANTIATE(F)                                                    \
-  template void attention_probs<F>(F*, const F*, int, int, int, int);           \
-  template void attention_apply<F>(F*, const F*, const F*, int, int, int, int); \
-  template void attention_forward<F>(F*, F*, const F*, int, int, int, int);     \
-  template void attention_decode<F>(F*, const F*, F*, F*, F*, int, int, int, int, int, int);
+#define TETRA_INSTANTIATE(F)                                                                    \
+  template void attention_probs<F>(F*, const F*, int, int, int, int, Bf16Operands*);            \
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, Bf16Operands*);      \
+  template void attention_decode<F>(F*, const F*, F*, F*, F*, int, int, int, int, int, int);    \
+  template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int, int, \
+                                      Bf16Operands*);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)
 #undef TETRA_INSTANTIATE
-template void attention_backward<float>(float*, float*, const float*, const float*, const float*,
-                                        int, int, int, int);
-template void attention_backward<double>(double*, double*, const double*, const double*,
-                                         const double*, int, int, int, int);
 
 }  // namespace tetra::cpu

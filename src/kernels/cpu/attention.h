@@ -1,22 +1,33 @@
 // Causal multi-head self-attention over a fused qkv buffer. The two products per head are batched
 // matmuls over strided views of qkv; softmax is fused with the 1/sqrt(hs) scale and the causal
 // mask. Probabilities are kept for backward. F is float (oneDNN) or double (gradient checks).
+//
+// Mixed precision (train.precision = bf16; `bf16` non-null, F = float): q·k^T, att·v, datt = dy·v^T
+// and dv = att^T·dy take bf16 operands with f32 accumulation and f32 results, as the model's other
+// products do, each tensor rounded once per call rather than once per product: q, k and v (the
+// whole qkv buffer) in forward, v and dy in backward, and the probabilities (the softmax writes
+// them rounded next to their f32 values, which its backward keeps using). dq and dk stay f32:
+// the softmax gradient they read has rows that sum to zero, which keeps the key bias's gradient
+// exactly zero, and rounding it to bf16 would not. The softmax and its backward stay f32. The
+// copies live in the model's Bf16Operands, attention_bf16_elements(...) long.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cpu/matmul.h"
 
 namespace tetra::cpu {
 
 // att is (B,NH,T,T): causal softmax(q·k^T / sqrt(hs)) (upper triangle zero); qkv is (B,T,3C)
 // laid out as [q | k | v], each (NH, hs) with hs = C/NH. Selective recomputation calls this alone.
 template <typename F>
-void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH);
-// out (B,T,C) = att · v.
+void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH,
+                     Bf16Operands* bf16 = nullptr);
+// attention_probs, then out (B,T,C) = att · v.
 template <typename F>
-void attention_apply(F* out, const F* att, const F* qkv, int B, int T, int C, int NH);
-// attention_probs then attention_apply.
-template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH,
+                       Bf16Operands* bf16 = nullptr);
 // Attention of T new positions pos0..pos0+T-1 over a key/value cache (generation). The new keys
 // and values of qkv (B,T,3C) are first written into kcache and vcache (B,maxT,C) at pos0..; then
 // each new query attends to cached positions 0..its own. out is (B,T,C); scores is (maxT) scratch.
@@ -26,6 +37,8 @@ void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scores, int
 // dqkv (B,T,3C) is overwritten; datt (B,NH,T,T) is scratch; dout is (B,T,C).
 template <typename F>
 void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH);
+                        int C, int NH, Bf16Operands* bf16 = nullptr);
+// Elements of the bf16 scratch that mixed-precision attention takes for (B,T,C) with NH heads.
+size_t attention_bf16_elements(int B, int T, int C, int NH);
 
 }  // namespace tetra::cpu

@@ -131,14 +131,6 @@ MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, i
   return {dst, {b1 * rows * cols, rows * cols, cols, 1}, DType::f32};
 }
 
-// f32 -> bf16, nearest even (NaN kept quiet): bf16::from_float without its branch, so the loops
-// below vectorize.
-inline uint16_t round_bf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
-
 // An f32 operand (b0, b1, rows, cols) rounded to bf16 into dense `dst`, keeping which of its
 // dimensions is contiguous (a transposed operand stays transposed: both the reads and the writes
 // stream, and oneDNN takes either layout).
@@ -433,6 +425,13 @@ void matmul(const MatmulArgs& x) {
   w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
   w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
   onednn_matmul(w);
+}
+
+void round_to_bf16(bf16* dst, const float* src, size_t n, const char* label) {
+  const ProfileScope profile(ProfKind::bf16_cast, label);
+  uint16_t* out = &dst->bits;
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) out[i] = round_bf16(src[i]);
 }
 
 std::string onednn_isa() { return std::string(isa_name(dnnl::get_effective_cpu_isa())); }

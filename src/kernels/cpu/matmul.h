@@ -27,6 +27,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -113,6 +114,18 @@ template <typename T>
 constexpr DType dtype_of() {
   return sizeof(T) == 8 ? DType::f64 : DType::f32;
 }
+
+/** f32 -> bf16 bits, nearest even (NaN kept quiet): bf16::from_float without its branch, so that
+ *  loops over it vectorise. */
+inline uint16_t round_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
+/** dst[i] = round_bf16(src[i]) for n elements, over the OpenMP threads; profiled as bf16_cast
+ *  under `label`. */
+void round_to_bf16(bf16* dst, const float* src, size_t n, const char* label);
 
 /** Number of cached oneDNN primitives (for tests and diagnostics). */
 size_t matmul_cache_size();
