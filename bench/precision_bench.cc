@@ -51,11 +51,13 @@ MatmulArgs args(const Product& p, const void* a, const void* b, DType t, float* 
   x.role = "bench";
   x.M = p.M, x.N = p.N, x.K = p.K;
   const int64_t M = p.M, N = p.N, K = p.K;
-  x.a = {a, p.a_layout == 'n' ? std::array<int64_t, 4>{M * K, M * K, K, 1}
-                              : std::array<int64_t, 4>{M * K, M * K, 1, M},
+  x.a = {a,
+         p.a_layout == 'n' ? std::array<int64_t, 4>{M * K, M * K, K, 1}
+                           : std::array<int64_t, 4>{M * K, M * K, 1, M},
          t};
-  x.b = {b, p.b_layout == 'n' ? std::array<int64_t, 4>{K * N, K * N, N, 1}
-                              : std::array<int64_t, 4>{K * N, K * N, 1, K},
+  x.b = {b,
+         p.b_layout == 'n' ? std::array<int64_t, 4>{K * N, K * N, N, 1}
+                           : std::array<int64_t, 4>{K * N, K * N, 1, K},
          t};
   x.c = c;
   x.c_strides = {M * N, M * N, N, 1};
@@ -120,11 +122,10 @@ int run(const Shape& s, int reps) {
     const double ms16 = median_ms(reps, [&] { matmul(pure); });
     const double msmixed = median_ms(reps, [&] { matmul(mixed); });
     const double gflop = 2.0 * double(p.M) * double(p.N) * double(p.K) * 1e-9;
-    std::printf("%-24s %18s %9.1f %9.1f %9.1f %8.2fx %8.2fx\n", p.role.c_str(),
-                (std::to_string(p.M) + "x" + std::to_string(p.N) + "x" + std::to_string(p.K))
-                    .c_str(),
-                gflop / ms32 * 1e3, gflop / ms16 * 1e3, gflop / msmixed * 1e3, ms32 / ms16,
-                ms32 / msmixed);
+    std::printf(
+        "%-24s %18s %9.1f %9.1f %9.1f %8.2fx %8.2fx\n", p.role.c_str(),
+        (std::to_string(p.M) + "x" + std::to_string(p.N) + "x" + std::to_string(p.K)).c_str(),
+        gflop / ms32 * 1e3, gflop / ms16 * 1e3, gflop / msmixed * 1e3, ms32 / ms16, ms32 / msmixed);
     t32 += double(p.per_step) * ms32;
     t16 += double(p.per_step) * ms16;
     tmixed += double(p.per_step) * msmixed;
