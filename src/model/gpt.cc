@@ -44,7 +44,7 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
   if (config.bf16) {
     // The largest product's operands: an MLP product reads a (BT,4C/tp) activation or gradient
     // with a weight or a (BT,C) one; the head's backward reads the (BT,Vp/tp) logit gradient.
-    // Attention's copies (its q, k, v and dy with the probabilities) can be larger at long T.
+    // Attention's copies (q, k and v, or v and dy, with the probabilities) can be larger at long T.
     const size_t BT = size_t(B) * T, C = size_t(config.d_model);
     const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
     const size_t elements =

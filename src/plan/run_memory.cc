@@ -67,8 +67,8 @@ RunMemory run_memory(const RunShape& s) {
   // on data-parallel rank 0 without ZeRO, its shard with ZeRO; padding is not written).
   if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);
   // Mixed precision: the bf16 copies of the largest product's operands (model/gpt.cc), an MLP
-  // product's or the head's backward with the (BT,Vp/tp) logit gradient, or attention's q, k, v
-  // and dy with its probabilities (kernels/cpu/attention.h).
+  // product's or the head's backward with the (BT,Vp/tp) logit gradient, or attention's q, k and
+  // v (or v and dy) with its probabilities (kernels/cpu/attention.h).
   if (s.bf16) {
     const double H = 4 * C / tp, V = double(s.padded_vocab) / tp;
     m.temporaries += 2.0 * std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,

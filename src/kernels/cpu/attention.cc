@@ -28,8 +28,8 @@ constexpr int kCausalBlock = 64;
 // The columns of (.., T) row t that its block's products read: [0, end of the block).
 int block_end(int t, int T) { return std::min(T, (t / kCausalBlock + 1) * kCausalBlock); }
 
-// A product operand: `data` of dtype `t` (the model's F, or bf16 under mixed precision), offset by
-// `offset` elements and read with `strides`.
+// A product operand's base: `data` of dtype `t` (the model's F, or bf16 under mixed precision);
+// at(n) is the same buffer n elements on. Each product gives its own strides.
 struct Operand {
   const void* data;
   DType t;
