@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
 
   // The model's appetite: forward + backward on the same shape (AdamW adds little).
   ParamStore store;
-  Gpt model(o.model, store, o.micro_batch, o.seq_len);
+  Gpt model(cpu_backend(), o.model, store, o.micro_batch, o.seq_len);
   store.finalize({});
   store.init(1);
   const Batch& b = prefetch.next();

@@ -30,11 +30,12 @@ namespace {
 using namespace tetra;
 using namespace tetra::cpu;
 
-struct Shape {
+struct ModelShape {
   const char* name;
   int64_t BT, C, V, layers;
 };
-constexpr Shape kShapes[] = {{"gpt2-124m", 1024, 768, 50304, 12}, {"demo", 1024, 256, 4096, 4}};
+constexpr ModelShape kShapes[] = {{"gpt2-124m", 1024, 768, 50304, 12},
+                                  {"demo", 1024, 256, 4096, 4}};
 
 // A product as the model runs it: out (M,N) = a · b with a (M,K) stored row-major ('n') or as
 // (K,M) ('t': the weight gradient's activation), b (K,N) row-major or as (N,K) ('t': a weight
@@ -78,7 +79,7 @@ double median_ms(int reps, F&& run) {
   return ms[ms.size() / 2];
 }
 
-int run(const Shape& s, int reps) {
+int run(const ModelShape& s, int reps) {
   const Bf16MatmulPath& path = bf16_matmul_path();
   if (!path.hardware) {
     std::fprintf(stderr,
@@ -106,7 +107,7 @@ int run(const Shape& s, int reps) {
   std::printf("%-24s %18s %9s %9s %9s %9s %9s\n", "product", "MxNxK", "f32 GF/s", "bf16 GF/s",
               "mixed", "bf16/f32", "mixed/f32");
   double t32 = 0, t16 = 0, tmixed = 0;
-  Bf16Operands scratch(16);
+  Bf16Operands scratch(host_device(), 16);
   for (const Product& p : products) {
     std::vector<float> a(size_t(p.M * p.K)), b(size_t(p.K * p.N)), c(size_t(p.M * p.N));
     for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 97) / 97.0f - 0.5f;
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
     }
   }
   if (threads > 0) omp_set_num_threads(threads);
-  for (const Shape& s : kShapes) {
+  for (const ModelShape& s : kShapes) {
     if (shape == s.name) {
       try {
         return run(s, reps);

@@ -39,6 +39,7 @@ against the f32 peak, so above 100% is possible there.
 
   /usr/bin/python3 bench/train_bench.py [--shapes tiny,gpt2-124m] [--threads 1,2] [--steps N]
                                         [--json out.json] [--tetra build/tetra] [--precision bf16]
+                                        [--baseline OTHER/tetra]
 """
 import argparse
 import json
@@ -177,8 +178,8 @@ def run_torch(a, shape_name, shape, threads, data, blas_dir):
     return res
 
 
-def run_tetra(a, shape_name, shape, threads, data):
-    run_dir = os.path.join(a.workdir, f"tetra_{shape_name}_{threads}t_{a.precision}")
+def run_tetra(a, shape_name, shape, threads, data, binary=None, tag="tetra"):
+    run_dir = os.path.join(a.workdir, f"{tag}_{shape_name}_{threads}t_{a.precision}")
     os.makedirs(run_dir, exist_ok=True)
     mpath = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(mpath):
@@ -191,7 +192,7 @@ def run_tetra(a, shape_name, shape, threads, data):
     if a.fresh_peak:
         env["HOME"] = os.path.join(a.workdir, "home")
         env.pop("XDG_CACHE_HOME", None)
-    cmd = [a.tetra, "train", f"--model.vocab_size={shape['vocab']}", f"--model.n_layer={shape['n_layer']}",
+    cmd = [binary or a.tetra, "train", f"--model.vocab_size={shape['vocab']}", f"--model.n_layer={shape['n_layer']}",
            f"--model.n_head={shape['n_head']}", f"--model.d_model={shape['d_model']}",
            f"--model.max_seq={shape['max_seq']}", f"--data.train={data}",
            f"--train.micro_batch={shape['B']}", f"--train.seq_len={shape['T']}",
@@ -220,6 +221,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=-1, help="excluded steps (default: per shape)")
     ap.add_argument("--json", default="")
     ap.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
+    ap.add_argument("--baseline", default="",
+                    help="another tetra binary (e.g. a build of the previous commit) run beside "
+                         "--tetra on every row, interleaved: the 'new/base' column is --tetra's "
+                         "tokens/s over the baseline's")
     ap.add_argument("--workdir", default="/tmp/tetra_train_bench")
     ap.add_argument("--only", default="", help="tetra or torch (default both)")
     ap.add_argument("--torch-blas", default="openblas", help="comma list of system,openblas")
@@ -285,7 +290,7 @@ def main():
         st.write_shard(data, np.random.default_rng(0).integers(0, shape["vocab"], size=n_tok))
         for n in threads:
             variants = blas_variants if a.only in ("", "torch") else [("-", None)]
-            tts, trs, peaks, loads = [], {v: [] for v, _ in variants}, [], []
+            tts, tbs, trs, peaks, loads = [], [], {v: [] for v, _ in variants}, [], []
             for rep in range(a.repeat):
                 if a.fresh_peak:  # tetra measures the peak again on every repeat; the best is kept
                     cache = os.environ["TETRA_BENCH_PEAK_PATH"]
@@ -297,6 +302,10 @@ def main():
                     if tt:
                         tt["peak"] = read_peak(n)
                         tts.append(tt)
+                    if a.baseline:
+                        tb = run_tetra(a, name, shape, n, data, binary=a.baseline, tag="base")
+                        if tb:
+                            tbs.append(tb)
                 if read_peak(n):
                     peaks.append(read_peak(n))
                 for blas, bdir in variants:
@@ -306,6 +315,7 @@ def main():
                 loads.append(os.getloadavg()[0])
                 print(f"  done {name} {n}t repeat {rep + 1}/{a.repeat} ({time.time() - t_start:.0f}s)", flush=True)
             tt = max(tts, key=lambda r: r["tok_s"]) if tts else None
+            tb = max(tbs, key=lambda r: r["tok_s"]) if tbs else None
             for blas, _ in variants:
                 row = {"shape": name, "threads": n, "params": P, "flops_per_token": fpt,
                        "B": shape["B"], "T": shape["T"], "steps": shape["steps"],
@@ -336,6 +346,9 @@ def main():
                                torch_mfu=tr["tok_s"] * fpt / (pk * 1e9) if pk else None)
                 if tt and tr:
                     row["ratio"] = tt["tok_s"] / tr["tok_s"]
+                if tt and tb:
+                    row.update(base_tok_s=tb["tok_s"], base_tok_s_all=[r["tok_s"] for r in tbs],
+                               base_loss=tb["final_loss"], new_vs_base=tt["tok_s"] / tb["tok_s"])
                 results.append(row)
 
     def f(v, fmt):
@@ -343,7 +356,7 @@ def main():
     print()
     print(f"{'shape':<10} {'thr':>3} {'blas':>8} {'tetra tok/s':>12} {'torch tok/s':>12} {'tetra/torch':>11} "
           f"{'tetra ms':>9} {'torch ms':>9} {'tetra MFU':>9} {'(bench)':>8} {'torch MFU':>9} "
-          f"{'peak GF':>8} {'mm GF':>7}  peak source")
+          f"{'peak GF':>8} {'mm GF':>7} {'base tok/s':>10} {'new/base':>8}  peak source")
     for r in results:
         print(f"{r['shape']:<10} {r['threads']:>3} {r['torch_blas']:>8} {f(r.get('tetra_tok_s'), '12.0f')} "
               f"{f(r.get('torch_tok_s'), '12.0f')} {f(r.get('ratio'), '11.2f')} "
@@ -351,7 +364,8 @@ def main():
               f"{f(r.get('tetra_mfu') and 100 * r['tetra_mfu'], '8.1f')}% "
               f"{f(r.get('tetra_mfu_bench') and 100 * r['tetra_mfu_bench'], '7.1f')}% "
               f"{f(r.get('torch_mfu') and 100 * r['torch_mfu'], '8.1f')}% "
-              f"{f(r.get('peak_gflops'), '8.1f')} {f(r.get('torch_mm_gflops'), '7.1f')}  {r['peak_src']}")
+              f"{f(r.get('peak_gflops'), '8.1f')} {f(r.get('torch_mm_gflops'), '7.1f')} "
+              f"{f(r.get('base_tok_s'), '10.0f')} {f(r.get('new_vs_base'), '8.3f')}  {r['peak_src']}")
     print("\nMFU: 'tetra MFU' is tetra's own FLOPs/token convention (recovered from its metrics.jsonl mfu) "
           "against the common peak; '(bench)' and 'torch MFU' use "
           "FLOPs/token = 6P + 6LTC against the same peak (see --help).")

@@ -328,14 +328,19 @@ void load(const Manifest& manifest, ParamStore& store, float* m, float* v, bool 
                 where, name, manifest.model);
   }
   OpenFiles files(manifest.dir);
-  std::vector<float> buf;
+  // Host staging: the chunks' values in global order, then this rank's run of them, copied to
+  // the store's device.
+  std::vector<float> buf, run;
   auto fill = [&](const std::string& name, const TensorRecord& rec, const ParamEntry& e,
                   const char* kind, int64_t first, int64_t count, float* out) {
     if (count == 0) return;
     const int64_t lo = e.global_index(first), hi = e.global_index(first + count - 1) + 1;
     buf.assign(size_t(hi - lo), 0.0f);
     read_range(files, name, rec, kind, lo, hi, buf.data());
-    for (int64_t k = 0; k < count; ++k) out[k] = buf[size_t(e.global_index(first + k) - lo)];
+    run.resize(size_t(count));
+    for (int64_t k = 0; k < count; ++k)
+      run[size_t(k)] = buf[size_t(e.global_index(first + k) - lo)];
+    store.device().from_host(out, run.data(), run.size() * sizeof(float));
   };
   for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
     const ParamEntry& e = store.tensor(id);
@@ -397,8 +402,8 @@ struct Writer::Job {
   double block_s = 0;
 };
 
-Writer::Writer(WriterOptions options, MemoryLedger* ledger)
-    : opt_(std::move(options)), tag_{ledger, MemCategory::temporaries} {
+Writer::Writer(WriterOptions options, MemoryLedger* ledger, Device& device)
+    : opt_(std::move(options)), tag_{ledger, MemCategory::temporaries}, device_(device) {
   if (opt_.rank == 0) {
     // Temporary directories of saves that never completed (a crash, a kill) are not checkpoints.
     std::error_code ec;
@@ -442,9 +447,9 @@ double Writer::save(int64_t step, const std::vector<Source>& sources, json heade
   if (snapshot_.size() != job->elements) {
     snapshot_ = Buffer<float>(job->elements, tag_);
   }
-#pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < sources.size(); ++i) {
-    std::copy_n(sources[i].data, sources[i].count, snapshot_.data() + job->parts[i].at);
+    device_.to_host(snapshot_.data() + job->parts[i].at, sources[i].data,
+                    size_t(sources[i].count) * sizeof(float));
   }
   if (!opt_.async) {
     SaveReport r = write(*job);

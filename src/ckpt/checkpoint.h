@@ -73,7 +73,7 @@ std::string checkpoint_name(int64_t step);
 std::vector<std::string> verify(const Manifest& m);
 
 /** A part of this rank's state to save: `count` elements of a tensor (from local element
- * `first`) at `data`. */
+ * `first`) at `data` (device memory). */
 struct Source {
   std::string kind;
   const ParamEntry* tensor = nullptr;
@@ -90,10 +90,11 @@ struct Source {
 std::vector<Source> sources(ParamStore& store, const float* m, const float* v, bool dp_replica,
                             bool slice_replica);
 
-/** Fills what this rank holds of parameters (store.held) and moments (store.owned, into m and v)
- * from checkpoint `m`, reading only the chunks that overlap it; each chunk read is checked
- * against its checksum. Throws tetra::Error naming the checkpoint, file and tensor. `stage`: the
- * store holds one pipeline stage's tensors, so the checkpoint's others are not refused. */
+/** Fills what this rank holds of parameters (store.held) and moments (store.owned, into m and v,
+ * on the store's device) from checkpoint `m`, reading only the chunks that overlap it; each chunk
+ * read is checked against its checksum. Throws tetra::Error naming the checkpoint, file and tensor.
+ * `stage`: the store holds one pipeline stage's tensors, so the checkpoint's others are not
+ * refused. */
 void load(const Manifest& manifest, ParamStore& store, float* m, float* v, bool stage = false);
 
 /** Assembles the whole global tensor `name` of kind `kind` (all chunks). */
@@ -124,12 +125,13 @@ struct SaveReport {
   std::string error;       // empty on success
 };
 
-/** Saves checkpoints: save() snapshots this rank's sources into host memory and hands them to a
+/** Saves checkpoints: save() snapshots this rank's sources (on `device`) into host memory — the
+ * host staging every save writes from, charged to the ledger as temporaries — and hands them to a
  * background thread (or writes at once when !async); the next save() waits for the previous
  * write. Rank 0 publishes each checkpoint and prunes old ones. */
 class Writer {
  public:
-  Writer(WriterOptions options, MemoryLedger* ledger);
+  Writer(WriterOptions options, MemoryLedger* ledger, Device& device = host_device());
   ~Writer();  // waits for the write in flight
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
@@ -158,6 +160,7 @@ class Writer {
 
   WriterOptions opt_;
   MemTag tag_;
+  Device& device_;
   Buffer<float> snapshot_;  // this rank's data, in file order, reused by every save
   std::unique_ptr<Job> pending_;
   bool busy_ = false, stop_ = false;

@@ -90,7 +90,7 @@ int export_cmd(const ckpt::Manifest& m, const std::string& to) {
   const Config config =
       Config::parse(train_config_schema(), m.config_toml, (m.dir / "manifest.json").string(), {});
   ParamStore store;
-  Gpt model(gpt_config_from(config), store, 1, 1);
+  Gpt model(cpu_backend(), gpt_config_from(config), store, 1, 1);
   store.finalize(Sharding{});
   for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
     const std::string& name = store.tensor(id).spec.name;

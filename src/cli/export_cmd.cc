@@ -76,7 +76,7 @@ int export_main(const Args& args) {
   // Loading checks every tensor's name, shape and finiteness; the file is then written from the
   // store in Hugging Face's names and layouts.
   ParamStore store;
-  Gpt model(shape, store, 1, 1);
+  Gpt model(cpu_backend(), shape, store, 1, 1);
   store.finalize({});
   load_safetensors_into(store, weights, shape.describe());
   const uint32_t eot = tokenizer->eot_token();

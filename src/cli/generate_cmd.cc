@@ -113,9 +113,10 @@ int generate_main(const Args& args) {
               "the model was trained with",
               tokenizer->vocab_size(), shape.vocab_size);
 
-  parallel::TensorParallel group(world, false);
-  ParamStore store;
-  Gpt model(shape, store, 1, 1, Recompute::none, nullptr, &group);
+  Backend& backend = backend_for(parse_device_kind(config.s("run.device"), "run.device"));
+  parallel::TensorParallel group(backend, world, false);
+  ParamStore store(backend.device());
+  Gpt model(backend, shape, store, 1, 1, Recompute::none, nullptr, &group);
   store.finalize({});
   comm::run_or_abort(world, [&] {
     load_safetensors_into(store, model_path, shape.describe());

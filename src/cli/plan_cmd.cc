@@ -1,5 +1,8 @@
 // tetra plan: the seeds' arithmetic (memory, compute, communication, bubble, checkpoint, layout)
-// for a model on a cluster, before anything is launched.
+// for a model on a cluster, before anything is launched; given a `tetra train` config, for the run
+// that config would launch (train/run_plan.h).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,33 +14,70 @@
 #include "pipeline/trace.h"
 #include "plan/plan_config.h"
 #include "plan/report.h"
+#include "train/run_plan.h"
 
 namespace tetra::cli {
+
+namespace {
+
+// Every key `tetra plan` takes on its command line: the planner's, and a training config's.
+const ConfigSchema& plan_override_schema() {
+  static const ConfigSchema schema = [] {
+    ConfigSchema s = plan::plan_schema();
+    for (const KeySpec& k : training_plan_schema()) {
+      bool known = false;
+      for (const KeySpec& p : s) known = known || p.key == k.key;
+      if (!known) s.push_back(k);
+    }
+    return s;
+  }();
+  return schema;
+}
+
+std::string training_config_help() {
+  std::string aliases;
+  for (const auto& [alias, key] : plan_key_aliases()) {
+    aliases += fmt::format("  --{} = --{}\n", alias, key);
+  }
+  return "\nA `tetra train` config (one that sets a key only tetra train has: model.n_layer, "
+         "train.*,\nparallel.*, data.*, ...) is planned as the run `tetra train --config` would "
+         "launch, on the\ncpu cluster preset with one device per rank (--cluster.* keys override "
+         "it); its keys are\n`tetra train --help`'s, and these planner spellings are aliases "
+         "(two spellings of one\nsetting must agree):\n" +
+         aliases;
+}
+
+}  // namespace
 
 int plan_main(const Args& args) {
   ArgParser p(
       "plan", "tetra plan",
       "usage: tetra plan --config FILE.toml [--section.key=value ...] [--json] [--top N]\n\n"
       "Memory and compute ledgers, communication per dimension, pipeline bubble, checkpoint\n"
-      "interval and the best layouts for a model on a cluster (docs/plan.md).\n",
-      {{{"--config", ValueKind::String, "\"\"", "the plan's TOML config (configs/plan/)"},
+      "interval and the best layouts for a model on a cluster (docs/plan.md). FILE.toml is a\n"
+      "planner config (configs/plan/) or a `tetra train` config, planned as the run it launches.\n",
+      {{{"--config", ValueKind::String, "\"\"",
+         "a planner config (configs/plan/) or a `tetra train` config"},
         "FILE.toml"},
        {{"--json", ValueKind::Bool, "false", "print the report as one JSON object"}},
        {{"--top", ValueKind::Int, "5", "layouts to list", "[1, 1000]"}, "N"},
        {{"--trace", ValueKind::String, "\"\"",
          "write the chosen layout's simulated pipeline step as a Chrome/Perfetto trace"},
         "FILE.json"}});
-  p.allow_overrides(plan::plan_schema());
+  p.allow_overrides(plan_override_schema());
   p.set_epilog(
       "keys, as --section.key=default (valid values); 0 or \"\" = from the preset or search:\n" +
-      describe_keys(plan::plan_schema()));
+      describe_keys(plan::plan_schema()) + training_config_help());
   if (!p.parse(args)) return 0;
   const std::string& config_path = p.s("--config");
   TETRA_CHECK(!config_path.empty() || !p.overrides().empty(),
-              "[plan] no input; pass --config FILE.toml (examples in configs/plan/) or "
+              "[plan] no input; pass --config FILE.toml (a planner config, examples in "
+              "configs/plan/, or a `tetra train` config such as configs/brown.toml) or "
               "--section.key=value overrides");
-  const Config config = Config::load(plan::plan_schema(), config_path, p.overrides());
-  const plan::PlanInputs inputs = plan::plan_inputs(config);
+  const plan::PlanInputs inputs =
+      is_training_config(config_path, p.overrides())
+          ? plan_training_config(config_path, p.overrides()).inputs
+          : plan::plan_inputs(Config::load(plan::plan_schema(), config_path, p.overrides()));
   const nlohmann::json report = plan::plan_report(inputs, int(p.i("--top")));
   if (const std::string& trace = p.s("--trace"); !trace.empty()) {
     const plan::LayoutEstimate e = plan::choose_layout(inputs).chosen;

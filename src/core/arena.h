@@ -1,15 +1,16 @@
-// Owning, 64-byte-aligned flat buffers. Parameters, gradients and optimizer state each live in
+// Owning, 64-byte-aligned flat buffers on a device (core/device.h; the host unless one is named).
+// Parameters, gradients, optimizer state, activations and communication workspaces each live in
 // one of these; tensors are views (pointers + shape) into them. A buffer may be charged to a
-// category of a MemoryLedger for as long as it holds memory.
+// category of a MemoryLedger for as long as it holds memory, so the ledger counts the bytes of
+// whichever device holds them.
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 #include <memory>
-#include <new>
 #include <utility>
 
+#include "core/device.h"
 #include "core/memory.h"
 
 namespace tetra {
@@ -18,13 +19,21 @@ template <typename T>
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(size_t n, MemTag tag = {}) : tag_(tag) { resize(n); }
+  /** n zeroed elements on `device`, charged to `tag`. */
+  explicit Buffer(size_t n, MemTag tag = {}, Device& device = host_device())
+      : device_(&device), tag_(tag) {
+    resize(n);
+  }
   Buffer(Buffer&& o) noexcept
-      : data_(std::move(o.data_)), size_(std::exchange(o.size_, 0)), tag_(o.tag_) {}
+      : device_(o.device_),
+        data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        tag_(o.tag_) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
-      data_ = std::move(o.data_);
+      device_ = o.device_;
+      data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
       tag_ = o.tag_;
     }
@@ -39,27 +48,28 @@ class Buffer {
     charge(+1);
   }
 
-  /** Reallocates to n zeroed elements (0 frees). */
+  /** Reallocates to n zeroed elements on the same device (0 frees). */
   void resize(size_t n) {
     release();
-    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    T* p = n ? static_cast<T*>(std::aligned_alloc(64, bytes)) : nullptr;
-    if (n && !p) throw std::bad_alloc();
-    if (n) std::memset(static_cast<void*>(p), 0, bytes);
-    data_.reset(p);
+    if (n) {
+      data_ = static_cast<T*>(device_->allocate(n * sizeof(T)));
+      device_->fill_zero(data_, n * sizeof(T));
+    }
     size_ = n;
     charge(+1);
   }
   void zero() {
-    if (size_) std::memset(static_cast<void*>(data_.get()), 0, size_ * sizeof(T));
+    if (size_) device_->fill_zero(data_, size_ * sizeof(T));
   }
 
-  T* data() { return data_.get(); }
-  const T* data() const { return data_.get(); }
+  Device& device() const { return *device_; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
   size_t size() const { return size_; }
-  T& operator[](size_t i) { return data_.get()[i]; }
-  const T& operator[](size_t i) const { return data_.get()[i]; }
   size_t bytes() const { return size_ * sizeof(T); }
+  /** Element access for host-accessible devices only (the host, the CPU backend). */
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
 
  private:
   void charge(int sign) {
@@ -67,14 +77,13 @@ class Buffer {
   }
   void release() {
     charge(-1);
-    data_.reset();
+    if (data_) device_->release(data_, size_ * sizeof(T));
+    data_ = nullptr;
     size_ = 0;
   }
 
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> data_;
+  Device* device_ = &host_device();
+  T* data_ = nullptr;
   size_t size_ = 0;
   MemTag tag_;
 };

@@ -1,6 +1,7 @@
 #include "core/param_store.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "core/philox.h"
@@ -88,8 +89,10 @@ void ParamStoreT<F>::finalize(const Sharding& sharding, MemoryLedger* ledger) {
   }
   flat_size_ = offset;
   finalized_ = true;
-  params_ = Buffer<F>(sharding.params ? shard_size() : flat_size_, {ledger, MemCategory::params});
-  grads_ = Buffer<F>(sharding.grads ? shard_size() : flat_size_, {ledger, MemCategory::grads});
+  params_ = Buffer<F>(sharding.params ? shard_size() : flat_size_, {ledger, MemCategory::params},
+                      *device_);
+  grads_ =
+      Buffer<F>(sharding.grads ? shard_size() : flat_size_, {ledger, MemCategory::grads}, *device_);
   param_base_.assign(units_.size(), nullptr);
   grad_base_.assign(units_.size(), nullptr);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -163,25 +166,30 @@ typename ParamStoreT<F>::HeldRun ParamStoreT<F>::held(TensorId id) {
   return r;
 }
 
+// Both fill what this rank holds on the host and copy it to the device: one tensor at a time, so
+// the host copy is at most one tensor long.
 template <typename F>
 void ParamStoreT<F>::init(uint64_t seed) {
+  std::vector<F> host;
   for (TensorId id = 0; id < TensorId(tensors_.size()); ++id) {
     const ParamEntry& e = tensors_[size_t(id)];
     const ParamInit& in = e.spec.init;
     const HeldRun run = held(id);
+    host.resize(size_t(run.count));
     if (in.kind != ParamInit::Kind::normal) {
-      std::fill(run.data, run.data + run.count, F(in.kind == ParamInit::Kind::ones ? 1 : 0));
-      continue;
-    }
-    const Philox rng(seed, e.spec.name);
-    int64_t row = 1;
-    for (size_t d = 1; d < e.spec.shape.size(); ++d) row *= e.spec.shape[d];
-    const int64_t drawn = in.rows < 0 ? shape_numel(e.spec.shape) : in.rows * row;
+      std::fill(host.begin(), host.end(), F(in.kind == ParamInit::Kind::ones ? 1 : 0));
+    } else {
+      const Philox rng(seed, e.spec.name);
+      int64_t row = 1;
+      for (size_t d = 1; d < e.spec.shape.size(); ++d) row *= e.spec.shape[d];
+      const int64_t drawn = in.rows < 0 ? shape_numel(e.spec.shape) : in.rows * row;
 #pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < run.count; ++k) {
-      const int64_t g = e.global_index(run.first + k);
-      run.data[k] = g < drawn ? F(in.std * rng.normal(uint64_t(g))) : F(0);
+      for (int64_t k = 0; k < run.count; ++k) {
+        const int64_t g = e.global_index(run.first + k);
+        host[size_t(k)] = g < drawn ? F(in.std * rng.normal(uint64_t(g))) : F(0);
+      }
     }
+    device_->from_host(run.data, host.data(), host.size() * sizeof(F));
   }
 }
 
@@ -189,7 +197,9 @@ template <typename F>
 void ParamStoreT<F>::load_global(TensorId id, const F* global) {
   const ParamEntry& e = tensors_[size_t(id)];
   const HeldRun run = held(id);
-  for (int64_t k = 0; k < run.count; ++k) run.data[k] = global[e.global_index(run.first + k)];
+  std::vector<F> host(size_t(run.count));
+  for (int64_t k = 0; k < run.count; ++k) host[size_t(k)] = global[e.global_index(run.first + k)];
+  device_->from_host(run.data, host.data(), host.size() * sizeof(F));
 }
 
 template class ParamStoreT<float>;

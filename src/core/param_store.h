@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/device.h"
 #include "core/memory.h"
 #include "core/tensor.h"
 
@@ -112,6 +113,9 @@ class UnitHooks {
 template <typename F>
 class ParamStoreT {
  public:
+  /** A store whose buffers live on `device` (the backend's; the host by default). */
+  explicit ParamStoreT(Device& device = host_device()) : device_(&device) {}
+
   /** Starts a unit; tensors added until end_unit() belong to it. */
   int begin_unit(const std::string& name);
   TensorId add(ParamSpec spec);
@@ -139,7 +143,8 @@ class ParamStoreT {
   const std::vector<OwnedSegment>& owned() const { return owned_; }
 
   /** The elements of tensor `id` this rank holds persistently: all of its local part, or (ZeRO-3)
-   *  the run inside this rank's shard. Local elements [first, first + count) live at data. */
+   *  the run inside this rank's shard. Local elements [first, first + count) live at data (device
+   *  memory). */
   struct HeldRun {
     int64_t first = 0, count = 0;
     F* data = nullptr;
@@ -148,9 +153,12 @@ class ParamStoreT {
 
   /** Initialises every element this rank holds from (seed, name, global index). */
   void init(uint64_t seed);
-  /** Copies what this rank holds of tensor `id` out of the whole global tensor `global` (tetra
-   *  layout, global shape). */
+  /** Copies what this rank holds of tensor `id` out of the whole global tensor `global` (host
+   *  memory; tetra layout, global shape). */
   void load_global(TensorId id, const F* global);
+
+  /** The device every buffer of the store lives on. */
+  Device& device() const { return *device_; }
 
   const std::vector<ParamEntry>& tensors() const { return tensors_; }
   const ParamEntry& tensor(TensorId id) const { return tensors_[size_t(id)]; }
@@ -169,6 +177,7 @@ class ParamStoreT {
   F* resolve(TensorId id, std::vector<F*>& bases);
   void build_owned();
 
+  Device* device_;
   std::vector<ParamEntry> tensors_;
   std::vector<ParamUnit> units_;
   bool in_unit_ = false, finalized_ = false;

@@ -22,10 +22,16 @@ const float* Generator::step(int32_t token) {
   const float* logits = model_.decode(*state_, &token, pos_);
   ++pos_;
   parallel::TensorParallel& tp = model_.tp();
-  if (tp.size() == 1) return logits;
-  full_.resize(size_t(c.padded_vocab));
-  tp.gather_columns(logits, full_.data(), 1, c.local_vocab());
-  return full_.data();
+  Device& device = model_.backend().device();
+  if (tp.size() > 1) {
+    if (full_.size() == 0) full_ = Buffer<float>(size_t(c.padded_vocab), {}, device);
+    tp.gather_columns(logits, full_.data(), 1, c.local_vocab());
+    logits = full_.data();
+  }
+  // Sampling runs on the host.
+  host_.resize(size_t(c.padded_vocab));
+  device.to_host(host_.data(), logits, host_.size() * sizeof(float));
+  return host_.data();
 }
 
 const float* Generator::prefill(std::span<const int32_t> prompt) {

@@ -27,9 +27,9 @@ class Generator {
 
   /** Empties the cache: the next step() is position 0. */
   void reset() { pos_ = 0; }
-  /** Feeds `token` at position position() and returns the logits for the next token, (Vp), on
-   * every rank of a tensor-parallel model (each rank's columns gathered). Valid until the next
-   * call. */
+  /** Feeds `token` at position position() and returns the logits for the next token, (Vp) in
+   * host memory, on every rank of a tensor-parallel model (each rank's columns gathered). Valid
+   * until the next call. */
   const float* step(int32_t token);
   /** reset(), then feeds every prompt token; returns the logits after the last one, (Vp). */
   const float* prefill(std::span<const int32_t> prompt);
@@ -40,7 +40,8 @@ class Generator {
  private:
   Gpt& model_;
   std::unique_ptr<Gpt::DecodeState> state_;
-  std::vector<float> full_;  // (Vp): gathered logits of a tensor-parallel model
+  Buffer<float> full_;       // (Vp): gathered logits of a tensor-parallel model, on the device
+  std::vector<float> host_;  // (Vp): the logits sampling reads
   int pos_ = 0;
 };
 

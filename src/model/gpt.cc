@@ -6,20 +6,30 @@
 #include <utility>
 
 #include "core/error.h"
-#include "kernels/cpu/attention.h"
 
 namespace tetra {
 
 template <typename F>
-GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r,
-              MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part)
-    : config_(config),
+GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
+              Recompute r, MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part)
+    : backend_(backend),
+      k_(backend.kernels<F>()),
+      config_(config),
       store_(store),
       B_(B),
       T_(T),
       recompute_(r),
+      own_tp_(backend),
       tp_(tp ? tp : &own_tp_),
       part_(std::move(part)) {
+  Device& device = backend.device();
+  TETRA_CHECK(&store.device() == &device && &tp_->backend() == &backend,
+              "[model] internal: the parameter store and the tensor-parallel group must live on "
+              "the model's backend");
+  TETRA_CHECK(config.tp == tp_->size() && config.sequence_parallel == tp_->sequence_parallel(),
+              "[model] internal: a model shaped for tp={} (sequence parallel {}) on a group of {} "
+              "(sequence parallel {})",
+              config.tp, config.sequence_parallel, tp_->size(), tp_->sequence_parallel());
   TETRA_CHECK(B > 0, "[model] micro-batch must be positive (got {})", B);
   TETRA_CHECK(T > 0 && T <= config.max_seq,
               "[model] sequence length {} must be in 1..model.max_seq={}; raise model.max_seq or "
@@ -41,18 +51,23 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
                 "model",
                 c, k.first, k.end, k.slots, L);
   }
+  attention_ = AttentionSizes::of(k_, config, B, T);
   if (config.bf16) {
+    const std::string unsupported = backend.bf16_unsupported();
+    TETRA_CHECK(unsupported.empty(), "[model] {}", unsupported);
     // The largest product's operands: an MLP product reads a (BT,4C/tp) activation or gradient
     // with a weight or a (BT,C) one; the head's backward reads the (BT,Vp/tp) logit gradient.
-    // Attention's copies (q, k and v, or v and dy, with the probabilities) can be larger at long T.
+    // Attention's own bf16 copies (the backend's count; on the CPU q, k and v, or v and dy, with
+    // the probabilities) can be larger at long T.
     const size_t BT = size_t(B) * T, C = size_t(config.d_model);
     const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
     const size_t elements =
         std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
-                  cpu::attention_bf16_elements(B, T, config.local_width(), config.local_heads())});
-    bf16_ = std::make_unique<cpu::Bf16Operands>(elements + 32,
-                                                MemTag{ledger, MemCategory::temporaries});
+                  k_.attention_bf16_elements({B, T, config.local_width(), config.local_heads()})});
+    bf16_ = std::make_unique<Bf16Operands>(device, elements + 32,
+                                           MemTag{ledger, MemCategory::temporaries});
   }
+  const parallel::LayerEnv<F> env{store, *tp_, bf16_.get()};
   // Units in backward order: a head without the embedding (its backward comes first: its copy of
   // the tied wte, then ln_f), the chunks from last to first with their blocks from last to first,
   // then the embedding — wte and the root (wpe; with wte and ln_f when the head is here too, the
@@ -66,13 +81,13 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
     wte_copy_ = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
     store.end_unit();
     head_unit_ = store.begin_unit("head");
-    head_ = std::make_unique<HeadT<F>>(config_, store, wte_copy_, *tp_, bf16_.get());
+    head_ = std::make_unique<HeadT<F>>(config_, env, wte_copy_);
     store.end_unit();
   }
   for (auto c = part_.chunks.rbegin(); c != part_.chunks.rend(); ++c) {
     for (int l = c->end - 1; l >= c->first; --l) {
       block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
-      blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, store, *tp_, bf16_.get());
+      blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, env);
       store.end_unit();
     }
   }
@@ -84,10 +99,10 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
       store.end_unit();
     }
     root_unit_ = store.begin_unit("root");
-    embedding_ = std::make_unique<EmbeddingT<F>>(config_, store, *tp_, wte);
+    embedding_ = std::make_unique<EmbeddingT<F>>(config_, env, wte);
     if (part_.head) {
       head_unit_ = root_unit_;
-      head_ = std::make_unique<HeadT<F>>(config_, store, embedding_->wte(), *tp_, bf16_.get());
+      head_ = std::make_unique<HeadT<F>>(config_, env, embedding_->wte());
     }
     store.end_unit();
   }
@@ -95,13 +110,14 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
   // The residual stream: this rank's rows of it under sequence parallelism.
   const size_t BTC = boundary_size();
   const bool keep_layers = r != Recompute::full;
-  const size_t per_layer = BlockActs<F>::elements(config, B, T, r == Recompute::none);
+  const size_t saved = r == Recompute::none ? attention_.saved : 0;
+  const size_t per_layer = BlockActs<F>::elements(config, B, T, saved);
   size_t total = part_.head ? HeadActs<F>::elements(config, B, T) : 0;
   for (const GptPart::Chunk& k : part_.chunks) {
     const size_t n = size_t(k.end - k.first);
     total += size_t(k.slots) * (BTC * (n + 1) + (keep_layers ? per_layer * n : 0));
   }
-  acts_mem_ = Buffer<F>(total, {ledger, MemCategory::activations});
+  acts_mem_ = Buffer<F>(total, {ledger, MemCategory::activations}, device);
   F* p = acts_mem_.data();
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
   for (size_t c = 0; c < part_.chunks.size(); ++c) {
@@ -115,9 +131,9 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
     for (Slot& s : ch.slots) {
       for (int l = k.first; l <= k.end; ++l) s.x.push_back(take(BTC));
       for (int l = k.first; keep_layers && l < k.end; ++l) {
-        s.acts.push_back(BlockActs<F>::carve(take(per_layer), config, B, T, r == Recompute::none));
+        s.acts.push_back(BlockActs<F>::carve(take(per_layer), config, B, T, saved));
       }
-      if (ch.embedding) s.tokens.resize(size_t(B) * T);
+      if (ch.embedding) s.tokens = Buffer<int32_t>(size_t(B) * T, {}, device);
     }
     chunks_.push_back(std::move(ch));
   }
@@ -125,15 +141,16 @@ GptT<F>::GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Reco
     head_acts_ = HeadActs<F>::carve(take(HeadActs<F>::elements(config, B, T)), config, B, T);
   }
 
-  const size_t work = r == Recompute::full ? BlockActs<F>::elements(config, B, T, false) + BTC : 0;
-  tmp_mem_ = Buffer<F>(BTC + BlockScratch<F>::elements(config, B, T) + work,
-                       {ledger, MemCategory::temporaries});
+  if (part_.head) targets_ = Buffer<int32_t>(size_t(B) * T, {}, device);
+  const size_t scratch = BlockScratch<F>::elements(config, B, T, attention_);
+  const size_t work = r == Recompute::full ? BlockActs<F>::elements(config, B, T, 0) + BTC : 0;
+  tmp_mem_ = Buffer<F>(BTC + scratch + work, {ledger, MemCategory::temporaries}, device);
   p = tmp_mem_.data();
   dres_ = take(BTC);
-  scratch_ = BlockScratch<F>::carve(take(BlockScratch<F>::elements(config, B, T)), config, B, T);
+  scratch_ = BlockScratch<F>::carve(take(scratch), config, B, T, attention_);
   if (r == Recompute::full) {
     work_acts_ =
-        BlockActs<F>::carve(take(BlockActs<F>::elements(config, B, T, false)), config, B, T, false);
+        BlockActs<F>::carve(take(BlockActs<F>::elements(config, B, T, 0)), config, B, T, 0);
     work_out_ = take(BTC);
   }
 }
@@ -180,18 +197,18 @@ void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs,
   const int n = ch.end - ch.first;
   auto unit = [&](int i) { return block_unit_[size_t(ch.first + i)]; };
   if (ch.embedding) {
-    std::memcpy(s.tokens.data(), inputs, sizeof(int32_t) * s.tokens.size());
+    backend_.device().from_host(s.tokens.data(), inputs, s.tokens.bytes());
     before_forward_end(root_unit_, unit(0));
-    embedding_->forward(s.x[0], inputs, B_, T_, 0, scratch_.full);
+    embedding_->forward(s.x[0], s.tokens.data(), B_, T_, 0, scratch_.full);
     after_forward_end(root_unit_);
   } else if (input) {
-    std::copy_n(input, boundary_size(), s.x[0]);
+    k_.copy(s.x[0], input, boundary_size());
   }
   for (int i = 0; i < n; ++i) {
     before_forward(unit(i), i + 1 < n ? unit(i + 1) : (ch.head ? head_unit_ : -1));
     // Without saved probabilities the forward still needs somewhere to put them.
     BlockActs<F> a = saved_acts(s, i);
-    if (!a.att) a.att = scratch_.att;
+    if (!a.attn) a.attn = scratch_.attn_saved;
     blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], s.x[size_t(i) + 1], a, B_, T_, nullptr,
                                            0, scratch_.full);
     after_forward(unit(i));
@@ -205,7 +222,7 @@ void GptT<F>::forward_chunk(int chunk, int mb, const int32_t* inputs, const F* i
   TETRA_CHECK(ch.head || output, "[model] internal: chunk {} forward without an output", chunk);
   TETRA_CHECK(ch.embedding || input, "[model] internal: chunk {} forward without an input", chunk);
   forward_pass(ch, s, inputs, input);
-  if (output) std::copy_n(s.x.back(), boundary_size(), output);
+  if (output) k_.copy(output, s.x.back(), boundary_size());
 }
 
 template <typename F>
@@ -225,11 +242,12 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
     // The head's forward runs straight into its backward: one residency for both.
     before_backward_end(head_unit_, unit(n - 1));
     head_->forward(s.x.back(), head_acts_, B_, T_);
-    loss = head_->backward(dres_, scratch_.dln, s.x.back(), targets, head_acts_, B_, T_, loss_scale,
-                           scratch_.full);
+    backend_.device().from_host(targets_.data(), targets, targets_.bytes());
+    loss = head_->backward(dres_, scratch_.dln, s.x.back(), targets_.data(), head_acts_, B_, T_,
+                           loss_scale, scratch_.full, scratch_.norm_grads);
     if (head_unit_ != root_unit_) after_backward_end(head_unit_);
   } else if (grad_output) {
-    std::copy_n(grad_output, boundary_size(), dres_);
+    k_.copy(dres_, grad_output, boundary_size());
   }
   // The root is resident since the head's backward on the whole model.
   const bool root_next = ch.embedding && !ch.head;
@@ -237,7 +255,7 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
     before_backward(unit(i), i > 0 ? unit(i - 1) : (root_next ? root_unit_ : -1));
     if (recompute_ == Recompute::full) {
       BlockActs<F> a = work_acts_;
-      a.att = scratch_.att;
+      a.attn = scratch_.attn_saved;
       blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], work_out_, a, B_, T_, nullptr, 0,
                                              scratch_.full);
     }
@@ -250,7 +268,7 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
     embedding_->backward(dres_, s.tokens.data(), B_, T_, scratch_.full);
     after_backward_end(root_unit_);
   } else if (grad_input) {
-    std::copy_n(dres_, boundary_size(), grad_input);
+    k_.copy(grad_input, dres_, boundary_size());
   }
   s.mb = -1;
   return loss;
@@ -276,9 +294,9 @@ double GptT<F>::evaluate_chunk(int chunk, const int32_t* inputs, const F* input,
     before_forward_end(head_unit_, -1);
     head_->forward(s.x.back(), head_acts_, B_, T_);
     after_forward_end(head_unit_);
-    loss = head_->loss(targets, head_acts_, B_, T_);
+    loss = head_loss(targets);
   } else if (output) {
-    std::copy_n(s.x.back(), boundary_size(), output);
+    k_.copy(output, s.x.back(), boundary_size());
   }
   end_forward_only();
   s.mb = -1;
@@ -286,9 +304,15 @@ double GptT<F>::evaluate_chunk(int chunk, const int32_t* inputs, const F* input,
 }
 
 template <typename F>
+double GptT<F>::head_loss(const int32_t* targets) {
+  backend_.device().from_host(targets_.data(), targets, targets_.bytes());
+  return head_->loss(targets_.data(), head_acts_, B_, T_);
+}
+
+template <typename F>
 double GptT<F>::forward_loss(const int32_t* inputs, const int32_t* targets) {
   forward_logits(inputs);
-  return head_->loss(targets, head_acts_, B_, T_);
+  return head_loss(targets);
 }
 
 template <typename F>
@@ -309,10 +333,13 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   const GptConfig& c = config_;
   const size_t C = size_t(c.d_model), maxT = size_t(c.max_seq), L = size_t(c.n_layer);
   const size_t kv = size_t(B) * maxT * size_t(c.local_width());
+  const size_t scratch = k_.attention_decode_scratch_elements(B, c.local_heads(), c.max_seq);
   auto st = std::make_unique<DecodeState>();
   st->B = B;
-  const size_t acts = BlockActs<F>::elements(c, B, 1, false), head = HeadActs<F>::elements(c, B, 1);
-  st->mem.resize(L * 2 * kv + maxT + acts + head + 2 * size_t(B) * C);
+  const size_t acts = BlockActs<F>::elements(c, B, 1, 0), head = HeadActs<F>::elements(c, B, 1);
+  Device& device = backend_.device();
+  st->mem = Buffer<F>(L * 2 * kv + scratch + acts + head + 2 * size_t(B) * C, {}, device);
+  st->tokens = Buffer<int32_t>(size_t(B), {}, device);
   F* p = st->mem.data();
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
   for (size_t l = 0; l < L; ++l) {
@@ -321,9 +348,9 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
     kc.values = take(kv);
     st->cache.push_back(kc);
   }
-  F* scores = take(maxT);
-  for (auto& kc : st->cache) kc.scores = scores;
-  st->acts = BlockActs<F>::carve(take(acts), c, B, 1, false);
+  F* decode_scratch = take(scratch);
+  for (auto& kc : st->cache) kc.scratch = decode_scratch;
+  st->acts = BlockActs<F>::carve(take(acts), c, B, 1, 0);
   st->head = HeadActs<F>::carve(take(head), c, B, 1);
   st->x = take(size_t(B) * C);
   st->y = take(size_t(B) * C);
@@ -341,8 +368,9 @@ const F* GptT<F>::decode(DecodeState& st, const int32_t* tokens, int pos) {
               "[generate] position {} is outside the model's max_seq={}; use a shorter prompt or "
               "fewer new tokens",
               pos, config_.max_seq);
+  backend_.device().from_host(st.tokens.data(), tokens, st.tokens.bytes());
   before_forward(root_unit_, block_unit_[0]);
-  embedding_->forward(st.x, tokens, st.B, 1, pos);
+  embedding_->forward(st.x, st.tokens.data(), st.B, 1, pos);
   for (int l = 0; l < L; ++l) {
     before_forward(block_unit_[size_t(l)], l + 1 < L ? block_unit_[size_t(l) + 1] : root_unit_);
     blocks_[size_t(l)]->forward(st.x, st.y, st.acts, st.B, 1, &st.cache[size_t(l)], pos);

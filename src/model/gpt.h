@@ -18,11 +18,14 @@
 #include "core/arena.h"
 #include "core/memory.h"
 #include "core/param_store.h"
+#include "core/recompute.h"
+#include "kernels/backend.h"
 #include "model/block.h"
 #include "model/embedding.h"
 #include "model/gpt_config.h"
 #include "model/head.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_layers.h"
 
 namespace tetra {
 
@@ -42,18 +45,21 @@ struct GptPart {
 template <typename F>
 class GptT {
  public:
-  /** Registers every tensor of `part` with `store` (not yet finalized) and allocates activations
-   *  for micro-batches of (B,T) with recomputation `r`, charged to `ledger`. `tp` is the tensor-
-   *  parallel group of config.tp ranks (null: one rank); it must outlive the model. */
-  GptT(const GptConfig& config, ParamStoreT<F>& store, int B, int T, Recompute r = Recompute::none,
-       MemoryLedger* ledger = nullptr, parallel::TensorParallel* tp = nullptr, GptPart part = {});
+  /** Registers every tensor of `part` with `store` (not yet finalized; on `backend`'s device) and
+   *  allocates activations on that device for micro-batches of (B,T) with recomputation `r`,
+   *  charged to `ledger`. `tp` is the tensor-parallel group of config.tp ranks (null: one rank);
+   *  it must outlive the model. */
+  GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
+       Recompute r = Recompute::none, MemoryLedger* ledger = nullptr,
+       parallel::TensorParallel* tp = nullptr, GptPart part = {});
 
   /** The residency manager the model reports to (null: every unit is always resident). */
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
 
-  // inputs and targets are (B,T). Forward and backward of one micro-batch; gradients accumulate
-  // with d(loss)/d(mean loss) = loss_scale (1 / micro-batches for accumulation). Returns the mean
-  // loss. This and the calls below need the whole model.
+  // inputs and targets are (B,T) in host memory (token ids are copied to the device). Forward and
+  // backward of one micro-batch; gradients accumulate with d(loss)/d(mean loss) = loss_scale
+  // (1 / micro-batches for accumulation). Returns the mean loss. This and the calls below need the
+  // whole model; activations (input, output, gradients) are device buffers.
   double forward_backward(const int32_t* inputs, const int32_t* targets, float loss_scale);
 
   // Pipeline stages. Forward of micro-batch mb through chunk `chunk` into one of its free slots:
@@ -78,21 +84,24 @@ class GptT {
   /** The head's copy of the tied wte on a part with the head but not the embedding; -1 otherwise.
    */
   TensorId tied_wte_copy() const { return wte_copy_; }
+  /** The wte this part holds: the embedding's, or the head's copy of it; -1 if neither. */
+  TensorId tied_wte() const { return embedding_ ? embedding_->wte() : wte_copy_; }
   // Forward only: the mean loss (evaluation).
   double forward_loss(const int32_t* inputs, const int32_t* targets);
-  // Forward only: the logits (B,T,Vp/tp) (this rank's vocabulary columns), valid until the next
-  // call.
+  // Forward only: the logits (B,T,Vp/tp) (this rank's vocabulary columns, device memory), valid
+  // until the next call.
   const F* forward_logits(const int32_t* inputs);
 
   /** Generation state: a key/value cache for B sequences of up to max_seq tokens, plus
    *  one-position activations. */
   struct DecodeState;
   std::unique_ptr<DecodeState> make_decode_state(int B = 1) const;
-  // tokens is (B): position `pos` of each sequence; returns the next-token logits (B,Vp/tp) (this
-  // rank's columns), valid until the next call.
+  // tokens is (B) in host memory: position `pos` of each sequence; returns the next-token logits
+  // (B,Vp/tp) (this rank's columns, device memory), valid until the next call.
   const F* decode(DecodeState& state, const int32_t* tokens, int pos);
 
   const GptConfig& config() const { return config_; }
+  Backend& backend() const { return backend_; }
   int batch() const { return B_; }
   int seq() const { return T_; }
   Recompute recompute() const { return recompute_; }
@@ -110,7 +119,7 @@ class GptT {
     int mb = -1;  // the micro-batch held; -1: free
     std::vector<F*> x;
     std::vector<BlockActs<F>> acts;  // none/selective: one per layer; full: empty
-    std::vector<int32_t> tokens;     // (B,T): the chunk with the embedding only
+    Buffer<int32_t> tokens;          // (B,T): the chunk with the embedding only
   };
   struct ChunkState {
     int first = 0, end = 0;
@@ -119,6 +128,8 @@ class GptT {
   };
 
   bool whole() const;
+  // The head's mean loss against targets (B,T) (host memory) after its forward.
+  double head_loss(const int32_t* targets);
   void check_whole(const char* what) const;
   Slot& slot_of(int chunk, int mb, bool take);
   // The embedding (or the copied input) and the chunk's blocks into slot s, with hooks.
@@ -158,6 +169,8 @@ class GptT {
     if (wte_unit_ >= 0) after_backward(wte_unit_);
   }
 
+  Backend& backend_;
+  Kernels<F>& k_;
   GptConfig config_;
   ParamStoreT<F>& store_;
   int B_, T_;
@@ -168,7 +181,8 @@ class GptT {
 
   // Mixed precision (config.bf16): the bf16 copies of a product's operands, charged to the ledger
   // as temporaries; null in fp32.
-  std::unique_ptr<cpu::Bf16Operands> bf16_;
+  std::unique_ptr<Bf16Operands> bf16_;
+  AttentionSizes attention_;  // of one micro-batch
   GptPart part_;
   std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer; null where not held
   std::unique_ptr<EmbeddingT<F>> embedding_;
@@ -182,6 +196,7 @@ class GptT {
 
   // Activations: every chunk's slots, and the head's (its forward runs straight into backward).
   Buffer<F> acts_mem_, tmp_mem_;
+  Buffer<int32_t> targets_;  // (B,T): the head's targets on the device
   std::vector<ChunkState> chunks_;
   HeadActs<F> head_acts_;
   // Temporaries: the residual-stream gradient, backward scratch, and the activations of the block
@@ -196,6 +211,7 @@ template <typename F>
 struct GptT<F>::DecodeState {
   int B = 1;
   Buffer<F> mem;
+  Buffer<int32_t> tokens;         // (B): the positions being fed
   std::vector<KvCache<F>> cache;  // per layer
   BlockActs<F> acts;              // one position per sequence; att unused
   HeadActs<F> head;

@@ -58,22 +58,9 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
   return c;
 }
 
-int64_t GptConfig::num_params() const {
-  int64_t C = d_model, L = n_layer;
-  int64_t per_layer =
-      12 * C * C + 13 * C;  // qkv 3C²+3C, proj C²+C, fc 4C²+4C, fcproj 4C²+C, 2 LN 4C
-  return int64_t(vocab_size) * C + int64_t(max_seq) * C + L * per_layer + 2 * C;
-}
-
-double GptConfig::flops_per_token(int seq_len) const {
-  double C = d_model, L = n_layer;
-  double matmul_params = L * 12.0 * C * C + double(vocab_size) * C;  // weights used in products
-  return 6.0 * matmul_params + 12.0 * L * C * seq_len;
-}
-
 std::string GptConfig::describe() const {
-  return fmt::format("GPT-2: L={} C={} NH={} V={} (padded {}) maxT={}, {:.2f}M params", n_layer,
-                     d_model, n_head, vocab_size, padded_vocab, max_seq, num_params() / 1e6);
+  return fmt::format("GPT-2: L={} C={} NH={} V={} (padded {}) maxT={}", n_layer, d_model, n_head,
+                     vocab_size, padded_vocab, max_seq);
 }
 
 }  // namespace tetra

@@ -37,11 +37,8 @@ struct GptConfig {
   int local_vocab() const { return padded_vocab / tp; }  // Vp/tp: this rank's rows of wte
   /** Token rows of the residual stream a rank holds for micro-batches (B,T). */
   int64_t local_rows(int B, int T) const { return int64_t(B) * T / (sequence_parallel ? tp : 1); }
-  /** Parameters with the real (unpadded) vocab, wte counted once (tied LM head). */
-  int64_t num_params() const;
-  /** Model FLOPs per trained token: 6 * (params in matmuls) + 12 * L * C * T (attention, no
-   * causal discount), fwd + bwd. See docs/training.md. */
-  double flops_per_token(int seq_len) const;
+  /** The shape, "GPT-2: L=4 C=256 NH=4 V=4096 (padded 4096) maxT=128". Parameters and FLOPs are
+   *  the planner's (plan::count_params, plan::flops_per_token; train/run_plan.h for a run). */
   std::string describe() const;
 };
 

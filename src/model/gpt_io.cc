@@ -105,12 +105,17 @@ void load_safetensors_into(ParamStore& store, const std::string& path, const std
 }
 
 SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat, bool check_finite,
-                                     parallel::TensorParallel* tp) {
+                                     parallel::TensorParallel* tp, TensorId skip) {
   SafeTensorsFile file;
   file.metadata["format"] = "pt";
+  Device& device = store.device();
+  // Host copies of one tensor at a time, on their way into the file.
   std::vector<float> parts, whole;
+  Buffer<float> gathered;  // on the device: every rank's slice of one tensor
   for (const ParamEntry& e : store.tensors()) {
-    const float* d = flat + e.offset;
+    if (skip >= 0 && &e == &store.tensor(skip)) continue;
+    const size_t n = size_t(e.numel());
+    const float* d = nullptr;
     if (e.spec.slice.dim >= 0) {
       // Rank r of the group holds the slice at offset r·extent: gather every rank's, place each
       // element at its global index.
@@ -118,21 +123,26 @@ SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
                             e.spec.shape[size_t(e.spec.slice.dim)],
                   "[save] internal: '{}' is a slice and no tensor-parallel group assembles it",
                   e.spec.name);
-      const size_t n = size_t(e.numel());
+      if (gathered.size() < n * size_t(tp->size())) {
+        gathered = Buffer<float>(n * size_t(tp->size()), {}, device);
+      }
+      tp->all_gather(flat + e.offset, gathered.data(), n);
       parts.resize(n * size_t(tp->size()));
+      device.to_host(parts.data(), gathered.data(), parts.size() * sizeof(float));
       whole.resize(size_t(shape_numel(e.spec.shape)));
-      tp->all_gather(d, parts.data(), n);
       ParamEntry r = e;
       for (int q = 0; q < tp->size(); ++q) {
         r.spec.slice.offset = q * e.spec.slice.extent;
         for (size_t i = 0; i < n; ++i) whole[size_t(r.global_index(int64_t(i)))] = parts[q * n + i];
       }
-      d = whole.data();
+    } else {
+      whole.resize(n);
+      device.to_host(whole.data(), flat + e.offset, n * sizeof(float));
     }
+    d = whole.data();
     const Shape s = file_shape(e);
-    const int64_t n = shape_numel(s);
     if (check_finite) {
-      if (int64_t bad = first_non_finite(d, n); bad >= 0) {
+      if (int64_t bad = first_non_finite(d, shape_numel(s)); bad >= 0) {
         fail(
             "[save] tensor '{}' holds {} at element {}; refusing to write non-finite weights "
             "(the file was not written)",

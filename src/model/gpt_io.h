@@ -24,13 +24,15 @@ namespace tetra {
 void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
                            const ParamStore* model = nullptr);
 
-/** The tensors of a flat buffer laid out like the store's full (unsharded) layout — the weights
- * themselves, or their gradients — in Hugging Face names and file layouts. `check_finite` refuses
- * a NaN or infinity, naming the tensor and element. Tensor-parallel slices are assembled into the
- * global tensors over `tp` (collective: every rank of the group calls it; each gets the file). */
+/** The tensors of a flat buffer on the store's device laid out like the store's full (unsharded)
+ * layout — the weights themselves, or their gradients — in Hugging Face names and file layouts,
+ * copied to the host. `check_finite` refuses a NaN or infinity, naming the tensor and element.
+ * Tensor-parallel slices are assembled into the global tensors over `tp` (collective: every rank
+ * of the group calls it; each gets the file). Tensor `skip` (a copy of a tensor the file gets
+ * from elsewhere) is left out. */
 SafeTensorsFile store_to_safetensors(const ParamStore& store, const float* flat,
                                      bool check_finite = false,
-                                     parallel::TensorParallel* tp = nullptr);
+                                     parallel::TensorParallel* tp = nullptr, TensorId skip = -1);
 
 }  // namespace tetra
 

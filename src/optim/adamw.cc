@@ -1,20 +1,19 @@
 #include "optim/adamw.h"
 
-#include "kernels/cpu/adamw.h"
-
 namespace tetra {
 
-AdamW::AdamW(const AdamWConfig& config, size_t state_size, MemoryLedger* ledger)
-    : config_(config),
-      m_(state_size, {ledger, MemCategory::optimizer}),
-      v_(state_size, {ledger, MemCategory::optimizer}) {}
+AdamW::AdamW(Backend& backend, const AdamWConfig& config, size_t state_size, MemoryLedger* ledger)
+    : kernels_(backend.f32()),
+      config_(config),
+      m_(state_size, {ledger, MemCategory::optimizer}, backend.device()),
+      v_(state_size, {ledger, MemCategory::optimizer}, backend.device()) {}
 
 void AdamW::step(float* params, const float* grads, const std::vector<OwnedSegment>& segments,
                  float lr, float grad_scale) {
   ++t_;
-  cpu::AdamWStep s{lr, grad_scale, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
-                   t_};
-  cpu::adamw_update(params, grads, m_.data(), v_.data(), segments, s);
+  const AdamWStep s{lr, grad_scale, config_.beta1, config_.beta2, config_.eps, config_.weight_decay,
+                    t_};
+  kernels_.adamw_update(params, grads, m_.data(), v_.data(), segments, s);
 }
 
 float clip_scale(double norm, double clip) {

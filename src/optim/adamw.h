@@ -9,6 +9,7 @@
 #include "core/arena.h"
 #include "core/memory.h"
 #include "core/param_store.h"
+#include "kernels/backend.h"
 
 namespace tetra {
 
@@ -18,11 +19,13 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  /** State (m, v) for `state_size` elements, charged to `ledger` as optimizer memory. */
-  AdamW(const AdamWConfig& config, size_t state_size, MemoryLedger* ledger = nullptr);
+  /** State (m, v) for `state_size` elements on `backend`'s device, charged to `ledger` as
+   *  optimizer memory. */
+  AdamW(Backend& backend, const AdamWConfig& config, size_t state_size,
+        MemoryLedger* ledger = nullptr);
 
-  /** One update with learning rate lr of every segment; gradients are multiplied by grad_scale
-   *  on the fly (the clipping factor). */
+  /** One update with learning rate lr of every segment (device buffers); gradients are
+   *  multiplied by grad_scale on the fly (the clipping factor). */
   void step(float* params, const float* grads, const std::vector<OwnedSegment>& segments, float lr,
             float grad_scale = 1.0f);
 
@@ -33,6 +36,7 @@ class AdamW {
   Buffer<float>& v() { return v_; }
 
  private:
+  Kernels<float>& kernels_;
   AdamWConfig config_;
   Buffer<float> m_, v_;
   int64_t t_ = 0;

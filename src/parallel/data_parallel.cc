@@ -10,17 +10,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
-#include "kernels/cpu/adamw.h"
 
 namespace tetra::parallel {
-
-namespace {
-
-void round_to_bf16(const float* in, bf16* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = bf16::from_float(in[i]);
-}
-
-}  // namespace
 
 struct DataParallel::Workspace {
   Buffer<float> buf;
@@ -38,9 +29,16 @@ Sharding DataParallel::sharding_for(int stage, int dp_size, int dp_rank) {
   return s;
 }
 
-DataParallel::DataParallel(comm::Communicator dp, ParamStore& store, const ZeroOptions& options,
-                           MemoryLedger* ledger)
-    : dp_(std::move(dp)), store_(store), opt_(options), ledger_(ledger) {
+DataParallel::DataParallel(Backend& backend, comm::Communicator dp, ParamStore& store,
+                           const ZeroOptions& options, MemoryLedger* ledger)
+    : backend_(backend),
+      k_(backend.f32()),
+      dp_(std::move(dp)),
+      store_(store),
+      opt_(options),
+      ledger_(ledger) {
+  TETRA_CHECK(&store.device() == &backend.device(),
+              "[zero] internal: the parameter store lives on another device than the backend");
   if (dp_.valid()) {
     n_ = dp_.size();
     rank_ = dp_.rank();
@@ -57,7 +55,7 @@ DataParallel::DataParallel(comm::Communicator dp, ParamStore& store, const ZeroO
   grad_ws_.assign(store.units().size(), nullptr);
   reserve_workspaces();
   if (opt_.reduce_bf16 && n_ > 1 && opt_.stage < 2) {
-    flat_staging_ = Buffer<bf16>(store.flat_size(), {ledger_, MemCategory::comm});
+    flat_staging_ = Buffer<bf16>(store.flat_size(), {ledger_, MemCategory::comm}, backend.device());
   }
 }
 
@@ -110,9 +108,8 @@ bf16* DataParallel::staging(const float* f32) {
   fail("[zero] internal: no bf16 staging buffer for a gradient outside the workspaces");
 }
 
-void DataParallel::widen_mean(const bf16* in, float* out, size_t n) const {
-  const float inv = 1.0f / float(n_);
-  for (size_t i = 0; i < n; ++i) out[i] = in[i].to_float() * inv;
+void DataParallel::widen_mean(const bf16* in, float* out, size_t n) {
+  k_.from_bf16(out, in, n, 1.0f / float(n_));
 }
 
 void DataParallel::all_reduce_avg(float* data, size_t n) {
@@ -122,7 +119,7 @@ void DataParallel::all_reduce_avg(float* data, size_t n) {
     return;
   }
   bf16* half = staging(data);
-  round_to_bf16(data, half, n);
+  k_.to_bf16(half, data, n);
   track(dp_.all_reduce(std::span<bf16>(half, n)),
         [this, half, data, n] { widen_mean(half, data, n); });
 }
@@ -130,7 +127,7 @@ void DataParallel::all_reduce_avg(float* data, size_t n) {
 void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
                                       std::function<void()> done) {
   if (!dp_.valid()) {
-    if (out != in) std::memcpy(out, in, shard * sizeof(float));
+    k_.copy(out, in, shard);
     if (done) done();
     return;
   }
@@ -143,7 +140,7 @@ void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
   }
   // In place in the staging buffer: this rank's shard of it receives the bf16 sum.
   bf16* half = staging(in);
-  round_to_bf16(in, half, total);
+  k_.to_bf16(half, in, total);
   bf16* mine = half + size_t(rank_) * shard;
   track(dp_.reduce_scatter(std::span<const bf16>(half, total), std::span<bf16>(mine, shard)),
         [this, mine, out, shard, done = std::move(done)] {
@@ -154,7 +151,7 @@ void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
 
 comm::Work DataParallel::all_gather(const float* shard, float* full, size_t shard_n) {
   if (!dp_.valid()) {
-    if (full != shard) std::memcpy(full, shard, shard_n * sizeof(float));
+    k_.copy(full, shard, shard_n);
     return comm::Work();
   }
   return dp_.all_gather(std::span<const float>(shard, shard_n),
@@ -191,8 +188,10 @@ void DataParallel::reserve_workspaces() {
   }
   auto add = [&](size_t n) {
     auto w = std::make_unique<Workspace>();
-    w->buf = Buffer<float>(n, {ledger_, MemCategory::comm});
-    if (opt_.reduce_bf16 && n_ > 1) w->staging = Buffer<bf16>(n, {ledger_, MemCategory::comm});
+    w->buf = Buffer<float>(n, {ledger_, MemCategory::comm}, backend_.device());
+    if (opt_.reduce_bf16 && n_ > 1) {
+      w->staging = Buffer<bf16>(n, {ledger_, MemCategory::comm}, backend_.device());
+    }
     pool_.push_back(std::move(w));
   };
   for (size_t n : ends) {
@@ -265,8 +264,7 @@ void DataParallel::reduce_unit_grads(int unit) {
       float* dst = g + u.shard_offset;
       const size_t count = u.shard;
       reduce_scatter_avg(ws, mine, count, [this, ws, mine, dst, count] {
-#pragma omp simd
-        for (size_t i = 0; i < count; ++i) dst[i] += mine[i];
+        k_.add(dst, mine, count);
         release(ws);
       });
       return;
@@ -364,35 +362,30 @@ void DataParallel::finish_gradients() {
   stats_.exposed_ms += sw.elapsed_ms();
 }
 
+std::vector<FlatRange> DataParallel::owned_grad_ranges(bool sliced_only) const {
+  std::vector<FlatRange> ranges;
+  for (const OwnedSegment& s : store_.owned()) {
+    if (sliced_only && store_.tensor(s.tensor).spec.slice.dim < 0) continue;
+    ranges.push_back({s.grad_pos, s.count});
+  }
+  return ranges;
+}
+
 double DataParallel::local_grad_sum_squares(bool replicated) const {
   const float* g = store_.grads().data();
-  if (!replicated) {
-    double total = 0.0;
-    for (const OwnedSegment& s : store_.owned()) {
-      if (store_.tensor(s.tensor).spec.slice.dim < 0) continue;
-      total += cpu::sum_squares(g + s.grad_pos, int64_t(s.count));
-    }
-    return total;
-  }
+  if (!replicated) return k_.sum_squares(g, owned_grad_ranges(true));
   // Alignment gaps and unit padding hold zero gradients, so whole ranges can be summed.
-  if (opt_.stage != 1) return cpu::sum_squares(g, int64_t(store_.grads().size()));
-  double total = 0.0;
+  if (opt_.stage != 1) return k_.sum_squares(g, int64_t(store_.grads().size()));
+  std::vector<FlatRange> shards;
   for (int u = 0; u < int(store_.units().size()); ++u) {
-    total += cpu::sum_squares(g + store_.shard_begin(u), int64_t(store_.units()[size_t(u)].shard));
+    shards.push_back({store_.shard_begin(u), store_.units()[size_t(u)].shard});
   }
-  return total;
+  return k_.sum_squares(g, shards);
 }
 
 TensorId DataParallel::first_nonfinite_grad() {
-  const float* g = store_.grads().data();
-  TensorId local = -1;
-  for (const OwnedSegment& s : store_.owned()) {
-    const float* p = g + s.grad_pos;
-    if (!std::all_of(p, p + s.count, [](float x) { return std::isfinite(x); })) {
-      local = s.tensor;
-      break;
-    }
-  }
+  const int64_t bad = k_.first_nonfinite(store_.grads().data(), owned_grad_ranges(false));
+  const TensorId local = bad < 0 ? -1 : store_.owned()[size_t(bad)].tensor;
   if (n_ == 1) return local;
   // The lowest id wins: reduce INT_MAX - id with max.
   int32_t code = local < 0 ? 0 : INT32_MAX - local;
@@ -412,10 +405,10 @@ void DataParallel::after_update() {
   stats_.exposed_ms += sw.elapsed_ms();
 }
 
-std::vector<float> DataParallel::full_params() {
-  std::vector<float> out(store_.flat_size());
+Buffer<float> DataParallel::full_params() {
+  Buffer<float> out(store_.flat_size(), {}, backend_.device());
   if (opt_.stage < 3) {
-    std::copy_n(store_.params().data(), out.size(), out.begin());
+    k_.copy(out.data(), store_.params().data(), out.size());
     return out;
   }
   for (int u = 0; u < int(store_.units().size()); ++u) {

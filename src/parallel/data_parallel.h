@@ -30,6 +30,7 @@
 #include "core/dtype.h"
 #include "core/memory.h"
 #include "core/param_store.h"
+#include "kernels/backend.h"
 
 namespace tetra::parallel {
 
@@ -60,9 +61,10 @@ class DataParallel final : public UnitHooks {
   static Sharding sharding_for(int stage, int dp_size, int dp_rank);
 
   /** `dp` is the data-parallel group, or invalid for one process. `store` must be finalized with
-   *  sharding_for(options.stage, ...). Workspaces are charged to `ledger` as comm memory. */
-  DataParallel(comm::Communicator dp, ParamStore& store, const ZeroOptions& options,
-               MemoryLedger* ledger = nullptr);
+   *  sharding_for(options.stage, ...) on `backend`'s device. Workspaces are device buffers charged
+   *  to `ledger` as comm memory. */
+  DataParallel(Backend& backend, comm::Communicator dp, ParamStore& store,
+               const ZeroOptions& options, MemoryLedger* ledger = nullptr);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -89,9 +91,9 @@ class DataParallel final : public UnitHooks {
   TensorId first_nonfinite_grad();
   /** After the optimizer updated the owned segments: stages 1 and 2 all-gather the parameters. */
   void after_update();
-  /** The whole flat parameter buffer (the store's full layout), gathered under ZeRO-3; collective.
-   */
-  std::vector<float> full_params();
+  /** The whole flat parameter buffer (the store's full layout, on the device), gathered under
+   *  ZeRO-3; collective. */
+  Buffer<float> full_params();
 
   const StepComm& step_comm() const { return stats_; }
   int stage() const { return opt_.stage; }
@@ -112,7 +114,9 @@ class DataParallel final : public UnitHooks {
   // reduce_bf16: the staging buffer of the f32 range starting at `f32` (in the flat gradient or
   // a workspace), and the widening of a reduced range back into f32 as the mean.
   bf16* staging(const float* f32);
-  void widen_mean(const bf16* in, float* out, size_t n) const;
+  void widen_mean(const bf16* in, float* out, size_t n);
+  // The owned segments' gradient ranges, for the reductions over them.
+  std::vector<FlatRange> owned_grad_ranges(bool sliced_only) const;
   void poll();
   void drain(size_t keep = 0);  // waits until at most `keep` operations are pending
 
@@ -127,6 +131,8 @@ class DataParallel final : public UnitHooks {
   void prefetch_params(int unit);
   void release_params(int unit);
 
+  Backend& backend_;
+  Kernels<float>& k_;
   comm::Communicator dp_;
   int n_ = 1, rank_ = 0;
   ParamStore& store_;

@@ -218,6 +218,14 @@ Mesh Mesh::build(const comm::Communicator& world, const MeshShape& shape) {
   m.pp_ = make(MeshDim::pp);
   m.ep_ = make(MeshDim::ep);
   m.edp_ = make(MeshDim::edp);
+  if (shape.pp > 1) {
+    // The tied embedding's group: the first and the last pipeline stage of each dp x tp
+    // coordinate. Collective over the world: every rank names a color; only the ends keep theirs.
+    const bool end = m.coord_.pp == 0 || m.coord_.pp == shape.pp - 1;
+    comm::Communicator group = world.split(
+        end ? m.coord_.dp * shape.tp + m.coord_.tp : world.size() + r, m.coord_.pp, "embedding");
+    if (end) m.embedding_ = group;
+  }
   return m;
 }
 

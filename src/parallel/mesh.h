@@ -66,7 +66,8 @@ std::string tp_placement_warning(const MeshLayout& layout, const std::vector<std
 
 class Mesh {
  public:
-  /** Collective over `world`: builds the tp, dp, pp, ep and edp groups of this rank. */
+  /** Collective over `world`: builds the tp, dp, pp, ep and edp groups of this rank and, with a
+   *  pipeline, its embedding group. */
   static Mesh build(const comm::Communicator& world, const MeshShape& shape);
 
   const MeshLayout& layout() const { return layout_; }
@@ -78,6 +79,10 @@ class Mesh {
   const comm::Communicator& ep() const { return ep_; }
   const comm::Communicator& edp() const { return edp_; }
   const comm::Communicator& group(MeshDim dim) const;
+  /** The first and the last pipeline stage of this rank's dp x tp coordinate, which hold the tied
+   *  embedding (the embedding's wte and the head's copy of it); valid on those two stages of a
+   *  pipeline only. */
+  const comm::Communicator& embedding() const { return embedding_; }
 
   /** One line per global rank: dp/pp/tp/ep coordinates and host. For rank 0 to print. */
   std::string layout_table() const;
@@ -85,7 +90,7 @@ class Mesh {
  private:
   MeshLayout layout_;
   MeshCoord coord_;
-  comm::Communicator world_, tp_, dp_, pp_, ep_, edp_;
+  comm::Communicator world_, tp_, dp_, pp_, ep_, edp_, embedding_;
 };
 
 }  // namespace tetra::parallel

@@ -1,9 +1,7 @@
 #include "parallel/tensor_parallel.h"
 
-#include <cstring>
 #include <span>
 #include <type_traits>
-#include <vector>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -26,8 +24,8 @@ auto as_f32(F* p, int size) {
 
 }  // namespace
 
-TensorParallel::TensorParallel(comm::Communicator group, bool sequence_parallel)
-    : group_(std::move(group)), sequence_parallel_(sequence_parallel) {
+TensorParallel::TensorParallel(Backend& backend, comm::Communicator group, bool sequence_parallel)
+    : backend_(&backend), group_(std::move(group)), sequence_parallel_(sequence_parallel) {
   if (group_.valid()) {
     size_ = group_.size();
     rank_ = group_.rank();
@@ -60,7 +58,7 @@ void TensorParallel::all_reduce_max(F* x, size_t n) {
 template <typename F>
 void TensorParallel::all_gather(const F* shard, F* full, size_t n) {
   if (size_ == 1) {
-    if (full != shard) std::memcpy(full, shard, n * sizeof(F));
+    backend_->kernels<F>().copy(full, shard, n);
     return;
   }
   finish(group_.all_gather(std::span<const float>(as_f32(shard, size_), n),
@@ -71,7 +69,7 @@ void TensorParallel::all_gather(const F* shard, F* full, size_t n) {
 template <typename F>
 void TensorParallel::reduce_scatter(const F* full, F* shard, size_t n) {
   if (size_ == 1) {
-    if (full != shard) std::memcpy(shard, full, n * sizeof(F));
+    backend_->kernels<F>().copy(shard, full, n);
     return;
   }
   finish(group_.reduce_scatter(std::span<const float>(as_f32(full, size_), n * size_t(size_)),
@@ -82,13 +80,11 @@ void TensorParallel::reduce_scatter(const F* full, F* shard, size_t n) {
 template <typename F>
 void TensorParallel::gather_columns(const F* local, F* full, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
-  std::vector<F> blocks(size_t(n) * size_t(size_));  // rank-major: [rank][row][col]
+  Buffer<F> blocks(size_t(n) * size_t(size_), {}, backend_->device());  // [rank][row][col]
   all_gather(local, blocks.data(), size_t(n));
   for (int r = 0; r < size_; ++r) {
-    for (int64_t i = 0; i < rows; ++i) {
-      std::memcpy(full + (i * size_ + r) * cols, blocks.data() + r * n + i * cols,
-                  size_t(cols) * sizeof(F));
-    }
+    backend_->kernels<F>().copy_rows(full + r * cols, cols * size_, blocks.data() + r * n, cols,
+                                     rows, cols);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "kernels/backend.h"
 
 namespace tetra::parallel {
 
@@ -30,11 +31,12 @@ struct TpCounters {
 
 class TensorParallel {
  public:
-  /** One rank: every operator is the identity. */
-  TensorParallel() = default;
-  /** Over `group` (the mesh's tp group; invalid means one rank). */
-  TensorParallel(comm::Communicator group, bool sequence_parallel);
+  /** One rank on `backend`: every operator is the identity (or a copy). */
+  explicit TensorParallel(Backend& backend) : backend_(&backend) {}
+  /** Over `group` (the mesh's tp group; invalid means one rank), on `backend`'s device buffers. */
+  TensorParallel(Backend& backend, comm::Communicator group, bool sequence_parallel);
 
+  Backend& backend() const { return *backend_; }
   int size() const { return size_; }
   int rank() const { return rank_; }
   bool sequence_parallel() const { return sequence_parallel_; }
@@ -52,7 +54,7 @@ class TensorParallel {
   template <typename F>
   void reduce_scatter(const F* full, F* shard, size_t n);
   // full (rows, size()·cols) from every rank's column block local (rows, cols): the vocabulary-
-  // parallel logits assembled for generation and debugging.
+  // parallel logits assembled for generation and debugging. Device buffers; collective.
   template <typename F>
   void gather_columns(const F* local, F* full, int64_t rows, int64_t cols);
 
@@ -62,6 +64,7 @@ class TensorParallel {
  private:
   void finish(const comm::Work& w, int64_t TpCounters::*count);
 
+  Backend* backend_;
   comm::Communicator group_;
   int size_ = 1, rank_ = 0;
   bool sequence_parallel_ = false;

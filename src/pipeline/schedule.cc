@@ -144,6 +144,26 @@ Schedule make_schedule(Kind kind, int p, int m, int v) {
   return s;
 }
 
+Schedule make_forward_schedule(int p, int m, int v) {
+  TETRA_CHECK(p >= 1 && m >= 1 && v >= 1,
+              "[pipeline] a forward pass needs at least one stage, micro-batch and chunk (got "
+              "p={}, m={}, v={})",
+              p, m, v);
+  Schedule s;
+  s.kind = v > 1 ? Kind::interleaved : Kind::gpipe;
+  s.p = p;
+  s.m = m;
+  s.v = v;
+  s.ranks.resize(size_t(p));
+  for (int r = 0; r < p; ++r) {
+    Emitter e{s, s.ranks[size_t(r)], r};
+    for (int i = 0; i < m; ++i) {
+      for (int c = 0; c < v; ++c) e.forward(i, c);
+    }
+  }
+  return s;
+}
+
 Split balance_split(int layers, int stages, double embedding_cost, double head_cost) {
   TETRA_CHECK(stages >= 1 && layers >= stages,
               "[pipeline] {} layers cannot fill {} stages: each stage needs at least one layer; "

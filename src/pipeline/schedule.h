@@ -54,6 +54,12 @@ struct Schedule {
  * multiple of p. */
 Schedule make_schedule(Kind kind, int p, int m, int v = 1);
 
+/** The forward-only program (evaluation) of every rank for p ranks, m micro-batches and v chunks
+ * per rank: each micro-batch through the virtual stages in order, no backward, no reduction and
+ * no update. A rank only ever waits for a lower virtual stage, so the programs cannot wait in a
+ * cycle. */
+Schedule make_forward_schedule(int p, int m, int v = 1);
+
 /** The most micro-batches whose activations each of `rank`'s chunks holds at once (forwarded, not
  * yet backward): how many a stage model must keep for the program (GPipe m, 1F1B p - rank). */
 std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank);

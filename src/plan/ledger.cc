@@ -122,13 +122,13 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
 }
 
 FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r) {
-  const double P = double(count_params(m).active());
+  const double N = double(count_params(m).matmul_active());
   const double attn_fwd = 4.0 * double(m.layers) * double(m.d_model) * double(m.seq);
   FlopsPerToken f;
-  f.dense = 6.0 * P;
+  f.dense = 6.0 * N;
   f.attention = 3.0 * attn_fwd;
   if (r == Recompute::selective) f.recompute = attn_fwd;
-  if (r == Recompute::full) f.recompute = 2.0 * P + attn_fwd;
+  if (r == Recompute::full) f.recompute = 2.0 * N + attn_fwd;
   return f;
 }
 

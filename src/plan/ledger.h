@@ -47,10 +47,13 @@ struct LocalParams {
 };
 LocalParams local_params(const ModelSpec& m, const Layout& l);
 
-/** FLOPs per trained token. Model FLOPs = 6*P_active + 12*L*d*T (attention scores, forward and
- *  backward, the causal half NOT applied, as in PaLM's MFU). Hardware FLOPs add recomputation. */
+/** FLOPs per trained token: the one formula of tetra, the numerator of every MFU it prints
+ *  (`tetra plan`'s estimate and `tetra train`'s measurement). Model FLOPs = 6*N + 12*L*d*T, N the
+ *  weights in matrix products (ParamCounts::matmul_active: the seeds' 6PT with P the weights a
+ *  token is multiplied by) and 12*L*d*T the attention scores, forward and backward, the causal
+ *  half NOT applied, as in PaLM's MFU. Hardware FLOPs add recomputation. */
 struct FlopsPerToken {
-  double dense = 0;      // 6 * P_active
+  double dense = 0;      // 6 * N (matmul_active)
   double attention = 0;  // 12 * L * d * T
   double recompute = 0;  // extra forward work recomputation costs
   double model() const { return dense + attention; }
@@ -59,8 +62,8 @@ struct FlopsPerToken {
 FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r);
 
 struct ComputeLedger {
-  double flops_6pt = 0;    // 6 * P * T, the seeds' convention
-  double flops_total = 0;  // 6 * P * T + attention
+  double flops_6pt = 0;    // 6 * N * T, the seeds' 6PT (N: weights in matrix products)
+  double flops_total = 0;  // 6 * N * T + attention: model FLOPs
   double gpu_seconds = 0;  // flops_total / (peak * mfu)
   double gpu_years = 0;
   double wall_seconds = 0;  // on `devices` devices

@@ -120,6 +120,43 @@ ClusterSpec cluster_from(const Config& cfg) {
   const std::string& preset = cfg.s("cluster.preset");
   if (!preset.empty()) c = cluster_preset(preset);
   if (c.name.empty()) c.name = "custom";
+  return apply_cluster_keys(cfg, c);
+}
+
+TrainingSpec training_from(const Config& cfg) {
+  TrainingSpec t;
+  t.tokens = cfg.f("training.tokens");
+  t.global_batch_tokens = cfg.i("training.global_batch");
+  t.micro_batch = cfg.i("training.micro_batch");
+  t.precision = parse_precision(cfg.s("training.precision"));
+  t.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+  apply_assumptions(cfg, t);
+  t.reshard_after_forward = cfg.b("zero.reshard_after_forward");
+  t.zero_prefetch = cfg.i("zero.prefetch");
+  positive(t.tokens, "training.tokens", "the total tokens to train on, e.g. 15e12");
+  positive(double(t.global_batch_tokens), "training.global_batch",
+           "the tokens per optimizer step, e.g. 4194304");
+  return t;
+}
+
+LayoutConstraints layout_from(const Config& cfg) {
+  LayoutConstraints k;
+  k.tp = cfg.i("layout.tp");
+  k.pp = cfg.i("layout.pp");
+  k.dp = cfg.i("layout.dp");
+  k.ep = cfg.i("layout.ep");
+  k.zero = int(cfg.i("layout.zero"));
+  k.v = cfg.i("layout.v");
+  k.microbatches = cfg.i("layout.microbatches");
+  if (!cfg.s("layout.schedule").empty())
+    k.schedule = pipeline::parse_kind(cfg.s("layout.schedule"));
+  k.pp_layers = cfg.s("layout.pp_layers");
+  return k;
+}
+
+}  // namespace
+
+ClusterSpec apply_cluster_keys(const Config& cfg, ClusterSpec c) {
   auto take_i = [&](const char* key, int64_t& field) {
     if (cfg.is_set(key)) field = cfg.i(key);
   };
@@ -153,40 +190,11 @@ ClusterSpec cluster_from(const Config& cfg) {
   return c;
 }
 
-TrainingSpec training_from(const Config& cfg) {
-  TrainingSpec t;
-  t.tokens = cfg.f("training.tokens");
-  t.global_batch_tokens = cfg.i("training.global_batch");
-  t.micro_batch = cfg.i("training.micro_batch");
-  t.precision = parse_precision(cfg.s("training.precision"));
-  t.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+void apply_assumptions(const Config& cfg, TrainingSpec& t) {
   t.target_mfu = cfg.f("training.target_mfu");
   t.kernel_efficiency = cfg.f("training.kernel_efficiency");
   t.restart_seconds = cfg.f("training.restart_minutes") * 60;
-  t.reshard_after_forward = cfg.b("zero.reshard_after_forward");
-  t.zero_prefetch = cfg.i("zero.prefetch");
-  positive(t.tokens, "training.tokens", "the total tokens to train on, e.g. 15e12");
-  positive(double(t.global_batch_tokens), "training.global_batch",
-           "the tokens per optimizer step, e.g. 4194304");
-  return t;
 }
-
-LayoutConstraints layout_from(const Config& cfg) {
-  LayoutConstraints k;
-  k.tp = cfg.i("layout.tp");
-  k.pp = cfg.i("layout.pp");
-  k.dp = cfg.i("layout.dp");
-  k.ep = cfg.i("layout.ep");
-  k.zero = int(cfg.i("layout.zero"));
-  k.v = cfg.i("layout.v");
-  k.microbatches = cfg.i("layout.microbatches");
-  if (!cfg.s("layout.schedule").empty())
-    k.schedule = pipeline::parse_kind(cfg.s("layout.schedule"));
-  k.pp_layers = cfg.s("layout.pp_layers");
-  return k;
-}
-
-}  // namespace
 
 PlanInputs plan_inputs(const Config& config) {
   PlanInputs in;

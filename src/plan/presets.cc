@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "kernels/cpu/peak.h"
+#include "kernels/backend.h"
 
 namespace tetra::plan {
 
@@ -75,17 +75,21 @@ ParamCounts count_params(const ModelSpec& m) {
   p.experts = m.experts;
   p.top_k = m.top_k;
   p.router = m.experts > 1 ? C * m.experts : 0;
+  p.attention_matmul = C * (C + 2 * kvd) + C * C;
+  p.head_matmul = m.vocab * C;
   if (m.gpt2_style) {
-    p.embedding = m.vocab * C + m.seq * C;
-    p.attention = C * (C + 2 * kvd) + (C + 2 * kvd) + C * C + C;
-    p.expert_mlp = C * m.ffn + m.ffn + m.ffn * C + C;
+    p.embedding = m.vocab * C + (m.positions > 0 ? m.positions : m.seq) * C;
+    p.attention = p.attention_matmul + (C + 2 * kvd) + C;
+    p.expert_mlp_matmul = 2 * C * m.ffn;
+    p.expert_mlp = p.expert_mlp_matmul + m.ffn + C;
     p.norms = 2 * 2 * C;
     p.final_norm = 2 * C;
   } else {
     p.embedding = m.vocab * C;
     p.head = m.vocab * C;
-    p.attention = C * (C + 2 * kvd) + C * C;
-    p.expert_mlp = 3 * C * m.ffn;
+    p.attention = p.attention_matmul;
+    p.expert_mlp_matmul = 3 * C * m.ffn;
+    p.expert_mlp = p.expert_mlp_matmul;
     p.norms = 2 * C;
     p.final_norm = C;
   }
@@ -138,7 +142,7 @@ ClusterSpec cluster_preset(const std::string& name) {
     const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
     c.gpus_per_node = std::max<int64_t>(1, cores / 2);
     c.gpus = c.gpus_per_node;
-    c.peak_flops = cpu::fp32_peak_gflops(cpu_device_threads()) * 1e9;
+    c.peak_flops = cpu_backend().peak_gflops(false, cpu_device_threads()) * 1e9;
     const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
     c.memory_bytes = ram / double(c.gpus_per_node);
     c.intra_bw = 10e9;

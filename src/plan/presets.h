@@ -23,20 +23,27 @@ struct ModelSpec {
   int64_t top_k = 1;     // experts per token
   bool gpt2_style = false;
   int64_t vocab_multiple = 64;  // tetra pads the vocabulary (wte rows) to a multiple of this
+  // Learned position rows (GPT-2's wpe; a tetra run's model.max_seq, which may exceed the trained
+  // train.seq_len); 0 = seq.
+  int64_t positions = 0;
 };
 
-/** Parameter count by part; per-layer parts are for one layer. */
+/** Parameter count by part; per-layer parts are for one layer. The *_matmul parts are the
+ *  weights of those parts that take part in matrix products (no biases, no norms). */
 struct ParamCounts {
   int64_t embedding = 0;   // token (+ learned position) embedding
   int64_t head = 0;        // output projection; 0 when tied to the embedding
   int64_t attention = 0;   // per layer: q, k, v, o (+ biases)
   int64_t expert_mlp = 0;  // per layer, ONE expert's MLP (the MLP of a dense model)
-  int64_t router = 0;      // per layer
+  int64_t router = 0;      // per layer (a matrix: all of it is multiplied)
   int64_t norms = 0;       // per layer
   int64_t final_norm = 0;
   int64_t layers = 0;
   int64_t experts = 1;
   int64_t top_k = 1;
+  int64_t attention_matmul = 0;   // per layer: the q, k, v and o matrices
+  int64_t expert_mlp_matmul = 0;  // per layer, one expert's MLP matrices
+  int64_t head_matmul = 0;        // the output projection V x C, tied or not
 
   /** Parameters of one layer (all experts). */
   int64_t per_layer() const { return attention + experts * expert_mlp + router + norms; }
@@ -47,8 +54,18 @@ struct ParamCounts {
     return embedding + head + final_norm +
            layers * (attention + top_k * expert_mlp + router + norms);
   }
+  /** Weights one token is multiplied by (MoE: top_k experts): every block matrix, the router and
+   *  the output head (a tied head is the embedding, counted once). Each costs 2 FLOPs forward and
+   *  4 backward per token, so 6x this is the dense part of the model FLOPs (flops_per_token). The
+   *  embedding lookups, biases and norms cost O(1) per parameter, not 6, and are left out. */
+  int64_t matmul_active() const {
+    return layers * (attention_matmul + top_k * expert_mlp_matmul + router) + head_matmul;
+  }
 };
 
+/** The one parameter count of tetra: the planner's ledgers and `tetra train`'s header both use it
+ *  (GPT-2 124M = 124,439,808). The vocabulary is the real one: tetra's padding rows of wte
+ *  (model.vocab_multiple) are storage that never trains, counted by the memory ledger only. */
 ParamCounts count_params(const ModelSpec& m);
 
 /** Checks shape sanity (positive sizes, heads divide d_model, ...); throws tetra::Error. */
@@ -77,7 +94,8 @@ ClusterSpec cluster_preset(const std::string& name);
 std::vector<std::string> cluster_preset_names();
 
 /** Cores one device of the `cpu` cluster has: a pair, or 1 on a 1-core machine. Its peak is the
- *  measured fp32 matmul rate at that many threads (kernels/cpu/peak.h, measured if not cached). */
+ *  measured fp32 matmul rate at that many threads (the CPU backend's peak, measured if not cached).
+ */
 int cpu_device_threads();
 
 }  // namespace tetra::plan

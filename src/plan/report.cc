@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "plan/bubble.h"
 #include "plan/checkpoint_math.h"
-#include "plan/run_memory.h"
+#include "plan/tetra_run.h"
 #include "plan/units.h"
 
 namespace tetra::plan {
@@ -135,30 +135,30 @@ json plan_report(const PlanInputs& in, int top) {
                  {"layout", memory_json(chosen.memory, chosen.usable_bytes)},
                  {"zero_stages", stages}};
 
-  // What `tetra train` allocates for this layout, by its own memory categories (plan/run_memory).
-  if (m.gpt2_style && m.experts == 1 && m.heads % l.tp == 0 && l.pp == 1 && l.ep == 1) {
-    RunShape rs;
-    rs.bf16 = t.precision == Precision::Bf16Mixed;
-    rs.vocab = m.vocab;
-    const int64_t multiple = m.vocab_multiple * l.tp;  // every tp rank an equal slice of wte
-    rs.padded_vocab = (m.vocab + multiple - 1) / multiple * multiple;
-    rs.tp = l.tp;
-    rs.layers = m.layers;
-    rs.d_model = m.d_model;
-    rs.heads = m.heads;
-    rs.max_seq = m.seq;
-    rs.micro_batch = l.micro_batch;
-    rs.seq = m.seq;
-    rs.recompute = t.recompute;
-    rs.zero = l.zero;
-    rs.dp = l.dp;
-    rs.reshard_after_forward = t.reshard_after_forward;
-    rs.prefetch = t.zero_prefetch;
-    const RunMemory run = run_memory(rs);
-    r["memory"]["tetra_run"] = {{"params", run.params},       {"grads", run.grads},
-                                {"optimizer", run.optimizer}, {"activations", run.activations},
-                                {"comm", run.comm},           {"temporaries", run.temporaries},
-                                {"total", run.total()}};
+  // What `tetra train` allocates for this layout, by its own memory categories (plan/tetra_run):
+  // for a tetra train config's run always (the numbers its trainer prints), else for a layout
+  // tetra can run and run_memory models (GPT-2, dense, one pipeline stage).
+  const bool tetra_layout =
+      m.gpt2_style && m.experts == 1 && m.heads % l.tp == 0 && l.pp == 1 && l.ep == 1;
+  if (in.tetra_run || tetra_layout) {
+    const RunPrediction run = predict_run(m, t, l, in.tetra_run.value_or(RunOptions{}));
+    const RunMemory& x = run.memory;
+    r["memory"]["tetra_run"] = {{"params", x.params},       {"grads", x.grads},
+                                {"optimizer", x.optimizer}, {"activations", x.activations},
+                                {"comm", x.comm},           {"temporaries", x.temporaries},
+                                {"total", x.total()}};
+    if (in.tetra_run) {
+      // The trainer's header line, from the same values (train/run_plan.h).
+      r["run"] = {{"ranks", c.gpus},
+                  {"params", run.params},
+                  {"flops_per_token", run.flops_per_token},
+                  {"memory_per_rank", x.total()},
+                  {"summary", run_summary(run)}};
+      if (l.pp > 1) {
+        r["run"]["note"] =
+            "memory is the whole model's: the planner does not model a pipeline stage's share";
+      }
+    }
   }
 
   // 2. Compute.
@@ -166,8 +166,10 @@ json plan_report(const PlanInputs& in, int top) {
   const ComputeLedger cl = compute_ledger(m, t.tokens, c.gpus, c.peak_flops, t.target_mfu);
   r["compute"] = {
       {"convention",
-       "model FLOPs = 6*P_active*T + 12*L*d*seq*T (attention, causal half not applied); "
-       "hardware FLOPs add recomputation"},
+       "model FLOPs = 6*N*T + 12*L*d*seq*T, N the weights in matrix products (active experts, "
+       "the head; not embedding lookups, biases or norms) and the attention scores without the "
+       "causal half; the MFU numerator of tetra plan and tetra train alike; hardware FLOPs add "
+       "recomputation"},
       {"flops_per_token", f.model()},
       {"flops_6pt", cl.flops_6pt},
       {"flops_attention", cl.flops_total - cl.flops_6pt},
@@ -262,6 +264,12 @@ std::string format_report(const json& r) {
                    t["tokens"].get<double>(), t["global_batch"].get<int64_t>(),
                    t["steps"].get<double>(), t["precision"].get<std::string>(),
                    t["recompute"].get<std::string>()));
+  if (r.contains("run")) {
+    const json& run = r["run"];
+    line(fmt::format("  tetra train, this run on {} rank(s): {} (its header's [plan] line){}",
+                     run["ranks"].get<int64_t>(), run["summary"].get<std::string>(),
+                     run.contains("note") ? "; " + run["note"].get<std::string>() : ""));
+  }
 
   const json& mem = r["memory"];
   const json& sbp = mem["state_bytes_per_param"];

@@ -32,7 +32,9 @@ FlatLayout flat_layout(const RunShape& s) {
 RunMemory run_memory(const RunShape& s) {
   const double B = double(s.micro_batch), T = double(s.seq), C = double(s.d_model);
   const double NH = double(s.heads), L = double(s.layers), N = double(std::max<int64_t>(1, s.dp));
-  const double tp = double(s.tp), BT = B * T, BTC = BT * C, att = B * NH / tp * T * T;
+  const double tp = double(s.tp), BT = B * T, BTC = BT * C;
+  // Attention's saved state and backward scratch per layer (RunShape::flash_attention).
+  const double att = B * NH / tp * T * (s.flash_attention ? 1.0 : T);
   const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
   constexpr double f32 = 4.0;
   const FlatLayout flat = flat_layout(s);
@@ -44,7 +46,7 @@ RunMemory run_memory(const RunShape& s) {
 
   // What a block saves for backward: ln_1 and ln_2 outputs (whole) with their means and rstds,
   // qkv, the attention output, the residual after attention, the MLP's input and GELU output, and
-  // the attention probabilities unless they are recomputed. Tensor parallelism splits the column-
+  // attention's saved state unless it is recomputed. Tensor parallelism splits the column-
   // parallel ones; sequence parallelism the residual and the statistics.
   auto block_saves = [&](bool with_att) {
     return 2 * BTC + 4 * rows + rows * C + 4 * BTC / tp + 8 * BTC / tp + (with_att ? att : 0.0);
@@ -56,7 +58,8 @@ RunMemory run_memory(const RunShape& s) {
       s.recompute == Recompute::full ? 0.0 : L * block_saves(s.recompute == Recompute::none);
   m.activations = f32 * (stream + kept + head);
 
-  // Backward's residual gradient and scratch (dln, dqkv, datt, recomputed att, datty, dfch; under
+  // Backward's residual gradient and scratch (dln, dqkv, attention's scratch and a recomputed
+  // saved state, datty, dfch; under
   // sequence parallelism gathered rows and one block's LayerNorm gradients), and under full
   // recomputation one block's activations with its output.
   const double scratch = BTC + 3 * BTC / tp + 2 * att + BTC / tp + 4 * BTC / tp +
@@ -68,11 +71,12 @@ RunMemory run_memory(const RunShape& s) {
   if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);
   // Mixed precision: the bf16 copies of the largest product's operands (model/gpt.cc), an MLP
   // product's or the head's backward with the (BT,Vp/tp) logit gradient, or attention's q, k and
-  // v (or v and dy) with its probabilities (kernels/cpu/attention.h).
+  // v (or v and dy) with its probabilities on the CPU backend (kernels/cpu/attention.h).
   if (s.bf16) {
     const double H = 4 * C / tp, V = double(s.padded_vocab) / tp;
-    m.temporaries += 2.0 * std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
-                                     3 * BTC / tp + att});
+    const double attention = s.flash_attention ? 0.0 : 3 * BTC / tp + att;
+    m.temporaries +=
+        2.0 * std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C, attention});
   }
 
   // ZeRO workspaces (parallel/data_parallel.h): gradients of the root and of two blocks at once;

@@ -5,7 +5,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
-#include "kernels/cpu/matmul.h"
+#include "kernels/backend.h"
 #include "parallel/mesh.h"
 
 namespace tetra {
@@ -115,6 +115,13 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::eval_batches>()},
       {{"run.dir", ValueKind::String, "\"runs/default\"", "metrics.jsonl and config.toml go here"},
        into<&O::run_dir>()},
+      {{"run.device", ValueKind::String, "\"cpu\"",
+        "where tensors live and kernels run: cpu (oneDNN, OpenBLAS, OpenMP) or cuda (one GPU per "
+        "rank: cuBLASLt, tetra's kernels; in builds with the CUDA toolkit)",
+        "cpu | cuda"},
+       [](O& o, const ConfigValue& v) {
+         o.device = parse_device_kind(std::get<std::string>(v), "run.device");
+       }},
       {{"run.threads", ValueKind::Int, "0",
         "compute threads (0: all cores); at most 1024, since threads beyond the cores only "
         "contend for them and every thread joins each of a step's barriers",
@@ -298,14 +305,10 @@ TrainOptions TrainOptions::from(const Config& c) {
               "[config] train.seq_len={} exceeds model.max_seq={}; lower seq_len or raise max_seq",
               o.seq_len, o.model.max_seq);
   o.model.sequence_parallel = o.model.sequence_parallel && o.model.tp > 1;
+  Backend& backend = backend_for(o.device);  // refuses a device this build or machine lacks
   if (o.model.bf16) {
-    const cpu::Bf16MatmulPath& path = cpu::bf16_matmul_path();
-    TETRA_CHECK(path.hardware,
-                "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
-                "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA {}, where bf16 "
-                "products are emulated or widened to f32 and slower than fp32; set "
-                "train.precision=fp32",
-                path.isa);
+    const std::string unsupported = backend.bf16_unsupported();
+    TETRA_CHECK(unsupported.empty(), "[config] {}", unsupported);
   }
   o.schedule.total_steps = o.steps;
   TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),
@@ -317,7 +320,7 @@ TrainOptions TrainOptions::from(const Config& c) {
   try {
     // The schedule's and the split's refusals, before anything is allocated.
     pipeline::make_schedule(o.pp_kind, o.mesh.pp, o.grad_accum, o.pp_chunks);
-    // auto balances the modelled compute per token (GptConfig::flops_per_token's terms), in
+    // auto balances the modelled compute per token (plan::flops_per_token's terms), in
     // blocks: a block's 6·12C² + 12·C·T, the head's tied product 6·V·C; the embedding is a lookup.
     // A pipeline step runs at the pace of its slowest stage, so compute, not memory, is balanced.
     const GptConfig& m = o.model;

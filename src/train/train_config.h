@@ -6,6 +6,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "model/gpt_config.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -30,6 +31,7 @@ struct CkptOptions {
 };
 
 struct TrainOptions {
+  DeviceKind device = DeviceKind::cpu;  // run.device: the backend tensors live and compute on
   GptConfig model;
   std::string train_data, val_data;
   bool shuffle = false;

@@ -1,40 +1,39 @@
-// The training loop: a step is the pipeline executor running this rank's program over the part of
-// the model it holds (with one pipeline rank, gradient accumulation), data parallelism with ZeRO,
-// the global gradient norm with its non-finite check, clipping, the LR schedule, AdamW, periodic
-// validation, metrics (with the memory ledger) and the progress line.
+// The training loop as a composition of parts with one job each (docs/ARCHITECTURE.md, "train/"):
+//
+//   RunLayout     the mesh and its groups, this rank's coordinates and model part
+//   TrainData     datasets, the prefetched batches, validation batches
+//   Gpt           the model part this rank holds, on the run's backend (run.device)
+//   DataParallel  ZeRO 0-3 as the model's unit hooks, wrapped by FaultInjection
+//   Executor      the pipeline program (accumulation is its one-rank case), also for validation
+//   Updater       gradient reduction, the step's scalars, the skip policy, clipping, AdamW
+//   Checkpointer  resume and the save cadence
+//   Reporter      header, metrics, progress, profile and trace
+//   RunOutputs    save.final and the debug dumps
 #pragma once
 
 #include <memory>
-#include <optional>
+#include <string>
 #include <vector>
 
-#include "ckpt/checkpoint.h"
-#include "ckpt/safetensors.h"
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "core/param_store.h"
-#include "core/profile.h"
-#include "data/prefetch.h"
-#include "data/token_dataset.h"
+#include "kernels/backend.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
-#include "parallel/mesh.h"
-#include "parallel/pipeline_executor.h"
-#include "parallel/tensor_parallel.h"
-#include "plan/run_memory.h"
-#include "train/metrics.h"
+#include "pipeline/executor.h"
+#include "train/checkpointer.h"
+#include "train/fault_hooks.h"
+#include "train/model_stage.h"
+#include "train/report.h"
+#include "train/run_layout.h"
+#include "train/run_outputs.h"
 #include "train/train_config.h"
+#include "train/train_data.h"
+#include "train/update.h"
 
 namespace tetra {
-
-struct TrainResult {
-  int64_t steps = 0;
-  int64_t skipped = 0;  // updates skipped for a non-finite gradient
-  double final_loss = 0.0;
-  double final_val_loss = -1.0;  // < 0 when no validation data
-  double tokens_per_s = 0.0;     // median over steps
-};
 
 class Trainer {
  public:
@@ -47,77 +46,34 @@ class Trainer {
   TrainResult run();
 
  private:
-  class DebugHooks;
-  class Stage;
-
   void setup(const std::string& config_toml);
-  void start_run_dir(const std::string& config_toml);  // sets a previous run aside
   TrainResult train();
-  void load_batch(TokenDataset& data, SampleOrder& order, int64_t first_sample);
+  // The mean validation loss over eval.batches micro-batches (every rank gets the last stage's).
   double evaluate();
-  // One validation micro-batch (inputs_, targets_) through the pipeline's stages in order; the
-  // last stage's loss, 0 on the others.
-  double evaluate_stages();
-  void print_header() const;
-  plan::RunShape run_shape() const;  // this run, for the planner's memory ledger
-  std::string memory_table(const char* when) const;
-  void save_final();
-  // Pipeline stages other than the first send their tensors to the first (rank 0's), which adds
-  // them to `file`; collective over the pipeline group of dp and tp rank 0.
-  void gather_stages(SafeTensorsFile& file);
-  // After the data-parallel reduction: the wte gradient this rank owns summed over the embedding
-  // group (the first and the last pipeline stage).
-  void reduce_tied_grad();
-  // The measured and simulated bubble of the step that made `stats` (rank 0's metrics).
-  void note_pipeline(const parallel::PipelineStepStats& stats, double step_start_s,
-                     nlohmann::json& rec);
-  // Checkpoints (docs/checkpoints.md).
-  // ckpt.resume: loads the newest checkpoint every rank can read and verify; returns its sampler
-  // state (none when ckpt.resume=auto finds no checkpoint).
-  std::optional<SamplerState> resume();
-  std::vector<ckpt::Source> checkpoint_sources();  // what this rank writes
-  // Returns the seconds the step loop was blocked.
-  double save_checkpoint(int64_t step, double median_step_s);
-  void note_checkpoints(nlohmann::json& rec);  // saves finished since the last step, into rec
-  void heartbeat(int64_t step);
-  void write_profile(const Profile& profile) const;  // table to the log, profile.json to run.dir
-
-  bool is_root() const { return rank_ == 0; }
-  int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * dp_size_; }
+  // The trainer's state after `step` that a checkpoint restores.
+  nlohmann::json state_after(int64_t step) const;
 
   TrainOptions opt_;
   comm::Communicator world_;
-  std::unique_ptr<parallel::Mesh> mesh_;          // absent for a single process
-  comm::Communicator dp_;                         // invalid for a single process
-  std::unique_ptr<parallel::TensorParallel> tp_;  // the mesh's tp group (one rank without a mesh)
-  comm::Communicator pp_;                         // the pipeline group (invalid for one process)
-  comm::Communicator embed_;  // first and last pipeline stage of this dp x tp coordinate (pp > 1)
-  int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
-  int threads_ = 1;
-  double peak_gflops_ = 0.0;
+  Backend& backend_;
   MemoryLedger ledger_;
-  Recompute recompute_ = Recompute::none;
+  std::unique_ptr<RunLayout> layout_;
+  std::unique_ptr<TrainData> data_;
+  std::unique_ptr<RunOutputs> outputs_;
   // Destroyed in reverse order: the data-parallel engine completes its pending collectives before
   // the model's and the store's buffers go.
-  ParamStore store_;
+  std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<parallel::DataParallel> zero_;
-  std::unique_ptr<DebugHooks> debug_hooks_;
-  std::unique_ptr<parallel::PipelineExecutor> executor_;
-  std::unique_ptr<Stage> stage_;
-  std::vector<pipeline::Span> trace_;  // run.trace: every step's spans, seconds from the run start
-  std::unique_ptr<TokenDataset> train_, val_;
-  std::unique_ptr<Prefetcher> prefetch_;  // training batches, assembled ahead of the step
-  std::unique_ptr<ckpt::Writer> ckpt_;    // absent without ckpt.dir
-  std::string config_toml_;
+  std::unique_ptr<FaultInjection> faults_;
+  std::unique_ptr<pipeline::Executor> executor_;
+  std::unique_ptr<ModelStage> stage_;
+  std::unique_ptr<Updater> updater_;
+  std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<Reporter> report_;
+  std::unique_ptr<Heartbeat> heartbeat_;
   int64_t start_step_ = 0;  // steps done before this process started (a resume)
-  int64_t skipped_ = 0, consecutive_skips_ = 0;
-  int64_t next_save_ = 0;         // the step after which the next checkpoint is saved
-  int64_t auto_every_ = 0;        // ckpt.every=auto: the interval in use
-  std::string previous_metrics_;  // the metrics file a resume continues
-  int heartbeat_fd_ = -1;         // TETRA_HEARTBEAT_DIR/rank-N, watched by tetra launch
-  std::vector<int32_t> window_, inputs_, targets_;  // (T+1) scratch, (B,T), (B,T)
 };
 
 }  // namespace tetra

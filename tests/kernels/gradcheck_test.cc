@@ -13,9 +13,14 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "tests/kernels/cpu_products.h"
 
 namespace tetra::cpu {
 namespace {
+
+using test_products::matmul_nn;
+using test_products::matmul_nt;
+using test_products::matmul_tn;
 
 using testing::dot;
 using testing::kGradTolerance;

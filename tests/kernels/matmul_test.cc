@@ -15,10 +15,15 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/attention.h"
+#include "tests/kernels/cpu_products.h"
 #include "tests/kernels/random_floats.h"
 
 namespace tetra::cpu {
 namespace {
+
+using test_products::matmul_nn;
+using test_products::matmul_nt;
+using test_products::matmul_tn;
 
 using testing::random_floats;
 
@@ -179,8 +184,10 @@ bool has_bf16_or_refuses() {
             << path.describe() << std::endl;
   if (path.hardware) return true;
   try {
-    Bf16Operands ops(16);
-    ADD_FAILURE() << "mixed-precision scratch made on " << path.describe();
+    Bf16Operands ops(host_device(), 16);
+    std::vector<float> a(4, 1.0f), out(4);
+    matmul_nn(out.data(), a.data(), a.data(), 2, 2, 2, false, "test", &ops);
+    ADD_FAILURE() << "mixed-precision product ran on " << path.describe();
   } catch (const std::exception& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("[matmul] mixed-precision products need bf16 instructions"),
@@ -197,7 +204,7 @@ bool has_bf16_or_refuses() {
 TEST(Matmul, MixedPrecisionProductsRoundTheirOperandsToBf16) {
   if (!has_bf16_or_refuses()) return;
   const int64_t M = 33, N = 17, K = 65;
-  Bf16Operands ops(8);  // grows to what each product needs
+  Bf16Operands ops(host_device(), 8);  // grows to what each product needs
   const auto a = random_floats(M * K, 11), w = random_floats(N * K, 12),
              bias = random_floats(N, 13);
   const auto ar = rounded_to_bf16(a), wr = rounded_to_bf16(w);
@@ -232,7 +239,7 @@ TEST(Matmul, MixedPrecisionRoundsToNearestEven) {
   const std::vector<float> a = {tie_down, tie_up, above, -tie_up};
   std::vector<float> eye(16, 0.0f), out(4);
   for (int i = 0; i < 4; ++i) eye[size_t(i) * 5] = 1.0f;
-  Bf16Operands ops(32);
+  Bf16Operands ops(host_device(), 32);
   matmul_nn(out.data(), a.data(), eye.data(), 1, 4, 4, false, "test", &ops);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], 1.0f + 0x1p-6f);
@@ -251,7 +258,7 @@ TEST(Matmul, MixedPrecisionAttentionRoundsEachOperandOnce) {
   const int B = 2, T = 70, C = 16, NH = 2, hs = C / NH;
   const size_t BT = size_t(B) * T, TT = size_t(T) * T;
   const auto qkv = random_floats(BT * 3 * C, 21), dy = random_floats(BT * C, 22);
-  Bf16Operands ops(8);
+  Bf16Operands ops(host_device(), 8);
   std::vector<float> out(BT * C), att(size_t(B) * NH * TT), dqkv(qkv.size()), datt(att.size());
   attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, &ops);
   attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH,

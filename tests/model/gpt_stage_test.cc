@@ -49,8 +49,8 @@ std::vector<std::unique_ptr<Part>> make_parts(const std::vector<int>& split, int
     gp.embedding = r == 0;
     gp.head = r == (stages - 1) % p;
     auto part = std::make_unique<Part>();
-    part->model = std::make_unique<GptT<double>>(config(), part->store, B, T, Recompute::none,
-                                                 &part->ledger, nullptr, gp);
+    part->model = std::make_unique<GptT<double>>(cpu_backend(), config(), part->store, B, T,
+                                                 Recompute::none, &part->ledger, nullptr, gp);
     part->store.finalize({});
     part->store.init(11);
     part->store.grads().zero();
@@ -156,8 +156,9 @@ TEST(GptStage, SlotsAreChargedToTheLedgerAndRefuseOneTooMany) {
   const size_t per_slot = three[0]->ledger.peak(MemCategory::activations) -
                           one[0]->ledger.peak(MemCategory::activations);
   const size_t BTC = size_t(B) * T * 16;
-  EXPECT_EQ(per_slot,
-            2 * sizeof(double) * (3 * BTC + 2 * BlockActs<double>::elements(config(), B, T, true)));
+  const size_t saved = AttentionSizes::of(cpu_backend().f64(), config(), B, T).saved;
+  EXPECT_EQ(per_slot, 2 * sizeof(double) *
+                          (3 * BTC + 2 * BlockActs<double>::elements(config(), B, T, saved)));
   const auto in = tokens(B * T, 1);
   std::vector<double> out(BTC);
   GptT<double>& g = *one[0]->model;

@@ -14,7 +14,7 @@ struct TestModel {
   GptT<F> model;
 
   TestModel(const GptConfig& c, int B, int T, Recompute r = Recompute::none)
-      : model(c, store, B, T, r) {
+      : model(cpu_backend(), c, store, B, T, r) {
     store.finalize({});
   }
 

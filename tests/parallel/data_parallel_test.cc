@@ -25,16 +25,16 @@ StageRun run_stage(int stage, bool reshard, int accum, Recompute r = Recompute::
   const GptConfig c = GptConfig::make(37, 2, 2, 16, 8, 64);
   const int B = 2, T = 8;
   ParamStore store;
-  Gpt model(c, store, B, T, r);
+  Gpt model(cpu_backend(), c, store, B, T, r);
   store.finalize(DataParallel::sharding_for(stage, 1, 0));
   store.init(11);
   ZeroOptions o;
   o.stage = stage;
   o.reshard_after_forward = reshard;
   o.bucket_mb = 0.001;
-  DataParallel dp({}, store, o);
+  DataParallel dp(cpu_backend(), {}, store, o);
   model.set_hooks(&dp);
-  AdamW adamw({}, store.state_size());
+  AdamW adamw(cpu_backend(), {}, store.state_size());
   std::mt19937 gen(3);
   std::vector<int32_t> tokens(size_t(B * T * accum * 2));
   for (auto& t : tokens) t = int32_t(gen() % 37);
@@ -50,7 +50,8 @@ StageRun run_stage(int stage, bool reshard, int accum, Recompute r = Recompute::
   out.grads.assign(store.grads().data(), store.grads().data() + store.grads().size());
   adamw.step(store.params().data(), store.grads().data(), store.owned(), 1e-2f);
   dp.after_update();
-  out.params = dp.full_params();
+  const Buffer<float> params = dp.full_params();
+  out.params.assign(params.data(), params.data() + params.size());
   out.comm_bytes = size_t(dp.step_comm().sent_bytes);
   return out;
 }

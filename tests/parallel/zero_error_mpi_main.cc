@@ -34,13 +34,13 @@ struct Throwing final : UnitHooks {
 void run(const comm::Communicator& world, int stage) {
   const GptConfig c = GptConfig::make(37, 2, 2, 64, 8, 64);
   ParamStore store;
-  Gpt model(c, store, 2, 8);
+  Gpt model(cpu_backend(), c, store, 2, 8);
   store.finalize(parallel::DataParallel::sharding_for(stage, world.size(), world.rank()));
   store.init(1);
   parallel::ZeroOptions o;
   o.stage = stage;
   o.bucket_mb = 0.01;
-  parallel::DataParallel dp(world, store, o);
+  parallel::DataParallel dp(cpu_backend(), world, store, o);
   Throwing hooks(dp);
   model.set_hooks(&hooks);
   std::vector<int32_t> tokens(16, 3);

@@ -215,5 +215,32 @@ TEST(Schedule, TimelinesOpenAsChromeTraces) {
   EXPECT_TRUE(waited);
 }
 
+// The forward-only program (validation): every micro-batch through every virtual stage once, in
+// stage order, and nothing else; it simulates without a deadlock for every layout the trainer
+// runs, and its makespan is the chained stages' when one micro-batch is in flight.
+TEST(Schedule, ForwardOnlyProgramVisitsEveryStageOnceWithoutBackward) {
+  for (int p : {1, 2, 4}) {
+    for (int v : {1, 2}) {
+      if (p == 1 && v == 2) continue;
+      for (int m : {1, 3, 8}) {
+        const Schedule s = make_forward_schedule(p, m, v);
+        std::vector<int> forwards(size_t(p * v), 0);
+        for (int r = 0; r < p; ++r) {
+          for (const Instr& in : s.ranks[size_t(r)]) {
+            EXPECT_TRUE(in.op == Op::forward || in.op == Op::send_act || in.op == Op::recv_act)
+                << to_string(in.op);
+            if (in.op == Op::forward) ++forwards[size_t(s.stage(r, in.chunk))];
+          }
+        }
+        for (int f : forwards) EXPECT_EQ(f, m);
+        const Timeline t = simulate(s, Costs::uniform(p * v, 1.0, 2.0));
+        if (m == 1) {
+          EXPECT_DOUBLE_EQ(t.makespan, double(p * v)) << p << " " << v;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tetra::pipeline

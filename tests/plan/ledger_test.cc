@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "plan/presets.h"
+#include "plan/run_memory.h"
 
 namespace tetra::plan {
 namespace {
@@ -68,12 +69,35 @@ TEST(Ledger, SeventyBOnFifteenTTokens) {
 TEST(Ledger, ComputeLedgerUsesSixPTPlusAttention) {
   const ModelSpec m = model_preset("llama3-70b");
   const ComputeLedger c = compute_ledger(m, 15e12, 8192, 990e12, 0.4);
-  const double P = double(count_params(m).total());
+  // P of 6PT is the weights a token is multiplied by: the model's 70.55e9 parameters less the
+  // embedding lookup (128256 x 8192) and the norms, 69.50e9; still the seeds' 6.3e24 on 15T tokens.
+  const ParamCounts pc = count_params(m);
+  const double P = double(pc.matmul_active());
+  EXPECT_EQ(pc.total() - pc.matmul_active(), 128256LL * 8192 + 80 * 2 * 8192 + 8192);
   EXPECT_DOUBLE_EQ(c.flops_6pt, 6 * P * 15e12);
+  EXPECT_NEAR(c.flops_6pt, 6.3e24, 0.05e24);
   EXPECT_DOUBLE_EQ(c.flops_total - c.flops_6pt, 12.0 * 80 * 8192 * 8192 * 15e12);
   EXPECT_NEAR(c.gpu_years, c.flops_total / (990e12 * 0.4) / kSecondsPerYear, 1e-9);
   const FlopsPerToken full = flops_per_token(m, Recompute::full);
   EXPECT_NEAR(full.recompute / full.model(), 1.0 / 3.0, 1e-12);  // one more forward: 1/3 more
+}
+
+// The MFU numerator of `tetra train` and `tetra plan` alike (docs/training.md): for GPT-2,
+// 6 x (12 L C^2 + V C) + 12 L C T: the blocks' matrices and the tied head, not wte's lookup, wpe,
+// biases or LayerNorms; positions beyond the trained T (max_seq) change the parameters only.
+TEST(Ledger, ModelFlopsOfGpt2AreTheMatmulWeightsPlusAttention) {
+  ModelSpec m = model_preset("gpt2-124m");
+  const double L = 12, C = 768, V = 50257;
+  for (const int64_t T : {1024, 64}) {
+    m.seq = T;
+    m.positions = 1024;
+    const FlopsPerToken f = flops_per_token(m, Recompute::none);
+    EXPECT_DOUBLE_EQ(f.model(), 6 * (12 * L * C * C + V * C) + 12 * L * C * double(T)) << T;
+    EXPECT_EQ(count_params(m).total(), 124439808) << T;
+  }
+  // Recomputation is hardware work, not model work.
+  EXPECT_DOUBLE_EQ(flops_per_token(m, Recompute::full).model(),
+                   flops_per_token(m, Recompute::none).model());
 }
 
 TEST(Ledger, ActivationsMatchKorthikantiForGpt) {
@@ -101,6 +125,32 @@ TEST(Ledger, LayoutMemorySplitsStateOverModelParallelRanks) {
   EXPECT_DOUBLE_EQ(mem.optimizer, 12 * local / 16);
   EXPECT_GT(mem.activations, 0);
   EXPECT_LT(mem.total(), 80e9);
+}
+
+}  // namespace
+}  // namespace tetra::plan
+
+namespace tetra::plan {
+namespace {
+
+// A flash attention (run.device = cuda) keeps the row log-sum-exp instead of the probabilities:
+// per layer B·NH·T elements saved and as many of scratch instead of B·NH·T² each, and no bf16
+// copies for attention. Everything else of the run's memory is the CPU backend's.
+TEST(RunMemory, FlashAttentionKeepsNoTByTMatrix) {
+  RunShape s;
+  s.vocab = 50257, s.padded_vocab = 50304, s.layers = 12, s.d_model = 768, s.heads = 12;
+  s.max_seq = 1024, s.micro_batch = 4, s.seq = 1024;
+  RunShape flash = s;
+  flash.flash_attention = true;
+  const RunMemory cpu = run_memory(s), gpu = run_memory(flash);
+  const double f32 = 4, B = 4, NH = 12, T = 1024, L = 12;
+  EXPECT_DOUBLE_EQ(cpu.activations - gpu.activations, f32 * L * B * NH * (T * T - T));
+  EXPECT_DOUBLE_EQ(cpu.temporaries - gpu.temporaries, 2 * f32 * B * NH * (T * T - T));
+  EXPECT_EQ(cpu.params, gpu.params);
+  EXPECT_EQ(cpu.comm, gpu.comm);
+  // Selective recomputation drops the saved state on both.
+  s.recompute = flash.recompute = Recompute::selective;
+  EXPECT_DOUBLE_EQ(run_memory(s).activations, run_memory(flash).activations);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "core/config.h"
 #include "plan/plan_config.h"
+#include "train/run_plan.h"
 
 namespace {
 
@@ -22,9 +23,11 @@ struct CliResult {
   std::string out;
 };
 
-CliResult tetra_plan(const std::string& args) {
-  const std::string cmd =
-      std::string("cd ") + TETRA_SOURCE_DIR + " && " + TETRA_BINARY + " plan " + args + " 2>&1";
+// `tetra plan ARGS` in the source directory; stdout, and stderr unless `with_stderr` is false (the
+// cpu cluster's peak measurement may say on stderr that the machine is busy).
+CliResult tetra_plan(const std::string& args, bool with_stderr = true) {
+  const std::string cmd = std::string("cd ") + TETRA_SOURCE_DIR + " && " + TETRA_BINARY + " plan " +
+                          args + (with_stderr ? " 2>&1" : " 2>/dev/null");
   CliResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -273,6 +276,51 @@ TEST(PlanCli, HelpShowsEveryKeyWithItsRange) {
       EXPECT_TRUE(has(r, s)) << s << "\n" << r.out;
     }
   }
+}
+
+// A `tetra train` config is planned as the run it launches: the report's three numbers are
+// train/run_plan's, which the trainer prints in its header (tests/train/plan_agreement_test.cc).
+TEST(PlanCli, TrainingConfigIsPlannedAsItsRun) {
+  const CliResult r = tetra_plan("--config configs/brown.toml --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const tetra::TrainingPlan want =
+      tetra::plan_training_config(std::string(TETRA_SOURCE_DIR) + "/configs/brown.toml", {});
+  const tetra::plan::RunPrediction& p = want.run.prediction;
+  EXPECT_EQ(j["run"]["params"].get<int64_t>(), p.params);
+  EXPECT_EQ(j["run"]["flops_per_token"].get<double>(), p.flops_per_token);
+  EXPECT_EQ(j["run"]["memory_per_rank"].get<double>(), p.memory.total());
+  EXPECT_EQ(j["run"]["ranks"], 1);
+  EXPECT_EQ(j["model"]["params"].get<int64_t>(), p.params);
+  EXPECT_EQ(j["compute"]["flops_per_token"].get<double>(), p.flops_per_token);
+  EXPECT_EQ(j["memory"]["tetra_run"]["total"].get<double>(), p.memory.total());
+  EXPECT_EQ(j["model"]["name"], "brown");
+  EXPECT_EQ(j["cluster"]["name"], "cpu");
+  EXPECT_EQ(j["layout"]["source"], "given");
+  EXPECT_EQ(j["training"]["global_batch"], 8 * 128);
+
+  const CliResult table = tetra_plan("--config configs/brown.toml");
+  ASSERT_EQ(table.code, 0) << table.out;
+  EXPECT_TRUE(has(table, "tetra train, this run on 1 rank(s): " + tetra::plan::run_summary(p)))
+      << table.out;
+
+  // Overrides in either spelling, and the two spellings refused when they disagree.
+  const CliResult aliased =
+      tetra_plan("--config configs/tiny.toml --json --layout.tp=2 --training.micro_batch=2", false);
+  ASSERT_EQ(aliased.code, 0) << aliased.out;
+  const auto a = nlohmann::json::parse(aliased.out);
+  EXPECT_EQ(a["layout"]["tp"], 2);
+  EXPECT_EQ(a["layout"]["micro_batch"], 2);
+  EXPECT_EQ(a["cluster"]["gpus"], 2);
+  const CliResult both =
+      tetra_plan("--config configs/brown.toml --model.n_layer=2 --model.layers=3");
+  EXPECT_EQ(both.code, 2);
+  EXPECT_TRUE(has(both, "sets both model.n_layer = 2 and model.layers = 3")) << both.out;
+  const CliResult preset = tetra_plan("--config configs/brown.toml --model.preset=gpt2-124m");
+  EXPECT_EQ(preset.code, 2);
+  EXPECT_TRUE(has(preset, "model.preset is a key of planner configs")) << preset.out;
+  const CliResult help = tetra_plan("--help");
+  EXPECT_TRUE(has(help, "--model.layers = --model.n_layer")) << help.out;
 }
 
 // docs/plan.md's key table is the schema's (see the same test for docs/training.md).

@@ -30,6 +30,21 @@ TEST(Presets, ParameterCounts) {
   EXPECT_NEAR(double(mixtral.active()), 12.9e9, 0.1e9);
 }
 
+// GPT-2 124M as tetra trains it (GptConfig::make(50257, 12, 12, 768, 1024, 64)): the real
+// vocabulary, not the 50304 padded rows of wte, and wpe's max_seq rows whatever the trained
+// sequence length; the count the trainer's header prints (train/run_plan.h).
+TEST(Presets, Gpt2SmallAsTetraTrainsItHas124439808Parameters) {
+  ModelSpec m = model_preset("gpt2-124m");
+  m.vocab_multiple = 64;
+  m.positions = 1024;
+  m.seq = 256;
+  EXPECT_EQ(count_params(m).total(), 124439808);
+  const ParamCounts pc = count_params(m);
+  EXPECT_EQ(pc.matmul_active(), 12LL * 12 * 768 * 768 + 50257LL * 768);
+  m.positions = 0;  // planner configs: the positions are the sequence
+  EXPECT_EQ(count_params(m).total(), 124439808 - (1024 - 256) * 768);
+}
+
 TEST(Presets, UnknownPresetsAreRefused) {
   try {
     model_preset("llama3-7b");

@@ -17,6 +17,7 @@
 #include "ckpt/safetensors.h"
 #include "core/config.h"
 #include "data/token_shard.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/matmul.h"
 #include "train/train_config.h"
 
@@ -212,10 +213,28 @@ TEST_F(TrainCli, OutOfRangeSettingsAreRefused) {
       {"data.verify=maybe", "'data.verify' must be true or false, got 'maybe'"},
       {"train.seq_len=17", "train.seq_len=17 exceeds model.max_seq=16"},
       {"train.precision=fp16", "'train.precision' must be one of: fp32, bf16, got 'fp16'"},
+      {"run.device=tpu", "'run.device' must be one of: cpu, cuda, got 'tpu'"},
   };
   for (const auto& [arg, message] : cases) {
     EXPECT_REFUSED(tetra(base() + " --" + arg), message);
   }
+}
+
+// run.device=cuda where this build or machine cannot run it (a build without the CUDA toolkit, or
+// one without a GPU, as in CI) is refused before anything is allocated, saying why and what to
+// change; where a GPU is usable the run trains (tests/kernels/ and scripts/device-check.sh check
+// its numbers).
+TEST_F(TrainCli, CudaDeviceIsRefusedWhereItCannotRun) {
+  const std::string why = cuda_unavailable();
+  const CliRun run = tetra(base() + " --run.device=cuda --train.steps=2");
+  if (!why.empty()) {
+    EXPECT_REFUSED(run, "[device] run.device=cuda: " + why + "; or set run.device=cpu");
+    return;
+  }
+  EXPECT_EQ(run.code, 0) << run.output;
+  const auto m = metrics(path("run"));
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]["device"], "cuda");
 }
 
 // train.precision=bf16 where the CPU has bf16 instructions: trains to within bf16's rounding of

@@ -13,19 +13,20 @@ namespace {
 
 // The update of one element; bias corrections in double then rounded, as torch computes them on
 // Python floats.
+template <typename F>
 struct AdamWElement {
-  float beta1, beta2, eps, grad_scale, step_size, bc2_sqrt;
+  F beta1, beta2, eps, grad_scale, step_size, bc2_sqrt;
   explicit AdamWElement(const AdamWStep& s)
       : beta1(s.beta1), beta2(s.beta2), eps(s.eps), grad_scale(s.grad_scale) {
     const double bc1 = 1.0 - std::pow(double(s.beta1), double(s.t));
     const double bc2 = 1.0 - std::pow(double(s.beta2), double(s.t));
-    step_size = float(double(s.lr) / bc1);
-    bc2_sqrt = float(std::sqrt(bc2));
+    step_size = F(double(s.lr) / bc1);
+    bc2_sqrt = F(std::sqrt(bc2));
   }
-  void operator()(float& param, float grad, float& m, float& v, float decay_factor) const {
-    const float g = grad * grad_scale;
-    const float mi = beta1 * m + (1.0f - beta1) * g;
-    const float vi = beta2 * v + (1.0f - beta2) * g * g;
+  void operator()(F& param, F grad, F& m, F& v, F decay_factor) const {
+    const F g = grad * grad_scale;
+    const F mi = beta1 * m + (F(1) - beta1) * g;
+    const F vi = beta2 * v + (F(1) - beta2) * g * g;
     m = mi;
     v = vi;
     param = param * decay_factor - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
@@ -34,24 +35,26 @@ struct AdamWElement {
 
 }  // namespace
 
-void adamw_update(float* params, const float* grads, float* m, float* v,
-                  const std::vector<OwnedSegment>& segments, const AdamWStep& s) {
+template <typename F>
+void adamw_update(F* params, const F* grads, F* m, F* v, const std::vector<OwnedSegment>& segments,
+                  const AdamWStep& s) {
   const ProfileScope profile(ProfKind::adamw, "update");
-  const AdamWElement update(s);
-  const float decayed = 1.0f - s.lr * s.weight_decay;
+  const AdamWElement<F> update(s);
+  const F decayed = F(1) - F(s.lr) * F(s.weight_decay);
 #pragma omp parallel
   for (const OwnedSegment& g : segments) {
-    float* p = params + g.param_pos;
-    const float* gr = grads + g.grad_pos;
-    float* mi = m + g.state_pos;
-    float* vi = v + g.state_pos;
-    const float decay_factor = g.decay ? decayed : 1.0f;
+    F* p = params + g.param_pos;
+    const F* gr = grads + g.grad_pos;
+    F* mi = m + g.state_pos;
+    F* vi = v + g.state_pos;
+    const F decay_factor = g.decay ? decayed : F(1);
 #pragma omp for simd schedule(static) nowait
     for (int64_t i = 0; i < int64_t(g.count); ++i) update(p[i], gr[i], mi[i], vi[i], decay_factor);
   }
 }
 
-double sum_squares(const float* x, int64_t N) {
+template <typename F>
+double sum_squares(const F* x, int64_t N) {
   const ProfileScope profile(ProfKind::grad_norm, "sum of squares");
   // Each thread sums a static chunk in double with a vectorised (lane-wise) reduction; the
   // partials are added in thread order: deterministic for a given thread count.
@@ -70,5 +73,12 @@ double sum_squares(const float* x, int64_t N) {
   for (double p : partial) total += p;
   return total;
 }
+
+template void adamw_update<float>(float*, const float*, float*, float*,
+                                  const std::vector<OwnedSegment>&, const AdamWStep&);
+template void adamw_update<double>(double*, const double*, double*, double*,
+                                   const std::vector<OwnedSegment>&, const AdamWStep&);
+template double sum_squares<float>(const float*, int64_t);
+template double sum_squares<double>(const double*, int64_t);
 
 }  // namespace tetra::cpu

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "kernels/kernels.h"
+
 namespace tetra::cpu {
 
 // losses is (N); logits is (N,Vp), overwritten with dlogits = dloss * (softmax - onehot) in the
@@ -16,10 +18,6 @@ double softmax_xent_forward_backward(F* losses, F* logits, const int32_t* target
 template <typename F>
 double softmax_xent_forward(F* losses, const F* logits, const int32_t* targets, int64_t N, int V,
                             int Vp);
-
-/** An in-place reduction of n values over the tensor-parallel group (sum or max). */
-template <typename F>
-using GroupReduce = std::function<void(F* values, int64_t n)>;
 
 // Vocabulary-parallel softmax cross-entropy (Megatron): logits (N,Vl) are columns [v0, v0+Vl) of
 // the padded vocabulary, whose first V columns are real. The row maxima and then the sums of

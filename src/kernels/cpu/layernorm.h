@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
-namespace tetra::cpu {
+#include "kernels/kernels.h"
 
-constexpr double kLayerNormEps = 1e-5;
+namespace tetra::cpu {
 
 // out is (N,C); mean and rstd are (N) and saved for backward; inp is (N,C); weight, bias are (C).
 template <typename F>

@@ -34,7 +34,14 @@ struct Engine {
   dnnl::stream stream{engine};
   std::map<Key, Cached> cache;
   std::vector<float> scratch_a, scratch_b;  // bf16 operands widened to f32 (fallback path)
+  std::vector<bf16> scratch_b16;            // a transposed bf16 B made row-major (see below)
 };
+
+// oneDNN 2.6's AMX bf16 kernels return wrong columns for a product with a transposed B (column
+// stride not 1) when M <= 32 (seen for 49 <= N <= 63, errors of order 1; M >= 33, a row-major B
+// and the avx512_core_bf16 kernels are right: tests/kernels/conformance_test.cc). Such a B is
+// passed row-major; a product that small costs less than the copy's O(K·N) would matter.
+bool transposed_b_needs_copy(const MatmulArgs& x) { return x.M <= 32 && x.b.strides[3] != 1; }
 
 // The engine and its primitive cache are created on first use and live for the process: oneDNN
 // primitives are expensive to build (JIT) and cheap to reuse.
@@ -131,16 +138,33 @@ MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, i
   return {dst, {b1 * rows * cols, rows * cols, cols, 1}, DType::f32};
 }
 
+// A bf16 operand (b0, b1, rows, cols) copied into dense row-major `scratch`.
+MatOperand row_major_bf16(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
+                          std::vector<bf16>& scratch) {
+  scratch.resize(size_t(b0 * b1 * rows * cols));
+  const bf16* src = static_cast<const bf16*>(op.data);
+  const auto& s = op.strides;
+  for (int64_t i0 = 0; i0 < b0; ++i0)
+    for (int64_t i1 = 0; i1 < b1; ++i1)
+      for (int64_t r = 0; r < rows; ++r) {
+        const bf16* in = src + i0 * s[0] + i1 * s[1] + r * s[2];
+        bf16* out = scratch.data() + ((i0 * b1 + i1) * rows + r) * cols;
+        for (int64_t c = 0; c < cols; ++c) out[c] = in[c * s[3]];
+      }
+  return {scratch.data(), {b1 * rows * cols, rows * cols, cols, 1}, DType::bf16};
+}
+
 // An f32 operand (b0, b1, rows, cols) rounded to bf16 into dense `dst`, keeping which of its
 // dimensions is contiguous (a transposed operand stays transposed: both the reads and the writes
-// stream, and oneDNN takes either layout).
+// stream, and oneDNN takes either layout) unless `row_major`.
 MatOperand rounded(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
-                   bf16* dst) {
+                   bf16* dst, bool row_major = false) {
   const ProfileScope profile(ProfKind::bf16_cast, "operands to bf16");
   const float* src = static_cast<const float*>(op.data);
   uint16_t* out = &dst->bits;
   const auto& s = op.strides;
-  const bool by_cols = s[3] != 1 && s[2] == 1;  // column-major: walk columns, rows contiguous
+  // column-major: walk columns, rows contiguous
+  const bool by_cols = !row_major && s[3] != 1 && s[2] == 1;
   const int64_t outer = by_cols ? cols : rows, inner = by_cols ? rows : cols;
   const int64_t so = by_cols ? s[3] : s[2], si = by_cols ? s[2] : s[3];
 #pragma omp parallel for collapse(3) schedule(static)
@@ -405,6 +429,11 @@ void matmul(const MatmulArgs& x) {
   TETRA_CHECK(x.K > 0, "[matmul] K must be positive (got {})", x.K);
   TETRA_CHECK(!x.bias || (x.b0 == 1 && x.b1 == 1), "[matmul] bias only for unbatched products");
   if (x.bf16) {
+    const Bf16MatmulPath& path = bf16_matmul_path();
+    TETRA_CHECK(path.hardware,
+                "[matmul] mixed-precision products need bf16 instructions (oneDNN ISA "
+                "avx512_core_bf16 or avx512_core_amx); this CPU has oneDNN ISA {}",
+                path.isa);
     TETRA_CHECK(x.a.dtype == DType::f32 && x.b.dtype == DType::f32,
                 "[matmul] a mixed-precision product takes f32 operands (got {} x {})",
                 dtype_name(x.a.dtype), dtype_name(x.b.dtype));
@@ -413,14 +442,19 @@ void matmul(const MatmulArgs& x) {
     MatmulArgs r = x;
     r.bf16 = nullptr;
     r.a = rounded(x.a, x.b0, x.b1, x.M, x.K, a);
-    r.b = rounded(x.b, x.b0, x.b1, x.K, x.N, b);
+    r.b = rounded(x.b, x.b0, x.b1, x.K, x.N, b, transposed_b_needs_copy(x));
     return onednn_matmul(r);
   }
   if (x.a.dtype == DType::f64) return matmul_reference(x);
   const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
   if (!has_bf16) return matmul_with(matmul_chooser().choose(x), x);
-  if (bf16_matmul_path().native) return onednn_matmul(x);
   Engine& e = engine();
+  if (bf16_matmul_path().native) {
+    if (x.b.dtype != DType::bf16 || !transposed_b_needs_copy(x)) return onednn_matmul(x);
+    MatmulArgs r = x;
+    r.b = row_major_bf16(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b16);
+    return onednn_matmul(r);
+  }
   MatmulArgs w = x;
   w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
   w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
@@ -441,82 +475,9 @@ const Bf16MatmulPath& bf16_matmul_path() {
   return path;
 }
 
-Bf16Operands::Bf16Operands(size_t elements, MemTag tag) : mem_(0, tag) {
-  const Bf16MatmulPath& path = bf16_matmul_path();
-  TETRA_CHECK(path.hardware,
-              "[matmul] mixed-precision products need bf16 instructions (oneDNN ISA "
-              "avx512_core_bf16 or avx512_core_amx); this CPU has oneDNN ISA {}",
-              path.isa);
-  mem_.resize(elements);
-}
-
-std::pair<bf16*, bf16*> Bf16Operands::take(size_t a, size_t b) {
-  // Each operand starts on a cache line, so the rounding threads never share one.
-  const size_t a_room = (a + 31) / 32 * 32;
-  if (mem_.size() < a_room + b) mem_.resize(a_room + b);
-  return {mem_.data(), mem_.data() + a_room};
-}
-
 std::string Bf16MatmulPath::describe() const {
   return std::string(native ? "onednn-bf16" : "f32-widened") + " (" + isa + ")";
 }
-
-namespace {
-
-template <typename T>
-MatmulArgs plain(T* out, int64_t M, int64_t N, int64_t K, bool accumulate, const char* role,
-                 Bf16Operands* bf16) {
-  MatmulArgs x;
-  x.role = role;
-  x.bf16 = bf16;
-  x.M = M, x.N = N, x.K = K;
-  x.a.dtype = x.b.dtype = dtype_of<T>();
-  x.c = out;
-  x.c_strides = {M * N, M * N, N, 1};
-  x.accumulate = accumulate;
-  return x;
-}
-
-}  // namespace
-
-template <typename T>
-void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
-               bool accumulate, const char* role, Bf16Operands* bf16) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
-  x.a.data = inp, x.a.strides = {M * K, M * K, K, 1};
-  x.b.data = w, x.b.strides = {N * K, N * K, 1, K};  // B(k, n) = W[n, k]
-  x.bias = bias;
-  matmul(x);
-}
-
-template <typename T>
-void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate,
-               const char* role, Bf16Operands* bf16) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
-  x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
-  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
-  matmul(x);
-}
-
-template <typename T>
-void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool accumulate,
-               const char* role, Bf16Operands* bf16) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
-  x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
-  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
-  matmul(x);
-}
-
-#define TETRA_INSTANTIATE(T)                                                                       \
-  template void matmul_nt<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool,    \
-                             const char*, Bf16Operands*);                                          \
-  template void matmul_nn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, const char*, \
-                             Bf16Operands*);                                                       \
-  template void matmul_tn<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, const char*, \
-                             Bf16Operands*);
-TETRA_INSTANTIATE(float)
-TETRA_INSTANTIATE(double)
-#undef TETRA_INSTANTIATE
 
 size_t matmul_cache_size() { return engine().cache.size(); }
 

@@ -21,9 +21,9 @@
 // tensor can be multiplied everywhere. bf16_matmul_path() says which.
 //
 // Mixed precision (train.precision = bf16) is the other use: f32 operands rounded to bf16 for the
-// product, in scratch a Bf16Operands provides. It needs bf16 instructions (bf16_matmul_path()
-// .hardware): emulated or widened bf16 costs more than the f32 product it replaces, so a run asks
-// for it only where it pays.
+// product, in scratch a Bf16Operands (kernels/kernels.h) provides. It needs bf16 instructions
+// (bf16_matmul_path().hardware): emulated or widened bf16 costs more than the f32 product it
+// replaces, so a run asks for it only where it pays.
 #pragma once
 
 #include <array>
@@ -34,44 +34,9 @@
 
 #include "core/arena.h"
 #include "core/dtype.h"
+#include "kernels/kernels.h"
 
 namespace tetra::cpu {
-
-/** Scratch for the bf16 copies of a mixed-precision product's f32 operands, owned by the model and
- *  charged to its ledger. Grows when a product needs more (generation with a wider batch). */
-class Bf16Operands {
- public:
-  /** Room for products whose A and B have `elements` elements together; needs bf16 instructions
-   *  (bf16_matmul_path().hardware). */
-  explicit Bf16Operands(size_t elements, MemTag tag = {});
-  /** The first `a` and the next `b` elements of the scratch, grown to a + b if needed. */
-  std::pair<bf16*, bf16*> take(size_t a, size_t b);
-
- private:
-  Buffer<bf16> mem_;
-};
-
-/** A batched 2-D operand: dims (b0, b1, rows, cols) with element strides for each dim. */
-struct MatOperand {
-  const void* data = nullptr;
-  std::array<int64_t, 4> strides{};  // (b0, b1, row, col)
-  DType dtype = DType::f32;
-};
-
-struct MatmulArgs {
-  int64_t b0 = 1, b1 = 1;  // batch dims
-  int64_t M = 0, N = 0, K = 0;
-  MatOperand a;       // (b0, b1, M, K)
-  MatOperand b;       // (b0, b1, K, N)
-  void* c = nullptr;  // (b0, b1, M, N), f32 (f64 with f64 operands)
-  std::array<int64_t, 4> c_strides{};
-  const void* bias = nullptr;   // (N), same dtype as C; only with b0 == b1 == 1
-  bool accumulate = false;      // C += A·B instead of C = A·B
-  const char* role = "matmul";  // its name in the per-kernel profile (core/profile.h)
-  // Mixed precision: f32 A and B are rounded to bf16 (nearest even) in this scratch and
-  // multiplied by oneDNN's bf16 matmul with f32 accumulation into f32 C (null: f32 product).
-  Bf16Operands* bf16 = nullptr;
-};
 
 /** C = A·B (+ bias) (+ C) through the library chosen for this product on this machine. */
 void matmul(const MatmulArgs& args);
@@ -92,28 +57,6 @@ void matmul_with(MatmulLib lib, const MatmulArgs& args);
 std::string matmul_machine();
 /** The reference loop (f32 or f64, all operands alike), for tests. */
 void matmul_reference(const MatmulArgs& args);
-
-// Row-major 2-D helpers for the common cases, in f32 (oneDNN) or f64 (reference). Weights are
-// stored (out, in) as in PyTorch Linear. `role` names the product in the per-kernel profile;
-// `bf16` (f32 only) makes it a mixed-precision product (MatmulArgs::bf16).
-
-/** out (M, N) = inp (M, K) · W^T, W (N, K), plus bias (N) if given; accumulate adds to out. */
-template <typename T>
-void matmul_nt(T* out, const T* inp, const T* w, const T* bias, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
-/** out (M, N) = a (M, K) · b (K, N). */
-template <typename T>
-void matmul_nn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
-/** out (M, N) = a^T · b with a (K, M), b (K, N): the weight-gradient product. */
-template <typename T>
-void matmul_tn(T* out, const T* a, const T* b, int64_t M, int64_t N, int64_t K,
-               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
-
-template <typename T>
-constexpr DType dtype_of() {
-  return sizeof(T) == 8 ? DType::f64 : DType::f32;
-}
 
 /** f32 -> bf16 bits, nearest even (NaN kept quiet): bf16::from_float without its branch, so that
  *  loops over it vectorise. */

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/machine_cache.h"
 #include "kernels/cpu/matmul.h"
 
@@ -32,13 +33,14 @@ double measure(int threads) {
   const int64_t n = 2048;
   Buffer<float> a(n * n), b(n * n), c(n * n);
   for (int64_t i = 0; i < n * n; ++i) a[i] = b[i] = float(i % 7) * 0.1f;
-  matmul_nn(c.data(), a.data(), b.data(), n, n, n);  // warm-up (JIT, page faults)
+  Kernels<float>& k = cpu_backend().f32();
+  matmul_nn<float>(k, c.data(), a.data(), b.data(), n, n, n);  // warm-up (JIT, page faults)
   // The best of repeated products over at least a second: a peak, not an average.
   double best = 1e30;
   Stopwatch total;
   for (int rep = 0; rep < 5 || total.elapsed_s() < 1.0; ++rep) {
     Stopwatch sw;
-    matmul_nn(c.data(), a.data(), b.data(), n, n, n);
+    matmul_nn<float>(k, c.data(), a.data(), b.data(), n, n, n);
     best = std::min(best, sw.elapsed_s());
   }
   omp_set_num_threads(saved);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "parallel/pipeline_executor.h"
+#include "pipeline/executor.h"
 
 using namespace tetra;
 
@@ -83,7 +83,7 @@ struct Chain {
 };
 
 // The executor's view of this rank's chunks of a Chain.
-class ChainStages : public parallel::StageModel {
+class ChainStages : public pipeline::StageModel {
  public:
   ChainStages(Chain& chain, const pipeline::Schedule& s, const std::vector<int>& split, int rank)
       : chain_(chain), s_(s), rank_(rank) {
@@ -120,6 +120,7 @@ class ChainStages : public parallel::StageModel {
     saved_.erase(it);
   }
   size_t held() const { return saved_.size(); }
+  void forget() { saved_.clear(); }
   double loss = 0;
 
  private:
@@ -185,9 +186,9 @@ int main(int argc, char** argv) {
       Chain part(layers);
       const pipeline::Schedule sched = pipeline::make_schedule(c.kind, p, c.m, c.v);
       ChainStages model(part, sched, split, r);
-      parallel::PipelineExecutor exec(sched, world);
+      pipeline::Executor exec(sched, world, host_device());
       int reduced = 0, stepped = 0;
-      const parallel::PipelineStepStats st = exec.run(
+      const pipeline::StepStats st = exec.run(
           model, [&] { ++reduced; },
           [&] { expect(reduced == 1, name + ": step before reduce"), ++stepped; });
       expect(reduced == 1 && stepped == 1, name + ": reduce and step once");
@@ -208,6 +209,20 @@ int main(int argc, char** argv) {
       world.all_reduce(std::span<float>(loss)).wait();
       expect(loss[0] == float(serial_loss),
              fmt::format("{}: loss {} vs serial {}", name, loss[0], serial_loss));
+      // Validation: the forward-only program over the same stages gives the same loss.
+      model.loss = 0;
+      const pipeline::StepStats fwd = exec.run_forward(model, c.m);
+      std::vector<float> eval_loss{float(model.loss)};
+      world.all_reduce(std::span<float>(eval_loss)).wait();
+      expect(eval_loss[0] == float(serial_loss),
+             fmt::format("{}: forward-only loss {} vs serial {}", name, eval_loss[0], serial_loss));
+      size_t forwards = 0, backwards = 0;
+      for (const auto& sp : fwd.timeline.spans) {
+        forwards += sp.name == "forward";
+        backwards += sp.name == "backward";
+      }
+      expect(forwards == size_t(c.m * c.v) && backwards == 0, name + ": forward-only spans");
+      model.forget();
       // The measured timeline has every computation of this rank.
       size_t computed = 0;
       for (const auto& sp : st.timeline.spans)

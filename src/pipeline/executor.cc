@@ -1,18 +1,17 @@
-#include "parallel/pipeline_executor.h"
+#include "pipeline/executor.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <tuple>
 
+#include "core/arena.h"
 #include "core/error.h"
 #include "core/timer.h"
 
-namespace tetra::parallel {
+namespace tetra::pipeline {
 
 namespace {
-
-using pipeline::Instr;
-using pipeline::Op;
 
 // Activations and gradients travel on their own tags: with two ranks both flow between the same
 // pair. Within a tag, messages between a pair arrive in the order sent, and every schedule sends
@@ -23,8 +22,8 @@ bool is_recv(Op op) { return op == Op::recv_act || op == Op::recv_grad; }
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(pipeline::Schedule schedule, comm::Communicator group)
-    : schedule_(std::move(schedule)), group_(std::move(group)) {
+Executor::Executor(Schedule schedule, comm::Communicator group, Device& device)
+    : schedule_(std::move(schedule)), group_(std::move(group)), device_(device) {
   if (schedule_.p > 1) {
     TETRA_CHECK(group_.valid() && group_.size() == schedule_.p,
                 "[pipeline] internal: a schedule of {} ranks needs a pipeline group of that size "
@@ -34,24 +33,33 @@ PipelineExecutor::PipelineExecutor(pipeline::Schedule schedule, comm::Communicat
   }
 }
 
-PipelineStepStats PipelineExecutor::run(StageModel& model,
-                                        const std::function<void()>& reduce_grads,
-                                        const std::function<void()>& optimizer_step) {
-  using Buffer = std::vector<float>;
+StepStats Executor::run(StageModel& model, const std::function<void()>& reduce_grads,
+                        const std::function<void()>& optimizer_step) {
+  return execute(schedule_, model, reduce_grads, optimizer_step);
+}
+
+StepStats Executor::run_forward(StageModel& model, int micro_batches) {
+  return execute(make_forward_schedule(schedule_.p, micro_batches, schedule_.v), model, {}, {});
+}
+
+StepStats Executor::execute(const Schedule& program, StageModel& model,
+                            const std::function<void()>& reduce_grads,
+                            const std::function<void()>& optimizer_step) {
+  using Buffer = tetra::Buffer<float>;
   using Key = std::tuple<bool, int, int>;  // (gradient, micro-batch, chunk)
-  const std::vector<Instr>& prog = schedule_.ranks[size_t(rank_)];
+  const std::vector<Instr>& prog = program.ranks[size_t(rank_)];
   const size_t n = model.boundary_size();
-  PipelineStepStats stats;
-  pipeline::Timeline& tl = stats.timeline;
-  tl.busy.assign(size_t(schedule_.p), 0.0);
-  tl.last_backward.assign(size_t(schedule_.p), 0.0);
-  tl.peak_inflight.assign(size_t(schedule_.p), 0);
+  StepStats stats;
+  Timeline& tl = stats.timeline;
+  tl.busy.assign(size_t(program.p), 0.0);
+  tl.last_backward.assign(size_t(program.p), 0.0);
+  tl.peak_inflight.assign(size_t(program.p), 0);
   const double start = now_s();
   auto since = [&] { return now_s() - start; };
 
   std::vector<std::unique_ptr<Buffer>> pool;
   auto take = [&] {
-    if (pool.empty()) return std::make_unique<Buffer>(n);
+    if (pool.empty()) return std::make_unique<Buffer>(n, MemTag{}, device_);
     std::unique_ptr<Buffer> b = std::move(pool.back());
     pool.pop_back();
     return b;
@@ -69,7 +77,8 @@ PipelineStepStats PipelineExecutor::run(StageModel& model,
       const Instr& in = prog[k];
       if (!is_recv(in.op) || (in.op == Op::recv_grad) != grad) continue;
       std::unique_ptr<Buffer> b = take();
-      comm::Work w = group_.recv(std::span<float>(*b), in.peer, grad ? kGradTag : kActTag);
+      comm::Work w =
+          group_.recv(std::span<float>(b->data(), b->size()), in.peer, grad ? kGradTag : kActTag);
       posted[{grad, in.mb, in.chunk}] = {w, std::move(b)};
       next_recv[grad] = k + 1;
       return;
@@ -90,7 +99,7 @@ PipelineStepStats PipelineExecutor::run(StageModel& model,
       }
     }
   };
-  if (schedule_.p > 1) {
+  if (program.p > 1) {
     post_next(false, 0);
     post_next(true, 0);
   }
@@ -129,8 +138,8 @@ PipelineStepStats PipelineExecutor::run(StageModel& model,
         const Key incoming{!fwd, in.mb, in.chunk};
         auto got = received.find(incoming);
         const float* input = got == received.end() ? nullptr : got->second->data();
-        const int stage = schedule_.stage(rank_, in.chunk);
-        const bool edge = fwd ? stage == schedule_.p * schedule_.v - 1 : stage == 0;
+        const int stage = program.stage(rank_, in.chunk);
+        const bool edge = fwd ? stage == program.p * program.v - 1 : stage == 0;
         std::unique_ptr<Buffer> out = edge ? nullptr : take();
         if (fwd) {
           model.forward(in.mb, in.chunk, input, out ? out->data() : nullptr);
@@ -157,7 +166,8 @@ PipelineStepStats PipelineExecutor::run(StageModel& model,
                     "[pipeline] internal: rank {} sends {} mb {} chunk {} "
                     "before computing it",
                     rank_, to_string(in.op), in.mb, in.chunk);
-        comm::Work w = group_.send(std::span<const float>(*it->second), in.peer,
+        const Buffer& out = *it->second;
+        comm::Work w = group_.send(std::span<const float>(out.data(), out.size()), in.peer,
                                    in.op == Op::send_grad ? kGradTag : kActTag);
         sending.emplace_back(w, std::move(it->second));
         outputs.erase(it);
@@ -177,4 +187,37 @@ PipelineStepStats PipelineExecutor::run(StageModel& model,
   return stats;
 }
 
-}  // namespace tetra::parallel
+BubbleStats measure_bubble(const Schedule& sched, const StepStats& stats,
+                           const comm::Communicator& group) {
+  const Timeline& tl = stats.timeline;
+  const int rank = group.rank();
+  const size_t v = size_t(sched.v), n = 2 + 2 * v;
+  std::vector<float> mine(n, 0.0f), all(n * size_t(sched.p));
+  mine[0] = float(tl.busy[size_t(rank)]);
+  mine[1] = float(tl.last_backward[size_t(rank)]);
+  for (const Span& span : tl.spans) {
+    const bool fwd = span.name == "forward";
+    if (fwd || span.name == "backward") {
+      mine[2 + (fwd ? 0 : v) + size_t(span.chunk)] += float((span.end - span.start) / sched.m);
+    }
+  }
+  group.all_gather(std::span<const float>(mine), std::span<float>(all)).wait();
+  Costs costs = Costs::uniform(sched.p * sched.v, 0.0, 0.0);
+  double flush = 0.0, busy = 0.0;
+  for (int r = 0; r < sched.p; ++r) {
+    const float* a = all.data() + size_t(r) * n;
+    busy += a[0];
+    flush = std::max(flush, double(a[1]));
+    for (int c = 0; c < sched.v; ++c) {
+      costs.forward[size_t(sched.stage(r, c))] = a[2 + c];
+      costs.backward[size_t(sched.stage(r, c))] = a[2 + v + size_t(c)];
+    }
+  }
+  BubbleStats b;
+  b.measured = flush > 0 ? 1.0 - busy / sched.p / flush : 0.0;
+  b.simulated = simulate(sched, costs).bubble();
+  b.formula = double(sched.p - 1) / double(sched.v * sched.m + sched.p - 1);
+  return b;
+}
+
+}  // namespace tetra::pipeline

@@ -13,13 +13,15 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/device.h"
 #include "pipeline/schedule.h"
 #include "pipeline/simulate.h"
 
-namespace tetra::parallel {
+namespace tetra::pipeline {
 
 /** The model part a pipeline rank holds, as the executor drives it. It keeps the activations of
- * each (micro-batch, chunk) between its forward and its backward. */
+ * each (micro-batch, chunk) between its forward and its backward. Boundary buffers are device
+ * memory. */
 class StageModel {
  public:
   virtual ~StageModel() = default;
@@ -35,29 +37,49 @@ class StageModel {
   virtual void backward(int mb, int chunk, const float* grad_output, float* grad_input) = 0;
 };
 
-struct PipelineStepStats {
+struct StepStats {
   pipeline::Timeline timeline;  // measured, seconds from the step's start
   double p2p_wait_s = 0;        // time blocked on receives (and on sends at the end)
   double sent_bytes = 0;
 };
 
-class PipelineExecutor {
+/** A step's bubble, measured and modelled (docs/pipeline.md, "Bubble"). */
+struct BubbleStats {
+  double measured = 0;   // idle share of [0, the last backward) over every pipeline rank
+  double simulated = 0;  // the simulator's bubble for this program at the measured costs
+  double formula = 0;    // (p - 1) / (v·m + p - 1)
+};
+/** Gathers every pipeline rank's busy time, last backward and mean forward and backward time per
+ *  chunk over `group` (collective) and compares the measured bubble with the simulated one of
+ *  the same program at these costs. */
+BubbleStats measure_bubble(const Schedule& program, const StepStats& stats,
+                           const comm::Communicator& group);
+
+class Executor {
  public:
   /** `group` is the pipeline group (its rank is this rank's pipeline stage); not used when the
-   * schedule has one rank. */
-  PipelineExecutor(pipeline::Schedule schedule, comm::Communicator group);
+   * schedule has one rank. Boundary buffers are allocated on `device`. */
+  Executor(Schedule schedule, comm::Communicator group, Device& device);
 
-  /** Runs this rank's program once. `reduce_grads` and `optimizer_step` run where the program
-   * says. */
-  PipelineStepStats run(StageModel& model, const std::function<void()>& reduce_grads,
-                        const std::function<void()>& optimizer_step);
+  /** Runs this rank's training program once. `reduce_grads` and `optimizer_step` run where the
+   * program says. */
+  StepStats run(StageModel& model, const std::function<void()>& reduce_grads,
+                const std::function<void()>& optimizer_step);
+  /** Runs the forward-only program of `micro_batches` (make_forward_schedule) over the same
+   * stages: evaluation. The model's forward of the last virtual stage computes the loss. */
+  StepStats run_forward(StageModel& model, int micro_batches);
 
-  const pipeline::Schedule& schedule() const { return schedule_; }
+  const Schedule& schedule() const { return schedule_; }
 
  private:
-  pipeline::Schedule schedule_;
+  StepStats execute(const Schedule& program, StageModel& model,
+                    const std::function<void()>& reduce_grads,
+                    const std::function<void()>& optimizer_step);
+
+  Schedule schedule_;
   comm::Communicator group_;
+  Device& device_;
   int rank_ = 0;
 };
 
-}  // namespace tetra::parallel
+}  // namespace tetra::pipeline

@@ -1,0 +1,72 @@
+#include "kernels/kernels.h"
+
+namespace tetra {
+
+Bf16Operands::Bf16Operands(Device& device, size_t elements, MemTag tag)
+    : mem_(elements, tag, device) {}
+
+std::pair<bf16*, bf16*> Bf16Operands::take(size_t a, size_t b) {
+  // Each operand starts on a cache line, so the rounding threads never share one.
+  const size_t a_room = (a + 31) / 32 * 32;
+  if (mem_.size() < a_room + b) mem_.resize(a_room + b);
+  return {mem_.data(), mem_.data() + a_room};
+}
+
+namespace {
+
+template <typename F>
+MatmulArgs plain(F* out, int64_t M, int64_t N, int64_t K, bool accumulate, const char* role,
+                 Bf16Operands* bf16) {
+  MatmulArgs x;
+  x.role = role;
+  x.bf16 = bf16;
+  x.M = M, x.N = N, x.K = K;
+  x.a.dtype = x.b.dtype = dtype_of<F>();
+  x.c = out;
+  x.c_strides = {M * N, M * N, N, 1};
+  x.accumulate = accumulate;
+  return x;
+}
+
+}  // namespace
+
+template <typename F>
+void matmul_nt(Kernels<F>& k, F* out, const F* inp, const F* w, const F* bias, int64_t M, int64_t N,
+               int64_t K, bool accumulate, const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
+  x.a.data = inp, x.a.strides = {M * K, M * K, K, 1};
+  x.b.data = w, x.b.strides = {N * K, N * K, 1, K};  // B(k, n) = W[n, k]
+  x.bias = bias;
+  k.matmul(x);
+}
+
+template <typename F>
+void matmul_nn(Kernels<F>& k, F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
+               bool accumulate, const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
+  x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
+  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
+  k.matmul(x);
+}
+
+template <typename F>
+void matmul_tn(Kernels<F>& k, F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
+               bool accumulate, const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
+  x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
+  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
+  k.matmul(x);
+}
+
+#define TETRA_INSTANTIATE(F)                                                                       \
+  template void matmul_nt<F>(Kernels<F>&, F*, const F*, const F*, const F*, int64_t, int64_t,      \
+                             int64_t, bool, const char*, Bf16Operands*);                           \
+  template void matmul_nn<F>(Kernels<F>&, F*, const F*, const F*, int64_t, int64_t, int64_t, bool, \
+                             const char*, Bf16Operands*);                                          \
+  template void matmul_tn<F>(Kernels<F>&, F*, const F*, const F*, int64_t, int64_t, int64_t, bool, \
+                             const char*, Bf16Operands*);
+TETRA_INSTANTIATE(float)
+TETRA_INSTANTIATE(double)
+#undef TETRA_INSTANTIATE
+
+}  // namespace tetra

@@ -1,0 +1,245 @@
+// The device seam: one table of every operation the model, the optimizer and the parallel engines
+// run on tensor data (Kernels<F>), and the Backend that owns a table per scalar together with the
+// Device whose memory the operations read and write (kernels/backend.h). The CPU backend
+// (kernels/cpu/) implements it for f32 and f64; the CUDA backend (kernels/cuda/) for f32. Nothing
+// outside src/kernels/ names a backend's own functions: code above this layer holds a Backend&
+// and calls through its tables, so the same model, ZeRO, tensor-parallel and pipeline code runs on
+// whichever backend the run selects (run.device).
+//
+// Conventions of every operation:
+//   - pointers are device memory of the backend's Device (tokens and targets too);
+//   - shapes are in the comments, row-major, as in llm.c: "(B,T,C)";
+//   - gradients named "accumulates" are added to (+=), so micro-batches accumulate for free;
+//     everything else is overwritten;
+//   - operations run in the order they are called; a result that returns a value to the host
+//     (a loss sum, a norm) waits for the work before it;
+//   - `Bf16Operands*` non-null makes an operation mixed precision (train.precision = bf16): f32
+//     operands of its products are rounded to bf16 (nearest even) and accumulated in f32.
+// The conformance suite (tests/kernels/conformance_test.cc, docs/performance.md) holds every
+// operation of every backend compiled in against an f64 reference.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/memory.h"
+#include "core/param_store.h"
+
+namespace tetra {
+
+/** Scratch for the bf16 copies of a mixed-precision product's f32 operands, owned by the model and
+ *  charged to its ledger, on the backend's device. Grows when a product needs more (generation with
+ *  a wider batch). */
+class Bf16Operands {
+ public:
+  /** Room for products whose A and B have `elements` elements together. */
+  Bf16Operands(Device& device, size_t elements, MemTag tag = {});
+  /** The first `a` and the next `b` elements of the scratch, grown to a + b if needed. */
+  std::pair<bf16*, bf16*> take(size_t a, size_t b);
+
+ private:
+  Buffer<bf16> mem_;
+};
+
+/** A batched 2-D operand: dims (b0, b1, rows, cols) with element strides for each dim. */
+struct MatOperand {
+  const void* data = nullptr;
+  std::array<int64_t, 4> strides{};  // (b0, b1, row, col)
+  DType dtype = DType::f32;
+};
+
+/** C = A·B (+ bias) (+ C) over batch dims (b0, b1). A and B may be f32 or bf16 with f32 C and bias,
+ *  or all f64 (the reference loop, for gradient checks). */
+struct MatmulArgs {
+  int64_t b0 = 1, b1 = 1;  // batch dims
+  int64_t M = 0, N = 0, K = 0;
+  MatOperand a;       // (b0, b1, M, K)
+  MatOperand b;       // (b0, b1, K, N)
+  void* c = nullptr;  // (b0, b1, M, N), f32 (f64 with f64 operands)
+  std::array<int64_t, 4> c_strides{};
+  const void* bias = nullptr;   // (N), same dtype as C; only with b0 == b1 == 1
+  bool accumulate = false;      // C += A·B instead of C = A·B
+  const char* role = "matmul";  // its name in the per-kernel profile (core/profile.h)
+  // Mixed precision: f32 A and B are rounded to bf16 in this scratch and multiplied with f32
+  // accumulation into f32 C (null: an f32 product).
+  Bf16Operands* bf16 = nullptr;
+};
+
+template <typename T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 8 ? DType::f64 : DType::f32;
+}
+
+/** Causal multi-head self-attention over a fused qkv buffer (B,T,3C) laid out [q | k | v], each
+ *  (NH, hs) with hs = C/NH. C and NH are this rank's (C/tp, NH/tp under tensor parallelism). */
+struct AttentionShape {
+  int B = 0, T = 0, C = 0, NH = 0;
+};
+
+/** A contiguous run [offset, offset + count) of a flat buffer. */
+struct FlatRange {
+  size_t offset = 0, count = 0;
+};
+
+/** An in-place reduction of n values over the tensor-parallel group (sum or max). */
+template <typename F>
+using GroupReduce = std::function<void(F* values, int64_t n)>;
+
+/** One AdamW update (torch.optim.AdamW semantics: bias correction, decoupled decay). */
+struct AdamWStep {
+  float lr;
+  float grad_scale;  // gradients are multiplied by this first (global-norm clipping, fused)
+  float beta1, beta2, eps;
+  float weight_decay;  // applied only to segments with decay set
+  int64_t t;           // 1-based step count for bias correction
+};
+
+inline constexpr double kLayerNormEps = 1e-5;  // GPT-2's
+
+template <typename F>
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // ---- memory ---------------------------------------------------------------------------------
+  /** dst (n) = src (n). */
+  virtual void copy(F* dst, const F* src, size_t n) = 0;
+  /** x (n) = 0. */
+  virtual void zero(F* x, size_t n) = 0;
+  /** dst (rows, cols) with row stride dst_stride = src (rows, cols) with row stride src_stride. */
+  virtual void copy_rows(F* dst, int64_t dst_stride, const F* src, int64_t src_stride, int64_t rows,
+                         int64_t cols) = 0;
+
+  // ---- products -------------------------------------------------------------------------------
+  /** C = A·B (+ bias) (+ C), MatmulArgs above. */
+  virtual void matmul(const MatmulArgs& args) = 0;
+  /** A column-parallel MLP input product with its bias and GELU: pre (M,N) = inp (M,K) · w^T +
+   *  bias (N), w (N,K); out (M,N) = gelu(pre). pre is kept for backward. */
+  virtual void linear_gelu(F* out, F* pre, const F* inp, const F* w, const F* bias, int64_t M,
+                           int64_t N, int64_t K, const char* role, Bf16Operands* bf16) = 0;
+
+  // ---- LayerNorm over the channel dimension, eps kLayerNormEps --------------------------------
+  /** out (N,C); mean and rstd (N) saved for backward; inp (N,C); weight, bias (C). */
+  virtual void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight,
+                                 const F* bias, int64_t N, int C) = 0;
+  /** dinp (N,C), dweight and dbias (C) accumulate. */
+  virtual void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
+                                  const F* weight, const F* mean, const F* rstd, int64_t N,
+                                  int C) = 0;
+
+  // ---- causal self-attention ------------------------------------------------------------------
+  /** Elements forward keeps for backward per micro-batch ("saved"): the CPU's probabilities
+   *  (B,NH,T,T), a flash kernel's row log-sum-exp (B,NH,T). */
+  virtual size_t attention_saved_elements(const AttentionShape& s) const = 0;
+  /** Elements of backward's scratch. */
+  virtual size_t attention_scratch_elements(const AttentionShape& s) const = 0;
+  /** bf16 elements a mixed-precision call takes from its Bf16Operands. */
+  virtual size_t attention_bf16_elements(const AttentionShape& s) const = 0;
+  /** out (B,T,C) = softmax(q·k^T / sqrt(hs), causal) · v; `saved` receives what backward reads. */
+  virtual void attention_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
+                                 Bf16Operands* bf16) = 0;
+  /** `saved` alone, as attention_forward leaves it (selective recomputation, in backward). */
+  virtual void attention_recompute(F* saved, const F* qkv, const AttentionShape& s,
+                                   Bf16Operands* bf16) = 0;
+  /** dqkv (B,T,3C) overwritten from dout (B,T,C); out is forward's output, saved its state;
+   *  scratch is attention_scratch_elements long. */
+  virtual void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* out,
+                                  const F* saved, const AttentionShape& s, Bf16Operands* bf16) = 0;
+  /** Scratch elements of attention_decode for B sequences of up to maxT positions. */
+  virtual size_t attention_decode_scratch_elements(int B, int NH, int maxT) const = 0;
+  /** Generation: the keys and values of the s.T new positions pos0.. of qkv (B,T,3C) are written
+   *  into kcache and vcache (B,maxT,C); each new query attends to cached positions 0..its own.
+   *  out (B,T,C). */
+  virtual void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scratch, int pos0,
+                                const AttentionShape& s, int maxT) = 0;
+
+  // ---- element-wise (GELU is the tanh form, GPT-2's gelu_new) ---------------------------------
+  /** out (N) = gelu(inp (N)). */
+  virtual void gelu_forward(F* out, const F* inp, int64_t N) = 0;
+  /** dinp (N) = gelu'(inp) * dout (overwrites; dinp may alias dout). */
+  virtual void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) = 0;
+  /** fch (N,OC) += bias (OC); out (N,OC) = gelu(fch). */
+  virtual void bias_gelu_forward(F* out, F* fch, const F* bias, int64_t N, int OC) = 0;
+  /** dinp (N,OC) = gelu'(inp) * dout (dinp may alias dout); dbias (OC) accumulates the column
+   *  sums of dinp. */
+  virtual void gelu_bias_backward(F* dinp, F* dbias, const F* inp, const F* dout, int64_t N,
+                                  int OC) = 0;
+  /** dbias (OC) accumulates the column sums of dout (N,OC). */
+  virtual void bias_backward(F* dbias, const F* dout, int64_t N, int OC) = 0;
+  /** out (N,C) += residual (N,C) + bias (C). */
+  virtual void residual_bias_add(F* out, const F* residual, const F* bias, int64_t N, int C) = 0;
+  /** y (n) += x (n). */
+  virtual void add(F* y, const F* x, size_t n) = 0;
+
+  // ---- embedding ------------------------------------------------------------------------------
+  /** out (B,T,C) = wte[tokens (B,T)] + wpe[pos0 + t]. wte is rows [v0, v0+Vl) of the vocabulary
+   *  (Vl <= 0: every row, v0 = 0); a token outside them contributes zero. wpe may be null. */
+  virtual void embedding_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B,
+                                 int T, int C, int pos0, int v0, int Vl) = 0;
+  /** dwte (rows as above) and dwpe (T,C) accumulate dout (B,T,C). */
+  virtual void embedding_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B,
+                                  int T, int C, int v0, int Vl) = 0;
+  /** out (rows,C) += wpe[(first_row + i) mod T] for row i: positions of rows [first_row,
+   *  first_row + rows) of a (B·T) token sequence (sequence parallelism). */
+  virtual void add_positions(F* out, const F* wpe, int64_t first_row, int64_t rows, int T,
+                             int C) = 0;
+
+  // ---- softmax + cross-entropy over a padded vocabulary ---------------------------------------
+  /** losses (N); logits (N,Vp) whose first V columns are real (padding never wins); targets (N).
+   *  With `backward`, logits are overwritten with dloss * (softmax - onehot) in the first V
+   *  columns and 0 in the padding. Returns the sum of losses. */
+  virtual double softmax_xent(F* losses, F* logits, const int32_t* targets, int64_t N, int V,
+                              int Vp, bool backward, F dloss) = 0;
+  /** Vocabulary-parallel (Megatron): logits (N,Vl) are columns [v0, v0+Vl) of the padded
+   *  vocabulary whose first V columns are real; the row maxima, then the sums of exponentials and
+   *  the target logits go through all_max and all_sum (N and 2N values), so no rank holds a whole
+   *  row. losses (N) is the full loss on every rank. Returns the sum of losses. */
+  virtual double softmax_xent_vocab_parallel(F* losses, F* logits, const int32_t* targets,
+                                             int64_t N, int Vl, int v0, int V, bool backward,
+                                             F dloss, const GroupReduce<F>& all_max,
+                                             const GroupReduce<F>& all_sum) = 0;
+
+  // ---- optimizer and reductions ---------------------------------------------------------------
+  /** One AdamW update of every segment (positions in params, grads and the state m, v); gradients
+   *  are read-only and multiplied by s.grad_scale on the fly. */
+  virtual void adamw_update(F* params, const F* grads, F* m, F* v,
+                            const std::vector<OwnedSegment>& segments, const AdamWStep& s) = 0;
+  /** Sum of squares of x (n) in double; deterministic for a given backend and thread count. */
+  virtual double sum_squares(const F* x, int64_t n) = 0;
+  /** The sum of sum_squares over `ranges` of base, added in their order. */
+  virtual double sum_squares(const F* base, const std::vector<FlatRange>& ranges) = 0;
+  /** The index of the first of `ranges` of base holding a NaN or an infinity; -1 if none. */
+  virtual int64_t first_nonfinite(const F* base, const std::vector<FlatRange>& ranges) = 0;
+
+  // ---- casts ----------------------------------------------------------------------------------
+  /** dst (n) = src rounded to bf16 (nearest even, NaN kept). */
+  virtual void to_bf16(bf16* dst, const F* src, size_t n) = 0;
+  /** dst (n) = widened src * scale. */
+  virtual void from_bf16(F* dst, const bf16* src, size_t n, F scale) = 0;
+};
+
+// Row-major 2-D products of the common cases. Weights are stored (out, in) as in PyTorch Linear;
+// `role` names the product in the per-kernel profile; `bf16` makes it a mixed-precision product.
+
+/** out (M,N) = inp (M,K) · w^T, w (N,K), plus bias (N) if given; accumulate adds to out. */
+template <typename F>
+void matmul_nt(Kernels<F>& k, F* out, const F* inp, const F* w, const F* bias, int64_t M, int64_t N,
+               int64_t K, bool accumulate = false, const char* role = "matmul",
+               Bf16Operands* bf16 = nullptr);
+/** out (M,N) = a (M,K) · b (K,N). */
+template <typename F>
+void matmul_nn(Kernels<F>& k, F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
+               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
+/** out (M,N) = a^T · b with a (K,M), b (K,N): the weight-gradient product. */
+template <typename F>
+void matmul_tn(Kernels<F>& k, F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
+               bool accumulate = false, const char* role = "matmul", Bf16Operands* bf16 = nullptr);
+
+}  // namespace tetra

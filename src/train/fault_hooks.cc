@@ -1,0 +1,74 @@
+#include "train/fault_hooks.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace tetra {
+
+FaultInjection::FaultInjection(const TrainOptions& options, int rank, UnitHooks& inner,
+                               ParamStore& store)
+    : opt_(options), rank_(rank), inner_(inner), store_(store) {}
+
+void FaultInjection::begin_step(int64_t step) {
+  nan_ = step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank;
+  fail_ = step == opt_.fail_step && rank_ == opt_.fail_rank;
+}
+
+void FaultInjection::after_backward(int unit) {
+  // The first unit backward finishes; its first tensor is the first gradient produced.
+  const TensorId first = store_.units()[size_t(unit)].first;
+  if (nan_ && unit == 0) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    store_.device().from_host(store_.grad(first), &nan, sizeof nan);
+    nan_ = false;
+  }
+  inner_.after_backward(unit);
+  if (fail_ && unit == 0) {
+    fail_ = false;
+    fail("[train] debug.fail_step: failing in the middle of backward, after '{}' was reduced",
+         store_.units()[size_t(unit)].name);
+  }
+}
+
+void FaultInjection::end_step(int64_t step) {
+  if (rank_ != opt_.fault_rank) return;
+  if (step == opt_.kill_step) {
+    log_warn("[train] debug.kill_step={}: rank {} dies by SIGKILL", step, rank_);
+    ::raise(SIGKILL);
+  }
+  if (step == opt_.hang_step) {
+    log_warn("[train] debug.hang_step={}: rank {} stops making progress", step, rank_);
+    for (;;) ::pause();
+  }
+}
+
+Heartbeat::Heartbeat(int rank) {
+  const char* dir = std::getenv("TETRA_HEARTBEAT_DIR");
+  if (!dir || !*dir) return;
+  const std::string path = fmt::format("{}/rank-{}", dir, rank);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TETRA_CHECK(fd_ >= 0, "[train] TETRA_HEARTBEAT_DIR: cannot create {} ({})", path,
+              std::strerror(errno));
+}
+
+Heartbeat::~Heartbeat() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Heartbeat::beat(int64_t step, int64_t newest_checkpoint) {
+  if (fd_ < 0) return;
+  // Fixed width, so each beat overwrites the last in place.
+  const std::string beat = fmt::format("{:>20} {:>20}\n", step, newest_checkpoint);
+  (void)!::pwrite(fd_, beat.data(), beat.size(), 0);
+}
+
+}  // namespace tetra

@@ -1,0 +1,55 @@
+// The trainer's fault tolerance seams, kept out of the step loop: the heartbeat `tetra launch`
+// watches (TETRA_HEARTBEAT_DIR) and the debug.* fault injections tests use — a NaN written into a
+// gradient just before its unit is reduced, an error thrown in the middle of backward right after
+// a unit's reduction was issued (collectives in flight), and a rank that dies or hangs after a
+// step.
+#pragma once
+
+#include <cstdint>
+
+#include "core/param_store.h"
+#include "kernels/backend.h"
+#include "train/train_config.h"
+
+namespace tetra {
+
+/** Wraps the data-parallel engine's unit hooks (the model reports to this). */
+class FaultInjection final : public UnitHooks {
+ public:
+  FaultInjection(const TrainOptions& options, int rank, UnitHooks& inner, ParamStore& store);
+
+  /** Arms this step's injections (debug.nan_grad_step, debug.fail_step on their ranks). */
+  void begin_step(int64_t step);
+  /** After the step: dies by SIGKILL (debug.kill_step) or stops making progress
+   *  (debug.hang_step) on debug.fault_rank. */
+  void end_step(int64_t step);
+
+  void before_forward(int unit, int next) override { inner_.before_forward(unit, next); }
+  void after_forward(int unit) override { inner_.after_forward(unit); }
+  void before_backward(int unit, int next) override { inner_.before_backward(unit, next); }
+  void after_backward(int unit) override;
+  void end_forward_only() override { inner_.end_forward_only(); }
+
+ private:
+  const TrainOptions& opt_;
+  int rank_;
+  UnitHooks& inner_;
+  ParamStore& store_;
+  bool nan_ = false, fail_ = false;
+};
+
+/** "<step> <newest checkpoint step>" in TETRA_HEARTBEAT_DIR/rank-N after every step, overwritten
+ *  in place; nothing when the variable is unset. */
+class Heartbeat {
+ public:
+  explicit Heartbeat(int rank);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+  void beat(int64_t step, int64_t newest_checkpoint);
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace tetra

@@ -1,0 +1,62 @@
+// Where this rank sits in the job: the device mesh and its groups (data, tensor, pipeline and the
+// tied embedding's), this rank's coordinates, and the part of the model its pipeline stage holds.
+// One process without MPI is a mesh of one.
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.h"
+#include "kernels/backend.h"
+#include "model/gpt.h"
+#include "parallel/mesh.h"
+#include "parallel/tensor_parallel.h"
+#include "pipeline/schedule.h"
+#include "train/train_config.h"
+
+namespace tetra {
+
+class RunLayout {
+ public:
+  /** Builds the mesh over `world` (collective; invalid world: a single process) and the
+   *  tensor-parallel group on `backend`, refusing layouts this process cannot run with what to
+   *  change. */
+  RunLayout(const TrainOptions& options, const comm::Communicator& world, Backend& backend);
+
+  bool multi() const { return mesh_ != nullptr; }
+  bool is_root() const { return rank_ == 0; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int dp_size() const { return dp_size_; }
+  int dp_rank() const { return dp_rank_; }
+  int pp_size() const { return pp_size_; }
+  int pp_rank() const { return pp_rank_; }
+  const comm::Communicator& world() const { return world_; }
+  const comm::Communicator& dp() const { return dp_; }  // invalid for a single process
+  const comm::Communicator& pp() const { return pp_; }  // invalid for a single process
+  /** The first and last pipeline stage's group, which hold the tied wte (invalid elsewhere). */
+  const comm::Communicator& embedding() const { return embedding_; }
+  parallel::TensorParallel& tp() { return *tp_; }
+  const parallel::Mesh* mesh() const { return mesh_.get(); }
+
+  /** The part of the model this rank's program of `schedule` runs: chunk c is virtual stage
+   *  c·pp + pp_rank with the layers `split` gives it and activations for as many micro-batches
+   *  as the program keeps in flight; the embedding on the first stage, the head on the last. */
+  GptPart model_part(const pipeline::Schedule& schedule, const pipeline::Split& split) const;
+
+  /** Sends rank 0's `value` to every rank (a no-op for a single process). */
+  template <typename T>
+  void broadcast_from_root(T& value) const {
+    if (mesh_) {
+      world_.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&value), sizeof value), 0)
+          .wait();
+    }
+  }
+
+ private:
+  comm::Communicator world_, dp_, pp_, embedding_;
+  std::unique_ptr<parallel::Mesh> mesh_;
+  std::unique_ptr<parallel::TensorParallel> tp_;
+  int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
+};
+
+}  // namespace tetra

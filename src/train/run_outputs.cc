@@ -1,0 +1,173 @@
+#include "train/run_outputs.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "model/gpt_io.h"
+
+namespace tetra {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A directory the run can create files in, proven by creating one.
+void check_writable_dir(const fs::path& dir, const std::string& key, const std::string& value) {
+  const fs::path probe = dir / fmt::format(".tetra-write-probe-{}", ::getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TETRA_CHECK(fd >= 0, "[train] {}={}: cannot create files in {} ({}); choose a writable place",
+              key, value, dir.string(), std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// A directory (created if missing) that the run can create files in.
+void prepare_dir(const fs::path& dir, const std::string& key, const std::string& value) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TETRA_CHECK(!ec && fs::is_directory(dir),
+              "[train] {}={}: cannot create the directory {} ({}); choose a writable place", key,
+              value, dir.string(), ec ? ec.message() : "a file of that name exists");
+  check_writable_dir(dir, key, value);
+}
+
+// An output file path: not a directory, in a writable directory (created if missing).
+void prepare_output_file(const std::string& key, const std::string& value) {
+  if (value.empty()) return;
+  const fs::path p(value);
+  std::error_code ec;
+  const std::string model_dir_hint =
+      key == "save.final"
+          ? fmt::format(", or {}/ (a trailing slash) to write a Hugging Face model directory",
+                        value)
+          : "";
+  TETRA_CHECK(!fs::is_directory(p, ec),
+              "[train] {}={} is a directory; give a file path such as {}/model.safetensors{}", key,
+              value, value, model_dir_hint);
+  prepare_dir(p.parent_path().empty() ? fs::path(".") : p.parent_path(), key, value);
+}
+
+}  // namespace
+
+RunOutputs::RunOutputs(const TrainOptions& opt, RunLayout& layout, const TrainData& data)
+    : opt_(opt), layout_(layout), data_(data) {
+  if (!layout.is_root()) return;
+  prepare_dir(opt.run_dir, "run.dir", opt.run_dir);
+  if (!is_model_dir_target(opt.save_final)) prepare_output_file("save.final", opt.save_final);
+  prepare_output_file("debug.dump_grads", opt.dump_grads);
+  prepare_output_file("debug.dump_logits", opt.dump_logits);
+  if (!opt.ckpt.dir.empty()) prepare_dir(opt.ckpt.dir, "ckpt.dir", opt.ckpt.dir);
+  if (is_model_dir_target(opt.save_final)) {
+    // A model directory holds the tokenizer: the one the training data was prepared with.
+    TETRA_CHECK(!data.train().tokenizer_path().empty(),
+                "[train] save.final={} is a model directory, which holds the tokenizer, but "
+                "data.train has no manifest.json naming one (its shards were not written by tetra "
+                "data prepare); save to a .safetensors file and run tetra export --hf DIR --model "
+                "FILE --tokenizer TOKENIZER",
+                opt.save_final);
+    load_tokenizer(data.train().tokenizer_path());
+    check_hf_model_dir_target(opt.save_final, "train");
+  }
+}
+
+void RunOutputs::dump_logits(Gpt& model, const Batch& batch) {
+  const GptConfig& c = opt_.model;
+  const int64_t rows = int64_t(opt_.micro_batch) * opt_.seq_len;
+  Device& device = model.backend().device();
+  Buffer<float> all(size_t(rows) * size_t(c.padded_vocab), {}, device);
+  layout_.tp().gather_columns(model.forward_logits(batch.inputs.data()), all.data(), rows,
+                              c.local_vocab());
+  if (!layout_.is_root()) return;
+  // Without the padding columns, to the host.
+  Buffer<float> real(size_t(rows) * size_t(c.vocab_size), {}, device);
+  model.backend().f32().copy_rows(real.data(), c.vocab_size, all.data(), c.padded_vocab, rows,
+                                  c.vocab_size);
+  std::vector<float> logits(real.size());
+  device.to_host(logits.data(), real.data(), real.bytes());
+  SafeTensorsFile f;
+  f.tensors["logits"] =
+      safetensor_f32({opt_.micro_batch, opt_.seq_len, c.vocab_size}, logits.data());
+  write_safetensors(opt_.dump_logits, f);
+}
+
+void RunOutputs::dump_grads(ParamStore& store, const Gpt& model) {
+  SafeTensorsFile grads = gather(store, model, store.grads().data(), false);
+  if (layout_.is_root()) write_safetensors(opt_.dump_grads, grads);
+}
+
+void RunOutputs::save_final(ParamStore& store, const Gpt& model, parallel::DataParallel& zero) {
+  const Buffer<float> params = zero.full_params();  // collective under ZeRO-3
+  SafeTensorsFile file = gather(store, model, params.data(), true);
+  if (!layout_.is_root()) return;
+  if (is_model_dir_target(opt_.save_final)) {
+    const auto tok = load_tokenizer(data_.train().tokenizer_path());
+    const uint32_t eot = tok->eot_token();
+    save_hf_model_dir(opt_.save_final, opt_.model, file,
+                      {tok->to_json(2), tok->decode(std::span<const uint32_t>(&eot, 1)), eot},
+                      "train");
+    log_info("[train] saved the model directory {}", opt_.save_final);
+    return;
+  }
+  write_safetensors(opt_.save_final, file);
+  log_info("[train] saved weights to {}", opt_.save_final);
+}
+
+SafeTensorsFile RunOutputs::gather(ParamStore& store, const Gpt& model, const float* flat,
+                                   bool check_finite) {
+  // Collective over the tp group: its slices are assembled into the global tensors. The head's
+  // copy of the tied wte is the first stage's wte, which that stage writes.
+  SafeTensorsFile file =
+      store_to_safetensors(store, flat, check_finite, &layout_.tp(), model.tied_wte_copy());
+  if (layout_.pp_size() > 1 && layout_.dp_rank() == 0 && layout_.tp().rank() == 0) {
+    gather_stages(file);
+  }
+  return file;
+}
+
+void RunOutputs::gather_stages(SafeTensorsFile& file) {
+  constexpr int kTag = 3;  // apart from the executor's activation and gradient tags
+  const comm::Communicator& pp = layout_.pp();
+  auto bytes = [](auto* p, size_t n) { return std::span(reinterpret_cast<std::byte*>(p), n); };
+  if (layout_.pp_rank() > 0) {
+    // A header naming each tensor with its shape and size, then their values back to back.
+    nlohmann::json header = nlohmann::json::array();
+    std::vector<uint8_t> values;
+    for (const auto& [name, t] : file.tensors) {
+      header.push_back({name, t.shape, t.bytes.size()});
+      values.insert(values.end(), t.bytes.begin(), t.bytes.end());
+    }
+    std::string text = header.dump();
+    int64_t sizes[2] = {int64_t(text.size()), int64_t(values.size())};
+    pp.send(std::span<const std::byte>(bytes(sizes, sizeof sizes)), 0, kTag).wait();
+    pp.send(std::span<const std::byte>(bytes(text.data(), text.size())), 0, kTag).wait();
+    pp.send(std::span<const std::byte>(bytes(values.data(), values.size())), 0, kTag).wait();
+    return;
+  }
+  for (int src = 1; src < layout_.pp_size(); ++src) {
+    int64_t sizes[2] = {0, 0};
+    pp.recv(bytes(sizes, sizeof sizes), src, kTag).wait();
+    std::string text(static_cast<size_t>(sizes[0]), '\0');
+    std::vector<uint8_t> values(static_cast<size_t>(sizes[1]));
+    pp.recv(bytes(text.data(), text.size()), src, kTag).wait();
+    pp.recv(bytes(values.data(), values.size()), src, kTag).wait();
+    size_t at = 0;
+    for (const nlohmann::json& t : nlohmann::json::parse(text)) {
+      SafeTensor& out = file.tensors[t[0].get<std::string>()];
+      out.shape = t[1].get<Shape>();
+      const size_t n = t[2].get<size_t>();
+      out.bytes.assign(values.begin() + ptrdiff_t(at), values.begin() + ptrdiff_t(at + n));
+      at += n;
+    }
+  }
+}
+
+}  // namespace tetra

@@ -1,0 +1,47 @@
+// What a training run writes besides metrics and checkpoints: the final weights (a safetensors
+// file or a Hugging Face model directory, assembled from the tensor-parallel slices and the
+// pipeline stages), and the debug dumps of step 1's logits and gradients. Every output path is
+// checked before step 1, so a typo costs nothing computed.
+#pragma once
+
+#include <string>
+
+#include "ckpt/safetensors.h"
+#include "data/prefetch.h"
+#include "model/gpt.h"
+#include "parallel/data_parallel.h"
+#include "train/run_layout.h"
+#include "train/train_config.h"
+#include "train/train_data.h"
+
+namespace tetra {
+
+class RunOutputs {
+ public:
+  /** Checks (on rank 0) that run.dir, ckpt.dir and the parents of save.final and the debug dumps
+   *  can take files, and that a model-directory save.final has a tokenizer to hold. */
+  RunOutputs(const TrainOptions& options, RunLayout& layout, const TrainData& data);
+
+  /** debug.dump_logits: the logits of the batch's first micro-batch before any update (the whole
+   *  model; tensor-parallel columns gathered). */
+  void dump_logits(Gpt& model, const Batch& batch);
+  /** debug.dump_grads: the step's reduced gradients (after the tied reduction: both copies of
+   *  wte hold its whole gradient), every stage's gathered. */
+  void dump_grads(ParamStore& store, const Gpt& model);
+  /** save.final: the trained weights, gathered under ZeRO-3 and from every stage. */
+  void save_final(ParamStore& store, const Gpt& model, parallel::DataParallel& zero);
+
+ private:
+  // The store's tensors of a flat device buffer as a file (the tp slices assembled; on a
+  // pipeline, rank 0 of the pipeline group adds every other stage's).
+  SafeTensorsFile gather(ParamStore& store, const Gpt& model, const float* flat, bool check_finite);
+  // Pipeline stages other than the first send their tensors to the first, which adds them to
+  // `file`; collective over the pipeline group (of dp and tp rank 0).
+  void gather_stages(SafeTensorsFile& file);
+
+  const TrainOptions& opt_;
+  RunLayout& layout_;
+  const TrainData& data_;
+};
+
+}  // namespace tetra

@@ -1,0 +1,355 @@
+#include "train/run_plan.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/recompute.h"
+#include "parallel/mesh.h"
+#include "plan/layout_search.h"
+
+namespace tetra {
+
+namespace {
+
+bool all_equal(const pipeline::Split& s) {
+  return std::adjacent_find(s.begin(), s.end(), std::not_equal_to<>()) == s.end();
+}
+
+}  // namespace
+
+RunPlan plan_run(const TrainOptions& o, int world_size) {
+  const GptConfig& g = o.model;
+  RunPlan p;
+  p.world = world_size;
+  p.configured_dp = o.mesh.dp;
+  // A single process trains on one data-parallel rank whatever parallel.dp says (the trainer
+  // refuses tp or pp > 1 there); a launched job resolves dp as its mesh does, with its errors.
+  const int dp = world_size <= 1 ? 1 : parallel::MeshLayout::make(o.mesh, world_size).shape().dp;
+
+  plan::ModelSpec& m = p.model;
+  m.name = "gpt2 (tetra train)";
+  m.gpt2_style = true;
+  m.layers = g.n_layer;
+  m.d_model = g.d_model;
+  m.heads = m.kv_heads = g.n_head;
+  m.ffn = 4 * int64_t(g.d_model);
+  m.vocab = g.vocab_size;
+  m.seq = o.seq_len;
+  m.positions = g.max_seq;
+  // GptConfig keeps the padded vocabulary, not model.vocab_multiple; padded / tp as the multiple
+  // pads the vocabulary to exactly it (vocab <= padded), and run_shape multiplies it by tp again.
+  m.vocab_multiple = g.padded_vocab / g.tp;
+
+  plan::TrainingSpec& t = p.training;
+  t.micro_batch = o.micro_batch;
+  t.global_batch_tokens = o.tokens_per_rank_step() * dp;
+  t.tokens = double(o.steps) * double(t.global_batch_tokens);
+  // tetra's bf16 is mixed precision: bf16 operands, f32 state (run_memory prices it as such).
+  t.precision = g.bf16 ? plan::Precision::Bf16Mixed : plan::Precision::Fp32;
+  t.recompute = parse_recompute(o.recompute, "train.recompute");
+  t.reshard_after_forward = o.zero.reshard_after_forward;
+  t.zero_prefetch = o.zero.prefetch;
+  t.bucket_bytes = o.zero.bucket_mb * double(1 << 20);
+
+  plan::LayoutConstraints& k = p.constraints;
+  k.tp = g.tp;
+  k.pp = o.mesh.pp;
+  k.dp = dp;
+  k.ep = 1;  // the trainer runs no expert parallelism
+  k.zero = o.zero.stage;
+  k.schedule = o.pp_kind;
+  k.v = o.pp_kind == pipeline::Kind::interleaved ? o.pp_chunks : 1;
+  k.microbatches = o.grad_accum;
+  // The trainer's own split (pp.layers resolved), so an uneven or auto split is planned as run.
+  if (o.pp_split.size() > 1 && !all_equal(o.pp_split))
+    k.pp_layers = fmt::format("{}", fmt::join(o.pp_split, ","));
+  p.layout = plan::layout_from_constraints(m, t, k);
+
+  p.options.sequence_parallel = g.sequence_parallel;
+  p.options.checkpoint = !o.ckpt.dir.empty();
+  p.options.reduce_bf16 = o.zero.reduce_bf16;
+  p.options.flash_attention = o.device == DeviceKind::cuda;
+  p.shape = plan::run_shape(m, t, p.layout, p.options);
+  p.prediction = plan::predict_run(m, t, p.layout, p.options);
+  return p;
+}
+
+std::string run_plan_line(const RunPlan& p, const std::string& config_path) {
+  const int64_t model_parallel = p.layout.tp * p.layout.pp;
+  // Without parallel.dp the plan takes dp x tp x pp ranks with dp = 1 unless told the world size.
+  const std::string world = p.configured_dp == 0 && p.world > model_parallel
+                                ? fmt::format(" --cluster.gpus={}", p.world)
+                                : std::string();
+  return fmt::format("[plan] {} (tetra plan --config {}{} plans this run)",
+                     plan::run_summary(p.prediction), config_path, world);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training configs in `tetra plan`.
+
+namespace {
+
+// The planner keys that describe what a training config cannot: a preset or non-GPT-2 model, and
+// a token budget or batch the run's own keys already fix. Each with what to do instead.
+const std::map<std::string, std::string>& planner_only_keys() {
+  static const std::map<std::string, std::string> keys = {
+      {"model.preset",
+       "a training config gives its model as model.n_layer, n_head, d_model, vocab_size and "
+       "max_seq"},
+      {"model.arch", "tetra train runs GPT-2 (LayerNorm, GELU, tied embeddings)"},
+      {"model.kv_heads", "tetra train runs multi-head attention (kv heads = model.n_head)"},
+      {"model.ffn", "tetra train's MLP is 4 x model.d_model wide"},
+      {"model.experts", "tetra train runs dense models"},
+      {"model.top_k", "tetra train runs dense models"},
+      {"training.tokens", "a run's tokens are train.steps x the global batch; set train.steps"},
+      {"training.global_batch",
+       "a run's global batch is train.micro_batch x train.seq_len x train.grad_accum x dp; set "
+       "those"},
+  };
+  return keys;
+}
+
+const char* const kAssumptions[] = {"training.target_mfu", "training.kernel_efficiency",
+                                    "training.restart_minutes"};
+
+bool in_schema(const ConfigSchema& schema, const std::string& key) {
+  return std::any_of(schema.begin(), schema.end(), [&](const KeySpec& s) { return s.key == key; });
+}
+
+const KeySpec& spec_of(const ConfigSchema& schema, const std::string& key) {
+  for (const KeySpec& s : schema) {
+    if (s.key == key) return s;
+  }
+  fail("[plan] internal: no key '{}' in the schema", key);
+}
+
+void collect_keys(const toml::table& table, const std::string& prefix, std::set<std::string>& out) {
+  for (const auto& [k, v] : table) {
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* t = v.as_table()) {
+      collect_keys(*t, key, out);
+    } else {
+      out.insert(key);
+    }
+  }
+}
+
+// The keys a config file and its overrides set, read without a schema: which schema applies
+// depends on them. A file that cannot be read or parsed sets none here; its load says why.
+std::set<std::string> keys_set(const std::string& path, const std::vector<std::string>& overrides) {
+  std::set<std::string> keys;
+  std::error_code ec;
+  if (!path.empty() && std::filesystem::is_regular_file(path, ec)) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    // Config::load refuses deeply dotted lines before toml++ recurses into them; so does this.
+    bool deep = false;
+    size_t dots = 0;
+    for (char c : s) {
+      dots = c == '\n' ? 0 : dots + (c == '.');
+      deep = deep || dots > 1000;
+    }
+    if (!deep) {
+      try {
+        collect_keys(toml::parse(s, path), "", keys);
+      } catch (const toml::parse_error&) {
+        keys.clear();
+      }
+    }
+  }
+  for (std::string o : overrides) {
+    if (o.rfind("--", 0) == 0) o = o.substr(2);
+    keys.insert(o.substr(0, o.find('=')));
+  }
+  return keys;
+}
+
+// The first key of `keys` that only `tetra train` has, or "".
+std::string train_only_key(const std::set<std::string>& keys) {
+  for (const std::string& k : keys) {
+    if (in_schema(train_config_schema(), k) && !in_schema(plan::plan_schema(), k)) return k;
+  }
+  return "";
+}
+
+std::string shown(const ConfigValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::string>) {
+          return "\"" + x + "\"";
+        } else {
+          return fmt::format("{}", x);
+        }
+      },
+      v);
+}
+
+// One level of a config (the file, or the command line) as `tetra train` keys: the aliases
+// renamed, the two spellings of one setting checked to agree, the planner's own keys left out.
+void merge_level(const Config& level, const std::string& where,
+                 std::map<std::string, ConfigValue>& out) {
+  for (const KeySpec& s : train_config_schema()) {
+    if (level.is_set(s.key)) out[s.key] = level.at(s.key);
+  }
+  for (const auto& [alias, key] : plan_key_aliases()) {
+    if (!level.is_set(alias)) continue;
+    TETRA_CHECK(!level.is_set(key) || level.at(key) == level.at(alias),
+                "[plan] {} sets both {} = {} and {} = {}, two spellings of one setting ({} is the "
+                "planner's name for {}); keep one of them",
+                where, key, shown(level.at(key)), alias, shown(level.at(alias)), alias, key);
+    out[key] = level.at(alias);
+  }
+}
+
+// `values` as a TOML document of `tetra train` keys.
+std::string to_toml(const std::map<std::string, ConfigValue>& values) {
+  toml::table root;
+  for (const auto& [key, value] : values) {
+    const size_t dot = key.find('.');
+    const std::string section = key.substr(0, dot), name = key.substr(dot + 1);
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    toml::table& t = *root[section].as_table();
+    std::visit([&](const auto& v) { t.insert(name, v); }, value);
+  }
+  std::ostringstream os;
+  os << toml::toml_formatter(root, toml::format_flags::indentation) << "\n";
+  return os.str();
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& plan_key_aliases() {
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"model.layers", "model.n_layer"},
+      {"model.heads", "model.n_head"},
+      {"model.vocab", "model.vocab_size"},
+      {"model.seq", "train.seq_len"},
+      {"training.micro_batch", "train.micro_batch"},
+      {"training.precision", "train.precision"},
+      {"training.recompute", "train.recompute"},
+      {"layout.tp", "parallel.tp"},
+      {"layout.pp", "parallel.pp"},
+      {"layout.dp", "parallel.dp"},
+      {"layout.ep", "parallel.ep"},
+      {"layout.zero", "zero.stage"},
+      {"layout.schedule", "pp.schedule"},
+      {"layout.v", "pp.chunks"},
+      {"layout.pp_layers", "pp.layers"},
+      {"layout.microbatches", "train.grad_accum"},
+  };
+  return aliases;
+}
+
+const ConfigSchema& training_plan_schema() {
+  static const ConfigSchema schema = [] {
+    ConfigSchema s = train_config_schema();
+    // An alias takes its `tetra train` key's type, default and range: it is that key.
+    for (const auto& [alias, key] : plan_key_aliases()) {
+      KeySpec spec = spec_of(train_config_schema(), key);
+      spec.key = alias;
+      spec.help = "the planner's spelling of " + key;
+      s.push_back(spec);
+    }
+    for (const KeySpec& k : plan::plan_schema()) {
+      const bool assumption = std::find(std::begin(kAssumptions), std::end(kAssumptions), k.key) !=
+                              std::end(kAssumptions);
+      if (k.key.rfind("cluster.", 0) == 0 || assumption) s.push_back(k);
+    }
+    return s;
+  }();
+  return schema;
+}
+
+bool is_training_config(const std::string& config_path, const std::vector<std::string>& overrides) {
+  return !train_only_key(keys_set(config_path, overrides)).empty();
+}
+
+TrainingPlan plan_training_config(const std::string& config_path,
+                                  const std::vector<std::string>& overrides) {
+  const std::set<std::string> keys = keys_set(config_path, overrides);
+  const std::string trigger = train_only_key(keys);
+  for (const auto& [key, instead] : planner_only_keys()) {
+    TETRA_CHECK(!keys.count(key),
+                "[plan] {} is a key of planner configs (configs/plan/), but this config is planned "
+                "as the `tetra train` run it describes, since it sets {} (a `tetra train` key): "
+                "{}; or plan without the `tetra train` keys",
+                key, trigger.empty() ? std::string("no planner key") : trigger, instead);
+  }
+
+  // The file and the command line each in their own right (values, ranges and origins checked
+  // there), then as one `tetra train` config, the command line over the file.
+  const ConfigSchema& schema = training_plan_schema();
+  const Config file = Config::load(schema, config_path, {});
+  const Config line = Config::from_overrides(schema, overrides);
+  std::map<std::string, ConfigValue> values;
+  merge_level(file, config_path, values);
+  merge_level(line, "the command line", values);
+  // The planner reads no data; a config without data.train is still a run to plan.
+  if (!values.count("data.train") || std::get<std::string>(values["data.train"]).empty()) {
+    values["data.train"] = std::string("(tetra plan reads no data)");
+  }
+  // The plan is the run's, not this machine's: TrainOptions refuses bf16 where this CPU lacks
+  // bf16 instructions, and a run.device this build or machine lacks, which `tetra train` reports
+  // where it runs. Neither changes the planned numbers.
+  const bool bf16 =
+      values.count("train.precision") && std::get<std::string>(values["train.precision"]) == "bf16";
+  if (bf16) values["train.precision"] = std::string("fp32");
+  if (values.count("run.device")) values["run.device"] = std::string("cpu");
+  const Config train = Config::parse(train_config_schema(), to_toml(values),
+                                     config_path.empty() ? "the command line" : config_path, {});
+
+  TrainingPlan out;
+  TrainOptions& o = out.options;
+  o = TrainOptions::from(train);
+  o.model.bf16 = bf16;
+  TETRA_CHECK(o.mesh.ep == 1,
+              "[plan] parallel.ep={}: tetra train runs data, tensor and pipeline parallelism; set "
+              "parallel.ep to 1",
+              o.mesh.ep);
+
+  const Config all = Config::load(schema, config_path, overrides);
+  const int model_parallel = o.mesh.tp * o.mesh.pp;
+  const int world = all.is_set("cluster.gpus") ? int(all.i("cluster.gpus"))
+                                               : (o.mesh.dp > 0 ? o.mesh.dp : 1) * model_parallel;
+  out.run = plan_run(o, world);
+
+  plan::PlanInputs& in = out.inputs;
+  in.model = out.run.model;
+  // The config's name; a run directory's config.toml by its directory (runs/brown/config.toml).
+  const std::filesystem::path config_file(config_path);
+  in.model.name = config_path.empty() ? std::string("tetra train run")
+                  : config_file.stem() == "config" && config_file.has_parent_path()
+                      ? config_file.parent_path().filename().string()
+                      : config_file.stem().string();
+  in.training = out.run.training;
+  plan::apply_assumptions(all, in.training);
+  in.layout = out.run.constraints;
+  in.tetra_run = out.run.options;
+  const std::string& preset = all.s("cluster.preset");
+  plan::ClusterSpec c = plan::cluster_preset(preset.empty() ? "cpu" : preset);
+  c.gpus = world;
+  if (c.name == "cpu") {
+    // `tetra launch` runs every rank on this machine: one node of `world` devices sharing its
+    // memory, each at the trainer's peak when run.peak_gflops gives it.
+    const double ram = c.memory_bytes * double(c.gpus_per_node);
+    c.gpus_per_node = world;
+    c.memory_bytes = ram / world;
+    if (o.peak_gflops > 0) c.peak_flops = o.peak_gflops * 1e9;
+  }
+  in.cluster = plan::apply_cluster_keys(all, c);
+  return out;
+}
+
+}  // namespace tetra

@@ -1,0 +1,80 @@
+// A `tetra train` run as the planner sees it: the mapping from a training config (TrainOptions and
+// the world size) to the planner's inputs, and the planner's prediction for the run, its
+// parameters, model FLOPs per token and per-rank memory (plan/tetra_run.h). The trainer prints
+// that prediction in its header (run_plan_line) and takes its MFU numerator and its memory plan
+// from it; `tetra plan --config <a training config>` plans the same run through the same mapping
+// (plan_training_config), so the two report the same numbers.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.h"
+#include "plan/plan_config.h"
+#include "plan/run_memory.h"
+#include "plan/tetra_run.h"
+#include "train/train_config.h"
+
+namespace tetra {
+
+/** The run that TrainOptions describe on a number of ranks, in the planner's terms. */
+struct RunPlan {
+  plan::ModelSpec model;                // GPT-2 style; seq = train.seq_len, positions = max_seq
+  plan::TrainingSpec training;          // tokens = train.steps x the global batch
+  plan::LayoutConstraints constraints;  // every dimension given: tp, pp, dp, ZeRO, schedule, split
+  plan::Layout layout;                  // plan::layout_from_constraints of the above
+  plan::RunOptions options;             // sequence parallelism, checkpoint snapshot, bf16 reduce
+  plan::RunShape shape;                 // plan::run_shape: the per-rank shape run_memory prices
+  int world = 1;                        // ranks: dp x tp x pp
+  int configured_dp = 0;                // parallel.dp as configured (0: world / (tp x pp))
+  plan::RunPrediction prediction;       // params, model FLOPs/token, memory per rank by category
+};
+
+/** The planner's prediction for the run `o` describes on `world_size` ranks: dp is parallel.dp,
+ *  or world_size / (tp x pp) when 0, and 1 for a single process (world_size 1), as the trainer's
+ *  mesh resolves it. Throws tetra::Error (the mesh's message) when the sizes do not fit the world.
+ *  The trainer calls it once its world is known. */
+RunPlan plan_run(const TrainOptions& o, int world_size);
+
+/** The trainer's header line: "[plan] 4.24M params, 2.67e+07 FLOPs/token, 168.8 MiB per rank
+ *  (tetra plan --config CONFIG plans this run)", with --cluster.gpus=N added when dp was inferred
+ *  from a world larger than tp x pp. `config_path` is the training config to show, e.g. the
+ *  run directory's config.toml. */
+std::string run_plan_line(const RunPlan& p, const std::string& config_path);
+
+// `tetra plan` with a training config.
+
+/** The planner's spellings a training config may use instead of the `tetra train` keys, as
+ *  (planner key, train key): model.layers for model.n_layer, layout.tp for parallel.tp, ... */
+const std::vector<std::pair<std::string, std::string>>& plan_key_aliases();
+
+/** The keys `tetra plan` accepts in a training config: every `tetra train` key, the aliases, the
+ *  cluster.* keys and the planner's assumptions (training.target_mfu, kernel_efficiency,
+ *  restart_minutes). */
+const ConfigSchema& training_plan_schema();
+
+/** True when `config_path` (may be empty) with `overrides` is a `tetra train` config: it sets a
+ *  key that only `tetra train` has (model.n_layer, train.*, data.*, parallel.*, ...). Any other
+ *  config is a planner config (configs/plan/). An unreadable or malformed file is not one; its
+ *  load reports why. */
+bool is_training_config(const std::string& config_path, const std::vector<std::string>& overrides);
+
+/** A training config planned as the run `tetra train` would launch. */
+struct TrainingPlan {
+  TrainOptions options;
+  RunPlan run;
+  plan::PlanInputs inputs;  // the run on the cpu cluster preset with run.world devices
+};
+
+/** Reads a training config as `tetra train --config config_path overrides...` would (the
+ *  aliases resolved: the command line overrides the file whatever the spelling, and the two
+ *  spellings of one setting within the file, or within the command line, must agree) and plans
+ *  its run on cluster.gpus ranks, else dp x tp x pp (dp = 1 when 0). The cluster is the cpu
+ *  preset with one node of that many devices (tetra launch runs every rank on this machine) and
+ *  run.peak_gflops as the device peak when set; cluster.* keys override it. Throws tetra::Error
+ *  for a planner-only key, conflicting spellings and whatever `tetra train` refuses. */
+TrainingPlan plan_training_config(const std::string& config_path,
+                                  const std::vector<std::string>& overrides);
+
+}  // namespace tetra

@@ -1,0 +1,1397 @@
+// Backend conformance, in the spirit of ggml's test-backend-ops: every operation of the device
+// seam (kernels/kernels.h) on every backend compiled in — the CPU's f32 and f64 tables, and the
+// CUDA f32 table where a GPU is present — against f64 references written from the contracts
+// (tests/kernels/conformance.h), on shapes drawn from fixed seeds that always include the odd ones
+// (T = 1, T = 70 across the CPU's 64-row causal blocks, head sizes 7 and 12, N not a multiple of
+// a vector width, C = 1, V < Vp). Data reaches the kernels through the backend's Device, so the
+// same code runs on a GPU. Outputs the contract overwrites are poisoned with a NaN first (every
+// element must be written); outputs it accumulates into are pre-filled with random values (every
+// element must be added to); memory around an output (gaps between strided rows, other ranges)
+// must be left alone.
+//
+// Each checked output is recorded as (op, backend, shape, error, bound); the run ends with the
+// table "op x backend: worst error / bound", written as Markdown to $TETRA_CONFORMANCE_REPORT when
+// that names a file (docs/performance.md, "Backend conformance", says how to regenerate it).
+#include "tests/kernels/conformance.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/device.h"
+#include "kernels/backend.h"
+#include "kernels/kernels.h"
+
+namespace tetra::conformance {
+
+// ---- the backends under test ------------------------------------------------------------------
+
+// Outside the anonymous namespace: CTest names each case after its type parameter, and a type in an
+// anonymous namespace prints as "(anonymous namespace)::...".
+struct CpuF32 {
+  using F = float;
+  static constexpr const char* kName = "cpu f32";
+  static std::string unavailable() { return ""; }
+  static Backend& backend() { return cpu_backend(); }
+};
+struct CpuF64 {
+  using F = double;
+  static constexpr const char* kName = "cpu f64";
+  static std::string unavailable() { return ""; }
+  static Backend& backend() { return cpu_backend(); }
+};
+struct CudaF32 {
+  using F = float;
+  static constexpr const char* kName = "cuda f32";
+  static std::string unavailable() { return cuda_unavailable(); }
+  static Backend& backend() { return backend_for(DeviceKind::cuda); }
+};
+
+namespace {
+
+using Targets = ::testing::Types<CpuF32, CpuF64, CudaF32>;
+
+// The random shapes of each op come from these seeds, after its fixed odd shapes.
+constexpr uint64_t kShapeSeeds[] = {101, 202, 303};
+
+std::string shape_str(std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string s;
+  for (const auto& [name, v] : dims) {
+    // Appended piece by piece: g++ 12 warns (-Wrestrict, falsely) on "literal" + std::string.
+    if (!s.empty()) s += ' ';
+    s.append(name).append("=").append(std::to_string(v));
+  }
+  return s;
+}
+
+template <typename P>
+class Conformance : public ::testing::Test {
+ public:  // the shared case bodies below are free functions over the fixture
+  using F = typename P::F;
+  static constexpr bool kIsF32 = std::is_same_v<F, float>;
+
+  void SetUp() override {
+    const std::string why = P::unavailable();
+    if (!why.empty()) {
+      Report::get().skip("", P::kName, why);
+      GTEST_SKIP() << P::kName << " is not tested here: " << why;
+    }
+    backend_ = &P::backend();
+    Report::get().describe(P::kName, backend_->describe());
+  }
+
+  Kernels<F>& k() { return backend_->template kernels<F>(); }
+  Device& device() { return backend_->device(); }
+
+  template <typename T>
+  Buffer<T> upload(const std::vector<T>& host) {
+    Buffer<T> b(host.size(), MemTag{}, device());
+    if (!host.empty()) device().from_host(b.data(), host.data(), b.bytes());
+    return b;
+  }
+  template <typename T>
+  std::vector<T> download(const Buffer<T>& b) {
+    std::vector<T> host(b.size());
+    if (!host.empty()) device().to_host(host.data(), b.data(), b.bytes());
+    return host;
+  }
+  Buffer<F> poisoned(size_t n) { return upload(std::vector<F>(n, poison<F>())); }
+
+  /** Holds `got` to `want` within the bound of `tol` for this precision and records the case. */
+  void check(const std::string& op, const std::string& shape, const std::string& output,
+             const Vec& got, const Vec& want, Tol tol) {
+    const double b = bound<F>(tol);
+    const Error e = measure_error(got, want);
+    Report::get().record(op, P::kName, shape, output, e.value, b);
+    EXPECT_LE(e.value, b) << op << " on " << P::kName << ", " << shape << ": " << output
+                          << " error " << e.value << " > bound " << b << "; worst element "
+                          << e.index << " got " << (e.index < got.size() ? got[e.index] : NAN)
+                          << " want " << (e.index < want.size() ? want[e.index] : NAN);
+  }
+  void check(const std::string& op, const std::string& shape, const std::string& output,
+             const Buffer<F>& got, const Vec& want, Tol tol) {
+    check(op, shape, output, wide(download(got)), want, tol);
+  }
+  void check_value(const std::string& op, const std::string& shape, const std::string& output,
+                   double got, double want, Tol tol) {
+    check(op, shape, output, Vec{got}, Vec{want}, tol);
+  }
+  /** An error the caller measured itself (e.g. a cancellation ratio) against `tol`'s bound. */
+  void check_error(const std::string& op, const std::string& shape, const std::string& output,
+                   double error, Tol tol) {
+    const double b = bound<F>(tol);
+    Report::get().record(op, P::kName, shape, output, error, b);
+    EXPECT_LE(error, b) << op << " on " << P::kName << ", " << shape << ": " << output << " "
+                        << error << " > bound " << b;
+  }
+
+  /** Why this table has no mixed precision here ("" when it has); the ops `pattern` names
+   *  (Report::skip) are then recorded as skipped, with the reason. */
+  std::string mixed_unavailable(const std::string& pattern) {
+    std::string why = kIsF32 ? backend_->bf16_unsupported()
+                             : "mixed precision rounds f32 operands; the f64 table has none";
+    if (!why.empty()) Report::get().skip(pattern, P::kName, why);
+    return why;
+  }
+
+  Backend* backend_ = nullptr;
+};
+
+// Cases are Conformance/0 (cpu f32), /1 (cpu f64), /2 (cuda f32): CMake's test discovery names a
+// typed case after its type (Conformance.Gelu<tetra::conformance::CpuF32>) only for numbered ones.
+TYPED_TEST_SUITE(Conformance, Targets);
+
+// ---- memory -----------------------------------------------------------------------------------
+
+TYPED_TEST(Conformance, CopyZeroCopyRows) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  // copy and zero of n elements in the middle of a buffer: the 3 guard elements on each side
+  // keep their values.
+  const size_t kGuard = 3;
+  for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(40001)}) {
+    Inputs in(seed_of("copy", n));
+    const std::string shape = shape_str({{"n", int64_t(n)}});
+    const std::vector<F> src = in.values<F>(n), around = in.values<F>(n + 2 * kGuard);
+    std::vector<F> init = around;
+    std::fill_n(init.begin() + kGuard, n, poison<F>());
+    Buffer<F> s = this->upload(src), d = this->upload(init);
+    k.copy(d.data() + kGuard, s.data(), n);
+    Vec want = wide(around);
+    std::copy(src.begin(), src.end(), want.begin() + kGuard);
+    this->check("copy", shape, "dst and guards", d, want, Tol::exact);
+
+    Buffer<F> z = this->upload(around);
+    k.zero(z.data() + kGuard, n);
+    want = wide(around);
+    std::fill_n(want.begin() + kGuard, n, 0.0);
+    this->check("zero", shape, "x and guards", z, want, Tol::exact);
+  }
+  // copy_rows between row strides wider than the rows: the gaps between rows keep their values.
+  struct Rows {
+    int64_t rows, cols, src_stride, dst_stride;
+  };
+  std::vector<Rows> shapes = {{1, 1, 1, 1}, {5, 3, 7, 4}, {9, 16, 16, 20}, {4, 33, 40, 33}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("copy_rows shape", seed));
+    const int64_t cols = in.integer(1, 70);
+    shapes.push_back({in.integer(1, 30), cols, cols + in.integer(0, 9), cols + in.integer(0, 9)});
+  }
+  for (const Rows& r : shapes) {
+    Inputs in(seed_of("copy_rows", uint64_t(r.rows * 1000 + r.cols)));
+    const std::string shape = shape_str({{"rows", r.rows},
+                                         {"cols", r.cols},
+                                         {"src_stride", r.src_stride},
+                                         {"dst_stride", r.dst_stride}});
+    const std::vector<F> src = in.values<F>(size_t(r.rows * r.src_stride)),
+                         around = in.values<F>(size_t(r.rows * r.dst_stride));
+    std::vector<F> init = around;
+    Vec want = wide(around);
+    for (int64_t i = 0; i < r.rows; ++i)
+      for (int64_t c = 0; c < r.cols; ++c) {
+        init[size_t(i * r.dst_stride + c)] = poison<F>();
+        want[size_t(i * r.dst_stride + c)] = double(src[size_t(i * r.src_stride + c)]);
+      }
+    Buffer<F> s = this->upload(src), d = this->upload(init);
+    k.copy_rows(d.data(), r.dst_stride, s.data(), r.src_stride, r.rows, r.cols);
+    this->check("copy_rows", shape, "dst and gaps", d, want, Tol::exact);
+  }
+}
+
+// ---- products ---------------------------------------------------------------------------------
+
+struct Mnk {
+  int64_t M, N, K;
+};
+
+std::vector<Mnk> product_shapes(const char* op) {
+  // {7, 58, 42}: M <= 32 with 48 < N < 64, where oneDNN 2.6.3's AMX bf16 kernel got products with
+  // a transposed B wrong.
+  std::vector<Mnk> shapes = {{1, 1, 1},    {1, 7, 5},    {5, 1, 3},  {3, 5, 1},
+                             {33, 17, 65}, {64, 48, 32}, {7, 58, 42}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of(op, seed));
+    shapes.push_back({in.integer(1, 80), in.integer(1, 80), in.integer(1, 100)});
+  }
+  return shapes;
+}
+
+/** Dense (rows, cols) of `src`, read at (r, c) -> src[r * rs + c * cs]. */
+Vec dense(const Vec& src, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  Vec out(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[size_t(r * cols + c)] = src[size_t(r * rs + c * cs)];
+  return out;
+}
+
+/** a (M,K) · b (K,N), both dense, in double. */
+Vec product(const Vec& a, const Vec& b, int64_t M, int64_t N, int64_t K) {
+  Vec c(size_t(M * N));
+  ref::matmul(1, 1, M, N, K, {&a, {0, 0, K, 1}}, {&b, {0, 0, N, 1}}, nullptr, c, {0, 0, N, 1}, 0,
+              false);
+  return c;
+}
+
+// The 2-D helpers on every product shape: nt with a bias, nn, tn, and accumulating forms. With
+// `mixed` they run under Bf16Operands and are held to a reference whose operands are rounded to
+// bf16 (the contract: f32 operands rounded, nearest even, f32 accumulation) at the f32 bound, and
+// to the unrounded reference at the bf16 product bound.
+template <typename Fixture, typename F>
+void two_d_products(Fixture& t, bool mixed) {
+  Kernels<F>& k = t.k();
+  Bf16Operands ops(t.device(), 0);
+  Bf16Operands* bf16 = mixed ? &ops : nullptr;
+  const std::string tag = mixed ? " Bf16Operands" : "";
+  for (const Mnk& s : product_shapes("matmul")) {
+    const int64_t M = s.M, N = s.N, K = s.K;
+    const std::string shape = shape_str({{"M", M}, {"N", N}, {"K", K}});
+    Inputs in(seed_of("matmul", uint64_t(M * 1000000 + N * 1000 + K)));
+    const std::vector<F> inp = in.values<F>(size_t(M * K)), w = in.values<F>(size_t(N * K)),
+                         bias = in.values<F>(size_t(N)), a = in.values<F>(size_t(M * K)),
+                         b = in.values<F>(size_t(K * N)), at = in.values<F>(size_t(K * M)),
+                         c0 = in.values<F>(size_t(M * N));
+    const Vec wbias = wide(bias), wc0 = wide(c0);
+    Buffer<F> d_inp = t.upload(inp), d_w = t.upload(w), d_bias = t.upload(bias), d_a = t.upload(a),
+              d_b = t.upload(b), d_at = t.upload(at);
+
+    // Each variant: its reference from operands (rounded or not), then the checks.
+    struct Variant {
+      const char* name;
+      bool accumulate, has_bias;
+    };
+    auto expect = [&](const std::string& op, const Buffer<F>& got,
+                      const std::function<Vec(bool)>& want) {
+      if (!mixed) return t.check(op, shape, "C", got, want(false), Tol::arith);
+      t.check(op + " (operands rounded)", shape, "C", got, want(true), Tol::arith);
+      t.check(op + " (vs unrounded)", shape, "C", got, want(false), Tol::bf16_product);
+    };
+    auto with = [&](Vec c, bool bias_on, bool acc) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double& x = c[size_t(m * N + n)];
+          x += (bias_on ? wbias[size_t(n)] : 0.0) + (acc ? wc0[size_t(m * N + n)] : 0.0);
+        }
+      return c;
+    };
+    for (const Variant& v :
+         {Variant{"matmul nt +bias", false, true}, Variant{"matmul nt accumulate", true, false},
+          Variant{"matmul nt +bias accumulate", true, true}}) {
+      Buffer<F> out = v.accumulate ? t.upload(c0) : t.poisoned(size_t(M * N));
+      matmul_nt<F>(k, out.data(), d_inp.data(), d_w.data(), v.has_bias ? d_bias.data() : nullptr, M,
+                   N, K, v.accumulate, "conformance", bf16);
+      expect(v.name + tag, out, [&](bool round) {
+        const Vec wt = dense(round ? ref::rounded_bf16(wide(w)) : wide(w), K, N, 1, K);
+        return with(product(round ? ref::rounded_bf16(wide(inp)) : wide(inp), wt, M, N, K),
+                    v.has_bias, v.accumulate);
+      });
+    }
+    for (bool acc : {false, true}) {
+      Buffer<F> out = acc ? t.upload(c0) : t.poisoned(size_t(M * N));
+      matmul_nn<F>(k, out.data(), d_a.data(), d_b.data(), M, N, K, acc, "conformance", bf16);
+      expect(std::string(acc ? "matmul nn accumulate" : "matmul nn") + tag, out, [&](bool round) {
+        return with(product(round ? ref::rounded_bf16(wide(a)) : wide(a),
+                            round ? ref::rounded_bf16(wide(b)) : wide(b), M, N, K),
+                    false, acc);
+      });
+      Buffer<F> out_tn = acc ? t.upload(c0) : t.poisoned(size_t(M * N));
+      matmul_tn<F>(k, out_tn.data(), d_at.data(), d_b.data(), M, N, K, acc, "conformance", bf16);
+      expect(std::string(acc ? "matmul tn accumulate" : "matmul tn") + tag, out_tn,
+             [&](bool round) {
+               const Vec a_mk = dense(round ? ref::rounded_bf16(wide(at)) : wide(at), M, K, 1, M);
+               return with(product(a_mk, round ? ref::rounded_bf16(wide(b)) : wide(b), M, N, K),
+                           false, acc);
+             });
+    }
+  }
+}
+
+// Batched products over strided views of a fused (B,T,3C) buffer, as attention issues them:
+// scores (B,NH,T,T) = q·k^T (k read transposed), out (B,T,C) = p·v written through per-head
+// views of row stride C, and dv += p^T·dy accumulated into the v part of a (B,T,3C) gradient whose
+// q and k parts must be left alone.
+template <typename Fixture, typename F>
+void batched_products(Fixture& t, bool mixed) {
+  Kernels<F>& k = t.k();
+  Bf16Operands ops(t.device(), 0);
+  const std::string tag = mixed ? " Bf16Operands" : "";
+  struct Heads {
+    int B, T, NH, hs;
+  };
+  std::vector<Heads> shapes = {{1, 1, 1, 7}, {2, 5, 3, 12}, {1, 70, 2, 32}, {2, 9, 1, 64}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("matmul batched shape", seed));
+    shapes.push_back({in.integer(1, 3), in.integer(1, 40), in.integer(1, 4), in.integer(1, 20)});
+  }
+  for (const Heads& h : shapes) {
+    const int64_t B = h.B, T = h.T, NH = h.NH, hs = h.hs, C = NH * hs, C3 = 3 * C;
+    const std::string shape = shape_str({{"B", B}, {"T", T}, {"NH", NH}, {"hs", hs}});
+    Inputs in(seed_of("matmul batched", uint64_t(B * 1000000 + T * 1000 + NH * 100 + hs)));
+    const std::vector<F> qkv = in.values<F>(size_t(B * T * C3)),
+                         p = in.values<F>(size_t(B * NH * T * T)),
+                         dy = in.values<F>(size_t(B * T * C)),
+                         grad0 = in.values<F>(size_t(B * T * C3));
+    Buffer<F> d_qkv = t.upload(qkv), d_p = t.upload(p), d_dy = t.upload(dy);
+    const DType dt = dtype_of<F>();
+    auto args = [&](int64_t M, int64_t N, int64_t K) {
+      MatmulArgs x;
+      x.b0 = B, x.b1 = NH, x.M = M, x.N = N, x.K = K;
+      x.role = "conformance";
+      x.bf16 = mixed ? &ops : nullptr;
+      x.a.dtype = x.b.dtype = dt;
+      return x;
+    };
+    auto prepared = [&](const std::vector<F>& v, bool round) {
+      return round ? ref::rounded_bf16(wide(v)) : wide(v);
+    };
+    // `part` picks the elements held to the product's bound (all by default).
+    auto expect = [&](
+                      const std::string& op, const std::string& output, const Buffer<F>& got_buf,
+                      const std::function<Vec(bool)>& want,
+                      const std::function<Vec(const Vec&)>& part = [](const Vec& v) { return v; }) {
+      const Vec got = part(wide(t.download(got_buf)));
+      if (!mixed) return t.check(op, shape, output, got, part(want(false)), Tol::arith);
+      t.check(op + " (operands rounded)", shape, output, got, part(want(true)), Tol::arith);
+      t.check(op + " (vs unrounded)", shape, output, got, part(want(false)), Tol::bf16_product);
+    };
+    const std::array<int64_t, 4> head_rows{T * C3, hs, C3, 1}, head_cols{T * C3, hs, 1, C3},
+        att{NH * T * T, T * T, T, 1}, att_t{NH * T * T, T * T, 1, T}, out_s{T * C, hs, C, 1};
+
+    // scores = q · k^T
+    Buffer<F> scores = t.poisoned(size_t(B * NH * T * T));
+    MatmulArgs x = args(T, T, hs);
+    x.a.data = d_qkv.data(), x.a.strides = head_rows;
+    x.b.data = d_qkv.data() + C, x.b.strides = head_cols;
+    x.c = scores.data(), x.c_strides = att;
+    k.matmul(x);
+    expect("matmul batched q.k^T" + tag, "scores", scores, [&](bool round) {
+      const Vec q = prepared(qkv, round);
+      Vec c(size_t(B * NH * T * T));
+      ref::matmul(B, NH, T, T, hs, {&q, head_rows}, {&q, head_cols, C}, nullptr, c, att, 0, false);
+      return c;
+    });
+
+    // out = p · v, through strided per-head views of C
+    Buffer<F> out = t.poisoned(size_t(B * T * C));
+    x = args(T, hs, T);
+    x.a.data = d_p.data(), x.a.strides = att;
+    x.b.data = d_qkv.data() + 2 * C, x.b.strides = head_rows;
+    x.c = out.data(), x.c_strides = out_s;
+    k.matmul(x);
+    expect("matmul batched p.v" + tag, "out", out, [&](bool round) {
+      const Vec pw = prepared(p, round), v = prepared(qkv, round);
+      Vec c(size_t(B * T * C));
+      ref::matmul(B, NH, T, hs, T, {&pw, att}, {&v, head_rows, 2 * C}, nullptr, c, out_s, 0, false);
+      return c;
+    });
+
+    // dv += p^T · dy into the v part of a fused gradient
+    Buffer<F> grad = t.upload(grad0);
+    x = args(T, hs, T);
+    x.a.data = d_p.data(), x.a.strides = att_t;
+    x.b.data = d_dy.data(), x.b.strides = out_s;
+    x.c = grad.data() + 2 * C, x.c_strides = head_rows;
+    x.accumulate = true;
+    k.matmul(x);
+    // The v part (its own scale) and, exactly, the q and k parts the product must not touch.
+    auto v_part = [&](bool v) {
+      return [&, v](const Vec& all) {
+        Vec out;
+        for (size_t i = 0; i < all.size(); ++i) {
+          if ((int64_t(i) % C3 >= 2 * C) == v) out.push_back(all[i]);
+        }
+        return out;
+      };
+    };
+    const std::string op = "matmul batched p^T.dy accumulate" + tag;
+    expect(
+        op, "dqkv: dv", grad,
+        [&](bool round) {
+          const Vec pw = prepared(p, round), d = prepared(dy, round);
+          Vec c = wide(grad0);
+          ref::matmul(B, NH, T, hs, T, {&pw, att_t}, {&d, out_s}, nullptr, c, head_rows, 2 * C,
+                      true);
+          return c;
+        },
+        v_part(true));
+    t.check(op + " (dq, dk untouched)", shape, "dqkv: dq, dk",
+            v_part(false)(wide(t.download(grad))), v_part(false)(wide(grad0)), Tol::exact);
+  }
+}
+
+TYPED_TEST(Conformance, Matmul) {
+  using F = typename TestFixture::F;
+  two_d_products<TestFixture, F>(*this, false);
+  batched_products<TestFixture, F>(*this, false);
+}
+
+TYPED_TEST(Conformance, MatmulMixedPrecision) {
+  using F = typename TestFixture::F;
+  const std::string why = this->mixed_unavailable("matmul Bf16Operands");
+  if (!why.empty()) GTEST_SKIP() << why;
+  two_d_products<TestFixture, F>(*this, true);
+  batched_products<TestFixture, F>(*this, true);
+
+  // The rounded-operand check can tell rounding from none: on this shape the unrounded product is
+  // outside the f32 bound of the rounded one.
+  const int64_t M = 17, N = 9, K = 40;
+  Inputs in(seed_of("matmul sensitivity", 0));
+  const std::vector<F> a = in.values<F>(size_t(M * K)), b = in.values<F>(size_t(K * N));
+  const Vec exact = product(wide(a), wide(b), M, N, K),
+            rounded = product(ref::rounded_bf16(wide(a)), ref::rounded_bf16(wide(b)), M, N, K);
+  EXPECT_GT(measure_error(exact, rounded).value, bound<F>(Tol::arith) * 100);
+}
+
+// bf16-dtype operands (bf16 tensors, f32 C and bias): the f32 table only.
+TYPED_TEST(Conformance, MatmulBf16Dtype) {
+  using F = typename TestFixture::F;
+  if constexpr (!TestFixture::kIsF32) {
+    const char* why = "bf16 operands multiply into f32 C; the f64 table takes f64 operands only";
+    Report::get().skip("matmul bf16-dtype", TypeParam::kName, why);
+    GTEST_SKIP() << why;
+  } else {
+    Kernels<F>& k = this->k();
+    for (const Mnk& s : product_shapes("matmul bf16")) {
+      const int64_t M = s.M, N = s.N, K = s.K;
+      const std::string shape = shape_str({{"M", M}, {"N", N}, {"K", K}});
+      Inputs in(seed_of("matmul bf16", uint64_t(M * 1000000 + N * 1000 + K)));
+      // bf16 tensors and their exact values
+      auto bf16_values = [&](size_t n, std::vector<bf16>& v, Vec& exact) {
+        for (float x : in.values<float>(n)) {
+          v.push_back(bf16::from_float(x));
+          exact.push_back(v.back().to_float());
+        }
+      };
+      std::vector<bf16> a, w;
+      Vec wa, ww;
+      bf16_values(size_t(M * K), a, wa);
+      bf16_values(size_t(N * K), w, ww);
+      const std::vector<F> bias = in.values<F>(size_t(N));
+      Buffer<bf16> d_a = this->upload(a), d_w = this->upload(w);
+      Buffer<F> d_bias = this->upload(bias), out = this->poisoned(size_t(M * N));
+      MatmulArgs x;
+      x.M = M, x.N = N, x.K = K;
+      x.role = "conformance";
+      x.a = {d_a.data(), {M * K, M * K, K, 1}, DType::bf16};
+      x.b = {d_w.data(), {N * K, N * K, 1, K}, DType::bf16};  // B(k, n) = w[n, k]
+      x.c = out.data(), x.c_strides = {M * N, M * N, N, 1};
+      x.bias = d_bias.data();
+      k.matmul(x);
+      Vec want = product(wa, dense(ww, K, N, 1, K), M, N, K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) want[size_t(m * N + n)] += double(bias[size_t(n)]);
+      this->check("matmul bf16-dtype operands nt +bias", shape, "C", out, want, Tol::arith);
+
+      // nn: the same w read as a row-major (K, N) matrix, no bias
+      Buffer<F> out_nn = this->poisoned(size_t(M * N));
+      x.b.strides = {N * K, N * K, N, 1};
+      x.c = out_nn.data();
+      x.bias = nullptr;
+      k.matmul(x);
+      this->check("matmul bf16-dtype operands nn", shape, "C", out_nn, product(wa, ww, M, N, K),
+                  Tol::arith);
+    }
+  }
+}
+
+// ---- linear_gelu ------------------------------------------------------------------------------
+
+template <typename Fixture, typename F>
+void linear_gelu(Fixture& t, bool mixed) {
+  Kernels<F>& k = t.k();
+  Bf16Operands ops(t.device(), 0);
+  const std::string op = mixed ? "linear_gelu Bf16Operands" : "linear_gelu";
+  for (const Mnk& s : product_shapes("linear_gelu")) {
+    const int64_t M = s.M, N = s.N, K = s.K;
+    const std::string shape = shape_str({{"M", M}, {"N", N}, {"K", K}});
+    Inputs in(seed_of("linear_gelu", uint64_t(M * 1000000 + N * 1000 + K)));
+    // Inputs scaled so that pre spans GELU's curved part (|pre| up to ~4) at every K.
+    const double scale = 2.0 / std::sqrt(double(K));
+    const std::vector<F> inp = in.values<F>(size_t(M * K)),
+                         w = in.values<F>(size_t(N * K), 0.1 * scale, scale),
+                         bias = in.values<F>(size_t(N));
+    Buffer<F> d_inp = t.upload(inp), d_w = t.upload(w), d_bias = t.upload(bias),
+              out = t.poisoned(size_t(M * N)), pre = t.poisoned(size_t(M * N));
+    k.linear_gelu(out.data(), pre.data(), d_inp.data(), d_w.data(), d_bias.data(), M, N, K,
+                  "conformance", mixed ? &ops : nullptr);
+    auto want = [&](bool round, bool activated) {
+      const Vec a = round ? ref::rounded_bf16(wide(inp)) : wide(inp);
+      const Vec wt = dense(round ? ref::rounded_bf16(wide(w)) : wide(w), K, N, 1, K);
+      Vec c = product(a, wt, M, N, K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double& x = c[size_t(m * N + n)];
+          x += double(bias[size_t(n)]);
+          if (activated) x = ref::gelu(x);
+        }
+      return c;
+    };
+    if (!mixed) {
+      t.check(op, shape, "pre", pre, want(false, false), Tol::arith);
+      t.check(op, shape, "out", out, want(false, true), Tol::arith);
+    } else {
+      t.check(op + " (operands rounded)", shape, "pre", pre, want(true, false), Tol::arith);
+      t.check(op + " (operands rounded)", shape, "out", out, want(true, true), Tol::arith);
+      t.check(op + " (vs unrounded)", shape, "out", out, want(false, true), Tol::bf16_product);
+    }
+  }
+}
+
+TYPED_TEST(Conformance, LinearGelu) {
+  using F = typename TestFixture::F;
+  linear_gelu<TestFixture, F>(*this, false);
+}
+
+TYPED_TEST(Conformance, LinearGeluMixedPrecision) {
+  using F = typename TestFixture::F;
+  const std::string why = this->mixed_unavailable("linear_gelu Bf16Operands");
+  if (!why.empty()) GTEST_SKIP() << why;
+  linear_gelu<TestFixture, F>(*this, true);
+}
+
+// ---- LayerNorm --------------------------------------------------------------------------------
+
+TYPED_TEST(Conformance, LayerNorm) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  std::vector<std::pair<int, int>> shapes = {{1, 1},  {3, 1},   {4, 2},  {1, 7},
+                                             {5, 64}, {70, 33}, {2, 769}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("layernorm shape", seed));
+    shapes.emplace_back(in.integer(1, 40), in.integer(1, 130));
+  }
+  for (const auto& [N, C] : shapes) {
+    const std::string shape = shape_str({{"N", N}, {"C", C}});
+    Inputs in(seed_of("layernorm", uint64_t(N * 10000 + C)));
+    // Rows off-centre (|mean| up to 4) so that the mean really is subtracted.
+    std::vector<F> x = in.values<F>(size_t(N) * C);
+    const std::vector<F> offset = in.values<F>(size_t(N), 0.5, 4.0);
+    for (int i = 0; i < N; ++i)
+      for (int c = 0; c < C; ++c) x[size_t(i * C + c)] += offset[size_t(i)];
+    const std::vector<F> w = in.values<F>(size_t(C), 0.5, 1.5), b = in.values<F>(size_t(C)),
+                         dy = in.values<F>(size_t(N) * C), dx0 = in.values<F>(size_t(N) * C),
+                         dw0 = in.values<F>(size_t(C)), db0 = in.values<F>(size_t(C));
+    Buffer<F> d_x = this->upload(x), d_w = this->upload(w), d_b = this->upload(b),
+              out = this->poisoned(size_t(N) * C), mean = this->poisoned(size_t(N)),
+              rstd = this->poisoned(size_t(N));
+    k.layernorm_forward(out.data(), mean.data(), rstd.data(), d_x.data(), d_w.data(), d_b.data(), N,
+                        C);
+    Vec r_out(size_t(N) * C), r_mean(static_cast<size_t>(N)), r_rstd(static_cast<size_t>(N));
+    ref::layernorm_forward(r_out, r_mean, r_rstd, wide(x), wide(w), wide(b), N, C);
+    this->check("layernorm_forward", shape, "out", out, r_out, Tol::arith);
+    this->check("layernorm_forward", shape, "mean", mean, r_mean, Tol::arith);
+    this->check("layernorm_forward", shape, "rstd", rstd, r_rstd, Tol::arith);
+
+    // Backward from forward's saved mean and rstd; all three gradients accumulate. Not at C = 1:
+    // a row of one channel has variance 0, so dinp is an exact cancellation (w·dy - mean(w·dy))
+    // scaled by rstd = 1/sqrt(eps) ~ 316, and any rounding in it (an FMA that keeps w·dy unrounded
+    // leaves ~2^-24 |w·dy|) comes out 316 times larger: an input no f32 bound holds, whatever the
+    // kernel does.
+    if (C == 1) continue;
+    Buffer<F> d_dy = this->upload(dy), dx = this->upload(dx0), dw = this->upload(dw0),
+              db = this->upload(db0);
+    k.layernorm_backward(dx.data(), dw.data(), db.data(), d_dy.data(), d_x.data(), d_w.data(),
+                         mean.data(), rstd.data(), N, C);
+    Vec r_dx = wide(dx0), r_dw = wide(dw0), r_db = wide(db0);
+    ref::layernorm_backward(r_dx, r_dw, r_db, wide(dy), wide(x), wide(w), N, C);
+    this->check("layernorm_backward", shape, "dinp", dx, r_dx, Tol::arith);
+    this->check("layernorm_backward", shape, "dweight", dw, r_dw, Tol::arith);
+    this->check("layernorm_backward", shape, "dbias", db, r_db, Tol::arith);
+  }
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+struct Heads {
+  int B, T, NH, hs;
+};
+
+std::vector<Heads> attention_shapes() {
+  // T = 70 crosses the CPU's 64-row causal blocks; head sizes 7 and 12 are no vector width.
+  std::vector<Heads> shapes = {{1, 1, 1, 7},   {2, 5, 3, 12}, {1, 70, 2, 32},
+                               {2, 17, 1, 64}, {1, 70, 3, 7}, {2, 3, 1, 1}};
+  const int head_sizes[] = {7, 12, 16, 32, 64};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("attention shape", seed));
+    shapes.push_back(
+        {in.integer(1, 2), in.integer(1, 40), in.integer(1, 3), head_sizes[in.integer(0, 4)]});
+  }
+  return shapes;
+}
+
+// Forward, backward, and recompute: only the public results (out, dqkv) meet the reference;
+// `saved` and `scratch` are sized by the backend and private to it, except that recompute must
+// leave `saved` as forward did and backward then give the same dqkv.
+template <typename Fixture, typename F>
+void attention(Fixture& t, bool mixed) {
+  Kernels<F>& k = t.k();
+  const std::string tag = mixed ? " Bf16Operands" : "";
+  const Tol tol = mixed ? Tol::bf16_attention : Tol::arith;
+  for (const Heads& h : attention_shapes()) {
+    const AttentionShape s{h.B, h.T, h.NH * h.hs, h.NH};
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    const std::string shape = shape_str({{"B", B}, {"T", T}, {"NH", NH}, {"hs", h.hs}});
+    Inputs in(seed_of("attention", uint64_t(B * 1000000 + T * 1000 + NH * 100 + h.hs)));
+    // f32 and f64: |q|, |k| up to 2, scores of a few units, so the softmax is far from uniform.
+    // Mixed precision: up to 1, the magnitudes the bf16 bound is derived for (kTolerances).
+    const std::vector<F> qkv = in.values<F>(size_t(B) * T * 3 * C, mixed ? 0.1 : 0.2,
+                                            mixed ? 1.0 : 2.0),
+                         dout = in.values<F>(size_t(B) * T * C);
+    Bf16Operands ops(t.device(), k.attention_bf16_elements(s));
+    Bf16Operands* bf16 = mixed ? &ops : nullptr;
+    const size_t saved_n = k.attention_saved_elements(s),
+                 scratch_n = k.attention_scratch_elements(s);
+    Buffer<F> d_qkv = t.upload(qkv), d_dout = t.upload(dout), out = t.poisoned(size_t(B) * T * C),
+              saved = t.poisoned(saved_n), scratch = t.poisoned(scratch_n),
+              dqkv = t.poisoned(qkv.size());
+    k.attention_forward(out.data(), saved.data(), d_qkv.data(), s, bf16);
+    k.attention_backward(dqkv.data(), scratch.data(), d_dout.data(), d_qkv.data(), out.data(),
+                         saved.data(), s, bf16);
+    Vec r_out, r_p;
+    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH);
+    t.check("attention_forward" + tag, shape, "out", out, r_out, tol);
+    // dq, dk and dv are held each to its own scale (dv's is larger), as separate tensors.
+    const Vec r_dqkv = ref::attention_backward(wide(dout), wide(qkv), r_p, B, T, C, NH);
+    const Vec got_dqkv = wide(t.download(dqkv));
+    for (int part = 0; part < 3; ++part) {
+      Vec got, want;
+      for (int64_t row = 0; row < int64_t(B) * T; ++row)
+        for (int c = 0; c < C; ++c) {
+          got.push_back(got_dqkv[size_t(row * 3 * C + part * C + c)]);
+          want.push_back(r_dqkv[size_t(row * 3 * C + part * C + c)]);
+        }
+      t.check("attention_backward" + tag, shape, std::string("dqkv: d") + "qkv"[part], got, want,
+              tol);
+    }
+    // Every row of the softmax gradient sums to zero, so the key bias's gradient (the sum of dk
+    // over the positions) is zero but for rounding, in every precision: a mixed-precision kernel
+    // whose rows do not cancel (D = rowsum(dout * out) against bf16 dP) leaves noise of order
+    // bf16's roundoff there, which AdamW turns into updates of order lr (docs/parity.md, "bf16").
+    double worst = 0.0;
+    for (int b = 0; b < B; ++b)
+      for (int c = 0; c < C; ++c) {
+        double sum = 0.0, size = 0.0;
+        for (int tt = 0; tt < T; ++tt) {
+          const double g = got_dqkv[size_t((int64_t(b) * T + tt) * 3 * C + C + c)];
+          sum += g;
+          size += std::abs(g);
+        }
+        if (size > 0) worst = std::max(worst, std::abs(sum) / size);
+      }
+    t.check_error("attention_backward" + tag, shape, "key bias gradient |sum dk| / sum |dk|", worst,
+                  Tol::cancellation);
+
+    Buffer<F> saved2 = t.poisoned(saved_n), scratch2 = t.poisoned(scratch_n),
+              dqkv2 = t.poisoned(qkv.size());
+    k.attention_recompute(saved2.data(), d_qkv.data(), s, bf16);
+    k.attention_backward(dqkv2.data(), scratch2.data(), d_dout.data(), d_qkv.data(), out.data(),
+                         saved2.data(), s, bf16);
+    t.check("attention_recompute" + tag, shape, "saved (vs forward's)", saved2,
+            wide(t.download(saved)), Tol::exact);
+    t.check("attention_backward after recompute" + tag, shape, "dqkv (vs after forward)", dqkv2,
+            wide(t.download(dqkv)), Tol::exact);
+  }
+}
+
+TYPED_TEST(Conformance, Attention) {
+  using F = typename TestFixture::F;
+  attention<TestFixture, F>(*this, false);
+}
+
+TYPED_TEST(Conformance, AttentionMixedPrecision) {
+  using F = typename TestFixture::F;
+  const std::string why = this->mixed_unavailable("attention Bf16Operands");
+  if (!why.empty()) GTEST_SKIP() << why;
+  attention<TestFixture, F>(*this, true);
+}
+
+// Generation: a cache filled over several calls with growing pos0 gives, call by call, the rows of
+// full causal attention over all positions, and holds every position's key and value.
+TYPED_TEST(Conformance, AttentionDecode) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  struct Decode {
+    int B, NH, hs, maxT;
+    std::vector<int> calls;  // new positions per call
+  };
+  const std::vector<Decode> cases = {{1, 1, 7, 1, {1}},
+                                     {2, 3, 12, 12, {4, 1, 3, 1}},
+                                     {1, 2, 32, 70, {64, 5, 1}},
+                                     {2, 1, 64, 8, {1, 1, 1, 1, 1, 1}},
+                                     {1, 3, 7, 75, {1, 69}}};
+  for (const Decode& d : cases) {
+    int T = 0;
+    for (int n : d.calls) T += n;
+    const int B = d.B, NH = d.NH, C = d.NH * d.hs, maxT = d.maxT;
+    std::string shape = shape_str({{"B", B}, {"NH", NH}, {"hs", d.hs}, {"maxT", maxT}}) + " calls";
+    for (int n : d.calls) shape.append(" ").append(std::to_string(n));
+    Inputs in(seed_of("attention_decode", uint64_t(B * 1000000 + T * 1000 + NH * 100 + d.hs)));
+    const std::vector<F> qkv = in.values<F>(size_t(B) * T * 3 * C, 0.2, 2.0);
+    Vec r_out, r_p;
+    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH);
+    // Caches poisoned: positions not yet written must never be read.
+    Buffer<F> kcache = this->poisoned(size_t(B) * maxT * C),
+              vcache = this->poisoned(size_t(B) * maxT * C),
+              scratch = this->poisoned(k.attention_decode_scratch_elements(B, NH, maxT));
+    int pos0 = 0;
+    for (int n : d.calls) {
+      std::vector<F> part(size_t(B) * n * 3 * C);  // this call's positions of each sequence
+      for (int b = 0; b < B; ++b)
+        std::copy_n(qkv.begin() + (int64_t(b) * T + pos0) * 3 * C, int64_t(n) * 3 * C,
+                    part.begin() + int64_t(b) * n * 3 * C);
+      Buffer<F> d_part = this->upload(part), out = this->poisoned(size_t(B) * n * C);
+      k.attention_decode(out.data(), d_part.data(), kcache.data(), vcache.data(), scratch.data(),
+                         pos0, AttentionShape{B, n, C, NH}, maxT);
+      Vec want(size_t(B) * n * C);
+      for (int b = 0; b < B; ++b)
+        std::copy_n(r_out.begin() + (int64_t(b) * T + pos0) * C, int64_t(n) * C,
+                    want.begin() + int64_t(b) * n * C);
+      this->check("attention_decode", shape, "out of call at pos0=" + std::to_string(pos0), out,
+                  want, Tol::arith);
+      pos0 += n;
+    }
+    // The caches' positions [0, T): (B, maxT, C) keys and values.
+    const std::vector<F> kc = this->download(kcache), vc = this->download(vcache);
+    Vec got_k, got_v, want_k, want_v;
+    for (int b = 0; b < B; ++b)
+      for (int p = 0; p < T; ++p)
+        for (int c = 0; c < C; ++c) {
+          got_k.push_back(kc[size_t((int64_t(b) * maxT + p) * C + c)]);
+          got_v.push_back(vc[size_t((int64_t(b) * maxT + p) * C + c)]);
+          want_k.push_back(qkv[size_t((int64_t(b) * T + p) * 3 * C + C + c)]);
+          want_v.push_back(qkv[size_t((int64_t(b) * T + p) * 3 * C + 2 * C + c)]);
+        }
+    this->check("attention_decode", shape, "kcache", got_k, want_k, Tol::exact);
+    this->check("attention_decode", shape, "vcache", got_v, want_v, Tol::exact);
+  }
+}
+
+// ---- element-wise -----------------------------------------------------------------------------
+
+std::vector<std::pair<int, int>> row_shapes(const char* op) {
+  // OC = 70 and 129 cross the CPU bias gradient's 64-column blocks.
+  std::vector<std::pair<int, int>> shapes = {{1, 1}, {3, 1}, {1, 7}, {37, 70}, {5, 129}, {64, 48}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of(op, seed));
+    shapes.emplace_back(in.integer(1, 50), in.integer(1, 200));
+  }
+  return shapes;
+}
+
+TYPED_TEST(Conformance, Gelu) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  for (int64_t N : {int64_t(1), int64_t(7), int64_t(1000), int64_t(40001)}) {
+    const std::string shape = shape_str({{"N", N}});
+    Inputs in(seed_of("gelu", uint64_t(N)));
+    // |x| up to 6: both tails (GELU ~ 0 far left, ~ x far right) and the curve between.
+    const std::vector<F> x = in.values<F>(size_t(N), 0.01, 6.0), dy = in.values<F>(size_t(N));
+    Buffer<F> d_x = this->upload(x), out = this->poisoned(size_t(N)),
+              dx = this->poisoned(size_t(N)), d_dy = this->upload(dy);
+    k.gelu_forward(out.data(), d_x.data(), N);
+    Vec r_out(static_cast<size_t>(N)), r_dx(static_cast<size_t>(N));
+    for (size_t i = 0; i < x.size(); ++i) {
+      r_out[i] = ref::gelu(x[i]);
+      r_dx[i] = ref::gelu_grad(x[i]) * dy[i];
+    }
+    this->check("gelu_forward", shape, "out", out, r_out, Tol::arith);
+    k.gelu_backward(dx.data(), d_x.data(), d_dy.data(), N);
+    this->check("gelu_backward", shape, "dinp", dx, r_dx, Tol::arith);
+    k.gelu_backward(d_dy.data(), d_x.data(), d_dy.data(), N);  // dinp aliasing dout
+    this->check("gelu_backward", shape, "dinp (aliasing dout)", d_dy, r_dx, Tol::arith);
+  }
+}
+
+TYPED_TEST(Conformance, BiasGelu) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  for (const auto& [N, OC] : row_shapes("bias gelu")) {
+    const std::string shape = shape_str({{"N", N}, {"OC", OC}});
+    Inputs in(seed_of("bias gelu", uint64_t(N * 10000 + OC)));
+    const std::vector<F> fch = in.values<F>(size_t(N) * OC, 0.01, 4.0),
+                         bias = in.values<F>(size_t(OC)), dy = in.values<F>(size_t(N) * OC),
+                         db0 = in.values<F>(size_t(OC));
+    Vec r_fch(fch.size()), r_out(fch.size()), r_dx(fch.size()), r_db = wide(db0);
+    for (int i = 0; i < N; ++i)
+      for (int o = 0; o < OC; ++o) {
+        const size_t j = size_t(i * OC + o);
+        r_fch[j] = double(fch[j]) + double(bias[size_t(o)]);
+        r_out[j] = ref::gelu(r_fch[j]);
+      }
+    // bias_gelu_forward: fch += bias in place, out = gelu(fch)
+    Buffer<F> d_fch = this->upload(fch), d_bias = this->upload(bias),
+              out = this->poisoned(fch.size());
+    k.bias_gelu_forward(out.data(), d_fch.data(), d_bias.data(), N, OC);
+    this->check("bias_gelu_forward", shape, "fch", d_fch, r_fch, Tol::arith);
+    this->check("bias_gelu_forward", shape, "out", out, r_out, Tol::arith);
+
+    // gelu_bias_backward at fch's values as the kernel left them (f32 on the f32 table)
+    const std::vector<F> inp = this->download(d_fch);
+    for (int i = 0; i < N; ++i)
+      for (int o = 0; o < OC; ++o) {
+        const size_t j = size_t(i * OC + o);
+        r_dx[j] = ref::gelu_grad(inp[j]) * dy[j];
+        r_db[size_t(o)] += r_dx[j];
+      }
+    for (bool alias : {false, true}) {
+      Buffer<F> d_dy = this->upload(dy), db = this->upload(db0),
+                dx = alias ? Buffer<F>() : this->poisoned(dy.size());
+      F* dinp = alias ? d_dy.data() : dx.data();
+      k.gelu_bias_backward(dinp, db.data(), d_fch.data(), d_dy.data(), N, OC);
+      const std::string how = alias ? " (aliasing dout)" : "";
+      this->check("gelu_bias_backward", shape, "dinp" + how, alias ? d_dy : dx, r_dx, Tol::arith);
+      this->check("gelu_bias_backward", shape, "dbias" + how, db, r_db, Tol::arith);
+    }
+  }
+}
+
+TYPED_TEST(Conformance, BiasResidualAdd) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  for (const auto& [N, OC] : row_shapes("bias residual")) {
+    const std::string shape = shape_str({{"N", N}, {"C", OC}});
+    Inputs in(seed_of("bias residual", uint64_t(N * 10000 + OC)));
+    const std::vector<F> dout = in.values<F>(size_t(N) * OC), db0 = in.values<F>(size_t(OC)),
+                         out0 = in.values<F>(size_t(N) * OC), res = in.values<F>(size_t(N) * OC),
+                         bias = in.values<F>(size_t(OC));
+    // bias_backward: dbias (OC) += column sums of dout
+    Buffer<F> d_dout = this->upload(dout), db = this->upload(db0);
+    k.bias_backward(db.data(), d_dout.data(), N, OC);
+    Vec r_db = wide(db0);
+    for (int i = 0; i < N; ++i)
+      for (int o = 0; o < OC; ++o) r_db[size_t(o)] += dout[size_t(i * OC + o)];
+    this->check("bias_backward", shape, "dbias", db, r_db, Tol::arith);
+
+    // residual_bias_add: out += residual + bias
+    Buffer<F> out = this->upload(out0), d_res = this->upload(res), d_bias = this->upload(bias);
+    k.residual_bias_add(out.data(), d_res.data(), d_bias.data(), N, OC);
+    Vec r_out = wide(out0);
+    for (int i = 0; i < N; ++i)
+      for (int o = 0; o < OC; ++o) {
+        const size_t j = size_t(i * OC + o);
+        r_out[j] += double(res[j]) + double(bias[size_t(o)]);
+      }
+    this->check("residual_bias_add", shape, "out", out, r_out, Tol::arith);
+  }
+  // add: y += x, below and above the CPU's single-thread threshold (2^15)
+  for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(40001)}) {
+    Inputs in(seed_of("add", n));
+    const std::vector<F> y0 = in.values<F>(n), x = in.values<F>(n);
+    Buffer<F> y = this->upload(y0), d_x = this->upload(x);
+    k.add(y.data(), d_x.data(), n);
+    Vec want = wide(y0);
+    for (size_t i = 0; i < n; ++i) want[i] += x[i];
+    this->check("add", shape_str({{"n", int64_t(n)}}), "y", y, want, Tol::arith);
+  }
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+
+TYPED_TEST(Conformance, Embedding) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  struct Emb {
+    int B, T, C, V, pos0, v0, Vl;  // Vl <= 0: the whole vocabulary
+    bool wpe;
+  };
+  std::vector<Emb> cases = {{1, 1, 1, 3, 0, 0, 0, false},   {2, 5, 7, 11, 0, 0, 0, true},
+                            {2, 5, 7, 11, 3, 0, 0, true},   {3, 4, 9, 20, 0, 6, 7, true},
+                            {1, 6, 16, 12, 2, 0, 5, false}, {2, 70, 33, 50, 0, 25, 25, true}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("embedding shape", seed));
+    const int V = in.integer(2, 30), slice = in.integer(0, 1);
+    const int v0 = slice ? in.integer(0, V - 1) : 0;
+    cases.push_back({in.integer(1, 3), in.integer(1, 9), in.integer(1, 40), V, in.integer(0, 4), v0,
+                     slice ? in.integer(1, V - v0) : 0, bool(in.integer(0, 1))});
+  }
+  for (const Emb& e : cases) {
+    const int B = e.B, T = e.T, C = e.C, rows = e.Vl > 0 ? e.Vl : e.V, v0 = e.Vl > 0 ? e.v0 : 0;
+    const std::string shape = shape_str({{"B", B},
+                                         {"T", T},
+                                         {"C", C},
+                                         {"V", e.V},
+                                         {"pos0", e.pos0},
+                                         {"v0", v0},
+                                         {"Vl", e.Vl},
+                                         {"wpe", e.wpe}});
+    Inputs in(seed_of("embedding", uint64_t(B * 1000000 + T * 10000 + C * 100 + e.V)));
+    std::vector<int32_t> tokens(size_t(B) * T);
+    for (int32_t& tok : tokens)
+      tok = in.integer(0, e.V - 1);  // repeats and, with a slice, outside it
+    const std::vector<F> wte = in.values<F>(size_t(rows) * C),
+                         wpe = in.values<F>(size_t(e.pos0 + T) * C),
+                         dout = in.values<F>(size_t(B) * T * C),
+                         dwte0 = in.values<F>(size_t(rows) * C),
+                         dwpe0 = in.values<F>(size_t(T) * C);
+    auto row_of = [&](int32_t tok) {
+      return e.Vl > 0 && (tok < v0 || tok >= v0 + e.Vl) ? -1 : tok - v0;
+    };
+    Buffer<int32_t> d_tok = this->upload(tokens);
+    Buffer<F> d_wte = this->upload(wte), d_wpe = this->upload(wpe),
+              out = this->poisoned(size_t(B) * T * C);
+    k.embedding_forward(out.data(), d_tok.data(), d_wte.data(), e.wpe ? d_wpe.data() : nullptr, B,
+                        T, C, e.pos0, v0, e.Vl);
+    Vec r_out(size_t(B) * T * C), r_dwte = wide(dwte0), r_dwpe = wide(dwpe0);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const int row = row_of(tokens[size_t(b * T + t)]);
+        for (int c = 0; c < C; ++c) {
+          const size_t j = size_t((int64_t(b) * T + t) * C + c);
+          r_out[j] = (row >= 0 ? double(wte[size_t(row * C + c)]) : 0.0) +
+                     (e.wpe ? double(wpe[size_t((e.pos0 + t) * C + c)]) : 0.0);
+          if (row >= 0) r_dwte[size_t(row * C + c)] += dout[j];
+          r_dwpe[size_t(t * C + c)] += dout[j];  // indexed by t: backward has no pos0
+        }
+      }
+    this->check("embedding_forward", shape, "out", out, r_out, Tol::arith);
+    Buffer<F> d_dout = this->upload(dout), dwte = this->upload(dwte0), dwpe = this->upload(dwpe0);
+    k.embedding_backward(dwte.data(), dwpe.data(), d_dout.data(), d_tok.data(), B, T, C, v0, e.Vl);
+    this->check("embedding_backward", shape, "dwte", dwte, r_dwte, Tol::arith);
+    this->check("embedding_backward", shape, "dwpe", dwpe, r_dwpe, Tol::arith);
+  }
+
+  // add_positions: rows [first_row, first_row + rows) of a (B·T) sequence, across its sequences.
+  struct Pos {
+    int64_t first_row, rows;
+    int T, C;
+  };
+  std::vector<Pos> pos_cases = {{0, 1, 1, 1}, {3, 9, 5, 7}, {0, 140, 70, 16}, {11, 4, 4, 33}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("add_positions shape", seed));
+    pos_cases.push_back(
+        {in.integer(0, 50), in.integer(1, 40), in.integer(1, 20), in.integer(1, 40)});
+  }
+  for (const Pos& p : pos_cases) {
+    const std::string shape =
+        shape_str({{"first_row", p.first_row}, {"rows", p.rows}, {"T", p.T}, {"C", p.C}});
+    Inputs in(seed_of("add_positions", uint64_t(p.first_row * 1000 + p.rows)));
+    const std::vector<F> out0 = in.values<F>(size_t(p.rows * p.C)),
+                         wpe = in.values<F>(size_t(p.T) * p.C);
+    Buffer<F> out = this->upload(out0), d_wpe = this->upload(wpe);
+    k.add_positions(out.data(), d_wpe.data(), p.first_row, p.rows, p.T, p.C);
+    Vec want = wide(out0);
+    for (int64_t i = 0; i < p.rows; ++i)
+      for (int c = 0; c < p.C; ++c)
+        want[size_t(i * p.C + c)] += wpe[size_t((p.first_row + i) % p.T * p.C + c)];
+    this->check("add_positions", shape, "out", out, want, Tol::arith);
+  }
+}
+
+// ---- softmax + cross-entropy ------------------------------------------------------------------
+
+struct Xent {
+  int N, V, Vp;
+};
+
+// Logits ~ N(0, 2) on the real columns; the padding holds 40, far above every real logit, so a
+// kernel that let padding into the softmax fails by orders of magnitude.
+template <typename F>
+std::vector<F> xent_logits(Inputs& in, const Xent& x) {
+  std::vector<F> logits = in.normal<F>(size_t(x.N) * x.Vp, 2.0);
+  for (int i = 0; i < x.N; ++i)
+    for (int v = x.V; v < x.Vp; ++v) logits[size_t(i * x.Vp + v)] = F(40);
+  return logits;
+}
+
+TYPED_TEST(Conformance, SoftmaxXent) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  std::vector<Xent> cases = {{1, 2, 2}, {3, 5, 8}, {7, 50, 64}, {4, 37, 37}, {16, 100, 128}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("softmax_xent shape", seed));
+    const int V = in.integer(2, 200);
+    cases.push_back({in.integer(1, 20), V, V + in.integer(0, 1) * in.integer(1, 16)});
+  }
+  for (const Xent& x : cases) {
+    const std::string shape = shape_str({{"N", x.N}, {"V", x.V}, {"Vp", x.Vp}});
+    Inputs in(seed_of("softmax_xent", uint64_t(x.N * 1000000 + x.V * 1000 + x.Vp)));
+    const std::vector<F> logits = xent_logits<F>(in, x);
+    std::vector<int32_t> targets(static_cast<size_t>(x.N));
+    for (int32_t& y : targets) y = in.integer(0, x.V - 1);
+    const F dloss = F(1.0 / 3.0);
+    Vec r_losses(static_cast<size_t>(x.N)), r_grad(logits.size());
+    const double r_sum =
+        ref::softmax_xent(r_losses, &r_grad, wide(logits), targets, x.N, x.V, x.Vp, double(dloss));
+    Buffer<int32_t> d_targets = this->upload(targets);
+    for (bool backward : {false, true}) {
+      const std::string op = backward ? "softmax_xent (backward)" : "softmax_xent (forward)";
+      Buffer<F> d_logits = this->upload(logits), losses = this->poisoned(size_t(x.N));
+      const double sum = k.softmax_xent(losses.data(), d_logits.data(), d_targets.data(), x.N, x.V,
+                                        x.Vp, backward, dloss);
+      this->check(op, shape, "losses", losses, r_losses, Tol::arith);
+      this->check_value(op, shape, "returned sum", sum, r_sum, Tol::arith);
+      if (backward) {
+        this->check(op, shape, "dlogits (padding 0)", d_logits, r_grad, Tol::arith);
+      } else {
+        this->check(op, shape, "logits (untouched)", d_logits, wide(logits), Tol::exact);
+      }
+    }
+  }
+}
+
+// The vocabulary-parallel loss with a group of ranks emulated exactly in one process: each rank is
+// run on its column slice in turn, three times. Pass 1 records what each rank hands all_max;
+// pass 2 answers all_max with the group's maximum and records what each rank hands all_sum; pass
+// 3 answers both with the group's results, so every rank's outputs are what the collective would
+// give (the kernel's inputs to each reduction depend only on its logits and the earlier results).
+// The reductions' values are read and written through the backend's Device.
+TYPED_TEST(Conformance, SoftmaxXentVocabParallel) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  struct Group {
+    int N, V, ranks, Vl;
+  };
+  std::vector<Group> cases = {{1, 2, 2, 1},     // one column per rank
+                              {5, 50, 2, 25},   // V = Vp
+                              {6, 37, 3, 20},   // the last rank holds padding only
+                              {4, 100, 3, 34},  // the last rank holds 2 padding columns
+                              {3, 64, 2, 40}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("vocab parallel shape", seed));
+    const int ranks = in.integer(2, 3), Vl = in.integer(1, 40);
+    cases.push_back({in.integer(1, 12), std::max(2, ranks * Vl - in.integer(0, Vl)), ranks, Vl});
+  }
+  for (const Group& g : cases) {
+    const int N = g.N, V = g.V, R = g.ranks, Vl = g.Vl, Vp = R * Vl;
+    const std::string shape = shape_str({{"N", N}, {"V", V}, {"ranks", R}, {"Vl", Vl}});
+    Inputs in(seed_of("vocab parallel", uint64_t(N * 1000000 + V * 1000 + R * 100 + Vl)));
+    const std::vector<F> logits = xent_logits<F>(in, {N, V, Vp});
+    std::vector<int32_t> targets(static_cast<size_t>(N));
+    for (int32_t& y : targets) y = in.integer(0, V - 1);
+    const F dloss = F(0.25);
+    Vec r_losses(static_cast<size_t>(N)), r_grad(logits.size());
+    const double r_sum =
+        ref::softmax_xent(r_losses, &r_grad, wide(logits), targets, N, V, Vp, double(dloss));
+    Buffer<int32_t> d_targets = this->upload(targets);
+
+    for (bool backward : {false, true}) {
+      const std::string op = backward ? "softmax_xent_vocab_parallel (backward)"
+                                      : "softmax_xent_vocab_parallel (forward)";
+      std::vector<Vec> max_in(static_cast<size_t>(R)),
+          sum_in(static_cast<size_t>(R));  // each rank's contributions
+      Vec group_max, group_sum;
+      std::vector<std::vector<F>> grads(static_cast<size_t>(R)), losses(static_cast<size_t>(R));
+      std::vector<double> sums(static_cast<size_t>(R));
+      for (int pass = 0; pass < 3; ++pass) {
+        for (int r = 0; r < R; ++r) {
+          std::vector<F> part(size_t(N) * Vl);
+          for (int i = 0; i < N; ++i)
+            std::copy_n(logits.begin() + i * Vp + r * Vl, Vl, part.begin() + i * Vl);
+          Buffer<F> d_part = this->upload(part), d_losses = this->poisoned(size_t(N));
+          int max_calls = 0, sum_calls = 0;
+          // Each reduction: read the rank's values, record them in the pass that learns them,
+          // answer with the group's result once it is known.
+          auto reduce = [&](F* values, int64_t n, int64_t expected, int& calls, Vec& mine,
+                            const Vec& group, bool record, bool answer) {
+            ++calls;
+            EXPECT_EQ(n, expected) << op << " " << shape << ": reduction length";
+            if (n != expected) return;
+            std::vector<F> host(static_cast<size_t>(n));
+            this->device().to_host(host.data(), values, host.size() * sizeof(F));
+            if (record) mine = wide(host);
+            if (!answer) return;
+            for (size_t i = 0; i < host.size(); ++i) host[i] = F(group[i]);
+            this->device().from_host(values, host.data(), host.size() * sizeof(F));
+          };
+          const GroupReduce<F> all_max = [&](F* values, int64_t n) {
+            reduce(values, n, N, max_calls, max_in[size_t(r)], group_max, pass == 0, pass >= 1);
+          };
+          const GroupReduce<F> all_sum = [&](F* values, int64_t n) {
+            reduce(values, n, 2 * int64_t(N), sum_calls, sum_in[size_t(r)], group_sum, pass == 1,
+                   pass == 2);
+          };
+          sums[size_t(r)] =
+              k.softmax_xent_vocab_parallel(d_losses.data(), d_part.data(), d_targets.data(), N, Vl,
+                                            r * Vl, V, backward, dloss, all_max, all_sum);
+          EXPECT_EQ(max_calls, 1) << op << " " << shape << ": all_max calls";
+          EXPECT_EQ(sum_calls, 1) << op << " " << shape << ": all_sum calls";
+          grads[size_t(r)] = this->download(d_part);
+          losses[size_t(r)] = this->download(d_losses);
+        }
+        if (pass == 0) {
+          group_max.assign(size_t(N), -INFINITY);
+          for (const Vec& m : max_in)
+            for (size_t i = 0; i < m.size() && i < group_max.size(); ++i)
+              group_max[i] = std::max(group_max[i], m[i]);
+        } else if (pass == 1) {
+          group_sum.assign(size_t(2 * N), 0.0);
+          for (const Vec& s : sum_in)
+            for (size_t i = 0; i < s.size() && i < group_sum.size(); ++i) group_sum[i] += s[i];
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const std::string rank = " of rank " + std::to_string(r);
+        this->check(op, shape, "losses" + rank, wide(losses[size_t(r)]), r_losses, Tol::arith);
+        this->check_value(op, shape, "returned sum" + rank, sums[size_t(r)], r_sum, Tol::arith);
+      }
+      Vec got(logits.size()), untouched(logits.size());
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < N; ++i)
+          for (int v = 0; v < Vl; ++v)
+            got[size_t(i * Vp + r * Vl + v)] = grads[size_t(r)][size_t(i * Vl + v)];
+      if (backward) {
+        this->check(op, shape, "dlogits of the ranks, concatenated", got, r_grad, Tol::arith);
+      } else {
+        this->check(op, shape, "logits (untouched)", got, wide(logits), Tol::exact);
+      }
+    }
+  }
+}
+
+// ---- optimizer and reductions -----------------------------------------------------------------
+
+TYPED_TEST(Conformance, AdamW) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  // Segments at different positions in params, grads and the state, with gaps between them that
+  // no segment owns (they must keep their values).
+  struct Seg {
+    size_t count;
+    bool decay;
+  };
+  const std::vector<std::vector<Seg>> layouts = {
+      {{1, true}}, {{7, true}, {33, false}, {130, true}, {1, false}}, {{40001, true}, {5, false}}};
+  const std::vector<AdamWStep> steps = {{0.05f, 1.0f, 0.9f, 0.999f, 1e-8f, 0.1f, 1},
+                                        {0.02f, 0.7f, 0.9f, 0.95f, 1e-8f, 0.1f, 3},
+                                        {0.001f, 0.25f, 0.8f, 0.99f, 1e-6f, 0.5f, 100}};
+  for (size_t li = 0; li < layouts.size(); ++li) {
+    for (const AdamWStep& s : steps) {
+      std::vector<OwnedSegment> segments;
+      size_t p = 2, g = 5, st = 1;  // leading gaps differ per buffer
+      std::string shape = "segments";
+      for (const Seg& sg : layouts[li]) {
+        OwnedSegment o;
+        o.count = sg.count, o.decay = sg.decay, o.param_pos = p, o.grad_pos = g, o.state_pos = st;
+        segments.push_back(o);
+        p += sg.count + 3, g += sg.count + 1, st += sg.count + 2;
+        shape.append(" ").append(std::to_string(sg.count)).append(sg.decay ? "d" : "");
+      }
+      shape += " lr=" + std::to_string(s.lr) + " grad_scale=" + std::to_string(s.grad_scale) +
+               " t=" + std::to_string(s.t);
+      Inputs in(seed_of("adamw", li * 1000 + uint64_t(s.t)));
+      const std::vector<F> p0 = in.values<F>(p), g0 = in.values<F>(g),
+                           m0 = in.values<F>(st, 0.001, 0.1), v0 = in.values<F>(st, 1e-4, 1e-2);
+      std::vector<F> v_pos = v0;
+      for (F& x : v_pos) x = std::abs(x);  // second moments are non-negative
+      Buffer<F> params = this->upload(p0), grads = this->upload(g0), m = this->upload(m0),
+                v = this->upload(v_pos);
+      k.adamw_update(params.data(), grads.data(), m.data(), v.data(), segments, s);
+      Vec rp = wide(p0), rm = wide(m0), rv = wide(v_pos);
+      ref::adamw(rp, wide(g0), rm, rv, segments, s);
+      this->check("adamw_update", shape, "params", params, rp, Tol::arith);
+      this->check("adamw_update", shape, "m", m, rm, Tol::arith);
+      this->check("adamw_update", shape, "v", v, rv, Tol::arith);
+      this->check("adamw_update", shape, "grads (read-only)", grads, wide(g0), Tol::exact);
+    }
+  }
+}
+
+TYPED_TEST(Conformance, Reductions) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(40001)}) {
+    Inputs in(seed_of("sum_squares", uint64_t(n)));
+    const std::vector<F> x = in.values<F>(size_t(n), 0.01, 3.0);
+    Buffer<F> d_x = this->upload(x);
+    double want = 0.0;
+    for (F v : x) want += double(v) * double(v);
+    this->check_value("sum_squares", shape_str({{"n", n}}), "sum", k.sum_squares(d_x.data(), n),
+                      want, Tol::double_sum);
+  }
+  // Ranges of a buffer whose gaps hold values (1e10, NaN) no range may touch.
+  const std::vector<std::vector<FlatRange>> range_sets = {
+      {}, {{0, 1}}, {{3, 5}, {20, 1}, {100, 77}}, {{1, 1000}, {1002, 40001}, {41010, 3}}};
+  for (size_t ri = 0; ri < range_sets.size(); ++ri) {
+    const auto& ranges = range_sets[ri];
+    size_t end = 1;
+    std::string shape = "ranges";
+    for (const FlatRange& r : ranges) {
+      end = std::max(end, r.offset + r.count + 2);
+      shape += " [" + std::to_string(r.offset) + "," + std::to_string(r.offset + r.count) + ")";
+    }
+    if (ranges.empty()) shape += " (none)";
+    Inputs in(seed_of("ranges", ri));
+    std::vector<F> base(end, F(1e10));
+    const std::vector<F> vals = in.values<F>(end, 0.01, 3.0);
+    double want = 0.0;
+    for (const FlatRange& r : ranges)
+      for (size_t i = r.offset; i < r.offset + r.count; ++i) {
+        base[i] = vals[i];
+        want += double(vals[i]) * double(vals[i]);
+      }
+    Buffer<F> d_base = this->upload(base);
+    this->check_value("sum_squares (ranges)", shape, "sum", k.sum_squares(d_base.data(), ranges),
+                      want, Tol::double_sum);
+
+    // first_nonfinite over the same ranges: none, then a NaN or an infinity placed in a gap
+    // (ignored), in the middle range, in the last one, in both (the first counts).
+    auto first = [&](const std::vector<std::pair<size_t, F>>& bad) {
+      std::vector<F> b = base;
+      for (const auto& [i, v] : bad) b[i] = v;
+      Buffer<F> d = this->upload(b);
+      return double(k.first_nonfinite(d.data(), ranges));
+    };
+    const F nan = std::numeric_limits<F>::quiet_NaN(), inf = std::numeric_limits<F>::infinity();
+    const std::string op = "first_nonfinite";
+    this->check_value(op, shape, "none", first({}), -1, Tol::exact);
+    if (ranges.size() >= 3) {
+      const size_t mid = ranges[1].offset + ranges[1].count / 2, last = ranges[2].offset;
+      this->check_value(op, shape, "NaN in a gap", first({{ranges[1].offset - 1, nan}}), -1,
+                        Tol::exact);
+      this->check_value(op, shape, "NaN in range 1", first({{mid, nan}}), 1, Tol::exact);
+      this->check_value(op, shape, "inf in range 1", first({{mid, inf}}), 1, Tol::exact);
+      this->check_value(op, shape, "-inf in range 2", first({{last, -inf}}), 2, Tol::exact);
+      this->check_value(op, shape, "inf in 2, NaN in 1", first({{last, inf}, {mid, nan}}), 1,
+                        Tol::exact);
+    }
+  }
+}
+
+// ---- casts ------------------------------------------------------------------------------------
+
+TYPED_TEST(Conformance, Casts) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  // to_bf16: values chosen for the rounding, then random ones. Ties are exact midpoints between
+  // two bf16 values: 1 + 2^-8 lies between 1 (even) and 1 + 2^-7 (odd) and goes down; 1 + 3·2^-8
+  // between 1 + 2^-7 (odd) and 1 + 2^-6 (even) and goes up.
+  std::vector<double> special = {1.0 + 0x1p-8,
+                                 1.0 + 3 * 0x1p-8,
+                                 -(1.0 + 0x1p-8),
+                                 -(1.0 + 3 * 0x1p-8),
+                                 1.0 + 0x1p-8 + 0x1p-20,  // just above a tie: up
+                                 1.0 + 0x1p-8 - 0x1p-20,  // just below: down
+                                 -3.14159,
+                                 65504.0,
+                                 0x1p-130,         // subnormal in bf16
+                                 double(FLT_MAX),  // rounds to infinity
+                                 std::numeric_limits<double>::infinity(),
+                                 -std::numeric_limits<double>::infinity(),
+                                 std::numeric_limits<double>::quiet_NaN(),
+                                 -0.0,
+                                 1e-3};
+  if constexpr (sizeof(F) == 8) {
+    // A double just above a tie that the nearest f32 would turn into the tie itself: rounding
+    // straight to bf16 goes up.
+    special.push_back(1.0 + 0x1p-8 + 0x1p-40);
+  }
+  Inputs in(seed_of("to_bf16", 0));
+  std::vector<F> src(special.begin(), special.end());
+  for (F x : in.values<F>(993, 1e-3, 1e3)) src.push_back(x);
+  Buffer<F> d_src = this->upload(src);
+  Buffer<bf16> dst = this->upload(std::vector<bf16>(src.size(), bf16{0x7fc1}));
+  k.to_bf16(dst.data(), d_src.data(), src.size());
+  const std::vector<bf16> got = this->download(dst);
+  Vec got_v, want_v;
+  size_t bit_mismatches = 0;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const double want = ref::round_bf16(double(src[i]));
+    got_v.push_back(got[i].to_float());
+    want_v.push_back(want);
+    if (!std::isnan(want) && got[i].bits != ref::bf16_bits(want)) {
+      ++bit_mismatches;
+      ADD_FAILURE() << "to_bf16 of " << src[i] << ": bits 0x" << std::hex << got[i].bits
+                    << ", want 0x" << ref::bf16_bits(want) << std::dec;
+    }
+  }
+  const std::string shape =
+      shape_str({{"n", int64_t(src.size())}}) + " (ties, NaN, inf, -0, subnormal)";
+  this->check("to_bf16", shape, "dst", got_v, want_v, Tol::exact);
+  EXPECT_EQ(bit_mismatches, 0u);
+
+  // from_bf16: every finite bf16 sign/exponent class, infinities and NaN, times a scale.
+  std::vector<bf16> src16;
+  for (uint32_t bits = 0; bits < 0x10000; bits += 97) src16.push_back(bf16{uint16_t(bits)});
+  src16.push_back(bf16{0x7f80});
+  src16.push_back(bf16{0xff80});
+  src16.push_back(bf16{0x7fc0});
+  Buffer<bf16> d16 = this->upload(src16);
+  for (double scale : {1.0, 0.5, 1.0 / 1024, 3.0}) {
+    Buffer<F> out = this->poisoned(src16.size());
+    k.from_bf16(out.data(), d16.data(), src16.size(), F(scale));
+    Vec want;
+    for (const bf16 b : src16) want.push_back(double(F(double(b.to_float()) * scale)));
+    this->check("from_bf16",
+                shape_str({{"n", int64_t(src16.size())}}) + " scale=" + std::to_string(scale),
+                "dst", out, want, Tol::arith);
+  }
+}
+
+// ---- the checker itself -----------------------------------------------------------------------
+
+// Every bound of the table can fail: an output perturbed by twice a bound fails it, one perturbed
+// by half passes; a NaN fails everything, and exactness sees one ulp.
+TEST(ConformanceChecker, EveryBoundCanFail) {
+  Inputs in(seed_of("checker", 0));
+  const Vec want = wide(in.values<double>(1000));
+  for (const Tolerance& t : kTolerances) {
+    for (double b : {t.f32, t.f64}) {
+      if (std::isnan(b)) continue;
+      for (size_t at : {size_t(0), size_t(500), size_t(999)}) {
+        Vec got = want;
+        if (b == 0) {
+          got[at] = std::nextafter(got[at], INFINITY);
+          EXPECT_GT(measure_error(got, want).value, b);
+          continue;
+        }
+        got[at] = want[at] * (1 + 2 * b);
+        EXPECT_GT(measure_error(got, want).value, b) << t.applies_to;
+        got[at] = want[at] * (1 + 0.5 * b);
+        EXPECT_LE(measure_error(got, want).value, b) << t.applies_to;
+        // An element near zero is measured against the tensor's RMS: a small absolute error there
+        // passes, twice the bound of the RMS fails.
+        Vec near_zero = want;
+        near_zero[at] = 1e-9;
+        Vec moved = near_zero;
+        moved[at] += 2 * b * std::sqrt(1.0 / 3.0);  // rms of |U(0.1, 1)| is ~0.58
+        EXPECT_GT(measure_error(moved, near_zero).value, b);
+      }
+      Vec nan = want;
+      nan[10] = NAN;
+      EXPECT_FALSE(measure_error(nan, want).value <= b);
+      Vec inf = want;
+      inf[10] = INFINITY;
+      EXPECT_FALSE(measure_error(inf, want).value <= b);
+    }
+  }
+  // A NaN reference needs a NaN; an infinite one needs the same infinity.
+  EXPECT_EQ(measure_error({NAN, 1.0}, {NAN, 1.0}).value, 0.0);
+  EXPECT_EQ(measure_error({1.0, 1.0}, {NAN, 1.0}).value, INFINITY);
+  EXPECT_EQ(measure_error({-INFINITY, 1.0}, {INFINITY, 1.0}).value, INFINITY);
+  // The bf16 reference rounds ties to even, overflows to infinity, keeps subnormals.
+  EXPECT_EQ(ref::round_bf16(1.0 + 0x1p-8), 1.0);
+  EXPECT_EQ(ref::round_bf16(1.0 + 3 * 0x1p-8), 1.0 + 0x1p-6);
+  EXPECT_EQ(ref::round_bf16(double(FLT_MAX)), INFINITY);
+  EXPECT_EQ(ref::round_bf16(0x1p-133 * 1.5), 0x1p-132);
+  EXPECT_EQ(ref::bf16_bits(1.0), 0x3f80);
+}
+
+// ---- the table at the end of the run ----------------------------------------------------------
+
+class ReportEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const Report& report = Report::get();
+    if (report.empty()) return;
+    std::cout << "\n[conformance] " << report.markdown(false) << std::flush;
+    const char* path = std::getenv("TETRA_CONFORMANCE_REPORT");
+    if (!path || !*path) return;
+    std::ofstream file(path);
+    file << "# Backend conformance\n\n" << report.markdown(true);
+    if (!file) std::cerr << "[conformance] could not write " << path << "\n";
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const kReportEnvironment =
+    ::testing::AddGlobalTestEnvironment(new ReportEnvironment);
+
+}  // namespace
+}  // namespace tetra::conformance

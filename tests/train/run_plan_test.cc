@@ -1,0 +1,276 @@
+// A `tetra train` config planned as its run (train/run_plan.h): which configs are training
+// configs, the planner's spellings as aliases (conflicting spellings refused with both keys),
+// dp = 0 resolved from the world size, a pipeline run, and the three numbers the trainer prints
+// (parameters, FLOPs per token, memory per rank) equal to the plan report's.
+#include "train/run_plan.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "plan/ledger.h"
+#include "plan/report.h"
+#include "tests/test_util.h"
+
+namespace tetra {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+
+const std::string kBrown = std::string(TETRA_SOURCE_DIR) + "/configs/brown.toml";
+
+class RunPlanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tetra_run_plan_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A config file holding `toml`.
+  std::string config(const std::string& toml) const {
+    const std::string path = (dir_ / "run.toml").string();
+    std::ofstream(path) << toml;
+    return path;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(RunPlanTest, TrainingConfigsAreThoseWithATrainKey) {
+  EXPECT_TRUE(is_training_config(kBrown, {}));
+  EXPECT_TRUE(is_training_config(std::string(TETRA_SOURCE_DIR) + "/configs/tiny.toml", {}));
+  EXPECT_FALSE(
+      is_training_config(std::string(TETRA_SOURCE_DIR) + "/configs/plan/70b-512-h100.toml", {}));
+  EXPECT_FALSE(is_training_config(
+      std::string(TETRA_SOURCE_DIR) + "/configs/plan/gpt2-124m-cpu.toml", {"model.layers=4"}));
+  EXPECT_TRUE(is_training_config("", {"model.n_layer=2"}));
+  EXPECT_TRUE(is_training_config("", {"--parallel.tp=2"}));
+  EXPECT_FALSE(is_training_config("", {"model.d_model=64", "layout.tp=2"}));  // both have them
+  EXPECT_FALSE(is_training_config(config("[model\nn_layer = 2\n"), {}));      // its load says why
+}
+
+// configs/brown.toml on one process: the model, batch and precision of the run, and the numbers
+// the trainer's own formulas gave before they moved here (6 x matmul weights + 12 L C T).
+TEST_F(RunPlanTest, BrownIsPlannedAsTheRunItLaunches) {
+  const TrainingPlan p = plan_training_config(kBrown, {});
+  const RunPlan& r = p.run;
+  EXPECT_EQ(r.world, 1);
+  EXPECT_EQ(r.layout.dp, 1);
+  EXPECT_EQ(r.layout.tp, 1);
+  EXPECT_EQ(r.layout.pp, 1);
+  EXPECT_EQ(r.layout.micro_batch, 8);
+  EXPECT_EQ(r.layout.microbatches, 1);
+  EXPECT_EQ(r.model.layers, 4);
+  EXPECT_EQ(r.model.d_model, 256);
+  EXPECT_EQ(r.model.vocab, 4096);
+  EXPECT_EQ(r.model.seq, 128);
+  EXPECT_EQ(r.model.positions, 128);
+  EXPECT_EQ(r.training.global_batch_tokens, 8 * 128);
+  EXPECT_DOUBLE_EQ(r.training.tokens, 1200.0 * 8 * 128);
+  EXPECT_EQ(r.training.precision, plan::Precision::Fp32);
+  const int64_t L = 4, C = 256, V = 4096, T = 128;
+  EXPECT_EQ(r.prediction.params, V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C);
+  EXPECT_DOUBLE_EQ(r.prediction.flops_per_token,
+                   6.0 * double(L * 12 * C * C + V * C) + 12.0 * double(L * C * T));
+  // The memory is run_memory of the shape the trainer built for itself.
+  plan::RunShape s;
+  s.vocab = s.padded_vocab = V;
+  s.layers = L;
+  s.d_model = C;
+  s.heads = 4;
+  s.max_seq = T;
+  s.micro_batch = 8;
+  s.seq = T;
+  const plan::RunMemory want = plan::run_memory(s);
+  EXPECT_DOUBLE_EQ(r.prediction.memory.total(), want.total());
+  EXPECT_DOUBLE_EQ(r.prediction.memory.activations, want.activations);
+  EXPECT_EQ(p.inputs.cluster.name, "cpu");
+  EXPECT_EQ(p.inputs.cluster.gpus, 1);
+  EXPECT_TRUE(p.inputs.tetra_run.has_value());
+}
+
+// The plan report of a training config holds the trainer's three numbers, the same values.
+TEST_F(RunPlanTest, ReportHoldsTheRunsNumbers) {
+  const TrainingPlan p = plan_training_config(kBrown, {"train.recompute=selective"});
+  const nlohmann::json r = plan::plan_report(p.inputs, 3);
+  const plan::RunPrediction& want = p.run.prediction;
+  EXPECT_EQ(r["run"]["params"].get<int64_t>(), want.params);
+  EXPECT_EQ(r["run"]["flops_per_token"].get<double>(), want.flops_per_token);
+  EXPECT_EQ(r["run"]["memory_per_rank"].get<double>(), want.memory.total());
+  EXPECT_EQ(r["run"]["summary"].get<std::string>(), plan::run_summary(want));
+  EXPECT_EQ(r["model"]["params"].get<int64_t>(), want.params);
+  EXPECT_EQ(r["compute"]["flops_per_token"].get<double>(), want.flops_per_token);
+  EXPECT_EQ(r["memory"]["tetra_run"]["total"].get<double>(), want.memory.total());
+  EXPECT_EQ(r["layout"]["source"], "given");
+  EXPECT_NE(plan::format_report(r).find(plan::run_summary(want)), std::string::npos);
+}
+
+TEST_F(RunPlanTest, PlannerSpellingsAreAliases) {
+  const TrainingPlan a = plan_training_config(
+      config("[model]\nlayers = 2\nheads = 2\nd_model = 64\nvocab = 300\nmax_seq = 32\n"
+             "[training]\nmicro_batch = 2\nrecompute = \"full\"\n"
+             "[layout]\ntp = 2\nzero = 1\nmicrobatches = 3\n"
+             "[data]\ntrain = \"x.bin\"\n"),
+      {"model.seq=16"});
+  const TrainOptions& o = a.options;
+  EXPECT_EQ(o.model.n_layer, 2);
+  EXPECT_EQ(o.model.n_head, 2);
+  EXPECT_EQ(o.model.vocab_size, 300);
+  EXPECT_EQ(o.model.tp, 2);
+  EXPECT_EQ(o.seq_len, 16);
+  EXPECT_EQ(o.micro_batch, 2);
+  EXPECT_EQ(o.grad_accum, 3);
+  EXPECT_EQ(o.zero.stage, 1);
+  EXPECT_EQ(o.recompute, "full");
+  EXPECT_EQ(a.run.world, 2);                 // tp 2, dp 1
+  EXPECT_EQ(a.run.shape.padded_vocab, 384);  // 300 padded to 64 x tp
+  EXPECT_EQ(a.run.shape.tp, 2);
+
+  // Both spellings in one file are fine when they agree.
+  EXPECT_NO_THROW(plan_training_config(config("[model]\nn_layer = 3\nlayers = 3\n"), {}));
+  // The command line overrides the file, whichever spelling either uses.
+  const TrainingPlan b = plan_training_config(kBrown, {"model.layers=8"});
+  EXPECT_EQ(b.options.model.n_layer, 8);
+  const TrainingPlan c = plan_training_config(config("[model]\nlayers = 3\n[train]\nsteps = 2\n"),
+                                              {"model.n_layer=5"});
+  EXPECT_EQ(c.options.model.n_layer, 5);
+}
+
+TEST_F(RunPlanTest, ConflictingSpellingsAreRefusedNamingBoth) {
+  const std::string file = config("[model]\nn_layer = 4\nlayers = 8\n");
+  const std::string e = error_of([&] { plan_training_config(file, {}); });
+  EXPECT_NE(e.find("[plan] " + file + " sets both model.n_layer = 4 and model.layers = 8"),
+            std::string::npos)
+      << e;
+  const std::string cli = error_of([&] {
+    plan_training_config(kBrown, {"parallel.tp=2", "layout.tp=1"});
+  });
+  EXPECT_NE(cli.find("the command line sets both parallel.tp = 2 and layout.tp = 1"),
+            std::string::npos)
+      << cli;
+  // An alias takes its train key's range, and says so under the name typed.
+  const std::string range = error_of([&] { plan_training_config(kBrown, {"model.layers=0"}); });
+  EXPECT_NE(range.find("'model.layers' must be an integer in [1, 1024], got '0'"),
+            std::string::npos)
+      << range;
+}
+
+TEST_F(RunPlanTest, PlannerOnlyKeysAreRefusedWithWhatToSetInstead) {
+  const std::string e = error_of([&] { plan_training_config(kBrown, {"model.preset=gpt2-124m"}); });
+  EXPECT_NE(e.find("[plan] model.preset is a key of planner configs"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.n_layer, n_head, d_model, vocab_size and max_seq"), std::string::npos)
+      << e;
+  const std::string t = error_of([&] { plan_training_config(kBrown, {"training.tokens=1e9"}); });
+  EXPECT_NE(t.find("set train.steps"), std::string::npos) << t;
+  // Cluster keys and the planner's assumptions are a training config's too.
+  const TrainingPlan p = plan_training_config(
+      kBrown, {"cluster.preset=h100", "training.target_mfu=0.5", "cluster.storage_bw_gbs=3"});
+  EXPECT_EQ(p.inputs.cluster.name, "h100");
+  EXPECT_EQ(p.inputs.cluster.gpus, 1);
+  EXPECT_DOUBLE_EQ(p.inputs.cluster.storage_bw, 3e9);
+  EXPECT_DOUBLE_EQ(p.inputs.training.target_mfu, 0.5);
+}
+
+// parallel.dp = 0 is the world size / (tp x pp), as the trainer's mesh resolves it: cluster.gpus
+// gives the world, else the run is dp = 1; a single process is dp = 1.
+TEST_F(RunPlanTest, DpZeroIsTheWorldOverTpTimesPp) {
+  const TrainingPlan one = plan_training_config(kBrown, {"parallel.tp=2"});
+  EXPECT_EQ(one.run.world, 2);
+  EXPECT_EQ(one.run.layout.dp, 1);
+  const TrainingPlan eight = plan_training_config(kBrown, {"parallel.tp=2", "cluster.gpus=8"});
+  EXPECT_EQ(eight.run.world, 8);
+  EXPECT_EQ(eight.run.layout.dp, 4);
+  EXPECT_EQ(eight.run.training.global_batch_tokens, 4 * 8 * 128);
+  EXPECT_EQ(eight.inputs.cluster.gpus, 8);
+  EXPECT_EQ(eight.inputs.cluster.gpus_per_node, 8);  // every rank on this machine
+  EXPECT_EQ(eight.run.shape.dp, 4);
+  EXPECT_NE(run_plan_line(eight.run, "runs/brown/config.toml")
+                .find("(tetra plan --config runs/brown/config.toml --cluster.gpus=8 plans this "
+                      "run)"),
+            std::string::npos);
+  const TrainingPlan three = plan_training_config(kBrown, {"parallel.dp=3"});
+  EXPECT_EQ(three.run.world, 3);
+  EXPECT_EQ(three.run.layout.dp, 3);
+  EXPECT_EQ(run_plan_line(three.run, "b.toml").find("--cluster.gpus"), std::string::npos);
+  const std::string bad = error_of([&] {
+    plan_training_config(kBrown, {"parallel.dp=2", "cluster.gpus=3"});
+  });
+  EXPECT_NE(bad.find("[mesh] dp*tp*pp = 2*1*1 = 2 but the world has 3 ranks"), std::string::npos)
+      << bad;
+
+  // What the trainer calls: its options and its world size.
+  TrainOptions o = one.options;
+  o.model = GptConfig::make(4096, 4, 4, 256, 128, 64, 1);
+  o.mesh = {};
+  o.mesh.tp = 1;
+  EXPECT_EQ(plan_run(o, 1).layout.dp, 1);
+  EXPECT_EQ(plan_run(o, 6).layout.dp, 6);
+  o.mesh.dp = 5;  // ignored by a single process, which trains on one rank
+  EXPECT_EQ(plan_run(o, 1).layout.dp, 1);
+}
+
+TEST_F(RunPlanTest, PipelineRunsArePlannedWithTheirScheduleAndSplit) {
+  const TrainingPlan p = plan_training_config(
+      kBrown, {"parallel.pp=2", "train.grad_accum=4", "pp.schedule=gpipe", "pp.layers=1,3"});
+  const plan::Layout& l = p.run.layout;
+  EXPECT_EQ(p.run.world, 2);
+  EXPECT_EQ(l.pp, 2);
+  EXPECT_EQ(l.dp, 1);
+  EXPECT_EQ(l.microbatches, 4);
+  EXPECT_EQ(l.schedule, plan::Schedule::gpipe);
+  EXPECT_EQ(l.split, (std::vector<int>{1, 3}));
+  const nlohmann::json r = plan::plan_report(p.inputs, 3);
+  EXPECT_EQ(r["layout"]["pp"], 2);
+  EXPECT_EQ(r["bubble"]["m"], 4);
+  EXPECT_EQ(r["run"]["memory_per_rank"].get<double>(), p.run.prediction.memory.total());
+  EXPECT_TRUE(r["run"].contains("note"));  // the whole model's memory, as the trainer prints it
+
+  const TrainingPlan v =
+      plan_training_config(kBrown, {"layout.pp=2", "layout.microbatches=4",
+                                    "layout.schedule=interleaved", "layout.v=2", "pp.layers="});
+  EXPECT_EQ(v.run.layout.schedule, plan::Schedule::interleaved);
+  EXPECT_EQ(v.run.layout.v, 2);
+  EXPECT_TRUE(v.run.layout.split.empty());  // even: 4 layers on 2 x 2 chunks
+  const std::string e = error_of([&] { plan_training_config(kBrown, {"parallel.pp=3"}); });
+  EXPECT_NE(e.find("parallel.pp=3"), std::string::npos) << e;  // TrainOptions' refusal
+}
+
+// A checkpointing, bf16, sequence-parallel run: every option the trainer's memory plan reads.
+TEST_F(RunPlanTest, RunOptionsReachTheShape) {
+  const TrainingPlan p = plan_training_config(
+      kBrown, {"parallel.tp=2", "tp.sequence_parallel=true", "ckpt.dir=ck", "train.precision=bf16",
+               "dp.reduce_dtype=bf16", "zero.stage=3", "zero.prefetch=2", "cluster.gpus=4"});
+  const plan::RunShape& s = p.run.shape;
+  EXPECT_TRUE(s.sequence_parallel);
+  EXPECT_TRUE(s.checkpoint);
+  EXPECT_TRUE(s.bf16);
+  EXPECT_TRUE(s.reduce_bf16);
+  EXPECT_EQ(s.zero, 3);
+  EXPECT_EQ(s.prefetch, 2);
+  EXPECT_EQ(s.dp, 2);
+  EXPECT_EQ(p.run.training.precision, plan::Precision::Bf16Mixed);
+  EXPECT_DOUBLE_EQ(p.run.prediction.memory.total(), plan::run_memory(s).total());
+}
+
+TEST_F(RunPlanTest, TheLineIsTheSummaryAndWhereToPlanIt) {
+  const TrainingPlan p = plan_training_config(kBrown, {});
+  const std::string line = run_plan_line(p.run, "runs/brown/config.toml");
+  EXPECT_EQ(line, "[plan] " + plan::run_summary(p.run.prediction) +
+                      " (tetra plan --config runs/brown/config.toml plans this run)");
+  EXPECT_EQ(plan::run_summary(4237824, 2.554e7, 60.24 * (1 << 20)),
+            "4.24M params, 2.55e+07 FLOPs/token, 60.2 MiB per rank");
+  EXPECT_EQ(plan::run_summary(124439808, 8.5e8, 1e9),
+            "124M params, 8.5e+08 FLOPs/token, 953.7 MiB per rank");
+}
+
+}  // namespace
+}  // namespace tetra
