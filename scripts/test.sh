@@ -7,8 +7,12 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 scripts/install-deps.sh
+# The CUDA toolkit of the machine image, where it is not on PATH already (CMake looks for nvcc).
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+fi
 
-echo "== release build (-Werror) and full suite"
+echo "== release build (-Werror; the CUDA backend too where nvcc is found) and full suite"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTETRA_WERROR=ON >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
@@ -19,8 +23,10 @@ instrumented_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITH
                     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 
 echo "== ASan/UBSan build of the unit tests"
+# The CUDA backend is compiled (and its GPU tests skip) in the release build above; the sanitizers
+# watch the host code.
 cmake -S . -B build-asan -G Ninja "${instrumented_flags[@]}" -DTETRA_SANITIZE=ON \
-  -DTETRA_BUILD_BENCH=OFF >/dev/null
+  -DTETRA_BUILD_BENCH=OFF -DTETRA_CUDA=OFF >/dev/null
 cmake --build build-asan --target unit_tests -j "$jobs"
 # Multi-rank (mpi), PyTorch parity and CLI-driving tests run in the release build above; here
 # the unit tests run in-process under the sanitizers.
@@ -35,6 +41,7 @@ echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-15} s each"
 fuzz_seconds=${FUZZ_SECONDS:-15}
 cmake -S . -B build-fuzz -G Ninja "${instrumented_flags[@]}" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DTETRA_FUZZ=ON -DTETRA_BUILD_TESTS=OFF -DTETRA_BUILD_BENCH=OFF \
+  -DTETRA_CUDA=OFF \
   >/dev/null
 cmake --build build-fuzz --target fuzzers -j "$jobs"
 mkdir -p build-fuzz/artifacts

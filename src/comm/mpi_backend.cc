@@ -28,6 +28,9 @@
 #include "comm/watchdog.h"
 #include "core/error.h"
 #include "core/timer.h"
+#ifdef TETRA_HAVE_CUDA
+#include "comm/nccl/device_link.h"
+#endif
 
 namespace tetra::comm::detail {
 
@@ -93,6 +96,10 @@ struct Op {
   std::shared_ptr<std::shared_ptr<MpiGroup>> split_result;
   uint64_t id = 0, seq = 0;
   std::shared_ptr<WorkState> work;
+#ifdef TETRA_HAVE_CUDA
+  // Device side (comm/nccl/device_link.h); null when the operation is plain MPI on host memory.
+  std::unique_ptr<DeviceOp> device;
+#endif
 };
 
 struct PendingP2P {
@@ -170,6 +177,13 @@ class Engine {
   const std::vector<std::string>& hosts() const { return hosts_; }
   int world_rank() const { return world_rank_; }
   Watchdog& watchdog() { return *watchdog_; }
+#ifdef TETRA_HAVE_CUDA
+  /** Runs before the process ends on abort_job and on the watchdog's aborts (NCCL). */
+  void set_before_abort(std::function<void()> hook) {
+    before_abort_ = hook;
+    watchdog_->set_abort_hook(std::move(hook));
+  }
+#endif
 
  private:
   CommOptions options_;
@@ -186,6 +200,9 @@ class Engine {
   std::atomic<int64_t> outstanding_{0};
 
   std::unique_ptr<Watchdog> watchdog_;
+#ifdef TETRA_HAVE_CUDA
+  std::function<void()> before_abort_;
+#endif
 };
 
 class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup> {
@@ -290,6 +307,12 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
 
   const GroupId& id() const { return id_; }
   MPI_Comm comm() const { return comm_; }
+#ifdef TETRA_HAVE_CUDA
+  void set_device(std::unique_ptr<DeviceLink> link) { device_ = std::move(link); }
+  Engine& engine() { return *engine_; }
+  /** Lane: a staged send/recv's request completed; empty, or why its copy to the device failed. */
+  std::string finish_device(Op& op);
+#endif
   // Collectives and point-to-point messages are numbered apart: only collectives must line up
   // across the group. The engine's issue_m_ held.
   uint64_t next_seq(OpKind kind) {
@@ -303,8 +326,17 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
     o.group = this;
     return o;
   }
-  Work submit(Op op, size_t bytes) { return Work(engine_->submit(std::move(op), bytes, lane_)); }
+  Work submit(Op op, size_t bytes) {
+#ifdef TETRA_HAVE_CUDA
+    if (device_) {
+      op.device = device_->prepare(OpDesc{op.kind, op.in, op.out, op.rop, op.peer, rank_, size_,
+                                          &op.send_counts, &op.recv_counts});
+    }
+#endif
+    return Work(engine_->submit(std::move(op), bytes, lane_));
+  }
 
+  void exec_host(Op& op);
   void exec_all_reduce(Op& op);
   void exec_reduce_scatter(Op& op);
   template <typename T>
@@ -324,6 +356,10 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
   uint64_t hash_ = 0;
   uint64_t hashed_ = 0;
   std::vector<float> scratch_;
+#ifdef TETRA_HAVE_CUDA
+  // Declared last: destroyed first, after ~MpiGroup waited for every operation.
+  std::unique_ptr<DeviceLink> device_;
+#endif
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -459,6 +495,9 @@ void Engine::abort_job(const std::string& message, int exit_code) {
     std::this_thread::sleep_for(std::chrono::seconds(5));
     _exit(exit_code);
   }).detach();
+#ifdef TETRA_HAVE_CUDA
+  if (before_abort_) before_abort_();
+#endif
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   _exit(exit_code);
 }
@@ -586,7 +625,11 @@ void Lane::poll_p2p() {
   std::vector<PendingP2P> still;
   for (size_t i = 0; i < p2p_.size(); ++i) {
     if (completed[i]) {
+#ifdef TETRA_HAVE_CUDA
+      engine_.finish(p2p_[i].op, p2p_[i].op.group->finish_device(p2p_[i].op));
+#else
       engine_.finish(p2p_[i].op, {});
+#endif
       p2p_count_.fetch_sub(1);
     } else {
       still.push_back(std::move(p2p_[i]));
@@ -647,6 +690,29 @@ void MpiGroup::hash_step(const Op& op) {
 
 void MpiGroup::exec(Op& op) {
   if (op.kind != OpKind::send && op.kind != OpKind::recv) hash_step(op);
+#ifdef TETRA_HAVE_CUDA
+  if (op.device) {
+    device_->execute(*op.device, op.in, op.out, [&] { exec_host(op); });
+    return;
+  }
+#endif
+  exec_host(op);
+}
+
+#ifdef TETRA_HAVE_CUDA
+std::string MpiGroup::finish_device(Op& op) {
+  if (!op.device) return {};
+  try {
+    device_->finish_p2p(*op.device);
+  } catch (const std::exception& e) {
+    return fmt::format("[comm] {} #{} on group '{}' failed on world rank {}: {}", op_name(op.kind),
+                       op.seq, id_.name, engine_->world_rank(), e.what());
+  }
+  return {};
+}
+#endif
+
+void MpiGroup::exec_host(Op& op) {
   switch (op.kind) {
     case OpKind::all_reduce:
       exec_all_reduce(op);
@@ -868,13 +934,27 @@ void MpiGroup::exec_split(Op& op) {
   const std::vector<std::string>& world_hosts = engine_->hosts();
   std::vector<std::string> hosts;
   for (int w : ranks) hosts.push_back(world_hosts[size_t(w)]);
+#ifdef TETRA_HAVE_CUDA
+  // Made before the group: a group must never die on a lane thread (see Engine::finish).
+  std::unique_ptr<DeviceLink> link;
+  if (device_) {
+    try {
+      link = device_->split(sub, op.color, op.key, op.split_name);
+    } catch (...) {
+      MPI_Comm_free(&sub);
+      throw;
+    }
+  }
+#endif
   *op.split_result = std::make_shared<MpiGroup>(engine_, engine_->lane_for_group(), sub,
                                                 op.split_name, std::move(ranks), std::move(hosts));
+#ifdef TETRA_HAVE_CUDA
+  (*op.split_result)->set_device(std::move(link));
+#endif
 }
 
-}  // namespace
-
-std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc, char*** argv) {
+/** The world group, without its device side. */
+std::shared_ptr<MpiGroup> make_world(const CommOptions& options, int* argc, char*** argv) {
   auto engine = std::make_shared<Engine>(options, argc, argv);
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -907,5 +987,26 @@ std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc,
   return std::make_shared<MpiGroup>(engine, engine->lane_for_group(), world, "world",
                                     std::move(ranks), std::move(hosts));
 }
+
+}  // namespace
+
+std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc, char*** argv) {
+  std::shared_ptr<MpiGroup> world = make_world(options, argc, argv);
+#ifdef TETRA_HAVE_CUDA
+  world->set_device(make_staging_link());
+#endif
+  return world;
+}
+
+#ifdef TETRA_HAVE_CUDA
+std::shared_ptr<GroupImpl> make_mpi_world_with(const CommOptions& options, int* argc, char*** argv,
+                                               const DeviceWorldFactory& factory) {
+  std::shared_ptr<MpiGroup> world = make_world(options, argc, argv);
+  DeviceWorld device = factory(*world, world->comm());
+  world->set_device(std::move(device.link));
+  if (device.before_abort) world->engine().set_before_abort(std::move(device.before_abort));
+  return world;
+}
+#endif
 
 }  // namespace tetra::comm::detail

@@ -291,7 +291,27 @@ void Watchdog::abort_job(const std::string& report, int exit_code) const {
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);
   std::fflush(stdout);
+  run_abort_hook(exit_code);
   _exit(exit_code);
+}
+
+void Watchdog::set_abort_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(hook_m_);
+  abort_hook_ = std::move(hook);
+}
+
+void Watchdog::run_abort_hook(int exit_code) const {
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(hook_m_);
+    hook = abort_hook_;
+  }
+  if (!hook) return;
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    _exit(exit_code);
+  }).detach();
+  hook();
 }
 
 void Watchdog::run() {
@@ -318,6 +338,7 @@ void Watchdog::run() {
       std::fwrite(report.data(), 1, report.size(), stderr);
       std::fflush(stderr);
       std::fflush(stdout);
+      run_abort_hook(kExitCollectiveTimeout);
       _exit(kExitCollectiveTimeout);
     }
   }

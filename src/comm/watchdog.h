@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -68,6 +69,10 @@ class Watchdog {
   std::string timeout_report(uint64_t id) const;
   /** Writes `report` plus the history to stderr and terminates the process with `exit_code`. */
   [[noreturn]] void abort_job(const std::string& report, int exit_code) const;
+  /** Runs `hook` after a timeout or desync report is written and before the process exits (the
+   *  NCCL backend aborts its communicators there); one still running after 10 s is cut short by
+   *  the exit. */
+  void set_abort_hook(std::function<void()> hook);
 
   double t0() const { return t0_; }
 
@@ -86,6 +91,7 @@ class Watchdog {
   std::string history_locked() const;
   std::string report_locked(uint64_t id, const Running& r) const;
   std::string arrival_lines(const Running& r) const;
+  void run_abort_hook(int exit_code) const;
 
   CommOptions options_;
   int world_rank_, world_size_;
@@ -102,6 +108,9 @@ class Watchdog {
   BoardSlot* board_ = nullptr;
   std::string board_name_;
   size_t board_bytes_ = 0;
+
+  mutable std::mutex hook_m_;
+  std::function<void()> abort_hook_;  // hook_m_ held
 
   std::mutex stop_m_;
   std::condition_variable stop_cv_;

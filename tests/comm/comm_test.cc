@@ -3,6 +3,9 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#ifdef TETRA_HAVE_CUDA
+#include "kernels/backend.h"
+#endif
 
 namespace tetra::comm {
 namespace {
@@ -51,6 +54,7 @@ TEST(CommOptions, DefaultsAndOverrides) {
   }
 }
 
+#ifndef TETRA_HAVE_CUDA
 TEST(Backend, NcclStubSaysItIsNotBuilt) {
   CommOptions o;
   o.backend = "nccl";
@@ -61,6 +65,24 @@ TEST(Backend, NcclStubSaysItIsNotBuilt) {
     EXPECT_NE(std::string(e.what()).find("[comm] NCCL backend not built"), std::string::npos);
   }
 }
+#else
+// A CUDA build has the NCCL backend (src/comm/nccl/); without a GPU it refuses, saying why.
+// tests/comm/nccl_mpi_main.cc covers it where there is one.
+TEST(Backend, NcclWithoutGpuIsRefused) {
+  const std::string why = cuda_unavailable();
+  if (why.empty()) GTEST_SKIP() << "a GPU is present: comm_nccl_np1 runs the NCCL backend";
+  CommOptions o;
+  o.backend = "nccl";
+  try {
+    init_world(o);
+    FAIL() << "nccl backend did not refuse";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[comm] dist.backend=nccl needs a GPU on every rank"),
+              std::string::npos)
+        << e.what();
+  }
+}
+#endif
 
 TEST(Backend, UnknownBackendIsRefused) {
   CommOptions o;
