@@ -25,6 +25,7 @@ See docs/parity.md for why the tolerances are what they are. Exit status is non-
   /usr/bin/python3 tests/parity/test_parity.py --tetra build/tetra [--workdir DIR] [--verbose]
       [--tp N --mpirun mpirun]   (tetra tensor-parallel on N ranks; the reference stays serial)
       [--precision bf16]
+      [--tetra-arg=--run.device=cuda ...]   (passed to every `tetra train`, after the case's own)
 """
 import argparse
 import json
@@ -131,6 +132,7 @@ def run_tetra(args, case, d, init_path, shard_path):
            f"--debug.dump_logits={os.path.join(d, 'logits.safetensors')}",
            f"--parallel.tp={args.tp}", f"--run.peak_gflops={args.peak_gflops}",
            ] + case["extra"] + ([f"--train.precision={args.precision}"] if args.precision != "fp32" else [])
+    cmd += args.tetra_arg  # e.g. --run.device=cuda: the same checks on another backend
     for f in ("final.safetensors", "grads.safetensors", "logits.safetensors"):
         p = os.path.join(d, f)
         if os.path.exists(p):
@@ -397,6 +399,9 @@ def main():
                     help="tetra --run.peak_gflops, the MFU denominator (0 = measure it)")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                     help="tetra's train.precision; bf16 compares with torch autocast's bf16")
+    ap.add_argument("--tetra-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for every `tetra train` (repeatable), appended last, "
+                         "e.g. --tetra-arg=--run.device=cuda runs the same checks on the CUDA backend")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
