@@ -27,7 +27,10 @@
 #include "tests/kernels/random_floats.h"
 
 #ifdef TETRA_HAVE_CUDA
+#include <dlfcn.h>
+
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/cublaslt.h"
 #endif
 
 namespace tetra {
@@ -40,6 +43,26 @@ TEST(CudaBackend, NeedsTheCudaBuild) { GTEST_SKIP() << cuda_unavailable(); }
 #else
 
 using testing::random_floats;
+
+// cuBLASLt is not linked: a process that never runs on the GPU never loads it (its constructor
+// initialises the driver, ~0.1 s a process). The backend's first product loads it, with every entry
+// point it calls; no GPU is needed for that, so this runs in CI too.
+TEST(CudaBackend, CublasLtLoadsOnFirstUseOnly) {
+  const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  // Without a GPU nothing in this process has run the backend (its cases skip); with one, other
+  // cases in the same process may have.
+  if (!cuda_unavailable().empty()) {
+    EXPECT_EQ(::dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr)
+        << soname << " was loaded before the backend asked for it";
+  }
+  const cuda::CublasLtApi& lt = cuda::cublaslt();
+  EXPECT_NE(lt.Matmul, nullptr);
+  EXPECT_NE(lt.MatmulAlgoGetHeuristic, nullptr);
+  EXPECT_GE(lt.GetVersion(), size_t(CUBLAS_VER_MAJOR) * 10000);
+  void* loaded = ::dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_NE(loaded, nullptr);
+  if (loaded) ::dlclose(loaded);
+}
 
 class CudaBackendTest : public ::testing::Test {
  protected:
