@@ -1,4 +1,5 @@
 // tetra export --hf DIR: a model as a Hugging Face model directory (see docs/export.md).
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ constexpr const char* kUsage =
     "model.safetensors, tokenizer.json, tokenizer_config.json and generation_config.json.\n"
     "The shape comes from --config (the config.toml `tetra train` writes into run.dir), from\n"
     "the config.json of a model directory, or is read off the tensor shapes with\n"
-    "--model.n_head=N. DIR must be new, empty or an earlier export.\n";
+    "--model.n_head=N. DIR must be new, empty or an earlier export, which is replaced as a\n"
+    "whole once the new directory is complete.\n";
 
 }  // namespace
 
@@ -49,17 +51,24 @@ int export_main(const Args& args) {
               "[export] give the weights: --model FILE.safetensors or --model MODEL_DIR");
   const bool model_dir = is_model_dir(model_arg);
   std::string tokenizer_spec = p.s("--tokenizer");
-  if (model_dir && tokenizer_spec.empty()) tokenizer_spec = model_arg + "/tokenizer.json";
+  if (model_dir && tokenizer_spec.empty()) {
+    tokenizer_spec = (std::filesystem::path(model_arg) / "tokenizer.json").string();
+  }
   TETRA_CHECK(!tokenizer_spec.empty(),
               "[export] give the tokenizer the model was trained with: --tokenizer "
               "DIR/tokenizer.json (written by tetra data prepare) or --tokenizer byte");
-  const std::string weights = model_weights_path(model_arg, "export");
+  // A target that would be refused costs nothing: it is checked before the weights are read.
+  check_hf_model_dir_target(out, "export");
+  const std::string weights_path = model_weights_path(model_arg, "export");
 
+  // The weights are read once: their tensor shapes give (or check) the model shape, and the
+  // model is loaded from the same bytes.
+  const SafeTensorsFile weights = read_safetensors(weights_path);
+  const WeightsShape weights_has = weights_shape(weights, weights_path, "export");
   std::vector<std::string> overrides = p.overrides();
   if (config_path.empty()) {
-    const std::vector<std::string> inferred = model_dir
-                                                  ? model_dir_overrides(model_arg, "export")
-                                                  : safetensors_shape_overrides(weights, "export");
+    const std::vector<std::string> inferred =
+        model_dir ? model_dir_overrides(model_arg, "export") : weights_shape_overrides(weights_has);
     overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
   }
   Config config = Config::load(train_config_schema(), config_path, overrides);
@@ -67,18 +76,22 @@ int export_main(const Args& args) {
               "[export] the head count cannot be read off the weights; pass --config "
               "RUN_DIR/config.toml or --model.n_head=N");
   const GptConfig shape = gpt_config_from(config);
+  // The shape is held against the weights before anything else is compared with it, so that a
+  // config.json that does not describe its weights is blamed, not the tokenizer.
+  check_shape_matches_weights(shape, weights_has, weights_path, config_path, model_arg,
+                              p.overrides(), "export");
   const auto tokenizer = load_tokenizer(tokenizer_spec);
   TETRA_CHECK(tokenizer->vocab_size() <= size_t(shape.vocab_size),
-              "[export] the tokenizer has {} tokens but the model only {}; use the tokenizer the "
-              "model was trained with",
-              tokenizer->vocab_size(), shape.vocab_size);
+              "[export] the tokenizer {} has {} tokens but the model ({}) only {}; use the "
+              "tokenizer the model was trained with",
+              tokenizer_spec, tokenizer->vocab_size(), weights_path, shape.vocab_size);
 
   // Loading checks every tensor's name, shape and finiteness; the file is then written from the
   // store in Hugging Face's names and layouts.
   ParamStore store;
   Gpt model(cpu_backend(), shape, store, 1, 1);
   store.finalize({});
-  load_safetensors_into(store, weights, shape.describe());
+  load_safetensors_into(store, weights, weights_path, shape.describe());
   const uint32_t eot = tokenizer->eot_token();
   save_hf_model_dir(
       out, shape, store_to_safetensors(store, store.params().data(), true),

@@ -2,7 +2,9 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/args.h"
@@ -10,6 +12,7 @@
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "data/text_check.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/gpt_io.h"
@@ -70,7 +73,9 @@ int generate_main(const Args& args) {
   const std::string& model_arg = p.s("--model");
   const bool model_dir = !model_arg.empty() && is_model_dir(model_arg);
   std::string tokenizer_spec = p.s("--tokenizer");
-  if (model_dir && tokenizer_spec.empty()) tokenizer_spec = model_arg + "/tokenizer.json";
+  if (model_dir && tokenizer_spec.empty()) {
+    tokenizer_spec = (std::filesystem::path(model_arg) / "tokenizer.json").string();
+  }
   const std::string& config_path = p.s("--config");
   const std::vector<std::string>& prompts = p.all("--prompt");
   std::vector<std::string> overrides = p.overrides();
@@ -87,12 +92,25 @@ int generate_main(const Args& args) {
               "[generate] give the tokenizer the model was trained with: --tokenizer "
               "DIR/tokenizer.json (written by tetra data prepare) or --tokenizer byte");
   TETRA_CHECK(!prompts.empty(), "[generate] give at least one --prompt TEXT");
+  // Tokenizers read text as UTF-8; other bytes would be encoded as stray byte tokens the model
+  // never saw in that place, as tetra data prepare refuses them in its inputs.
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const size_t bad = first_invalid_utf8(prompts[k]);
+    TETRA_CHECK(bad == std::string_view::npos,
+                "[generate] --prompt {} (of {}): byte {} (0x{:02x}) is not valid UTF-8; give the "
+                "prompt as UTF-8 text (convert other encodings, e.g. iconv -f latin1 -t utf-8)",
+                k + 1, prompts.size(), bad,
+                bad == std::string_view::npos ? 0 : unsigned(uint8_t(prompts[k][bad])));
+  }
   if (p.i("--threads") > 0) omp_set_num_threads(int(p.i("--threads")));
 
+  // The weights are read once: their tensor shapes give (or check) the model shape, and the
+  // model is loaded from the same bytes.
+  const SafeTensorsFile weights = read_safetensors(model_path);
+  const WeightsShape weights_has = weights_shape(weights, model_path, "generate");
   if (config_path.empty()) {
-    const std::vector<std::string> inferred =
-        model_dir ? model_dir_overrides(model_arg, "generate")
-                  : safetensors_shape_overrides(model_path, "generate");
+    const std::vector<std::string> inferred = model_dir ? model_dir_overrides(model_arg, "generate")
+                                                        : weights_shape_overrides(weights_has);
     overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
   }
   Config config = Config::load(train_config_schema(), config_path, overrides);
@@ -107,11 +125,15 @@ int generate_main(const Args& args) {
   const int tp = world.valid() ? world.size() : 1;
   const GptConfig shape = gpt_config_from(config, tp);
   const bool root = !world.valid() || world.rank() == 0;
+  // The shape is held against the weights before anything else is compared with it, so that a
+  // config.json that does not describe its weights is blamed, not the tokenizer.
+  check_shape_matches_weights(shape, weights_has, model_path, config_path, model_arg, p.overrides(),
+                              "generate");
   auto tokenizer = load_tokenizer(tokenizer_spec);
   TETRA_CHECK(tokenizer->vocab_size() <= size_t(shape.vocab_size),
-              "[generate] the tokenizer has {} tokens but the model only {}; use the tokenizer "
-              "the model was trained with",
-              tokenizer->vocab_size(), shape.vocab_size);
+              "[generate] the tokenizer {} has {} tokens but the model ({}) only {}; use the "
+              "tokenizer the model was trained with",
+              tokenizer_spec, tokenizer->vocab_size(), model_path, shape.vocab_size);
 
   Backend& backend = backend_for(parse_device_kind(config.s("run.device"), "run.device"));
   parallel::TensorParallel group(backend, world, false);
@@ -119,7 +141,7 @@ int generate_main(const Args& args) {
   Gpt model(backend, shape, store, 1, 1, Recompute::none, nullptr, &group);
   store.finalize({});
   comm::run_or_abort(world, [&] {
-    load_safetensors_into(store, model_path, shape.describe());
+    load_safetensors_into(store, weights, model_path, shape.describe());
     Generator gen(model);
     const int32_t eot = int32_t(tokenizer->eot_token());
     for (const std::string& prompt : prompts) {

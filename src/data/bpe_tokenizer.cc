@@ -143,11 +143,11 @@ std::vector<uint32_t> BpeTokenizer::encode_around(std::string_view text,
   };
   size_t at = 0;
   for (const AddedTokenMatch& m : matches) {
-    pretokenize(text.substr(at, m.offset - at), encode_piece_cached);
+    pretokenize_capped(text.substr(at, m.offset - at), kMaxEncodePieceBytes, encode_piece_cached);
     out.push_back(m.token->id);
     at = m.offset + m.token->content.size();
   }
-  pretokenize(text.substr(at), encode_piece_cached);
+  pretokenize_capped(text.substr(at), kMaxEncodePieceBytes, encode_piece_cached);
   return out;
 }
 

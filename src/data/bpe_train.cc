@@ -35,7 +35,7 @@ struct Candidate {
 void BpeTrainer::add_text(std::string_view text) {
   using Counts = std::unordered_map<std::string_view, int64_t>;
   auto count = [](std::string_view t, Counts& c) {
-    pretokenize(t, [&](std::string_view piece) { ++c[piece]; });
+    pretokenize_capped(t, kMaxTrainWordBytes, [&](std::string_view piece) { ++c[piece]; });
   };
   // Cut where pre-tokenization cannot change, count each chunk on its own thread, then sum
   // (addition commutes, so the result does not depend on the thread count).

@@ -11,6 +11,13 @@
 
 namespace tetra {
 
+/** Words (pre-tokens) longer than this many bytes are counted in parts of at most this size
+ * (pretokenize_capped), so no token is longer: as tokenizer trainers cap token length (Hugging
+ * Face's max_token_length, SentencePiece's max_sentencepiece_length), and so that text without a
+ * space costs what text with spaces does instead of one ever-growing word whose merges are
+ * megabyte-long tokens. GPT-2's words are far shorter; its longest tokens are runs of symbols. */
+constexpr size_t kMaxTrainWordBytes = 64;
+
 class BpeTrainer {
  public:
   explicit BpeTrainer(int threads = 1) : threads_(threads < 1 ? 1 : threads) {}

@@ -153,6 +153,20 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
   const json& splits = f.object(root, "splits", "");
   m.train = read_split(f, splits, "train", origin);
   m.val = read_split(f, splits, "val", origin);
+  // One format per dataset: llm.c's DataLoader aborts on a uint16 shard beside uint32 ones.
+  const ManifestShard* narrow = nullptr;
+  const ManifestShard* wide = nullptr;
+  for (const auto* split : {&m.train, &m.val}) {
+    for (const auto& s : *split) {
+      const ManifestShard*& first = s.version == 1 ? narrow : wide;
+      if (first == nullptr) first = &s;
+    }
+  }
+  TETRA_CHECK(narrow == nullptr || wide == nullptr,
+              "[data] {}: the dataset mixes shard formats: {} is version 1 (uint16 tokens) but {} "
+              "is version {} (uint32 tokens); llm.c's DataLoader aborts on a mix: re-run tetra "
+              "data prepare, which writes every shard of a dataset in one format",
+              origin, narrow ? narrow->file : "", wide ? wide->file : "", wide ? wide->version : 0);
   std::set<std::string_view> names;
   for (const auto* split : {&m.train, &m.val}) {
     for (const auto& s : *split) {

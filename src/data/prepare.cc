@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/atomic_file.h"
+#include "core/dir_lock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -61,7 +62,8 @@ class ShardWriter {
       : dir_(std::move(dir)),
         prefix_(std::move(prefix)),
         shard_tokens_(shard_tokens),
-        vocab_(vocab) {}
+        vocab_(vocab),
+        version_(shard_version_for_vocab(vocab)) {}
 
   void push(std::span<const uint32_t> tokens) {
     while (!tokens.empty()) {
@@ -88,10 +90,11 @@ class ShardWriter {
     ShardInfo info;
     info.file = fmt::format("{}_{:06d}.bin", prefix_, shards_.size());
     info.tokens = buf_.size();
-    info.version =
-        max_token <= 0xFFFF ? 1 : kShardVersionU32;  // the rule write_token_shard follows
+    // The vocabulary's format, not the one these tokens would fit: every shard of the dataset
+    // has the same one.
+    info.version = version_;
     const std::string path = (fs::path(dir_) / info.file).string();
-    write_token_shard(path, buf_);
+    write_token_shard(path, buf_, version_);
     info.xxh3 = file_xxh3(path);
     total_ += buf_.size();
     shards_.push_back(std::move(info));
@@ -100,6 +103,7 @@ class ShardWriter {
 
   std::string dir_, prefix_;
   size_t shard_tokens_, vocab_;
+  int version_;
   std::vector<uint32_t> buf_;
   std::vector<ShardInfo> shards_;
   size_t total_ = 0;
@@ -168,11 +172,12 @@ fs::path canonical_path(const std::string& p) {
   return c;
 }
 
-// The files `tetra data prepare` writes; an output folder holding anything else is refused.
+// The files `tetra data prepare` writes (the lock file included); an output folder holding
+// anything else is refused.
 bool is_dataset_file(const std::string& name) {
   static const std::regex kNames(
       R"(((train|val)_\d{6}\.bin|manifest\.json|tokenizer\.json)(\.tmp\.\d+)?)");
-  return std::regex_match(name, kNames);
+  return std::regex_match(name, kNames) || name == DirLock::file_of("").filename().string();
 }
 
 // The tokenizer to use, validated before anything is read or written: a vocabulary size to
@@ -243,31 +248,68 @@ void check_output_folder(const PrepareOptions& o, const fs::path& out) {
   TETRA_CHECK(!ec, "[data] cannot list --out {}: {}", o.out_dir, ec.message());
 }
 
+// The lock on --out (core/dir_lock.h), held from before the staging folder is made until the new
+// dataset is in place: a second prepare into the same folder is refused, naming this one, instead
+// of both running and one silently replacing the other. A missing --out is created to hold the
+// lock file, and removed again when the run fails before its dataset is in place.
+class OutputLock {
+ public:
+  OutputLock(const fs::path& out, const std::string& out_arg) : out_(out) {
+    std::error_code ec;
+    fs::create_directories(out.parent_path(), ec);
+    created_ = fs::create_directory(out, ec);
+    TETRA_CHECK(!ec && fs::is_directory(out),
+                "[data] cannot create --out {} ({}); choose a writable --out", out_arg,
+                ec.message());
+    lock_ = DirLock::acquire(out, "tetra data prepare --out " + out_arg, "data");
+  }
+  ~OutputLock() {
+    if (!created_ || committed_) return;
+    // Still held here (lock_ is released after this body): only our own empty folder goes.
+    std::error_code ec;
+    fs::remove(DirLock::file_of(out_), ec);
+    fs::remove(out_, ec);  // removes nothing unless it is empty
+  }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+  void committed() { committed_ = true; }
+
+ private:
+  fs::path out_;
+  DirLock lock_;
+  bool created_ = false;
+  bool committed_ = false;
+};
+
 // A temporary folder beside the output (same file system, so the final rename is atomic),
-// removed on failure; commit() puts it in the output's place and removes the old dataset.
+// removed on failure; commit() puts it in the output's place and removes the old dataset. Made
+// only under the output's lock (OutputLock), so no other prepare into the output is running.
 class StagingDir {
  public:
   explicit StagingDir(const fs::path& out) : out_(out) {
     std::error_code ec;
-    fs::create_directories(out.parent_path(), ec);
-    TETRA_CHECK(fs::is_directory(out.parent_path()),
-                "[data] cannot create the folder {} for --out ({}); choose a writable --out",
-                out.parent_path().string(), ec.message());
     path_ = out.parent_path() /
             fmt::format(".{}.prepare-{}", out.filename().string(), static_cast<long>(::getpid()));
     fs::remove_all(path_, ec);  // left by a killed run that had our pid
-    // Other runs' leftovers may belong to a run still going (on another host of a shared file
-    // system): name them, never delete them.
+    // Leftovers of other runs: under the lock no other prepare into `out` is running, so they
+    // were left by a run that was killed. They are named, not deleted: .old-PID may hold the only
+    // copy of the previous dataset (a run killed between its two renames).
     const std::string prefix = fmt::format(".{}.", out.filename().string());
     for (auto it = fs::directory_iterator(out.parent_path(), ec);
          !ec && it != fs::directory_iterator(); it.increment(ec)) {
       const std::string name = it->path().filename().string();
       const std::string rest = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : "";
-      if (rest.rfind("prepare-", 0) == 0 || rest.rfind("old-", 0) == 0) {
+      if (rest.rfind("prepare-", 0) == 0) {
         log_warn(
-            "[data] {} was left by an interrupted tetra data prepare; delete it if no other "
-            "run is writing to {}",
+            "[data] {} is the unfinished dataset of a tetra data prepare that was killed (none is "
+            "running on {} now: this run holds its lock); delete it",
             it->path().string(), out.string());
+      } else if (rest.rfind("old-", 0) == 0) {
+        log_warn(
+            "[data] {} is a dataset a killed tetra data prepare moved aside from {}; if {} is "
+            "missing or not the dataset you want, move it back, else delete it",
+            it->path().string(), out.string(), out.string());
       }
     }
     TETRA_CHECK(fs::create_directory(path_, ec) && !ec,
@@ -289,6 +331,11 @@ class StagingDir {
   void commit() {
     std::error_code ec;
     const bool replace = fs::exists(out_, ec);
+    // The new dataset carries the lock file itself (a hard link: the same file, still locked by
+    // this run), so that --out names a locked file at every moment of the swap and a run started
+    // meanwhile is refused rather than locking a file about to be deleted.
+    const fs::path lock = DirLock::file_of(out_);
+    if (replace && fs::exists(lock, ec)) fs::create_hard_link(lock, DirLock::file_of(path_), ec);
     if (replace) fs::permissions(path_, fs::status(out_, ec).permissions(), ec);
     fs::path old;
     if (!replace) {
@@ -429,6 +476,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     }
   }
 
+  OutputLock lock(out, o.out_dir);
   StagingDir staging(out);
   try {
     const std::unique_ptr<Tokenizer> tok = choice.train_vocab > 0
@@ -498,8 +546,20 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     val.finish();
     if (show) std::fprintf(stderr, "\n");
     if (o.val_fraction > 0 && val.total() == 0) {
-      log_warn("[data] the validation split is empty: the input is too small for --val-fraction {}",
-               o.val_fraction);
+      if (cut >= r.input_bytes) {
+        log_warn(
+            "[data] the validation split is empty: the input is too small for --val-fraction {}",
+            o.val_fraction);
+      } else {
+        // The split is cut only where cutting cannot change the encoding; text without a space
+        // (one run of letters, say) has no such point.
+        log_warn(
+            "[data] the validation split is empty: the last {} bytes of the input (--val-fraction "
+            "{}) hold no point where the text can be cut without changing its encoding (a space "
+            "after a printable ASCII character); put the validation text in its own last file, or "
+            "pass --val-fraction 0",
+            r.input_bytes - cut, o.val_fraction);
+      }
     }
     // One warning per split: with a tiny --shard-tokens every shard of it is short.
     for (const ShardWriter* split : {&train, &val}) {
@@ -562,6 +622,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
          o.out_dir);
   }
   staging.commit();
+  lock.committed();
 
   std::fprintf(stderr,
                "[data] %zu tokens (train %zu in %zu shards, val %zu in %zu shards) from %.1f MB "

@@ -117,6 +117,27 @@ void pretokenize(std::string_view text, F&& piece) {
   }
 }
 
+/** pretokenize(), with every piece longer than `max_bytes` (>= 4) given in parts of at most that
+ * many bytes, each cut before a character (a UTF-8 sequence start) where one lies in its last
+ * three bytes. A run of letters, digits or symbols without a space can be megabytes long; the cap
+ * bounds what one piece costs (BPE training and encoding are superlinear in a piece's length). */
+template <typename F>
+void pretokenize_capped(std::string_view text, size_t max_bytes, F&& piece) {
+  pretokenize(text, [&](std::string_view p) {
+    while (p.size() > max_bytes) {
+      size_t cut = max_bytes;
+      for (size_t back = 0; back < 3 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80;
+           ++back) {
+        --cut;
+      }
+      if ((static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) cut = max_bytes;
+      piece(p.substr(0, cut));
+      p.remove_prefix(cut);
+    }
+    if (!p.empty()) piece(p);
+  });
+}
+
 /** First offset p >= from where text may be cut without changing its pre-tokenization (and so
  * its encoding): a space after a printable ASCII character. Returns npos when there is none. */
 size_t find_text_split(std::string_view text, size_t from);

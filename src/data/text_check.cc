@@ -35,6 +35,21 @@ size_t utf8_sequence(const unsigned char* s, size_t n, size_t i) {
 
 }  // namespace
 
+size_t first_invalid_utf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    if (s[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t len = utf8_sequence(s, n, i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
 std::string binary_input_reason(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   TETRA_CHECK(f != nullptr, "[data] cannot open input {} ({}); check that it is readable", path,

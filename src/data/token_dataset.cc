@@ -102,6 +102,11 @@ TokenDataset::TokenDataset(const std::string& spec, int seq_len, bool verify) : 
   ManifestCheck manifests;
   for (const auto& path : expand(spec)) {
     auto shard = std::make_unique<TokenShard>(path);
+    // Before any checksum: a mix of formats is refused at once.
+    if (!shards_.empty()) {
+      check_one_shard_format({shards_[0]->path(), path}, {shards_[0]->version(), shard->version()},
+                             fmt::format("the shard list '{}'", spec));
+    }
     if (verify) manifests.check(*shard);
     int64_t windows = shard->size() > 0 ? int64_t(shard->size() - 1) / T_ : 0;
     TETRA_CHECK(windows > 0,

@@ -17,7 +17,8 @@ class TokenDataset {
   /** `spec` is a shard path, a comma-separated list of paths, or a glob ("data/train_*.bin").
    * With `verify`, every shard that has a manifest.json beside it (as `tetra data prepare`
    * writes) is checked against the manifest: listed, same token count and version, same xxh3
-   * of the whole file. A mismatch throws tetra::Error naming the shard. */
+   * of the whole file. A mismatch throws tetra::Error naming the shard, as do shards of both
+   * token widths (uint16 beside uint32: one dataset has one format). */
   TokenDataset(const std::string& spec, int seq_len, bool verify = true);
 
   int64_t num_samples() const { return total_; }

@@ -202,13 +202,43 @@ std::string TokenShard::file_xxh3() const {
   return fmt::format("{:016x}", h);
 }
 
-void write_token_shard(const std::string& path, std::span<const uint32_t> tokens) {
+int shard_version_for_vocab(size_t vocab_size) {
+  return vocab_size <= size_t(std::numeric_limits<uint16_t>::max()) + 1 ? 1 : kShardVersionU32;
+}
+
+void check_one_shard_format(const std::vector<std::string>& paths, const std::vector<int>& versions,
+                            const std::string& what) {
+  TETRA_CHECK(paths.size() == versions.size(), "[data] internal: {} paths but {} versions",
+              paths.size(), versions.size());
+  size_t narrow = paths.size(), wide = paths.size();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    size_t& first = versions[i] == 1 ? narrow : wide;
+    if (first == paths.size()) first = i;
+  }
+  TETRA_CHECK(narrow == paths.size() || wide == paths.size(),
+              "[data] {} mixes shard formats: {} is version 1 (uint16 tokens) but {} is version {} "
+              "(uint32 tokens); one dataset has one format (llm.c's DataLoader aborts on a mix): "
+              "re-run tetra data prepare, which writes every shard of a dataset in the format of "
+              "its vocabulary",
+              what, paths[narrow == paths.size() ? 0 : narrow],
+              paths[wide == paths.size() ? 0 : wide], wide == paths.size() ? 0 : versions[wide]);
+}
+
+void write_token_shard(const std::string& path, std::span<const uint32_t> tokens, int version) {
   TETRA_CHECK(tokens.size() <= size_t(std::numeric_limits<int32_t>::max()),
               "[data] {}: {} tokens do not fit one shard (the header count is int32); split them "
               "into several shards",
               path, tokens.size());
   const uint32_t max = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
-  const int version = max <= std::numeric_limits<uint16_t>::max() ? 1 : kShardVersionU32;
+  if (version == 0) version = max <= std::numeric_limits<uint16_t>::max() ? 1 : kShardVersionU32;
+  TETRA_CHECK(version == 1 || version == kShardVersionU32,
+              "[data] {}: cannot write shard version {}; tetra writes 1 (uint16 tokens) or {} "
+              "(uint32)",
+              path, version, kShardVersionU32);
+  TETRA_CHECK(version != 1 || max <= std::numeric_limits<uint16_t>::max(),
+              "[data] {}: token {} does not fit a version 1 shard (uint16 tokens); the dataset's "
+              "vocabulary needs version {} (uint32)",
+              path, max, kShardVersionU32);
 
   int32_t header[kShardHeaderInts] = {};
   header[0] = version == 1 ? kShardMagic : kShardMagicU32;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace tetra {
 
@@ -63,9 +64,22 @@ class TokenShard {
   int version_ = 1;
 };
 
-/** Writes a shard; version 1 (uint16) when every token fits, else llm.c's uint32 format (magic
- * 20240801, version 7). Writes to
- * a temporary file and renames it into place, so an existing shard is never half-overwritten. */
-void write_token_shard(const std::string& path, std::span<const uint32_t> tokens);
+/** The one shard version of a dataset whose token ids lie below `vocab_size`: 1 (uint16) when
+ * every id fits 16 bits (vocab_size <= 65,536), else kShardVersionU32. A dataset takes it from its
+ * vocabulary, never from the tokens of one shard, so that all its shards share one format (llm.c's
+ * DataLoader aborts on a mix). */
+int shard_version_for_vocab(size_t vocab_size);
+
+/** Writes a shard in `version` (1 or kShardVersionU32; 0 picks the smallest that holds these
+ * tokens, for single files outside a dataset). A token too large for version 1 is refused, naming
+ * it. Writes to a temporary file and renames it into place, so an existing shard is never
+ * half-overwritten. */
+void write_token_shard(const std::string& path, std::span<const uint32_t> tokens, int version = 0);
+
+/** Refuses shards of one dataset (or one data.train / data.val list) that mix token widths:
+ * uint16 (version 1) beside uint32 (2 or 7). `versions[i]` is the version of `paths[i]`; `what`
+ * names the set in the message. Throws tetra::Error "[data] ..." naming one shard of each. */
+void check_one_shard_format(const std::vector<std::string>& paths, const std::vector<int>& versions,
+                            const std::string& what);
 
 }  // namespace tetra

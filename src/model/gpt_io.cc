@@ -1,19 +1,27 @@
 #include "model/gpt_io.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
+#include <string_view>
 
+#include "ckpt/hf_config.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/read_file.h"
+#include "core/log.h"
 #include "model/gpt_config.h"
 
 namespace tetra {
@@ -49,7 +57,11 @@ int64_t first_non_finite(const float* v, int64_t n) {
 
 void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
                            const ParamStore* model) {
-  SafeTensorsFile file = read_safetensors(path);
+  load_safetensors_into(store, read_safetensors(path), path, describe, model);
+}
+
+void load_safetensors_into(ParamStore& store, const SafeTensorsFile& file, const std::string& path,
+                           const std::string& describe, const ParamStore* model) {
   std::map<std::string, const SafeTensor*> by_name;
   std::vector<std::string> unknown;
   for (const auto& [name, t] : file.tensors) {
@@ -219,6 +231,132 @@ ordered_json tokenizer_config(const GptConfig& shape, const HfTokenizerFiles& to
   return c;
 }
 
+// Absolute, symlinks of the existing part resolved, no trailing separator: the folder a rename
+// replaces (through a symlink to a model directory, the directory it points to).
+fs::path resolved_dir(const std::string& p) {
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec) c = fs::absolute(p).lexically_normal();
+  if (c.has_relative_path() && c.filename().empty()) c = c.parent_path();
+  return c;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("host");
+}
+
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// A model directory's files written as one set: into a folder beside the target (same file
+// system, so the swap is a rename), put in the target's place by commit() only when every file
+// is complete; removed, with the target untouched, when anything fails before.
+class StagedModelDir {
+ public:
+  StagedModelDir(const fs::path& target, const std::string& module)
+      : target_(target), module_(module) {
+    std::error_code ec;
+    fs::create_directories(target.parent_path(), ec);
+    TETRA_CHECK(fs::is_directory(target.parent_path(), ec),
+                "[{}] cannot create the folder {} for the model directory ({}); check the path "
+                "and permissions",
+                module, target.parent_path().string(), ec.message());
+    // Host and pid: two exports into one target never share a staging folder, and one left by a
+    // killed export of this host with this pid (which is gone, since the pid is ours) is ours to
+    // replace.
+    const std::string prefix =
+        fmt::format(".{}.export-{}-", target.filename().string(), host_name());
+    path_ = target.parent_path() / fmt::format("{}{}", prefix, static_cast<long>(::getpid()));
+    fs::remove_all(path_, ec);
+    // The staging folders of exports from this host whose process is gone were left by a killed
+    // export: incomplete copies, removed. Any other (a live export, another host's) is left alone.
+    for (auto it = fs::directory_iterator(target.parent_path(), ec);
+         !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      long pid = 0;
+      const char* digits = name.data() + prefix.size();
+      const auto [end, err] = std::from_chars(digits, name.data() + name.size(), pid);
+      if (err != std::errc() || end != name.data() + name.size() || pid <= 0) continue;
+      if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
+        std::error_code rm;
+        fs::remove_all(it->path(), rm);
+        if (!rm) log_info("[{}] removed {}, left by an export that was killed", module, name);
+      }
+    }
+    TETRA_CHECK(fs::create_directory(path_, ec) && !ec,
+                "[{}] cannot create the staging folder {} beside the model directory ({}); check "
+                "that {} is writable",
+                module, path_.string(), ec.message(), target.parent_path().string());
+  }
+  ~StagedModelDir() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  StagedModelDir(const StagedModelDir&) = delete;
+  StagedModelDir& operator=(const StagedModelDir&) = delete;
+
+  const fs::path& path() const { return path_; }
+
+  void commit() {
+    std::error_code ec;
+    const bool replace = fs::exists(target_, ec);
+    if (replace) fs::permissions(path_, fs::status(target_, ec).permissions(), ec);
+    fs::path old;
+    if (!replace) {
+      TETRA_CHECK(::rename(path_.c_str(), target_.c_str()) == 0,
+                  "[{}] cannot rename {} to {} ({}); nothing was replaced", module_, path_.string(),
+                  target_.string(), std::strerror(errno));
+    } else if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) ==
+               0) {
+      old = path_;  // the exchange left the previous directory at the staging path
+    } else {
+      // File systems without RENAME_EXCHANGE: two renames, with a moment without the target.
+      TETRA_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP,
+                  "[{}] cannot put the new model directory in place of {} ({}); the old one is "
+                  "unchanged",
+                  module_, target_.string(), std::strerror(errno));
+      old = target_.parent_path() / fmt::format(".{}.old-{}-{}", target_.filename().string(),
+                                                host_name(), static_cast<long>(::getpid()));
+      TETRA_CHECK(::rename(target_.c_str(), old.c_str()) == 0,
+                  "[{}] cannot move {} aside ({}); the old model directory is unchanged", module_,
+                  target_.string(), std::strerror(errno));
+      if (::rename(path_.c_str(), target_.c_str()) != 0) {
+        const int err = errno;
+        ::rename(old.c_str(), target_.c_str());
+        fail(
+            "[{}] cannot put the new model directory in place of {} ({}); the old one is "
+            "unchanged",
+            module_, target_.string(), std::strerror(err));
+      }
+    }
+    committed_ = true;
+    sync_dir(target_.parent_path());
+    if (!old.empty()) {
+      fs::remove_all(old, ec);
+      if (ec) {
+        log_warn(
+            "[{}] the new model directory is in {}, but removing the old one at {} failed ({}); "
+            "delete it by hand",
+            module_, target_.string(), old.string(), ec.message());
+      }
+    }
+  }
+
+ private:
+  fs::path target_, path_;
+  std::string module_;
+  bool committed_ = false;
+};
+
 }  // namespace
 
 bool is_model_dir(const std::string& path) {
@@ -229,39 +367,64 @@ bool is_model_dir(const std::string& path) {
 void check_hf_model_dir_target(const std::string& dir, const std::string& module) {
   const fs::path d(dir);
   std::error_code ec;
-  if (fs::exists(d, ec)) {
-    TETRA_CHECK(fs::is_directory(d, ec), "[{}] {} exists and is not a folder; choose a folder",
-                module, dir);
-    for (const auto& entry : fs::directory_iterator(d, ec)) {
-      const std::string name = entry.path().filename().string();
-      const bool ours = std::find(std::begin(kHfModelFiles), std::end(kHfModelFiles), name) !=
-                        std::end(kHfModelFiles);
-      TETRA_CHECK(ours,
-                  "[{}] {} holds '{}', which is not part of a model directory; choose a new or "
-                  "empty folder, or move '{}' away (a model directory holds only {})",
-                  module, dir, name, name, fmt::join(kHfModelFiles, ", "));
-    }
+  TETRA_CHECK(resolved_dir(dir).has_relative_path(),
+              "[{}] {} is the root folder; choose a new folder for the model directory", module,
+              dir);
+  if (!fs::exists(d, ec)) return;
+  TETRA_CHECK(fs::is_directory(d, ec), "[{}] {} exists and is not a folder; choose a folder",
+              module, dir);
+  // Every entry in the way, sorted (hidden ones last: a visible file is the likelier mistake to
+  // name), so that the message is the same on every file system. An entry with a model file's name
+  // that is not a file (a folder named config.json) is in the way too: no file can replace it.
+  std::vector<std::pair<std::string, bool>> foreign;  // name, whether it is one of ours
+  for (auto it = fs::directory_iterator(d, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool ours = std::find(std::begin(kHfModelFiles), std::end(kHfModelFiles), name) !=
+                      std::end(kHfModelFiles);
+    if (!ours || !it->is_regular_file(ec)) foreign.emplace_back(name, ours);
   }
+  TETRA_CHECK(!ec, "[{}] cannot list {} ({}); check its permissions", module, dir, ec.message());
+  if (foreign.empty()) return;
+  std::sort(foreign.begin(), foreign.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.first[0] == '.', a.first) < std::make_pair(b.first[0] == '.', b.first);
+  });
+  const auto& [name, ours] = foreign[0];
+  const std::string more =
+      foreign.size() > 1 ? fmt::format(" (and {} more)", foreign.size() - 1) : "";
+  fail(
+      "[{}] {} holds '{}'{}, which {}; the folder is replaced as a whole, so choose a new or empty "
+      "folder, or move '{}' away (a model directory holds only {})",
+      module, dir, name, more,
+      ours ? "is not a regular file (a model directory's file of that name cannot replace it)"
+           : "is not part of a model directory",
+      name, fmt::join(kHfModelFiles, ", "));
 }
 
 void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
                        const SafeTensorsFile& weights, const HfTokenizerFiles& tokenizer,
                        const std::string& module) {
   check_hf_model_dir_target(dir, module);
-  const fs::path d(dir);
-  std::error_code ec;
-  fs::create_directories(d, ec);
-  TETRA_CHECK(!ec, "[{}] cannot create the model folder {} ({}); check the path and permissions",
-              module, dir, ec.message());
-  write_text(d / "tokenizer.json", tokenizer.tokenizer_json, module);
-  write_text(d / "tokenizer_config.json", tokenizer_config(shape, tokenizer).dump(2) + "\n",
-             module);
-  const ordered_json generation = {{"bos_token_id", tokenizer.eos_id},
-                                   {"eos_token_id", tokenizer.eos_id}};
-  write_text(d / "generation_config.json", generation.dump(2) + "\n", module);
-  write_safetensors((d / "model.safetensors").string(), weights);
-  // Last: a folder with config.json is a complete model for from_pretrained.
-  write_text(d / "config.json", gpt2_config(shape, tokenizer.eos_id).dump(2) + "\n", module);
+  StagedModelDir staged(resolved_dir(dir), module);
+  const fs::path& d = staged.path();
+  try {
+    write_text(d / "tokenizer.json", tokenizer.tokenizer_json, module);
+    write_text(d / "tokenizer_config.json", tokenizer_config(shape, tokenizer).dump(2) + "\n",
+               module);
+    const ordered_json generation = {{"bos_token_id", tokenizer.eos_id},
+                                     {"eos_token_id", tokenizer.eos_id}};
+    write_text(d / "generation_config.json", generation.dump(2) + "\n", module);
+    write_safetensors((d / "model.safetensors").string(), weights);
+    write_text(d / "config.json", gpt2_config(shape, tokenizer.eos_id).dump(2) + "\n", module);
+    // Again at the end: a file put into the target while this one was written would be deleted
+    // with the old directory.
+    check_hf_model_dir_target(dir, module);
+  } catch (const Error& e) {
+    // Paths in the message are inside the staging folder, which the user never sees.
+    fail("{} (while writing the new model directory beside {}; {} is unchanged)", e.what(), dir,
+         dir);
+  }
+  staged.commit();
 }
 
 bool is_model_dir_target(const std::string& path) { return !path.empty() && path.back() == '/'; }
@@ -278,46 +441,15 @@ std::string model_weights_path(const std::string& path, const std::string& modul
 }
 
 std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module) {
-  const std::string path = (fs::path(dir) / "config.json").string();
-  const std::string text =
-      read_small_file(path, 1 << 20, module, "a model config.json",
-                      "give a Hugging Face model directory (tetra export --hf writes one)");
-  nlohmann::json c;
-  try {
-    c = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("[{}] {}: not valid JSON ({}); the file is corrupt or truncated", module, path, e.what());
-  }
-  auto field = [&](const char* key) -> const nlohmann::json& {
-    TETRA_CHECK(c.is_object() && c.contains(key), "[{}] {}: no \"{}\"; is this a GPT-2 config?",
-                module, path, key);
-    return c[key];
-  };
-  auto require = [&](const char* key, const nlohmann::json& want) {
-    const nlohmann::json& v = field(key);
-    const bool same =
-        v.is_number() && want.is_number() ? v.get<double>() == want.get<double>() : v == want;
-    TETRA_CHECK(same, "[{}] {}: {} is {}, but tetra's GPT-2 needs {}; this model cannot be loaded",
-                module, path, key, v.dump(), want.dump());
-  };
-  auto positive = [&](const char* key) {
-    const nlohmann::json& v = field(key);
-    TETRA_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() < (1 << 30),
-                "[{}] {}: {} is {}; expected a positive integer", module, path, key, v.dump());
-    return std::to_string(v.get<int64_t>());
-  };
-  require("model_type", "gpt2");
-  require("activation_function", "gelu_new");
-  require("layer_norm_epsilon", 1e-5);
-  if (c.contains("tie_word_embeddings")) require("tie_word_embeddings", true);
-  return {"model.vocab_size=" + positive("vocab_size"), "model.n_layer=" + positive("n_layer"),
-          "model.n_head=" + positive("n_head"), "model.d_model=" + positive("n_embd"),
-          "model.max_seq=" + positive("n_positions")};
+  const HfGpt2Config c = read_hf_gpt2_config((fs::path(dir) / "config.json").string(), module);
+  return {"model.vocab_size=" + std::to_string(c.vocab_size),
+          "model.n_layer=" + std::to_string(c.n_layer), "model.n_head=" + std::to_string(c.n_head),
+          "model.d_model=" + std::to_string(c.n_embd),
+          "model.max_seq=" + std::to_string(c.n_positions)};
 }
 
-std::vector<std::string> safetensors_shape_overrides(const std::string& path,
-                                                     const std::string& module) {
-  SafeTensorsFile f = read_safetensors(path);
+WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
+                           const std::string& module) {
   auto find = [&](const std::string& name) -> const SafeTensor& {
     for (const std::string& n : {name, "transformer." + name}) {
       auto it = f.tensors.find(n);
@@ -327,17 +459,84 @@ std::vector<std::string> safetensors_shape_overrides(const std::string& path,
   };
   const SafeTensor& wte = find("wte.weight");
   const SafeTensor& wpe = find("wpe.weight");
-  std::set<int> layers;
-  const std::regex block(R"(^(transformer\.)?h\.(\d+)\.)");
+  // Block numbers as written: digits only, parsed without overflow (a name such as
+  // h.99999999999.x is a number too large, never an exception).
+  std::set<int64_t> layers;
   for (const auto& [name, t] : f.tensors) {
-    std::smatch m;
-    if (std::regex_search(name, m, block)) layers.insert(std::stoi(m[2].str()));
+    std::string_view n = name;
+    if (n.rfind("transformer.", 0) == 0) n.remove_prefix(12);
+    if (n.rfind("h.", 0) != 0) continue;
+    n.remove_prefix(2);
+    const size_t dot = n.find('.');
+    const std::string_view digits = n.substr(0, dot);
+    int64_t layer = -1;
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), layer);
+    TETRA_CHECK(dot != std::string_view::npos && !digits.empty() && err == std::errc() &&
+                    end == digits.data() + digits.size() && layer >= 0 &&
+                    layer < int64_t(HfConfigLimits::n_layer),
+                "[{}] {}: tensor '{}' is not a block tensor h.N.* with N in 0 .. {}; the file is "
+                "damaged or not a GPT-2 safetensors file",
+                module, path, name, HfConfigLimits::n_layer - 1);
+    layers.insert(layer);
   }
   TETRA_CHECK(!layers.empty(), "[{}] {}: no transformer blocks (h.N.*) found", module, path);
-  return {"model.vocab_size=" + std::to_string(wte.shape[0]),
-          "model.d_model=" + std::to_string(wte.shape[1]),
-          "model.max_seq=" + std::to_string(wpe.shape[0]),
-          "model.n_layer=" + std::to_string(layers.size())};
+  TETRA_CHECK(*layers.rbegin() + 1 == int64_t(layers.size()),
+              "[{}] {}: the blocks are not numbered 0 .. {}: {} blocks, the last h.{}; some are "
+              "missing, so the file is damaged or incomplete",
+              module, path, layers.size() - 1, layers.size(), *layers.rbegin());
+  return {wte.shape[0], wte.shape[1], wpe.shape[0], int64_t(layers.size())};
+}
+
+std::vector<std::string> weights_shape_overrides(const WeightsShape& w) {
+  return {"model.vocab_size=" + std::to_string(w.vocab_size),
+          "model.d_model=" + std::to_string(w.d_model),
+          "model.max_seq=" + std::to_string(w.max_seq),
+          "model.n_layer=" + std::to_string(w.n_layer)};
+}
+
+void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
+                                 const std::string& weights_path, const std::string& config_path,
+                                 const std::string& model_arg,
+                                 const std::vector<std::string>& overrides,
+                                 const std::string& module) {
+  const bool hf_keys = config_path.empty() && is_model_dir(model_arg);
+  const std::string source = !config_path.empty() ? "--config " + config_path
+                             : hf_keys            ? (fs::path(model_arg) / "config.json").string()
+                                                  : std::string("the tensor shapes");
+  struct Field {
+    const char* hf;
+    const char* tetra;
+    int64_t have;
+    int64_t file;
+    const char* tensor;
+  };
+  const Field fields[] = {
+      {"vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size, "wte's rows"},
+      {"n_embd", "model.d_model", shape.d_model, w.d_model, "wte's columns"},
+      {"n_positions", "model.max_seq", shape.max_seq, w.max_seq, "wpe's rows"},
+      {"n_layer", "model.n_layer", shape.n_layer, w.n_layer, "blocks h.N"}};
+  std::vector<std::string> wrong, blamed;
+  for (const Field& f : fields) {
+    if (f.have == f.file) continue;
+    // The last override of the key wins, as in Config::load.
+    std::string override_of;
+    for (const std::string& o : overrides) {
+      if (o.rfind(std::string(f.tetra) + "=", 0) == 0) override_of = "--" + o;
+    }
+    const std::string origin = override_of.empty() ? source : override_of;
+    if (override_of.empty()) {
+      wrong.push_back(fmt::format("{} in {} is {} but the weights have {} {}",
+                                  hf_keys ? f.hf : f.tetra, source, f.have, f.file, f.tensor));
+    } else {
+      wrong.push_back(fmt::format("{} but the weights have {} {}", override_of, f.file, f.tensor));
+    }
+    if (std::find(blamed.begin(), blamed.end(), origin) == blamed.end()) blamed.push_back(origin);
+  }
+  TETRA_CHECK(wrong.empty(),
+              "[{}] the model shape does not match the weights {}: {}; they do not belong "
+              "together: correct {}, or give the weights {} describes",
+              module, weights_path, fmt::join(wrong, "; "), fmt::join(blamed, " and "),
+              blamed.size() > 1 ? "they" : "it");
 }
 
 }  // namespace tetra

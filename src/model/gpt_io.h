@@ -23,6 +23,9 @@ namespace tetra {
  * there and skipped. */
 void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
                            const ParamStore* model = nullptr);
+/** The same from a file already read (`path` names it in errors). */
+void load_safetensors_into(ParamStore& store, const SafeTensorsFile& file, const std::string& path,
+                           const std::string& describe, const ParamStore* model = nullptr);
 
 /** The tensors of a flat buffer on the store's device laid out like the store's full (unsharded)
  * layout — the weights themselves, or their gradients — in Hugging Face names and file layouts,
@@ -54,14 +57,17 @@ inline constexpr const char* kHfModelFiles[] = {"tokenizer.json", "tokenizer_con
 
 /** Writes a Hugging Face model directory (GPT2LMHeadModel): config.json (GPT2Config, bos/eos from
  * the tokenizer), model.safetensors, tokenizer.json, tokenizer_config.json and
- * generation_config.json, each atomically. `dir` must be new, empty or hold only those files:
- * anything else in it is refused by name before a file is written. `module` prefixes errors. */
+ * generation_config.json. The whole set is written into a staging folder beside `dir`
+ * (.NAME.export-HOST-PID) and put in `dir`'s place only once every file is complete, so a failure
+ * part-way (a full disk) leaves `dir` as it was: an earlier export whole, never its weights with
+ * a new tokenizer. `dir` must be new, empty or hold only those files: anything else in it is
+ * refused by name before a file is written. `module` prefixes errors. */
 void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
                        const SafeTensorsFile& weights, const HfTokenizerFiles& tokenizer,
                        const std::string& module);
 
-/** Refuses `dir` as the target of save_hf_model_dir (a file, or a folder holding other files),
- * naming what is in the way; writes nothing. */
+/** Refuses `dir` as the target of save_hf_model_dir (a file, the root folder, or a folder holding
+ * other files), naming what is in the way; writes nothing. */
 void check_hf_model_dir_target(const std::string& dir, const std::string& module);
 
 /** True when `path` is to be read as a Hugging Face model directory: an existing directory, or a
@@ -77,13 +83,37 @@ bool is_model_dir_target(const std::string& path);
 std::string model_weights_path(const std::string& path, const std::string& module);
 
 /** model.* overrides (vocab_size, n_layer, n_head, d_model, max_seq) from DIR/config.json, a
- * GPT2Config; refuses a config tetra's GPT-2 cannot run (another model_type, activation,
- * layer_norm_epsilon or untied embeddings), naming the key. */
+ * GPT2Config read and range-checked by ckpt/hf_config.h (which refuses a config tetra's GPT-2
+ * cannot run, naming the key). */
 std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module);
 
-/** model.* overrides read off a GPT-2 safetensors file's tensor shapes: vocabulary, width,
- * positions and layers (the head count cannot be read off). */
-std::vector<std::string> safetensors_shape_overrides(const std::string& path,
-                                                     const std::string& module);
+/** What a GPT-2 safetensors file's tensor shapes say of the model: vocabulary and width (wte),
+ * positions (wpe) and layers (h.N.*; the head count cannot be read off). */
+struct WeightsShape {
+  int64_t vocab_size = 0;
+  int64_t d_model = 0;
+  int64_t max_seq = 0;
+  int64_t n_layer = 0;
+};
+
+/** Reads the shape off `file` (read from `path`); refuses a file without wte/wpe or blocks, and
+ * block numbers that are not 0 .. n-1, naming the tensor. */
+WeightsShape weights_shape(const SafeTensorsFile& file, const std::string& path,
+                           const std::string& module);
+
+/** model.* overrides (vocab_size, d_model, max_seq, n_layer) of a weights shape. */
+std::vector<std::string> weights_shape_overrides(const WeightsShape& w);
+
+/** Refuses a model shape that disagrees with the weights it is to load, before anything else is
+ * compared with that shape (a tokenizer, a prompt). Each field that disagrees is blamed on where
+ * it came from: a command-line override among `overrides` ("model.n_layer=3", as ArgParser gives
+ * them) when there is one, else where the shape came from: `--config FILE` (`config_path`),
+ * else MODEL/config.json when `model_arg` is a model directory (named with config.json's keys,
+ * n_embd), else the tensor shapes; and the tensor that disagrees. */
+void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& weights,
+                                 const std::string& weights_path, const std::string& config_path,
+                                 const std::string& model_arg,
+                                 const std::vector<std::string>& overrides,
+                                 const std::string& module);
 
 }  // namespace tetra

@@ -385,8 +385,8 @@ def case_export(env):
     assert p.returncode == 2 and "[generate] the prompt 'a<|endoftext|>' holds the special token " \
         "'<|endoftext|>' at byte 1, refused by --special-tokens refuse" in p.stderr, p.stderr
     p = env.run_tetra("export", "--hf", env.path("ds"), "--model", model_dir, expect_ok=False)
-    assert p.returncode == 2 and "holds 'manifest.json', which is not part of a model directory" \
-        in p.stderr, p.stderr
+    assert p.returncode == 2 and "holds 'manifest.json' (and 3 more), which is not part of a " \
+        "model directory" in p.stderr, p.stderr
     os.makedirs(env.path("empty"))
     p = env.run_tetra("generate", "--model", env.path("empty"), "--tokenizer", "byte", "--prompt",
                       "x", expect_ok=False)

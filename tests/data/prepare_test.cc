@@ -18,7 +18,13 @@
 #include <set>
 #include <sstream>
 
+#include "core/dir_lock.h"
 #include "core/error.h"
+#include "data/bpe_train.h"
+#include "data/manifest.h"
+#include "data/pretokenize.h"
+#include "data/text_check.h"
+#include "data/token_shard.h"
 #include "data/tokenizer.h"
 #include "tests/test_util.h"
 
@@ -398,10 +404,142 @@ TEST_F(PrepareTest, RerunReplacesTheWholeFolderAndLeavesNothingBeside) {
   for (const auto& e : fs::directory_iterator(root_ / "out")) {
     names.insert(e.path().filename().string());
   }
-  EXPECT_EQ(names, (std::set<std::string>{"manifest.json", "tokenizer.json", "train_000000.bin",
-                                          "val_000000.bin"}));
+  // .tetra.lock: the lock a prepare into out holds (core/dir_lock.h), kept with the dataset.
+  EXPECT_EQ(names, (std::set<std::string>{".tetra.lock", "manifest.json", "tokenizer.json",
+                                          "train_000000.bin", "val_000000.bin"}));
   EXPECT_EQ(snapshot(root_ / "out").siblings, (std::set<std::string>{"in", "out"}));
   check_output(r, 100000);
+}
+
+// Two prepares into one --out: the second is refused while the first holds the folder's lock,
+// naming it, and the first's dataset and its staging folder are untouched (never called
+// abandoned). Once the first is gone, a staging folder it left is named as a killed run's.
+TEST_F(PrepareKeepsOldDataset, SecondRunIntoTheSameOutIsRefusedNamingTheFirst) {
+  const fs::path out = root_ / "out";
+  const fs::path live = root_ / ".out.prepare-999999";
+  fs::create_directories(live);
+  write_file(live / "train_000000.bin", "being written");
+  {
+    // A DirLock of its own open file conflicts with prepare's as another process's would.
+    const DirLock first = DirLock::acquire(out, "tetra data prepare --out first", "data");
+    before_ = snapshot(out);
+    ::testing::internal::CaptureStderr();
+    const std::string err = error_of([&] { prepare_dataset(options("byte")); });
+    const std::string warnings = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("[data] tetra data prepare --out " + out.string() + ": " + out.string() +
+                       " is in use by "),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find(" pid " + std::to_string(::getpid()) + " (tetra data prepare --out first)"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(warnings, "");  // the live staging folder is not named at all
+    EXPECT_TRUE(snapshot(out) == before_);
+    EXPECT_EQ(read_file(live / "train_000000.bin"), "being written");
+  }
+  // A missing --out is created to hold the lock, and removed when the run is refused.
+  {
+    const fs::path fresh = root_ / "fresh";
+    PrepareOptions o = options("byte");
+    o.out_dir = fresh.string();
+    o.special_tokens = SpecialTokens::refuse;
+    write_file(root_ / "in" / "sub" / "eot.txt", "a <|endoftext|> b");
+    EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("refused by --special-tokens refuse"),
+              std::string::npos);
+    EXPECT_FALSE(fs::exists(fresh));
+    fs::remove(root_ / "in" / "sub" / "eot.txt");
+  }
+  ::testing::internal::CaptureStderr();
+  prepare_dataset(options("byte"));
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warnings.find(live.string() +
+                          " is the unfinished dataset of a tetra data prepare that "
+                          "was killed (none is running on " +
+                          out.string() + " now: this run holds its lock); delete it"),
+            std::string::npos)
+      << warnings;
+}
+
+// A tokenizer whose vocabulary exceeds 65,536 ids: every shard is uint32 (version 7), also those
+// whose own tokens would fit 16 bits (here all but the <|endoftext|> separators, id 69,999).
+TEST_F(PrepareTest, OneShardFormatPerDatasetChosenByTheVocabulary) {
+  std::vector<std::string> tokens(256);
+  for (int b = 0; b < 256; ++b) tokens[size_t(b)] = std::string(1, char(b));
+  while (tokens.size() < 69999) tokens.push_back(fmt::format("<t{}>", tokens.size()));
+  tokens.push_back("<|endoftext|>");
+  const BpeTokenizer big(tokens, {}, {{69999, "<|endoftext|>", true}}, 69999);
+  big.save((root_ / "big.json").string());
+  PrepareOptions o = options((root_ / "big.json").string());
+  o.shard_tokens = 4000;  // documents are longer: most shards hold no separator
+  const PrepareResult r = prepare_dataset(o);
+  ASSERT_GT(r.train_shards.size(), 3u);
+  const Manifest m = read_manifest((root_ / "out" / "manifest.json").string());
+  for (const auto* split : {&m.train, &m.val}) {
+    for (const ManifestShard& s : *split) {
+      EXPECT_EQ(s.version, kShardVersionU32) << s.file;
+      EXPECT_EQ(TokenShard((root_ / "out" / s.file).string()).version(), kShardVersionU32);
+    }
+  }
+  EXPECT_EQ(shard_version_for_vocab(65536), 1);
+  EXPECT_EQ(shard_version_for_vocab(65537), kShardVersionU32);
+  // A writer asked for version 1 never narrows a token that does not fit.
+  EXPECT_NE(error_of([&] {
+              write_token_shard((root_ / "x.bin").string(), std::vector<uint32_t>{70000}, 1);
+            }).find("token 70000 does not fit a version 1 shard"),
+            std::string::npos);
+}
+
+// Text without a space or newline: training counts 64-byte parts of the one long word and
+// encoding takes 64 KiB parts, so 8 MB of one letter trains and encodes in well under a second
+// (it took 50 s, 1.4 GB and wrote a 196 MB tokenizer.json for 50 MB) and every token stays short.
+TEST_F(PrepareTest, TextWithoutSpacesHasBoundedTokensAndCost) {
+  fs::remove_all(root_ / "in");
+  const std::string text(8 << 20, 'a');
+  write_file(root_ / "in" / "a.txt", text);
+  PrepareOptions o = options("train:300");
+  o.shard_tokens = 100'000'000;
+  const PrepareResult r = prepare_dataset(o);
+  const auto tok = load_tokenizer((root_ / "out" / "tokenizer.json").string());
+  const auto& bpe = dynamic_cast<const BpeTokenizer&>(*tok);
+  for (uint32_t id = 0; id + 1 < tok->vocab_size(); ++id) {
+    EXPECT_LE(bpe.token_bytes(id).size(), kMaxTrainWordBytes) << id;
+  }
+  EXPECT_LT(fs::file_size(root_ / "out" / "tokenizer.json"), 64u << 10);
+  // One 64-byte token per 64 letters: the text is all 64-letter runs.
+  EXPECT_EQ(r.train_tokens + r.val_tokens, 1 + text.size() / 64);
+  std::vector<uint32_t> all;
+  for (const ShardInfo& s : r.train_shards) {
+    const auto t = read_shard(root_ / "out" / s.file);
+    all.insert(all.end(), t.begin() + 1, t.end());
+  }
+  EXPECT_EQ(tok->decode(all), text);
+}
+
+TEST(Pretokenize, CappedPiecesCutLongRunsAtCharacterStarts) {
+  // 100 two-byte letters (U+00E9), a space, 10 'x': parts of at most 9 bytes, never inside é.
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "\xc3\xa9";
+  text += " xxxxxxxxxx";
+  std::vector<std::string_view> parts;
+  pretokenize_capped(text, 9, [&](std::string_view p) { parts.push_back(p); });
+  std::string joined;
+  for (std::string_view p : parts) {
+    EXPECT_LE(p.size(), 9u);
+    EXPECT_NE(static_cast<unsigned char>(p[0]) & 0xC0, 0x80) << "cut inside a character";
+    joined += p;
+  }
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(parts.size(), 25u + 2u);  // 200 bytes in 8-byte parts, then " xxxxxxxx" and "xx"
+}
+
+TEST(TextCheck, FirstInvalidUtf8Byte) {
+  EXPECT_EQ(first_invalid_utf8("plain caf\xc3\xa9 \xe6\x9d\xb1\xf0\x9f\x98\x80"),
+            std::string_view::npos);
+  EXPECT_EQ(first_invalid_utf8("caf\xe9"), 3u);             // Latin-1
+  EXPECT_EQ(first_invalid_utf8("ab\xe2\x82"), 2u);          // cut short
+  EXPECT_EQ(first_invalid_utf8("\xed\xa0\x80"), 0u);        // a surrogate
+  EXPECT_EQ(first_invalid_utf8("x\xc0\xaf"), 1u);           // overlong '/'
+  EXPECT_EQ(first_invalid_utf8("ok\xf4\x90\x80\x80"), 2u);  // past U+10FFFF
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -128,6 +129,28 @@ TEST_F(TokenDatasetTest, ShardTruncatedByAnotherThreadWhileReadIsNamed) {
   EXPECT_THAT(error, HasSubstr("[data] " + victim +
                                ": the shard is now 1124 bytes, shorter than "
                                "the "));
+}
+
+// One dataset, one format: a uint16 shard beside uint32 ones (what prepare wrote for vocabularies
+// over 65,535 when it chose per shard, and what llm.c's DataLoader aborts on) is refused by the
+// manifest reader and, without a manifest, by the dataset, naming a shard of each.
+TEST_F(TokenDatasetTest, MixedShardFormatsAreRefused) {
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(shard("manifest.json")));
+  m["splits"]["train"]["shards"][1]["version"] = 7;
+  const std::string mixed = m.dump();
+  EXPECT_THAT(error_of([&] { parse_manifest(mixed, "ds/manifest.json"); }),
+              HasSubstr("[data] ds/manifest.json: the dataset mixes shard formats: "
+                        "train_000000.bin is version 1 (uint16 tokens) but train_000001.bin is "
+                        "version 7 (uint32 tokens); llm.c's DataLoader aborts on a mix: re-run "
+                        "tetra data prepare"));
+  fs::remove(shard("manifest.json"));
+  std::vector<uint32_t> tokens(200);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i);
+  write_token_shard(shard("train_000001.bin"), tokens, kShardVersionU32);
+  EXPECT_THAT(error_of([&] { TokenDataset(train_glob(), 64); }),
+              HasSubstr("[data] the shard list '" + train_glob() + "' mixes shard formats: " +
+                        shard("train_000000.bin") + " is version 1 (uint16 tokens) but " +
+                        shard("train_000001.bin") + " is version 7 (uint32 tokens)"));
 }
 
 }  // namespace
