@@ -52,7 +52,8 @@ std::string training_config_help() {
 int plan_main(const Args& args) {
   ArgParser p(
       "plan", "tetra plan",
-      "usage: tetra plan --config FILE.toml [--section.key=value ...] [--json] [--top N]\n\n"
+      "usage: tetra plan --config FILE.toml [--section.key=value ...] [--json] [--top N] "
+      "[--explain]\n\n"
       "Memory and compute ledgers, communication per dimension, pipeline bubble, checkpoint\n"
       "interval and the best layouts for a model on a cluster (docs/plan.md). FILE.toml is a\n"
       "planner config (configs/plan/) or a `tetra train` config, planned as the run it launches.\n",
@@ -61,6 +62,9 @@ int plan_main(const Args& args) {
         "FILE.toml"},
        {{"--json", ValueKind::Bool, "false", "print the report as one JSON object"}},
        {{"--top", ValueKind::Int, "5", "layouts to list", "[1, 1000]"}, "N"},
+       {{"--explain", ValueKind::Bool, "false",
+         "the chosen layout's step time in the audit order (data, communication, bubble, "
+         "kernels, stragglers) and why each listed layout beats the next"}},
        {{"--trace", ValueKind::String, "\"\"",
          "write the chosen layout's simulated pipeline step as a Chrome/Perfetto trace"},
         "FILE.json"}});
@@ -93,7 +97,7 @@ int plan_main(const Args& args) {
   if (p.b("--json")) {
     std::printf("%s\n", report.dump(2).c_str());
   } else {
-    std::fputs(plan::format_report(report).c_str(), stdout);
+    std::fputs(plan::format_report(report, p.b("--explain")).c_str(), stdout);
   }
   return 0;
 }

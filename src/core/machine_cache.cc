@@ -1,4 +1,4 @@
-#include "kernels/cpu/machine_cache.h"
+#include "core/machine_cache.h"
 
 #include <cstdlib>
 #include <ctime>
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 
-namespace tetra::cpu {
+namespace tetra {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -102,4 +102,4 @@ void write_machine_cache(const fs::path& path, int schema, const std::string& ma
   }
 }
 
-}  // namespace tetra::cpu
+}  // namespace tetra

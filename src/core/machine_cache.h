@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace tetra::cpu {
+namespace tetra {
 
 /** $XDG_CACHE_HOME/tetra/<name>, else $HOME/.cache/tetra/<name>; empty when neither is set. */
 std::filesystem::path machine_cache_path(const std::string& name);
@@ -40,4 +40,4 @@ void write_machine_cache(const std::filesystem::path& path, int schema, const st
                          const std::function<bool(const nlohmann::json&)>& valid,
                          const std::string& module);
 
-}  // namespace tetra::cpu
+}  // namespace tetra

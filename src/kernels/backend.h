@@ -43,6 +43,9 @@ class Backend {
    *  measured fp32 matmul peak, a GPU's dense peak in the run's precision. `measured` (if given)
    *  says whether it was measured rather than taken from a datasheet. */
   virtual double peak_gflops(bool bf16, int threads, bool* measured = nullptr) = 0;
+  /** Bytes per second the device's memory moves when one buffer is copied to another (read and
+   *  written bytes counted), measured on first use: the rate memory-bound kernels are held to. */
+  virtual double memory_bandwidth() = 0;
   /** Host threads the backend's kernels use (OpenMP on the CPU). */
   virtual void set_threads(int threads) = 0;
 };

@@ -1,5 +1,13 @@
-// Communication per step by parallel dimension: bytes each rank sends, the link it crosses, the
-// time on that link and the share that can hide behind compute.
+// Communication per step by parallel dimension: bytes each rank sends, the links its group spans,
+// the time its collectives take there and the share that can hide behind compute.
+//
+// Time is the α-β model NCCL's own tuner uses (docs/plan.md, "Collectives"): every step of an
+// algorithm pays the link's latency α, every byte 1/β. A group is placed by the rank order (tp
+// fastest, then dp, then pp): `per_node` of its ranks share a node and it spans `nodes` nodes.
+// Collectives over several nodes are hierarchical (inside the node, then across, on every rank's
+// own NIC at once); across nodes an all-reduce takes a ring or a double binary tree, whichever is
+// faster at its size (NCCL's choice); bandwidth is derated for small messages, and above the
+// non-blocking tier of an oversubscribed fabric.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +29,25 @@ double link_seconds(double bytes, int64_t hops, double bandwidth, double latency
 /** True when a group of `size` ranks spaced `stride` apart lies inside one node. */
 bool group_in_node(int64_t stride, int64_t size, int64_t gpus_per_node);
 
+/** Where a group of `size` ranks spaced `stride` apart lies on the cluster. */
+struct GroupPlacement {
+  int64_t size = 1;
+  int64_t per_node = 1;  // of its ranks on one node
+  int64_t nodes = 1;     // nodes it has ranks on
+  int64_t span = 1;      // nodes from its first rank's to its last's (the fabric it crosses)
+};
+GroupPlacement place_group(int64_t stride, int64_t size, int64_t gpus_per_node);
+
+enum class Collective { all_reduce, reduce_scatter, all_gather, all_to_all, send };
+
+/** Seconds one `kind` of a `bytes` buffer (the whole buffer: an all-gather's output, a
+ *  reduce-scatter's input) takes over group `g`. */
+double collective_seconds(Collective kind, double bytes, const GroupPlacement& g,
+                          const ClusterSpec& c);
+
+/** "ring" or "tree": the inter-node all-reduce algorithm collective_seconds takes for `bytes`. */
+std::string allreduce_algorithm(double bytes, const GroupPlacement& g, const ClusterSpec& c);
+
 /** One parallel dimension's traffic in one optimizer step, per rank. */
 struct DimComm {
   std::string dim;   // dp, tp, pp, ep
@@ -31,6 +58,8 @@ struct DimComm {
   double bytes = 0;    // per rank per step
   double seconds = 0;  // on the link, per step
   double overlap = 0;  // share of `seconds` that can hide behind compute
+  GroupPlacement placement;
+  std::string algorithm;  // how its largest collective runs: "ring", "tree", "p2p"
   double exposed() const { return seconds * (1.0 - overlap); }
 };
 
@@ -38,5 +67,10 @@ struct DimComm {
  *  micro-batch on one device; it sets how much of the DP traffic can overlap. */
 std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                    const Layout& l, double microbatch_seconds);
+
+/** The expected slowest of n devices whose step times spread with coefficient of variation
+ *  `jitter`, as a fraction of the mean step: jitter x E[max of n standard normals] (000
+ *  ストラグラー: a synchronous step runs at its fleet's tail). */
+double straggler_fraction(int64_t n, double jitter);
 
 }  // namespace tetra::plan

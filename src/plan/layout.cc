@@ -14,6 +14,11 @@ int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank) {
   return n;
 }
 
+int64_t stage_layers(const Layout& l, int64_t layers, int64_t stage) {
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  return l.split.empty() ? layers / (l.pp * v) : int64_t(l.split[size_t(stage)]);
+}
+
 int64_t max_rank_layers(const Layout& l, int64_t layers) {
   int64_t most = 0;
   for (int64_t r = 0; r < l.pp; ++r) most = std::max(most, rank_layers(l, layers, r));
@@ -33,7 +38,8 @@ std::string describe(const Layout& l) {
         s += fmt::format("{}{}", i ? "," : "", l.split[i]);
     }
   }
-  s += fmt::format(", mbs={} m={}", l.micro_batch, l.microbatches);
+  s += fmt::format(", mbs={} m={}, recompute {}", l.micro_batch, l.microbatches,
+                   recompute_name(l.recompute));
   return s;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/recompute.h"
 #include "pipeline/schedule.h"
 
 namespace tetra::plan {
@@ -27,14 +28,18 @@ struct Layout {
   int64_t micro_batch = 1;   // sequences per micro-batch
   int64_t microbatches = 1;  // m: micro-batches per step per pipeline
   std::vector<int> split;    // layers per virtual stage (pp*v); empty: layers/(pp*v) each
+  Recompute recompute = Recompute::selective;  // what backward recomputes instead of keeping
 };
+
+/** Layers of virtual stage `stage` (0..pp*v-1). */
+int64_t stage_layers(const Layout& l, int64_t layers, int64_t stage);
 
 /** Layers held by pipeline rank `rank` (its chunks' layers together). */
 int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank);
 /** The most layers any pipeline rank holds. */
 int64_t max_rank_layers(const Layout& l, int64_t layers);
 
-/** "TP 8 x PP 4 x DP 16, ZeRO-1, 1f1b, m=32" */
+/** "TP 8 x PP 4 x DP 16, ZeRO-1, 1f1b, mbs=1 m=32, recompute selective" */
 std::string describe(const Layout& l);
 
 }  // namespace tetra::plan

@@ -1,9 +1,12 @@
 #include "plan/layout_search.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <set>
 #include <tuple>
 
@@ -160,18 +163,32 @@ void validate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpe
   if (!problem.empty()) throw Error(problem);
 }
 
-static pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
-                                            const Layout& l, double slot) {
-  // Each virtual stage costs its share of the layers of a slot, a third forward (two thirds
-  // backward and any recomputation).
+namespace {
+
+// The output head's products in layers of compute (6VC per token against a layer's 6 x its
+// matrices): the last virtual stage runs them after its layers, the first stage's embedding lookup
+// costs next to nothing. This is what makes Llama 3 and Megatron give the end stages fewer layers.
+double head_layers(const ModelSpec& m) {
+  const ParamCounts pc = count_params(m);
+  const double layer = double(pc.attention_matmul + pc.top_k * pc.expert_mlp_matmul + pc.router);
+  return double(pc.head_matmul) / layer;
+}
+
+// Each virtual stage costs its layers (the last also the head) of a slot: the forward's share of
+// the hardware FLOPs forward, the rest (backward and any recomputation) backward.
+pipeline::Timeline simulate_pipeline(const ModelSpec& m, const Layout& l, double slot,
+                                     double transfer) {
   const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
   const int stages = int(l.pp * v);
-  const FlopsPerToken f = flops_per_token(m, t.recompute);
+  const FlopsPerToken f = flops_per_token(m, l.recompute);
   const double fwd = f.model() / 3.0 / f.hardware();
+  const double head = head_layers(m);
+  const double unit = slot * double(l.pp) / (double(m.layers) + head);
   pipeline::Costs costs;
+  costs.transfer = transfer;
   for (int k = 0; k < stages; ++k) {
-    const double layers = l.split.empty() ? double(m.layers) / stages : double(l.split[size_t(k)]);
-    const double stage = slot * double(l.pp) * layers / double(m.layers);
+    const double layers = double(stage_layers(l, m.layers, k)) + (k == stages - 1 ? head : 0.0);
+    const double stage = unit * layers;
     costs.forward.push_back(fwd * stage);
     costs.backward.push_back((1.0 - fwd) * stage);
   }
@@ -179,52 +196,163 @@ static pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSp
       pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v)), costs);
 }
 
-pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
-                                     const LayoutEstimate& e) {
-  double critical = 0;
-  for (const auto& d : e.comm) {
-    if (d.dim == "tp" || d.dim == "ep") critical += d.seconds;
+// A schedule's flush in slots and its bubble with instant sends: the simulation scales with the
+// slot, so it is run once per schedule, split and forward share, and kept.
+struct SimulatedPipeline {
+  double flush_per_slot = 0, bubble = 0;
+};
+SimulatedPipeline simulated_pipeline(const ModelSpec& m, const Layout& l) {
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, std::vector<int>, int64_t, double>;
+  static std::mutex mu;
+  static std::map<Key, SimulatedPipeline> cache;
+  const Key key{int(l.schedule),
+                l.pp,
+                l.microbatches,
+                l.v,
+                l.split,
+                m.layers,
+                head_layers(m) + 10.0 * double(int(l.recompute))};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  return simulate_pipeline(m, t, e.layout,
-                           e.microbatch_seconds + critical / double(e.layout.microbatches));
+  const pipeline::Timeline tl = simulate_pipeline(m, l, 1.0, 0.0);
+  const SimulatedPipeline sim{tl.flush, tl.bubble()};
+  const std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() > 100000) cache.clear();
+  cache.emplace(key, sim);
+  return sim;
 }
 
-LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
-                               const Layout& l) {
+double critical_seconds(const std::vector<DimComm>& comm) {
+  double s = 0;
+  for (const auto& d : comm) {
+    if (d.dim == "tp" || d.dim == "ep") s += d.seconds;
+  }
+  return s;
+}
+
+double pp_send_seconds(const std::vector<DimComm>& comm) {
+  for (const auto& d : comm) {
+    if (d.dim == "pp" && d.calls > 0) return d.seconds / double(d.calls);
+  }
+  return 0.0;
+}
+
+// Bytes every kernel that is not a matrix product reads and writes per token and layer: each
+// saved activation is written once forward and read once backward, and its gradient written and
+// read once (norms, GELU/SwiGLU, softmax, residual adds, dropout).
+constexpr double kElementwisePasses = 3.0;
+// Bytes the AdamW update moves per parameter it owns: fp32 parameter, gradient, m and v read;
+// parameter, m and v written.
+constexpr double kUpdateBytesPerParam = 28.0;
+
+}  // namespace
+
+pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec&,
+                                     const LayoutEstimate& e) {
+  return simulate_pipeline(
+      m, e.layout, e.microbatch_seconds + critical_seconds(e.comm) / double(e.layout.microbatches),
+      pp_send_seconds(e.comm));
+}
+
+LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t0,
+                               const Layout& l, const CommModel& comm) {
+  TrainingSpec t = t0;
+  t.attention = resolve_attention(t0, c);
   LayoutEstimate e;
   e.layout = l;
   e.memory = memory_per_device(m, t, l);
   e.usable_bytes = c.memory_bytes * c.usable_fraction;
   e.fits = e.memory.total() <= e.usable_bytes;
 
-  const FlopsPerToken f = flops_per_token(m, t.recompute);
+  // Kernels of one micro-batch on one device: the whole model's work over tp x pp devices.
   const double tokens = double(l.micro_batch * m.seq);
-  e.microbatch_seconds =
-      f.hardware() * tokens / double(l.tp * l.pp) / (c.peak_flops * t.kernel_efficiency);
-  e.comm = comm_per_step(m, c, t, l, e.microbatch_seconds);
+  const double share = tokens / double(l.tp * l.pp);
+  const FlopsPerToken f = flops_per_token(m, l.recompute);
+  const bool flash = t.attention == Attention::flash;
+  const double attn_fwd = f.attention / 3.0;
+  // Full recomputation runs the forward again; selective reruns the attention scores, which a
+  // flash kernel recomputes in its own backward anyway (counted in its efficiency).
+  const double re_dense = l.recompute == Recompute::full ? 2.0 * (f.dense / 6.0) : 0.0;
+  const double re_attn =
+      l.recompute == Recompute::full || (l.recompute == Recompute::selective && !flash) ? attn_fwd
+                                                                                        : 0.0;
+  // A product's efficiency falls when its smallest side is small: tokens of the micro-batch or
+  // the hidden width one TP rank holds (tile and wave quantisation).
+  const double side = std::min(tokens, double(m.d_model) / double(l.tp));
+  const double e_max = t.kernel_efficiency > 0 ? t.kernel_efficiency : c.gemm_efficiency;
+  const double e_gemm = e_max * (c.gemm_half_dim > 0 ? side / (side + c.gemm_half_dim) : 1.0);
+  const double peak = c.peak_flops;
+  KernelTime& k = e.microbatch;
+  k.gemm_efficiency = e_gemm;
+  k.ideal = f.model() * share / peak;
+  // MFU counts attention's scores whole (PaLM's convention); a causal kernel computes only the
+  // unmasked half of them (FlashAttention-2 skips the masked blocks, tetra's CPU kernel the masked
+  // entries), at cluster.attention_efficiency of peak.
+  const double e_attn = 2.0 * c.attention_efficiency;
+  k.recompute = (re_dense / e_gemm + re_attn / e_attn) * share / peak;
+  k.gemm = f.dense * share / peak / e_gemm;
+  k.attention = f.attention * share / peak / e_attn;
+  const double act =
+      activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, t.attention);
+  const double rerun = l.recompute == Recompute::full ? 4.0 / 3.0 : 1.0;
+  const double logits = 3.0 * double(m.vocab) / double(l.tp) * 4.0;
+  k.memory_bound = (kElementwisePasses * act * double(m.layers) * rerun + logits) * tokens /
+                   double(l.pp) / c.mem_bw;
+  e.microbatch_seconds = k.total();
 
-  double critical = 0, pp_s = 0, dp_exposed = 0;
-  for (const auto& d : e.comm) {
-    if (d.dim == "tp" || d.dim == "ep") critical += d.seconds;
-    if (d.dim == "pp") pp_s += d.seconds;
-    if (d.dim == "dp") dp_exposed += d.exposed();
-  }
+  e.comm = comm ? comm(e.microbatch_seconds) : comm_per_step(m, c, t, l, e.microbatch_seconds);
   const double mb = double(l.microbatches);
   // TP and EP collectives stretch every pipeline slot, so the bubble scales them too.
+  const double critical = critical_seconds(e.comm);
   const double slot = e.microbatch_seconds + critical / mb;
   e.compute_seconds = mb * e.microbatch_seconds;
   double pipeline_seconds = slot * mb;
   if (l.pp > 1) {
-    const pipeline::Timeline tl = simulate_pipeline(m, t, l, slot);
-    pipeline_seconds = tl.flush;
-    e.bubble = tl.bubble();
+    // The bubble of the schedule with instant sends; the sends add their latency along the
+    // pipeline's critical path, the first micro-batch's forward through every virtual stage and
+    // the last one's backward back (the rest overlap the steady state's compute).
+    const SimulatedPipeline sim = simulated_pipeline(m, l);
+    pipeline_seconds = sim.flush_per_slot * slot;
+    e.bubble = sim.bubble;
     e.bubble_formula = bubble_fraction(l.schedule, l.pp, l.microbatches, l.v);
+    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    double pp_total = 0;
+    for (const auto& d : e.comm) {
+      if (d.dim == "pp") pp_total = d.seconds;
+    }
+    e.pp_exposed_seconds = std::min(pp_total, 2.0 * double(l.pp * v - 1) * pp_send_seconds(e.comm));
   }
   e.bubble_seconds = pipeline_seconds - slot * mb;
-  e.exposed_comm_seconds = critical + pp_s + dp_exposed;
-  e.step_seconds = pipeline_seconds + pp_s + dp_exposed;
-  e.mfu =
-      f.model() * double(t.global_batch_tokens) / (double(c.gpus) * c.peak_flops * e.step_seconds);
+  double dp_exposed = 0;
+  for (auto& d : e.comm) {
+    if (d.dim != "dp") continue;
+    // Gradients reduced after the last backward (plain DP, ZeRO-1) also run while the pipeline
+    // drains: a stage whose last backward is done idles through the rest of the bubble.
+    if (l.pp > 1 && l.zero <= 1 && !comm && d.seconds > 0) {
+      d.overlap = c.comm_overlap *
+                  std::min(1.0, (2.0 / 3.0 * e.microbatch_seconds + e.bubble_seconds) / d.seconds);
+    }
+    dp_exposed += d.exposed();
+  }
+  // The update: what this rank owns of the state, memory-bound.
+  const LocalParams lp = rank_params(m, l, e.memory.rank);
+  const double owned =
+      (lp.dense + lp.expert) / (l.zero >= 1 ? double(std::max<int64_t>(1, l.dp)) : 1.0);
+  e.optimizer_seconds = kUpdateBytesPerParam * owned / c.mem_bw;
+
+  e.time.data = 0;
+  e.time.comm = critical + e.pp_exposed_seconds + dp_exposed;
+  e.time.bubble = e.bubble_seconds;
+  e.time.kernels = e.compute_seconds + e.optimizer_seconds;
+  e.time.stragglers =
+      straggler_fraction(c.gpus, c.jitter) * (e.time.comm + e.time.bubble + e.time.kernels);
+  e.exposed_comm_seconds = e.time.comm;
+  e.step_seconds = e.time.total();
+  const double device_flops = double(c.gpus) * peak * e.step_seconds;
+  e.mfu = f.model() * double(t.global_batch_tokens) / device_flops;
+  e.hfu = f.hardware() * double(t.global_batch_tokens) / device_flops;
   return e;
 }
 
@@ -239,6 +367,7 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   l.zero = k.zero;
   l.schedule = k.schedule.value_or(Schedule::one_f_one_b);
   l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1;
+  l.recompute = k.recompute.value_or(t.recompute);
   const int64_t per_replica = seqs / std::max<int64_t>(l.dp, 1);
   if (k.microbatches) {
     l.microbatches = k.microbatches;
@@ -259,10 +388,17 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
   const int64_t seqs = sequences_per_step(m, t);
   SearchResult r;
   std::vector<LayoutEstimate> all;
+  std::vector<Recompute> recomputes;
+  if (k.recompute) {
+    recomputes.push_back(*k.recompute);
+  } else {
+    recomputes = {Recompute::none, Recompute::selective, Recompute::full};
+  }
   for (int64_t tp : divisors(c.gpus_per_node)) {
     if ((k.tp && tp != k.tp) || c.gpus % tp != 0) continue;
-    // Uneven stages (layout.pp_layers=auto) make every pp up to the layer count possible.
-    for (int64_t pp : k.pp_layers == "auto" ? divisors(c.gpus) : divisors(m.layers)) {
+    // Every pp up to the layer count: stages that do not divide the layers are split unevenly,
+    // balanced with the embedding and the head counted (layout.pp_layers=auto), as Llama 3 did.
+    for (int64_t pp : divisors(c.gpus)) {
       if (pp > m.layers) continue;
       if ((k.pp && pp != k.pp) || c.gpus % (tp * pp) != 0) continue;
       const int64_t dp = c.gpus / (tp * pp);
@@ -287,24 +423,39 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
             {*k.schedule, *k.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1});
       } else {
         schedules.push_back({Schedule::one_f_one_b, 1});
-        if (pp > 1) schedules.push_back({Schedule::interleaved, k.v ? k.v : 2});
+        if (pp > 1) {
+          for (int64_t v : k.v ? std::vector<int64_t>{k.v} : std::vector<int64_t>{2, 3, 4}) {
+            if (pp * v <= m.layers) schedules.push_back({Schedule::interleaved, v});
+          }
+        }
       }
       for (int64_t ep : eps) {
         for (int64_t mbs : mbss) {
           for (auto [sched, v] : schedules) {
-            for (int zero = 0; zero <= 3; ++zero) {
-              if (k.zero >= 0 && zero != k.zero) continue;
-              Layout l{tp, pp, dp, ep, zero, sched, v, mbs, per_replica / mbs, {}};
-              if (!resolve_split(m, k.pp_layers, l).empty()) continue;
-              if (!layout_problem(m, c, t, l).empty()) continue;
-              ++r.considered;
-              LayoutEstimate e = evaluate_layout(m, c, t, l);
-              if (!e.fits) {
-                ++r.too_big;
-                if (!r.closest || e.memory.total() < r.closest->memory.total()) r.closest = e;
-                continue;
+            Layout base{tp, pp, dp, ep, 0, sched, v, mbs, per_replica / mbs, {}};
+            const std::string spec =
+                k.pp_layers.empty() && m.layers % (pp * v) != 0 ? std::string("auto") : k.pp_layers;
+            if (!resolve_split(m, spec, base).empty()) continue;
+            if (!layout_problem(m, c, t, base).empty()) continue;
+            for (Recompute rc : recomputes) {
+              for (int zero = 0; zero <= 3; ++zero) {
+                if (k.zero >= 0 && zero != k.zero) continue;
+                Layout l = base;
+                l.zero = zero;
+                l.recompute = rc;
+                ++r.considered;
+                TrainingSpec tr = t;
+                tr.attention = resolve_attention(t, c);
+                const MemoryBreakdown mem = memory_per_device(m, tr, l);
+                if (mem.total() > c.memory_bytes * c.usable_fraction) {
+                  ++r.too_big;
+                  if (!r.closest || mem.total() < r.closest->memory.total()) {
+                    r.closest = evaluate_layout(m, c, t, l);
+                  }
+                  continue;
+                }
+                all.push_back(evaluate_layout(m, c, t, l));
               }
-              all.push_back(std::move(e));
             }
           }
         }
@@ -407,9 +558,11 @@ std::vector<std::string> explain_layout(const ModelSpec& m, const ClusterSpec& c
   } else {
     x.push_back("PP 1: the model fits without a pipeline, so there is no bubble");
   }
-  const MemoryBreakdown plain = memory_per_device(
-      m, t,
-      Layout{l.tp, l.pp, l.dp, l.ep, 0, l.schedule, l.v, l.micro_batch, l.microbatches, l.split});
+  Layout plain_layout = l;
+  plain_layout.zero = 0;
+  TrainingSpec tr = t;
+  tr.attention = resolve_attention(t, c);
+  const MemoryBreakdown plain = memory_per_device(m, tr, plain_layout);
   x.push_back(fmt::format(
       "DP {} outermost{}: state {} per device{} (000 ZeRO: shard state before splitting "
       "compute further)",
@@ -418,11 +571,132 @@ std::vector<std::string> explain_layout(const ModelSpec& m, const ClusterSpec& c
       l.zero ? fmt::format(" instead of {} unsharded",
                            human_bytes(plain.params + plain.grads + plain.optimizer))
              : std::string()));
+  x.push_back(fmt::format("recompute {}: activations {} per device on pipeline rank {} ({})",
+                          recompute_name(l.recompute), human_bytes(e.memory.activations),
+                          e.memory.rank,
+                          l.recompute == Recompute::none ? "every tensor kept"
+                          : l.recompute == Recompute::full
+                              ? "each layer's input kept, the forward run again in backward"
+                              : "the attention scores recomputed"));
   x.push_back(fmt::format(
-      "step {} = compute {} + bubble {} + exposed communication {}; estimated MFU {:.0f}%",
-      human_seconds(e.step_seconds), human_seconds(e.compute_seconds),
-      human_seconds(e.bubble_seconds),
-      human_seconds(e.step_seconds - e.compute_seconds - e.bubble_seconds), e.mfu * 100));
+      "step {} = communication {} + bubble {} + kernels {} + stragglers {}; estimated MFU "
+      "{:.0f}%",
+      human_seconds(e.step_seconds), human_seconds(e.time.comm), human_seconds(e.time.bubble),
+      human_seconds(e.time.kernels), human_seconds(e.time.stragglers), e.mfu * 100));
+  return x;
+}
+
+std::vector<std::string> rank_reasons(const std::vector<LayoutEstimate>& ranked) {
+  std::vector<std::string> out;
+  const char* const names[] = {"data", "communication", "bubble", "kernels", "stragglers"};
+  for (size_t i = 0; i + 1 < ranked.size(); ++i) {
+    const StepTime& a = ranked[i].time;
+    const StepTime& b = ranked[i + 1].time;
+    const double diff[] = {b.data - a.data, b.comm - a.comm, b.bubble - a.bubble,
+                           b.kernels - a.kernels, b.stragglers - a.stragglers};
+    // The saving that decides it, and the largest cost paid for it.
+    size_t gain = 0, cost = 0;
+    for (size_t j = 1; j < 5; ++j) {
+      if (diff[j] > diff[gain]) gain = j;
+      if (diff[j] < diff[cost]) cost = j;
+    }
+    const double total = b.total() - a.total();
+    std::string why;
+    if (total <= 1e-9 * std::max(a.total(), 1e-30)) {
+      why = fmt::format(
+          "ties with #{} on step time; ranked first for moving fewer bytes or "
+          "holding less memory",
+          i + 2);
+    } else {
+      why = fmt::format("beats #{} by {} a step: {} less {}", i + 2, human_seconds(total),
+                        human_seconds(diff[gain]), names[gain]);
+      if (diff[cost] < 0) {
+        why += fmt::format(", for {} more {}", human_seconds(-diff[cost]), names[cost]);
+      }
+      const Layout& la = ranked[i].layout;
+      const Layout& lb = ranked[i + 1].layout;
+      std::string what;
+      if (la.tp != lb.tp || la.pp != lb.pp) {
+        what = fmt::format("TP {} x PP {} instead of TP {} x PP {}", la.tp, la.pp, lb.tp, lb.pp);
+      } else {
+        what = fmt::format("DP {} instead of {}", la.dp, lb.dp);
+      }
+      if (la.schedule != lb.schedule || la.v != lb.v) {
+        what += fmt::format(
+            ", {}{} instead of {}{}", to_string(la.schedule),
+            la.schedule == Schedule::interleaved ? fmt::format(" v={}", la.v) : std::string(),
+            to_string(lb.schedule),
+            lb.schedule == Schedule::interleaved ? fmt::format(" v={}", lb.v) : std::string());
+      }
+      if (la.recompute != lb.recompute) {
+        what += fmt::format(", recompute {} instead of {}", recompute_name(la.recompute),
+                            recompute_name(lb.recompute));
+      }
+      if (la.zero != lb.zero) what += fmt::format(", ZeRO-{} instead of {}", la.zero, lb.zero);
+      why += " (" + what + ")";
+    }
+    out.push_back(why);
+  }
+  return out;
+}
+
+std::vector<std::string> explain_step(const ModelSpec&, const ClusterSpec& c, const TrainingSpec& t,
+                                      const LayoutEstimate& e) {
+  std::vector<std::string> x;
+  const Layout& l = e.layout;
+  const double step = e.step_seconds;
+  auto pct = [&](double s) { return step > 0 ? 100.0 * s / step : 0.0; };
+  const double tokens = double(t.global_batch_tokens) / double(c.gpus);
+  x.push_back(fmt::format(
+      "1. data       {:>10} ({:4.1f}%)  the loader must deliver {:.3g} tokens per device per "
+      "step; the planner assumes it keeps up (000: audit it first, by profiling a step)",
+      human_seconds(e.time.data), pct(e.time.data), tokens));
+  x.push_back(fmt::format("2. comm       {:>10} ({:4.1f}%)  exposed; by dimension:",
+                          human_seconds(e.time.comm), pct(e.time.comm)));
+  for (const auto& d : e.comm) {
+    const double exposed = d.dim == "pp" ? e.pp_exposed_seconds : d.exposed();
+    x.push_back(fmt::format(
+        "   {:<3} group {} ({} per node over {} node(s){}), {} {} x {} calls = {} on the link, "
+        "{} exposed{}",
+        d.dim, d.group, d.placement.per_node, d.placement.nodes,
+        c.nodes_per_pod > 0 && d.placement.span > c.nodes_per_pod
+            ? fmt::format(", crossing the {}:1 tier", c.oversubscription)
+            : std::string(),
+        d.algorithm, human_bytes(d.calls ? d.bytes / double(d.calls) : 0.0), d.calls,
+        human_seconds(d.seconds), human_seconds(exposed),
+        d.dim == "dp"   ? fmt::format(" ({:.0f}% behind compute)", 100 * d.overlap)
+        : d.dim == "pp" ? std::string(" (on the pipeline's critical path)")
+                        : std::string(" (critical path)")));
+  }
+  x.push_back(fmt::format(
+      "3. bubble     {:>10} ({:4.1f}%)  {}{}", human_seconds(e.time.bubble), pct(e.time.bubble),
+      l.pp > 1 ? fmt::format("{} p={} m={}{}: {:.1f}% of the pipeline idle, simulated (closed "
+                             "form {:.1f}%)",
+                             to_string(l.schedule), l.pp, l.microbatches,
+                             l.schedule == Schedule::interleaved ? fmt::format(" v={}", l.v)
+                                                                 : std::string(),
+                             100 * e.bubble, 100 * e.bubble_formula)
+               : std::string("no pipeline"),
+      l.split.empty() ? std::string()
+                      : fmt::format(", stages of {} layers", fmt::join(l.split, ","))));
+  const KernelTime& k = e.microbatch;
+  const double mb = double(l.microbatches);
+  x.push_back(fmt::format(
+      "4. kernels    {:>10} ({:4.1f}%)  products {} (at {:.0f}% of peak) + attention {} (the "
+      "causal half at {:.0f}%) + recompute {} + memory-bound {} + update {}; model FLOPs at peak "
+      "would take {}",
+      human_seconds(e.time.kernels), pct(e.time.kernels), human_seconds(mb * k.gemm),
+      100 * k.gemm_efficiency, human_seconds(mb * k.attention), 100 * c.attention_efficiency,
+      human_seconds(mb * k.recompute), human_seconds(mb * k.memory_bound),
+      human_seconds(e.optimizer_seconds), human_seconds(mb * k.ideal)));
+  x.push_back(fmt::format(
+      "5. stragglers {:>10} ({:4.1f}%)  the slowest of {} devices at {:.1f}% spread each: "
+      "+{:.1f}% (000 ストラグラー)",
+      human_seconds(e.time.stragglers), pct(e.time.stragglers), c.gpus, 100 * c.jitter,
+      100 * straggler_fraction(c.gpus, c.jitter)));
+  x.push_back(
+      fmt::format("   step       {:>10}  MFU {:.1f}% (model FLOPs), {:.1f}% with recomputation",
+                  human_seconds(step), 100 * e.mfu, 100 * e.hfu));
   return x;
 }
 

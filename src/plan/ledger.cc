@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "pipeline/schedule.h"
 #include "plan/bubble.h"
 
 namespace tetra::plan {
@@ -33,7 +34,8 @@ int64_t min_devices_for_state(double params, double device_bytes, Precision p) {
   return int64_t(std::ceil(params * state_bytes_per_param(p).total() / device_bytes));
 }
 
-double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp) {
+double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp,
+                                        Attention a) {
   // Element counts per token, each stored in 2 bytes (bf16) except dropout masks (1 byte);
   // Korthikanti et al. Table 2 gives 34*C + 5*NH*T bytes for GPT with ffn = 4C.
   const double C = double(m.d_model), kvd = double(m.d_model / m.heads * m.kv_heads);
@@ -52,73 +54,116 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
     scores = 2.0 * NH * T;                   // softmax out
     mlp = 2 * C + k * 6 * ffn;               // in, gate, up, gate*up
   }
-  const double bytes = attn + mlp + norms + (r == Recompute::none ? scores : 0.0);
-  return bytes * e / double(tp);
+  // A flash kernel keeps each row's log-sum-exp (fp32 per head) and recomputes the scores in its
+  // backward, whatever the recomputation mode; a materialized one keeps them unless recomputed.
+  if (a == Attention::flash) {
+    scores = 4.0 * NH / e;
+  } else if (r == Recompute::selective) {
+    scores = 0;
+  }
+  return (attn + mlp + norms + scores) * e / double(tp);
+}
+
+Attention resolve_attention(const TrainingSpec& t, const ClusterSpec& c) {
+  if (t.attention != Attention::automatic) return t.attention;
+  return c.name == "cpu" ? Attention::materialized : Attention::flash;
+}
+
+LocalParams rank_params(const ModelSpec& m, const Layout& l, int64_t r) {
+  const ParamCounts pc = count_params(m);
+  double extra = 0;
+  if (r == 0) extra += double(pc.embedding);
+  if (r == l.pp - 1) {
+    extra += l.pp == 1 ? double(pc.head) : double(pc.head > 0 ? pc.head : m.vocab * m.d_model);
+    extra += double(pc.final_norm);
+  }
+  const double layers = double(rank_layers(l, m.layers, r));
+  LocalParams lp;
+  lp.dense = (layers * double(pc.attention + pc.norms + pc.router) + extra) / double(l.tp);
+  lp.expert = layers * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
+  return lp;
 }
 
 LocalParams local_params(const ModelSpec& m, const Layout& l) {
-  const ParamCounts pc = count_params(m);
   // The rank holding the most: first stage the embedding, last stage the head (a copy of the
   // embedding when tied), each with its own layers.
   LocalParams lp;
   for (int64_t r = 0; r < l.pp; ++r) {
-    double extra = 0;
-    if (r == 0) extra += double(pc.embedding);
-    if (r == l.pp - 1) {
-      extra += l.pp == 1 ? double(pc.head) : double(pc.head > 0 ? pc.head : m.vocab * m.d_model);
-      extra += double(pc.final_norm);
-    }
-    const double layers = double(rank_layers(l, m.layers, r));
-    const double dense =
-        (layers * double(pc.attention + pc.norms + pc.router) + extra) / double(l.tp);
-    if (dense >= lp.dense) {
-      lp.dense = dense;
-      lp.expert = layers * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
-    }
+    const LocalParams x = rank_params(m, l, r);
+    if (x.dense >= lp.dense) lp = x;
   }
   return lp;
 }
 
+std::vector<double> held_layer_microbatches(const Layout& l, int64_t layers) {
+  if (l.pp == 1) {
+    // One stage: micro-batches run one after another, except GPipe's all-forwards-first.
+    const double held = l.schedule == Schedule::gpipe ? double(l.microbatches) : 1.0;
+    return {held * double(layers)};
+  }
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const pipeline::Schedule s =
+      pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
+  std::vector<double> out(size_t(l.pp), 0.0);
+  for (int r = 0; r < s.p; ++r) {
+    double now = 0, peak = 0;
+    for (const pipeline::Instr& in : s.ranks[size_t(r)]) {
+      const double n = double(stage_layers(l, layers, s.stage(r, in.chunk)));
+      if (in.op == pipeline::Op::forward) peak = std::max(peak, now += n);
+      if (in.op == pipeline::Op::backward) now -= n;
+    }
+    out[size_t(r)] = peak;
+  }
+  return out;
+}
+
 MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, const Layout& l) {
-  const LocalParams lp = local_params(m, l);
-  const StateMemory dense = zero_state_memory(lp.dense, l.dp, l.zero, t.precision);
-  const StateMemory expert =
-      zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp / l.ep), l.zero, t.precision);
-  MemoryBreakdown mem;
-  mem.params = dense.params + expert.params;
-  mem.grads = dense.grads + expert.grads;
-  mem.optimizer = dense.optimizer + expert.optimizer;
-
   const double tokens = double(l.micro_batch * m.seq);
-  // The first stage holds the most micro-batches in flight; with uneven stages a later, larger
-  // one may hold more layers, so the larger product of the two counts.
-  const double layers = double(max_rank_layers(l, m.layers));
-  const double inflight = inflight_microbatches(l.schedule, l.pp, l.microbatches, l.v);
-  const double per_layer = activation_bytes_per_token_layer(m, t.recompute, t.precision, l.tp);
-  mem.activations = per_layer * tokens * layers * inflight;
-  if (t.recompute == Recompute::full) {
-    // The layer being recomputed materialises its activations once more.
-    mem.activations +=
-        activation_bytes_per_token_layer(m, Recompute::selective, t.precision, l.tp) * tokens;
-  }
   const double ab = act_bytes(t.precision);
-  if (l.pp == 1) mem.activations += tokens * double(m.vocab) / double(l.tp) * 4.0;  // fp32 logits
-
   const ParamCounts pc = count_params(m);
-  mem.comm_buffers = 2.0 * t.bucket_bytes;
-  if (l.zero >= 3) {
-    // Prefetch: the next layer's parameters gathered while this one computes.
-    mem.comm_buffers += 2.0 * double(pc.per_layer()) / double(l.tp * l.ep) *
-                        state_bytes_per_param(t.precision).weights;
+  const std::vector<double> held = held_layer_microbatches(l, m.layers);
+  const Attention a = t.attention == Attention::automatic ? Attention::flash : t.attention;
+  const double per_layer = activation_bytes_per_token_layer(m, l.recompute, t.precision, l.tp, a);
+  MemoryBreakdown worst;
+  for (int64_t r = 0; r < l.pp; ++r) {
+    const LocalParams lp = rank_params(m, l, r);
+    const StateMemory dense = zero_state_memory(lp.dense, l.dp, l.zero, t.precision);
+    const StateMemory expert =
+        zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp / l.ep), l.zero, t.precision);
+    MemoryBreakdown mem;
+    mem.rank = r;
+    mem.params = dense.params + expert.params;
+    mem.grads = dense.grads + expert.grads;
+    mem.optimizer = dense.optimizer + expert.optimizer;
+
+    // What the schedule keeps in flight on this rank. A stage sends its output on and frees it
+    // (Megatron's deallocation of pipeline outputs, which the Llama 3 paper names), so a layer's
+    // saved input is the only boundary tensor counted.
+    mem.activations = per_layer * tokens * held[size_t(r)];
+    if (l.recompute == Recompute::full && rank_layers(l, m.layers, r) > 0) {
+      // The layer being recomputed materialises its activations once more.
+      mem.activations +=
+          activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, a) * tokens;
+    }
+    // The last stage's fp32 logits of the micro-batch whose loss it computes.
+    if (r == l.pp - 1) mem.activations += tokens * double(m.vocab) / double(l.tp) * 4.0;
+
+    mem.comm_buffers = 2.0 * t.bucket_bytes;
+    if (l.zero >= 3) {
+      // Prefetch: the next layer's parameters gathered while this one computes.
+      mem.comm_buffers += 2.0 * double(pc.per_layer()) / double(l.tp * l.ep) *
+                          state_bytes_per_param(t.precision).weights;
+    }
+    if (l.tp > 1) mem.comm_buffers += 2.0 * tokens * double(m.d_model) * ab;
+    if (l.pp > 1) mem.comm_buffers += 2.0 * tokens * double(m.d_model) * ab / double(l.tp);
+    if (l.ep > 1) {
+      // Dispatch and combine buffers at capacity factor 1.25.
+      mem.comm_buffers +=
+          2.0 * 1.25 * tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
+    }
+    if (r == 0 || mem.total() > worst.total()) worst = mem;
   }
-  if (l.tp > 1) mem.comm_buffers += 2.0 * tokens * double(m.d_model) * ab;
-  if (l.pp > 1) mem.comm_buffers += 2.0 * tokens * double(m.d_model) * ab / double(l.tp);
-  if (l.ep > 1) {
-    // Dispatch and combine buffers at capacity factor 1.25.
-    mem.comm_buffers +=
-        2.0 * 1.25 * tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
-  }
-  return mem;
+  return worst;
 }
 
 FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "plan/layout.h"
 #include "plan/presets.h"
@@ -29,16 +30,28 @@ StateMemory zero_state_memory(double params, int64_t n, int stage, Precision p);
 /** Devices needed to hold the unsharded training state before one token is processed. */
 int64_t min_devices_for_state(double params, double device_bytes, Precision p);
 
-/** Activation bytes one token leaves behind in one layer (Korthikanti et al. 2022, generalised to
- *  GQA, SwiGLU and top-k experts), split over `tp` ranks by tensor + sequence parallelism. */
-double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp);
+/** Activation bytes one token leaves behind in one layer, tensor by tensor (Korthikanti et al.
+ *  2022 for GPT, generalised to GQA, SwiGLU and top-k experts), split over `tp` ranks by tensor +
+ *  sequence parallelism. `a` decides the score term: materialized attention keeps the softmax
+ *  output (and GPT's dropout mask and output), flash attention only each row's statistics. */
+double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp,
+                                        Attention a = Attention::materialized);
 
-/** Memory of one device under a layout, by category; the tightest pipeline stage (the first). */
+/** Memory of one device under a layout, by category: the pipeline rank with the largest total
+ *  (its layers' activations times the micro-batches its schedule holds in flight, and the
+ *  embedding on the first stage or the head and its logits on the last). */
 struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0;
+  int64_t rank = 0;  // the pipeline rank these are of
   double total() const { return params + grads + optimizer + activations + comm_buffers; }
 };
 MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, const Layout& l);
+
+/** Layer-micro-batches each pipeline rank holds at its peak: the most sum of (layers of a chunk)
+ *  over the (micro-batch, chunk) activations its program keeps between their forward and
+ *  backward (pipeline/schedule.h), walked instruction by instruction. Uneven stages weigh each
+ *  chunk by its own layers. */
+std::vector<double> held_layer_microbatches(const Layout& l, int64_t layers);
 
 /** Parameters one device holds before ZeRO (dense and expert parts), tightest stage. */
 struct LocalParams {
@@ -46,6 +59,12 @@ struct LocalParams {
   double expert = 0;  // sharded over tp*ep, ZeRO over dp/ep
 };
 LocalParams local_params(const ModelSpec& m, const Layout& l);
+/** The same for pipeline rank `rank`. */
+LocalParams rank_params(const ModelSpec& m, const Layout& l, int64_t rank);
+
+/** The attention kernel `t` asks for on cluster `c` (automatic: flash on GPUs, materialized on
+ *  the cpu cluster, whose backend keeps the probabilities). */
+Attention resolve_attention(const TrainingSpec& t, const ClusterSpec& c);
 
 /** FLOPs per trained token: the one formula of tetra, the numerator of every MFU it prints
  *  (`tetra plan`'s estimate and `tetra train`'s measurement). Model FLOPs = 6*N + 12*L*d*T, N the

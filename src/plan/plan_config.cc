@@ -1,6 +1,7 @@
 #include "plan/plan_config.h"
 
 #include "core/error.h"
+#include "plan/ledger.h"
 
 namespace tetra::plan {
 
@@ -44,6 +45,27 @@ const ConfigSchema& plan_schema() {
        "[0, 1e6]"},
       {"cluster.usable_fraction", ValueKind::Float, "0",
        "share of device memory the ledger may fill (0 = the preset's, else 0.8)", "[0, 1]"},
+      {"cluster.gemm_efficiency", ValueKind::Float, "0",
+       "fraction of peak a large matrix product reaches (0 = the preset's)", "[0, 1]"},
+      {"cluster.gemm_half_dim", ValueKind::Float, "0",
+       "GEMM side at which a product loses half of that (0 = the preset's)", "[0, 1e6]"},
+      {"cluster.attention_efficiency", ValueKind::Float, "0",
+       "fraction of peak attention's score products reach (0 = the preset's)", "[0, 1]"},
+      {"cluster.mem_bw_gbs", ValueKind::Float, "0",
+       "device memory GB/s for memory-bound kernels (0 = the preset's)", "[0, 1e6]"},
+      {"cluster.link_efficiency", ValueKind::Float, "0",
+       "share of nominal link bandwidth collectives reach (0 = the preset's)", "[0, 1]"},
+      {"cluster.half_bw_kb", ValueKind::Float, "0",
+       "message KB at which a collective gets half the bandwidth (0 = the preset's)", "[0, 1e9]"},
+      {"cluster.comm_overlap", ValueKind::Float, "0",
+       "share of a collective that can run behind compute (unset: the preset's)", "[0, 1]"},
+      {"cluster.nodes_per_pod", ValueKind::Int, "0",
+       "nodes behind the non-blocking switch tier (0 = the preset's; none: the whole cluster)",
+       "[0, 10000000]"},
+      {"cluster.oversubscription", ValueKind::Float, "0",
+       "bandwidth divisor above that tier (0 = the preset's, else 1)", "[0, 1e3]"},
+      {"cluster.jitter", ValueKind::Float, "0",
+       "spread (CV) of one device's step time: the straggler tax (unset: the preset's)", "[0, 1]"},
       {"training.tokens", ValueKind::Float, "0", "total training tokens (required)", "[0, 1e18]"},
       {"training.global_batch", ValueKind::Int, "0", "tokens per optimizer step (required)",
        "[0, 1000000000000]"},
@@ -51,11 +73,14 @@ const ConfigSchema& plan_schema() {
        "[0, 1000000000]"},
       {"training.precision", ValueKind::String, "\"bf16\"", "mixed bf16 or fp32",
        "bf16 | bf16-mixed | fp32"},
-      {"training.recompute", ValueKind::String, "\"selective\"", "activation recomputation",
-       "none | selective | full"},
+      {"training.recompute", ValueKind::String, "\"\"", "activation recomputation (\"\" = search)",
+       "\"\" | none | selective | full"},
       {"training.target_mfu", ValueKind::Float, "0.4", "MFU for the compute ledger", "(0, 1]"},
-      {"training.kernel_efficiency", ValueKind::Float, "0.6",
-       "fraction of peak large matmuls reach; sets estimated step times", "(0, 1]"},
+      {"training.kernel_efficiency", ValueKind::Float, "0",
+       "fraction of peak large matmuls reach (0 = cluster.gemm_efficiency)", "[0, 1]"},
+      {"training.attention", ValueKind::String, "\"\"",
+       "attention kernel (\"\" = flash on GPUs, materialized on cpu)",
+       "\"\" | flash | materialized"},
       {"training.restart_minutes", ValueKind::Float, "10", "time to restart after a failure",
        "[0, 1e6]"},
       {"layout.tp", ValueKind::Int, "0", "tensor parallel (0 = search)", "[0, 10000000]"},
@@ -119,7 +144,14 @@ ClusterSpec cluster_from(const Config& cfg) {
   ClusterSpec c;
   const std::string& preset = cfg.s("cluster.preset");
   if (!preset.empty()) c = cluster_preset(preset);
-  if (c.name.empty()) c.name = "custom";
+  if (c.name.empty()) {
+    // A cluster described key by key gets the calibration of a GPU fabric, which its keys refine.
+    c = cluster_preset("h100");
+    c.name = "custom";
+    c.gpus = c.gpus_per_node = 0;
+    c.peak_flops = c.memory_bytes = c.intra_bw = c.inter_bw = c.storage_bw = 0;
+    c.usable_fraction = c.gpu_mtbf_hours = 0;
+  }
   return apply_cluster_keys(cfg, c);
 }
 
@@ -129,7 +161,10 @@ TrainingSpec training_from(const Config& cfg) {
   t.global_batch_tokens = cfg.i("training.global_batch");
   t.micro_batch = cfg.i("training.micro_batch");
   t.precision = parse_precision(cfg.s("training.precision"));
-  t.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+  if (!cfg.s("training.recompute").empty()) {
+    t.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+  }
+  t.attention = parse_attention(cfg.s("training.attention"));
   apply_assumptions(cfg, t);
   t.reshard_after_forward = cfg.b("zero.reshard_after_forward");
   t.zero_prefetch = cfg.i("zero.prefetch");
@@ -151,6 +186,9 @@ LayoutConstraints layout_from(const Config& cfg) {
   if (!cfg.s("layout.schedule").empty())
     k.schedule = pipeline::parse_kind(cfg.s("layout.schedule"));
   k.pp_layers = cfg.s("layout.pp_layers");
+  if (!cfg.s("training.recompute").empty()) {
+    k.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+  }
   return k;
 }
 
@@ -174,6 +212,19 @@ ClusterSpec apply_cluster_keys(const Config& cfg, ClusterSpec c) {
   take_f("cluster.gpu_mtbf_years", c.gpu_mtbf_hours, 365.25 * 24);
   take_f("cluster.storage_bw_gbs", c.storage_bw, 1e9);
   take_f("cluster.usable_fraction", c.usable_fraction, 1.0);
+  take_f("cluster.gemm_efficiency", c.gemm_efficiency, 1.0);
+  take_f("cluster.gemm_half_dim", c.gemm_half_dim, 1.0);
+  take_f("cluster.attention_efficiency", c.attention_efficiency, 1.0);
+  take_f("cluster.mem_bw_gbs", c.mem_bw, 1e9);
+  take_f("cluster.link_efficiency", c.link_efficiency, 1.0);
+  take_f("cluster.half_bw_kb", c.half_bw_bytes, 1e3);
+  take_f("cluster.comm_overlap", c.comm_overlap, 1.0);
+  take_i("cluster.nodes_per_pod", c.nodes_per_pod);
+  take_f("cluster.oversubscription", c.oversubscription, 1.0);
+  take_f("cluster.jitter", c.jitter, 1.0);
+  // Zero means "the preset's" for these; a preset without one gets the neutral value.
+  if (c.oversubscription == 0) c.oversubscription = 1.0;
+  if (c.link_efficiency == 0) c.link_efficiency = 1.0;
   if (c.usable_fraction == 0) c.usable_fraction = 0.8;
   if (c.gpu_mtbf_hours == 0) c.gpu_mtbf_hours = 5 * 365.25 * 24;
   const char* hint = "set it in [cluster] or pick cluster.preset (h100, h200, a100-80g, cpu)";
@@ -184,6 +235,9 @@ ClusterSpec apply_cluster_keys(const Config& cfg, ClusterSpec c) {
   positive(c.intra_bw, "cluster.intra_bw_gbs", hint);
   positive(c.inter_bw, "cluster.inter_bw_gbs", hint);
   positive(c.storage_bw, "cluster.storage_bw_gbs", hint);
+  positive(c.gemm_efficiency, "cluster.gemm_efficiency", hint);
+  positive(c.attention_efficiency, "cluster.attention_efficiency", hint);
+  positive(c.mem_bw, "cluster.mem_bw_gbs", hint);
   TETRA_CHECK(c.gpus <= c.gpus_per_node || c.gpus % c.gpus_per_node == 0,
               "[plan] cluster.gpus={} is not a whole number of nodes of {}; use a multiple of {}",
               c.gpus, c.gpus_per_node, c.gpus_per_node);
@@ -202,6 +256,7 @@ PlanInputs plan_inputs(const Config& config) {
   in.cluster = cluster_from(config);
   in.training = training_from(config);
   in.layout = layout_from(config);
+  in.training.attention = resolve_attention(in.training, in.cluster);
   // Fixed dimensions are checked on their own, so the message names the real culprit.
   const LayoutConstraints& k = in.layout;
   const ClusterSpec& c = in.cluster;

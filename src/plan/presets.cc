@@ -2,9 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/error.h"
+#include "core/machine_cache.h"
 #include "kernels/backend.h"
 
 namespace tetra::plan {
@@ -44,7 +49,15 @@ const std::vector<ModelSpec>& model_presets() {
   return presets;
 }
 
-ClusterSpec gpu(const char* name, double tflops, double mem_gb, double nvlink_gbs, double ib_gbs) {
+// What a GPU's libraries reach of its nominal figures (docs/plan.md, "Calibration", has the
+// sources). `gemm`: cuBLAS on large bf16 products; `attention`: FlashAttention-2's forward and
+// backward; `hbm_tbs`: the memory bandwidth of the datasheet.
+struct GpuCalibration {
+  double gemm, attention, hbm_tbs;
+};
+
+ClusterSpec gpu(const char* name, double tflops, double mem_gb, double nvlink_gbs, double ib_gbs,
+                GpuCalibration k) {
   ClusterSpec c;
   c.name = name;
   c.gpus_per_node = 8;
@@ -57,6 +70,22 @@ ClusterSpec gpu(const char* name, double tflops, double mem_gb, double nvlink_gb
   c.gpu_mtbf_hours = kGpuMtbfHours;
   c.storage_bw = 20e9;
   c.usable_fraction = kUsableFraction;
+  c.gemm_efficiency = k.gemm;
+  // cuBLAS tiles are 128 or 256 wide: a product with a side of 128 fills a third of a wave less.
+  c.gemm_half_dim = 64;
+  c.attention_efficiency = k.attention;
+  c.mem_bw = k.hbm_tbs * 1e12;
+  // nccl-tests: all-reduce bus bandwidth reaches ~80% of NVLink's and ~90% of InfiniBand's.
+  c.link_efficiency = 0.85;
+  // NCCL switches from its low-latency protocols to Simple around a few hundred KB per rank.
+  c.half_bw_bytes = 256e3;
+  // Collectives run on their own SMs while the compute streams run, but take SMs and memory
+  // bandwidth from them: a fifth of an overlapped collective's time still shows.
+  c.comm_overlap = 0.8;
+  c.nodes_per_pod = 0;
+  c.oversubscription = 1.0;
+  // 000 ストラグラー: a synchronous step waits for the slowest device; a 1% spread per device.
+  c.jitter = 0.01;
   return c;
 }
 
@@ -131,9 +160,9 @@ std::vector<std::string> model_preset_names() {
 ClusterSpec cluster_preset(const std::string& name) {
   // Bandwidths are per device and per direction: NVLink 4 is 900 GB/s counted both ways (the
   // seeds' "~900 GB/s"), one 400 Gb/s NDR NIC per GPU is the seeds' "~50 GB/s" inter-node link.
-  if (name == "h100") return gpu("h100", 989, 80, 450, 50);
-  if (name == "h200") return gpu("h200", 989, 141, 450, 50);
-  if (name == "a100-80g") return gpu("a100-80g", 312, 80, 300, 25);
+  if (name == "h100") return gpu("h100", 989, 80, 450, 50, {0.8, 0.4, 3.35});
+  if (name == "h200") return gpu("h200", 989, 141, 450, 50, {0.8, 0.4, 4.8});
+  if (name == "a100-80g") return gpu("a100-80g", 312, 80, 300, 25, {0.72, 0.6, 2.04});
   if (name == "cpu") {
     // One device is a pair of cores; a node is this machine. The device's peak is measured at
     // its own thread count: the all-core rate would make each device cores/2 times too fast.
@@ -145,13 +174,31 @@ ClusterSpec cluster_preset(const std::string& name) {
     c.peak_flops = cpu_backend().peak_gflops(false, cpu_device_threads()) * 1e9;
     const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
     c.memory_bytes = ram / double(c.gpus_per_node);
-    c.intra_bw = 10e9;
+    // MPI between ranks of this machine as a multi-rank run last measured it (else a guess).
+    const MeasuredLink link = cpu_measured_link();
+    c.intra_bw = link.bus_bw > 0 ? link.bus_bw : 10e9;
     c.inter_bw = 1.25e9;
-    c.intra_latency = 2e-6;
+    c.intra_latency = link.latency > 0 ? link.latency : 20e-6;
     c.inter_latency = 50e-6;
     c.gpu_mtbf_hours = kGpuMtbfHours;
     c.storage_bw = 1e9;
     c.usable_fraction = kUsableFraction;
+    // The peak is the measured rate of a 2048^3 product: large products reach all of it, a width
+    // of 256 about 80% (run.profile's GFLOP/s per product), the backend's batched attention
+    // products (64-wide heads) and its softmax far less; its elementwise kernels (GELU's tanh,
+    // LayerNorm's statistics, AdamW) move data at about half the rate of a copy.
+    c.gemm_efficiency = 1.0;
+    c.gemm_half_dim = 64;
+    c.attention_efficiency = 0.4;
+    c.mem_bw = cpu_backend().memory_bandwidth() / 2;
+    // The measured busbw already is what the link reaches.
+    c.link_efficiency = 1.0;
+    c.half_bw_bytes = 16e3;
+    // A rank's MPI progress shares its cores with its compute: nothing hides.
+    c.comm_overlap = 0.0;
+    c.nodes_per_pod = 0;
+    c.oversubscription = 1.0;
+    c.jitter = 0.0;
     return c;
   }
   fail(
@@ -163,5 +210,52 @@ ClusterSpec cluster_preset(const std::string& name) {
 std::vector<std::string> cluster_preset_names() { return {"h100", "h200", "a100-80g", "cpu"}; }
 
 int cpu_device_threads() { return std::thread::hardware_concurrency() >= 2 ? 2 : 1; }
+
+namespace {
+
+constexpr int kCommSchema = 1;
+
+// The machine's comm.json entries: "mpi" (the link), the best measured so far: a measurement on a
+// busy machine only reads low, never high.
+nlohmann::json read_links() {
+  const std::filesystem::path path = machine_cache_path("comm.json");
+  if (path.empty()) return nlohmann::json::object();
+  return read_machine_cache(path, kCommSchema, cpu_backend().describe(), "links").entries;
+}
+
+double number(const nlohmann::json& entries, const char* entry, const char* field) {
+  const auto it = entries.find(entry);
+  if (it == entries.end() || !it->is_object()) return 0;
+  const auto f = it->find(field);
+  if (f == it->end() || !f->is_number()) return 0;
+  const double v = f->get<double>();
+  return std::isfinite(v) && v > 0 ? v : 0;
+}
+
+void write_link(const char* entry, const nlohmann::json& value) {
+  const std::filesystem::path path = machine_cache_path("comm.json");
+  if (path.empty()) return;
+  write_machine_cache(
+      path, kCommSchema, cpu_backend().describe(), "links",
+      nlohmann::json::object({{entry, value}}),
+      [](const nlohmann::json& e) { return e.is_object(); }, "plan");
+}
+
+}  // namespace
+
+MeasuredLink cpu_measured_link() {
+  const nlohmann::json links = read_links();
+  const MeasuredLink link{number(links, "mpi", "bus_bw"), number(links, "mpi", "latency")};
+  return link.bus_bw > 0 && link.latency > 0 ? link : MeasuredLink{};
+}
+
+void save_cpu_measured_link(const MeasuredLink& link) {
+  if (!(link.bus_bw > 0) || !(link.latency > 0)) return;
+  const MeasuredLink best = cpu_measured_link();
+  write_link("mpi",
+             {{"bus_bw", std::max(best.bus_bw, link.bus_bw)},
+              {"latency", best.latency > 0 ? std::min(best.latency, link.latency) : link.latency},
+              {"measured_at", utc_now()}});
+}
 
 }  // namespace tetra::plan

@@ -88,10 +88,32 @@ struct ClusterSpec {
   double gpu_mtbf_hours = 0;   // mean time between failures of ONE device
   double storage_bw = 0;       // aggregate checkpoint write bytes/s
   double usable_fraction = 0;  // share of memory the ledger may fill (rest: fragmentation)
+
+  // Calibration: what the hardware and its libraries reach of the nominal figures above. Each is a
+  // cluster.* key whose preset value and source docs/plan.md ("Calibration") lists.
+  double gemm_efficiency = 0;       // fraction of peak a large matrix product reaches
+  double gemm_half_dim = 0;         // the smallest GEMM dimension at which half of that is lost
+  double attention_efficiency = 0;  // fraction of peak attention's score products reach
+  double mem_bw = 0;                // device memory bytes/s (memory-bound kernels, the update)
+  double link_efficiency = 0;       // share of a link's nominal bandwidth collectives reach
+  double half_bw_bytes = 0;         // message bytes at which a collective gets half the bandwidth
+  double comm_overlap = 0;          // share of a collective that can run behind compute
+  int64_t nodes_per_pod = 0;        // nodes behind the non-blocking switch tier (0 = all)
+  double oversubscription = 1;      // bandwidth divisor for traffic above that tier
+  double jitter = 0;                // coefficient of variation of one device's step time
 };
 
 ClusterSpec cluster_preset(const std::string& name);
 std::vector<std::string> cluster_preset_names();
+
+/** Link bandwidth of the `cpu` cluster's ranks (this machine's MPI over shared memory), measured
+ *  by a multi-rank `tetra train` at its end and cached beside the peak ($XDG_CACHE_HOME/tetra/
+ *  comm.json); `bus_bw` bytes/s and `latency` seconds per hop, 0 when never measured here. */
+struct MeasuredLink {
+  double bus_bw = 0, latency = 0;
+};
+MeasuredLink cpu_measured_link();
+void save_cpu_measured_link(const MeasuredLink& link);
 
 /** Cores one device of the `cpu` cluster has: a pair, or 1 on a 1-core machine. Its peak is the
  *  measured fp32 matmul rate at that many threads (the CPU backend's peak, measured if not cached).

@@ -25,6 +25,15 @@ json memory_json(const MemoryBreakdown& m, double usable) {
           {"fits", m.total() <= usable}};
 }
 
+json step_json(const StepTime& s) {
+  return {{"data", s.data},
+          {"comm", s.comm},
+          {"bubble", s.bubble},
+          {"kernels", s.kernels},
+          {"stragglers", s.stragglers},
+          {"total", s.total()}};
+}
+
 json layout_json(const LayoutEstimate& e) {
   const Layout& l = e.layout;
   return {{"tp", l.tp},
@@ -44,6 +53,11 @@ json layout_json(const LayoutEstimate& e) {
           {"exposed_comm_seconds", e.exposed_comm_seconds},
           {"step_seconds", e.step_seconds},
           {"mfu", e.mfu},
+          {"hfu", e.hfu},
+          {"recompute", recompute_name(l.recompute)},
+          {"split", l.split},
+          {"memory_rank", e.memory.rank},
+          {"time", step_json(e.time)},
           {"describe", describe(l)}};
 }
 
@@ -58,9 +72,24 @@ ChosenLayout choose_layout(const PlanInputs& in) {
   // A fully given layout is compared against the unconstrained search.
   out.search = search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
   if (in.layout.complete()) {
-    const Layout l = layout_from_constraints(m, t, in.layout);
-    validate_layout(m, c, t, l);
-    out.chosen = evaluate_layout(m, c, t, l);
+    // A given layout without training.recompute takes the fastest mode that fits (else the one
+    // needing the least memory).
+    std::vector<Recompute> modes = {Recompute::none, Recompute::selective, Recompute::full};
+    if (in.layout.recompute) modes = {*in.layout.recompute};
+    bool have = false;
+    for (Recompute r : modes) {
+      LayoutConstraints k = in.layout;
+      k.recompute = r;
+      const Layout l = layout_from_constraints(m, t, k);
+      validate_layout(m, c, t, l);
+      LayoutEstimate e = evaluate_layout(m, c, t, l);
+      const bool better =
+          !have || (e.fits && !out.chosen.fits) ||
+          (e.fits == out.chosen.fits && (e.fits ? e.step_seconds < out.chosen.step_seconds
+                                                : e.memory.total() < out.chosen.memory.total()));
+      if (better) out.chosen = std::move(e);
+      have = true;
+    }
     out.source = "given";
   } else if (!out.search.ranked.empty()) {
     out.chosen = out.search.ranked.front();
@@ -104,14 +133,28 @@ json plan_report(const PlanInputs& in, int top) {
                   {"memory_gb", c.memory_bytes / 1e9},
                   {"intra_bw_gbs", c.intra_bw / 1e9},
                   {"inter_bw_gbs", c.inter_bw / 1e9},
-                  {"storage_bw_gbs", c.storage_bw / 1e9}};
+                  {"storage_bw_gbs", c.storage_bw / 1e9},
+                  {"usable_fraction", c.usable_fraction},
+                  {"calibration",
+                   {{"gemm_efficiency", c.gemm_efficiency},
+                    {"gemm_half_dim", c.gemm_half_dim},
+                    {"attention_efficiency", c.attention_efficiency},
+                    {"mem_bw_gbs", c.mem_bw / 1e9},
+                    {"link_efficiency", c.link_efficiency},
+                    {"half_bw_kb", c.half_bw_bytes / 1e3},
+                    {"comm_overlap", c.comm_overlap},
+                    {"nodes_per_pod", c.nodes_per_pod},
+                    {"oversubscription", c.oversubscription},
+                    {"jitter", c.jitter}}}};
   const double steps = t.tokens / double(t.global_batch_tokens);
-  r["training"] = {{"tokens", t.tokens},
-                   {"global_batch", t.global_batch_tokens},
-                   {"steps", steps},
-                   {"precision", to_string(t.precision)},
-                   {"recompute", recompute_name(t.recompute)},
-                   {"target_mfu", t.target_mfu}};
+  r["training"] = {
+      {"tokens", t.tokens},
+      {"global_batch", t.global_batch_tokens},
+      {"steps", steps},
+      {"precision", to_string(t.precision)},
+      {"recompute", in.layout.recompute ? recompute_name(*in.layout.recompute) : "search"},
+      {"attention", to_string(t.attention)},
+      {"target_mfu", t.target_mfu}};
 
   // 1. Memory.
   const StateBytes sb = state_bytes_per_param(t.precision);
@@ -149,20 +192,33 @@ json plan_report(const PlanInputs& in, int top) {
                                 {"total", x.total()}};
     if (in.tetra_run) {
       // The trainer's header line, from the same values (train/run_plan.h).
+      // Its step as the trainer's end-of-run plan-vs-measured line predicts it: the run's own
+      // traffic per group (plan/tetra_run.h) on this cluster.
+      const std::vector<GroupTraffic> traffic =
+          run_traffic(run_shape(m, t, l, *in.tetra_run), l, t.bucket_bytes);
+      const LayoutEstimate step = evaluate_layout(m, c, t, l, [&](double microbatch_seconds) {
+        return run_comm(traffic, l, c, microbatch_seconds);
+      });
+      json bytes = json::object();
+      for (const GroupTraffic& g : traffic) bytes[g.dim] = g.bytes();
       r["run"] = {{"ranks", c.gpus},
                   {"params", run.params},
                   {"flops_per_token", run.flops_per_token},
                   {"memory_per_rank", x.total()},
+                  {"step_seconds", step.step_seconds},
+                  {"bytes_per_step", bytes},
+                  {"bubble", step.bubble},
                   {"summary", run_summary(run)}};
       if (l.pp > 1) {
         r["run"]["note"] =
-            "memory is the whole model's: the planner does not model a pipeline stage's share";
+            "memory is pipeline rank 0's: the first stage, with the micro-batches its program "
+            "keeps in flight";
       }
     }
   }
 
   // 2. Compute.
-  const FlopsPerToken f = flops_per_token(m, t.recompute);
+  const FlopsPerToken f = flops_per_token(m, l.recompute);
   const ComputeLedger cl = compute_ledger(m, t.tokens, c.gpus, c.peak_flops, t.target_mfu);
   r["compute"] = {
       {"convention",
@@ -180,6 +236,7 @@ json plan_report(const PlanInputs& in, int top) {
       {"wall_seconds_at_target_mfu", cl.wall_seconds},
       {"estimated_step_seconds", chosen.step_seconds},
       {"estimated_mfu", chosen.mfu},
+      {"estimated_hfu", chosen.hfu},
       {"estimated_wall_seconds", chosen.step_seconds * steps}};
 
   // 3. Communication.
@@ -227,12 +284,15 @@ json plan_report(const PlanInputs& in, int top) {
   lj["source"] = source;
   lj["explanation"] = explain_layout(m, c, t, chosen);
   lj["warnings"] = layout_warnings(m, c, t, chosen);
+  lj["step"] = explain_step(m, c, t, chosen);
   r["layout"] = lj;
   json ranked = json::array();
+  const std::vector<std::string> why = rank_reasons(search.ranked);
   for (size_t i = 0; i < search.ranked.size() && int(i) < top; ++i) {
     json e = layout_json(search.ranked[i]);
     e["rank"] = i + 1;
     e["warnings"] = layout_warnings(m, c, t, search.ranked[i]);
+    if (i < why.size()) e["why"] = why[i];
     ranked.push_back(e);
   }
   r["search"] = {{"considered", search.considered},
@@ -242,7 +302,7 @@ json plan_report(const PlanInputs& in, int top) {
   return r;
 }
 
-std::string format_report(const json& r) {
+std::string format_report(const json& r, bool explain) {
   std::string o;
   auto line = [&o](const std::string& s) { o += s + "\n"; };
   auto hb = [](const json& v) { return human_bytes(v.get<double>()); };
@@ -269,6 +329,12 @@ std::string format_report(const json& r) {
     line(fmt::format("  tetra train, this run on {} rank(s): {} (its header's [plan] line){}",
                      run["ranks"].get<int64_t>(), run["summary"].get<std::string>(),
                      run.contains("note") ? "; " + run["note"].get<std::string>() : ""));
+    std::string bytes;
+    for (const auto& [dim, b] : run["bytes_per_step"].items()) {
+      bytes += fmt::format(", {} {} per step", dim, hb(b));
+    }
+    line(fmt::format("  its step (as its end-of-run plan-vs-measured lines predict it): {}{}",
+                     hs(run["step_seconds"]), bytes));
   }
 
   const json& mem = r["memory"];
@@ -375,14 +441,23 @@ std::string format_report(const json& r) {
                   "fitting grids",
                   s["considered"].get<int64_t>(), s["discarded_memory"].get<int64_t>(),
                   s["fitting_grids"].get<size_t>()));
-  line(fmt::format("  {:>4} {:<58}{:>10}{:>10}{:>8}{:>7}", "rank", "layout", "mem/dev", "step",
+  line(fmt::format("  {:>4} {:<80}{:>10}{:>10}{:>8}{:>7}", "rank", "layout", "mem/dev", "step",
                    "bubble", "MFU"));
   for (const auto& e : s["top"]) {
-    line(fmt::format("  {:>4} {:<58}{:>10}{:>10}{:>7.1f}%{:>6.0f}%", e["rank"].get<int>(),
+    line(fmt::format("  {:>4} {:<80}{:>10}{:>10}{:>7.1f}%{:>6.0f}%", e["rank"].get<int>(),
                      e["describe"].get<std::string>(), hb(e["memory_per_device"]),
                      hs(e["step_seconds"]), e["bubble"].get<double>() * 100,
                      e["mfu"].get<double>() * 100));
+    if (explain && e.contains("why")) line("         why: " + e["why"].get<std::string>());
     for (const auto& w : e["warnings"]) line("         ! " + w.get<std::string>());
+  }
+  if (explain) {
+    line("");
+    line(
+        fmt::format("Step time of {} in the audit order (000 MFU: data, communication, bubble, "
+                    "kernels, stragglers):",
+                    l["describe"].get<std::string>()));
+    for (const auto& x : l["step"]) line("  " + x.get<std::string>());
   }
   return o;
 }

@@ -20,7 +20,8 @@ ChosenLayout choose_layout(const PlanInputs& in);
 /** Ledgers, communication, bubble, checkpoint and layout for `in`; `top` best layouts listed. */
 nlohmann::json plan_report(const PlanInputs& in, int top);
 
-/** The report as aligned text tables. */
-std::string format_report(const nlohmann::json& report);
+/** The report as aligned text tables; `explain` adds why each listed layout beats the next and
+ *  the chosen layout's step time in the audit order (`tetra plan --explain`). */
+std::string format_report(const nlohmann::json& report, bool explain = false);
 
 }  // namespace tetra::plan

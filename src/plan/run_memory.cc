@@ -10,6 +10,13 @@ int64_t align(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 }  // namespace
 
+int64_t RunShape::local_layers() const {
+  if (chunks.empty()) return layers;
+  int64_t n = 0;
+  for (const Chunk& c : chunks) n += c.layers;
+  return n;
+}
+
 FlatLayout flat_layout(const RunShape& s) {
   const int64_t C = s.d_model, unit = 16 * std::max<int64_t>(1, s.dp), tp = s.tp;
   // A block: mlp.c_proj (w, b), mlp.c_fc (w, b), ln_2 (w, b), attn.c_proj (w, b), attn.c_attn
@@ -19,19 +26,27 @@ FlatLayout flat_layout(const RunShape& s) {
                              C * C / tp,     C, 3 * C * C / tp, 3 * C / tp, C, C};
   int64_t block = 0;
   for (int64_t n : tensors) block += align(n, 16);
-  // The root: wpe, wte (this rank's padded rows), ln_f (w, b).
-  const int64_t root =
-      align(s.max_seq * C, 16) + align(s.padded_vocab / tp * C, 16) + 2 * align(C, 16);
+  // The root: wpe, wte (this rank's padded rows), ln_f (w, b); on a pipeline's end stages wte is
+  // a unit of its own next to the root (wpe) or the head (ln_f).
+  const int64_t wpe = align(s.max_seq * C, 16), wte = align(s.padded_vocab / tp * C, 16);
+  const int64_t ln_f = 2 * align(C, 16);
   FlatLayout f;
   f.block = double(align(block, unit));
-  f.root = double(align(root, unit));
-  f.total = double(s.layers) * f.block + f.root;
+  if (s.embedding && s.head) {
+    f.ends = {double(align(wpe + wte + ln_f, unit))};
+  } else if (s.embedding) {
+    f.ends = {double(align(wte, unit)), double(align(wpe, unit))};
+  } else if (s.head) {
+    f.ends = {double(align(wte, unit)), double(align(ln_f, unit))};
+  }
+  for (double e : f.ends) f.root += e;
+  f.total = double(s.local_layers()) * f.block + f.root;
   return f;
 }
 
 RunMemory run_memory(const RunShape& s) {
   const double B = double(s.micro_batch), T = double(s.seq), C = double(s.d_model);
-  const double NH = double(s.heads), L = double(s.layers), N = double(std::max<int64_t>(1, s.dp));
+  const double NH = double(s.heads), N = double(std::max<int64_t>(1, s.dp));
   const double tp = double(s.tp), BT = B * T, BTC = BT * C;
   // Attention's saved state and backward scratch per layer (RunShape::flash_attention).
   const double att = B * NH / tp * T * (s.flash_attention ? 1.0 : T);
@@ -52,11 +67,19 @@ RunMemory run_memory(const RunShape& s) {
     return 2 * BTC + 4 * rows + rows * C + 4 * BTC / tp + 8 * BTC / tp + (with_att ? att : 0.0);
   };
   // ln_f (whole) and its statistics, this rank's logits, losses.
-  const double head = BTC + 2 * rows + BT * double(s.padded_vocab) / tp + BT;
-  const double stream = (L + 1) * rows * C;  // the residual stream at every block boundary
+  const double head = s.head ? BTC + 2 * rows + BT * double(s.padded_vocab) / tp + BT : 0.0;
+  // Per chunk and micro-batch in flight: the residual stream at every block boundary, and what
+  // each block keeps.
   const double kept =
-      s.recompute == Recompute::full ? 0.0 : L * block_saves(s.recompute == Recompute::none);
-  m.activations = f32 * (stream + kept + head);
+      s.recompute == Recompute::full ? 0.0 : block_saves(s.recompute == Recompute::none);
+  double held = 0;
+  const std::vector<RunShape::Chunk> chunks =
+      s.chunks.empty() ? std::vector<RunShape::Chunk>{{s.layers, 1}} : s.chunks;
+  for (const RunShape::Chunk& c : chunks) {
+    const double n = double(c.layers);
+    held += double(c.slots) * ((n + 1) * rows * C + n * kept);
+  }
+  m.activations = f32 * (held + head);
 
   // Backward's residual gradient and scratch (dln, dqkv, attention's scratch and a recomputed
   // saved state, datty, dfch; under
@@ -82,14 +105,14 @@ RunMemory run_memory(const RunShape& s) {
   // ZeRO workspaces (parallel/data_parallel.h): gradients of the root and of two blocks at once;
   // under stage 3 also parameters of the root and of the computed block plus those prefetched,
   // or of every block when they stay gathered between forward and backward.
-  const double blocks = L;
+  const double blocks = double(s.local_layers());
   if (s.zero == 2) m.comm = f32 * (flat.root + std::min(2.0, blocks) * flat.block);
   if (s.zero == 3) {
     const double grad_blocks = std::min(2.0, blocks);
     const double param_blocks = s.reshard_after_forward
                                     ? std::min(1.0 + double(s.prefetch), blocks) + grad_blocks
                                     : blocks + 1;
-    m.comm = f32 * (2 * flat.root + param_blocks * flat.block);
+    m.comm = f32 * (2 * flat.root + (blocks > 0 ? param_blocks : 0.0) * flat.block);
   }
   // dp.reduce_dtype=bf16: a bf16 staging buffer of the flat gradient (stages 0, 1) or of every
   // workspace (2, 3).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "plan/training_spec.h"
 
@@ -29,6 +30,17 @@ struct RunShape {
   // (B·NH·T² per layer) and their gradient as scratch; a flash kernel (run.device = cuda) keeps
   // the row log-sum-exp (B·NH·T) and as much scratch, and takes no bf16 copies.
   bool flash_attention = false;
+  // This rank's part of the model: its chunks (layers, and the micro-batches the pipeline program
+  // keeps in flight there), and whether it holds the embedding (first stage) or the head (last).
+  // No chunks: the whole model with one micro-batch in flight.
+  struct Chunk {
+    int64_t layers = 0, slots = 1;
+  };
+  std::vector<Chunk> chunks;
+  bool embedding = true, head = true;
+  int64_t pp_rank = 0;
+  /** Blocks this rank holds. */
+  int64_t local_layers() const;
 };
 
 /** Bytes per rank by category; the names are the trainer's (core/memory.h). */
@@ -38,9 +50,12 @@ struct RunMemory {
 };
 
 /** Parameter elements of the flat layout: a block per unit and the embeddings with ln_f as the
- *  last, each tensor aligned to 16 elements and each unit padded to a multiple of 16 * dp. */
+ *  last, each tensor aligned to 16 elements and each unit padded to a multiple of 16 * dp. A
+ *  pipeline stage holds its blocks and, on the first stage, wte and the root (wpe) as two units,
+ *  on the last a copy of wte and the head (ln_f) as two units (model/gpt.cc). */
 struct FlatLayout {
-  double block = 0, root = 0;  // padded elements of one block unit and of the root unit
+  double block = 0, root = 0;  // padded elements of one block unit and of the other units
+  std::vector<double> ends;    // the other units one by one: the root, or wte and the root or head
   double total = 0;
 };
 FlatLayout flat_layout(const RunShape& s);

@@ -2,12 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "pipeline/schedule.h"
 #include "plan/ledger.h"
 
 namespace tetra::plan {
 
-RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l,
-                   const RunOptions& o) {
+RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, const RunOptions& o,
+                   int64_t pp_rank) {
   RunShape s;
   s.vocab = m.vocab;
   // As GptConfig::make pads it: every tensor-parallel rank an equal slice of wte.
@@ -19,7 +23,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l,
   s.max_seq = m.positions > 0 ? m.positions : m.seq;
   s.micro_batch = l.micro_batch;
   s.seq = m.seq;
-  s.recompute = t.recompute;
+  s.recompute = l.recompute;
   s.zero = l.zero;
   s.dp = l.dp;
   s.tp = l.tp;
@@ -30,7 +34,169 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l,
   s.bf16 = t.precision == Precision::Bf16Mixed;
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
+  // The chunks of this pipeline rank's program and the micro-batches each keeps in flight (GPipe
+  // keeps all of them, even on one stage).
+  if (l.pp > 1 || l.schedule == Schedule::gpipe) {
+    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const pipeline::Schedule sched =
+        pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
+    const std::vector<int> slots = pipeline::peak_inflight_per_chunk(sched, int(pp_rank));
+    for (int c = 0; c < sched.v; ++c) {
+      s.chunks.push_back(
+          {stage_layers(l, m.layers, sched.stage(int(pp_rank), c)), int64_t(slots[size_t(c)])});
+    }
+    s.embedding = pp_rank == 0;
+    s.head = pp_rank == l.pp - 1;
+    s.pp_rank = pp_rank;
+  }
   return s;
+}
+
+double GroupTraffic::bytes() const {
+  double b = 0;
+  for (const TrafficOp& op : ops) {
+    const double share = double(group - 1) / double(group);
+    const double per = op.kind == Collective::all_reduce ? 2.0 * share * op.buffer
+                       : op.kind == Collective::send     ? op.buffer
+                                                         : share * op.buffer;
+    b += op.count * per;
+  }
+  return b;
+}
+
+double GroupTraffic::calls() const {
+  double n = 0;
+  for (const TrafficOp& op : ops) n += op.count;
+  return n;
+}
+
+std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double bucket_bytes) {
+  std::vector<GroupTraffic> out;
+  constexpr double f32 = 4.0;
+  const double mb = double(l.microbatches);
+  const double L = double(s.local_layers());
+  const FlatLayout flat = flat_layout(s);
+  if (l.dp > 1) {
+    // parallel/data_parallel.cc: stage 0 all-reduces the flat gradient in buckets; the others
+    // work unit by unit, reduce-scattering (in bf16 with dp.reduce_dtype=bf16) and all-gathering
+    // f32 parameters.
+    GroupTraffic g{"dp", l.dp, {}};
+    const double red = s.reduce_bf16 ? 2.0 : f32;
+    std::vector<double> units(size_t(s.local_layers()), flat.block);
+    for (double e : flat.ends) units.push_back(e);
+    auto per_unit = [&](Collective kind, double bytes_per_elem, double times,
+                        bool ends_once = false) {
+      for (size_t u = 0; u < units.size(); ++u) {
+        const bool end = u >= size_t(s.local_layers());
+        g.ops.push_back({kind, units[u] * bytes_per_elem, end && ends_once ? mb : times});
+      }
+    };
+    if (l.zero == 0) {
+      const double bucket = std::max(1.0, std::floor(bucket_bytes / f32));
+      const double full = std::floor(flat.total / bucket);
+      const double rest = flat.total - full * bucket;
+      if (full > 0) g.ops.push_back({Collective::all_reduce, bucket * red, full});
+      if (rest > 0) g.ops.push_back({Collective::all_reduce, rest * red, 1});
+    } else if (l.zero <= 2) {
+      per_unit(Collective::reduce_scatter, red, l.zero == 2 ? mb : 1.0);
+      per_unit(Collective::all_gather, f32, 1.0);
+    } else {
+      // Every unit is gathered before its forward and, resharded after it, again before its
+      // backward; a last stage's wte and head only for the backward that runs the head.
+      const double gathers = s.reshard_after_forward ? 2.0 : 1.0;
+      per_unit(Collective::all_gather, f32, gathers * mb, s.head && !s.embedding);
+      per_unit(Collective::reduce_scatter, red, mb);
+    }
+    out.push_back(std::move(g));
+  }
+  if (l.tp > 1) {
+    // parallel/tp_layers.cc, per micro-batch. A block's forward: ln_1 and ln_2 (all-gathered
+    // under sequence parallelism) and both row-parallel products (reduce-scattered, or all-reduced
+    // without it); backward: both LayerNorms' input gradients (reduce-scatter or all-reduce), both
+    // row-parallel gradients gathered (sequence parallel) and the LayerNorm weights' gradients.
+    GroupTraffic g{"tp", l.tp, {}};
+    const double BT = double(s.micro_batch * s.seq), BTC = BT * double(s.d_model) * f32;
+    const double C = double(s.d_model) * f32;
+    const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
+    const bool sp = s.sequence_parallel;
+    if (sp) {
+      g.ops.push_back({Collective::all_gather, BTC, mb * L * (2 * forwards + 2)});
+      g.ops.push_back({Collective::reduce_scatter, BTC, mb * L * (2 * forwards + 2)});
+      g.ops.push_back({Collective::all_reduce, 4 * C, mb * L});
+    } else {
+      g.ops.push_back({Collective::all_reduce, BTC, mb * L * (2 * forwards + 2)});
+    }
+    if (s.embedding) {
+      // The vocabulary-parallel lookup: summed (reduce-scattered) forward, gathered backward.
+      if (sp) {
+        g.ops.push_back({Collective::reduce_scatter, BTC, mb});
+        g.ops.push_back({Collective::all_gather, BTC, mb});
+      } else {
+        g.ops.push_back({Collective::all_reduce, BTC, mb});
+      }
+    }
+    if (s.head) {
+      // ln_f forward and backward, the cross-entropy's row maxima and sums, ln_f's weights.
+      if (sp) {
+        g.ops.push_back({Collective::all_gather, BTC, mb});
+        g.ops.push_back({Collective::reduce_scatter, BTC, mb});
+        g.ops.push_back({Collective::all_reduce, 2 * C, mb});
+      } else {
+        g.ops.push_back({Collective::all_reduce, BTC, mb});
+      }
+      g.ops.push_back({Collective::all_reduce, BT * f32, mb});
+      g.ops.push_back({Collective::all_reduce, 2 * BT * f32, mb});
+    }
+    out.push_back(std::move(g));
+  }
+  if (l.pp > 1) {
+    // pipeline/executor.cc: a chunk sends its output on unless it is the last virtual stage, and
+    // its input's gradient back unless it is the first; rank 0's chunks are stages c x pp.
+    GroupTraffic g{"pp", l.pp, {}};
+    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const double rows = double(s.micro_batch * s.seq) / (s.sequence_parallel ? double(s.tp) : 1.0);
+    const double boundary = rows * double(s.d_model) * f32;
+    double sends = 0;
+    for (int64_t c = 0; c < v; ++c) {
+      const int64_t stage = c * l.pp + s.pp_rank;
+      sends += (stage != l.pp * v - 1 ? 1 : 0) + (stage != 0 ? 1 : 0);
+    }
+    g.ops.push_back({Collective::send, boundary, mb * sends});
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const Layout& l,
+                              const ClusterSpec& c, double microbatch_seconds) {
+  std::vector<DimComm> out;
+  for (const GroupTraffic& g : traffic) {
+    DimComm d;
+    d.dim = g.dim;
+    d.group = g.group;
+    const int64_t stride = g.dim == "tp" ? 1 : g.dim == "dp" ? l.tp : l.tp * l.dp;
+    d.placement = place_group(stride, g.group, c.gpus_per_node);
+    d.intra_node = d.placement.nodes == 1;
+    d.bytes = g.bytes();
+    d.calls = int64_t(std::llround(g.calls()));
+    const GroupPlacement pair = place_group(stride, 2, c.gpus_per_node);
+    for (const TrafficOp& op : g.ops) {
+      d.seconds +=
+          op.count * collective_seconds(op.kind, op.buffer,
+                                        op.kind == Collective::send ? pair : d.placement, c);
+    }
+    d.what = g.dim == "dp"   ? "tetra's ZeRO collectives (parallel/data_parallel.cc)"
+             : g.dim == "tp" ? "tetra's tensor-parallel collectives (parallel/tp_layers.cc)"
+                             : "tetra's pipeline sends (pipeline/executor.cc)";
+    d.algorithm = g.dim == "pp" ? "p2p" : "ring";
+    if (g.dim == "dp" && d.seconds > 0) {
+      // Reductions run behind the last micro-batch's backward, as far as the cluster lets
+      // collectives overlap compute at all (the cpu cluster's ranks: not).
+      d.overlap = c.comm_overlap * std::min(1.0, 2.0 / 3.0 * microbatch_seconds / d.seconds);
+    }
+    out.push_back(d);
+  }
+  return out;
 }
 
 RunPrediction predict_run(const ModelSpec& m, const TrainingSpec& t, const Layout& l,

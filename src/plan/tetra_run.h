@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "plan/comm_cost.h"
 #include "plan/layout.h"
 #include "plan/presets.h"
 #include "plan/run_memory.h"
@@ -23,10 +25,39 @@ struct RunOptions {
 };
 
 /** The per-rank shape of a tetra run of GPT-2 model `m` (m.positions rows of wpe, the vocabulary
- *  padded to m.vocab_multiple x tp) under `t` and layout `l`, for run_memory. A pipeline layout
- *  (pp > 1) gets the whole model's shape: run_memory does not model a stage's share. */
+ *  padded to m.vocab_multiple x tp) under `t` and layout `l`, for run_memory: on pipeline rank
+ *  `pp_rank` (0, the first stage, is the rank whose metrics the trainer records), its chunks with
+ *  the micro-batches its program keeps in flight (pipeline/schedule.h), as RunLayout::model_part
+ *  builds them. */
 RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l,
-                   const RunOptions& o = {});
+                   const RunOptions& o = {}, int64_t pp_rank = 0);
+
+/** `count` collectives of one kind over a `buffer` of bytes (a reduce-scatter's input, an
+ *  all-gather's output) per optimizer step. */
+struct TrafficOp {
+  Collective kind = Collective::all_reduce;
+  double buffer = 0;
+  double count = 0;
+};
+/** One group's traffic per step and rank, as the trainer counts it (comm::Work::sent_bytes: the
+ *  ring model's bytes): "dp" (parallel/data_parallel.cc), "tp" (parallel/tp_layers.cc), "pp"
+ *  (pipeline/executor.cc). */
+struct GroupTraffic {
+  std::string dim;
+  int64_t group = 1;
+  std::vector<TrafficOp> ops;
+  double bytes() const;
+  double calls() const;
+};
+/** What `s`'s rank sends per optimizer step in each of its groups under layout `l`. The tied
+ *  embedding's all-reduce between the first and the last stage, the loss and the gradient norm
+ *  are not counted by the trainer and not here. */
+std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double bucket_bytes);
+
+/** The traffic as the planner's communication per dimension on cluster `c`: each collective's
+ *  time there (collective_seconds), overlapped as far as c.comm_overlap lets it. */
+std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const Layout& l,
+                              const ClusterSpec& c, double microbatch_seconds);
 
 /** The planner's three numbers for a tetra run. */
 struct RunPrediction {

@@ -13,3 +13,29 @@ Precision parse_precision(const std::string& text) {
 const char* to_string(Precision p) { return p == Precision::Fp32 ? "fp32" : "bf16"; }
 
 }  // namespace tetra::plan
+
+namespace tetra::plan {
+
+Attention parse_attention(const std::string& text) {
+  if (text.empty()) return Attention::automatic;
+  if (text == "flash") return Attention::flash;
+  if (text == "materialized") return Attention::materialized;
+  fail(
+      "[plan] unknown training.attention '{}'; use flash, materialized, or leave it empty (flash "
+      "on GPU clusters, materialized on cpu)",
+      text);
+}
+
+const char* to_string(Attention a) {
+  switch (a) {
+    case Attention::flash:
+      return "flash";
+    case Attention::materialized:
+      return "materialized";
+    case Attention::automatic:
+      break;
+  }
+  return "automatic";
+}
+
+}  // namespace tetra::plan

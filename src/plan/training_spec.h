@@ -14,14 +14,24 @@ enum class Precision { Bf16Mixed, Fp32 };
 Precision parse_precision(const std::string& text);
 const char* to_string(Precision p);
 
+/** How attention keeps its scores: a flash kernel keeps only each row's softmax statistics and
+ *  recomputes the rest in backward; a materialized one stores the T x T probabilities (tetra's
+ *  CPU backend). `automatic` resolves to flash on GPU clusters, materialized on `cpu`. */
+enum class Attention { automatic, flash, materialized };
+
+/** "" (automatic) | "flash" | "materialized"; throws tetra::Error listing them. */
+Attention parse_attention(const std::string& text);
+const char* to_string(Attention a);
+
 struct TrainingSpec {
   double tokens = 0;                // total training tokens
   int64_t global_batch_tokens = 0;  // tokens per optimizer step
   int64_t micro_batch = 0;          // sequences per micro-batch; 0 = let the search choose
   Precision precision = Precision::Bf16Mixed;
-  Recompute recompute = Recompute::selective;
+  Recompute recompute = Recompute::selective;  // a given layout's; the search tries all three
+  Attention attention = Attention::automatic;
   double target_mfu = 0.4;            // for the compute ledger's wall-clock
-  double kernel_efficiency = 0.6;     // fraction of peak large matmuls reach; for step times
+  double kernel_efficiency = 0;       // fraction of peak large matmuls reach (0: the cluster's)
   double restart_seconds = 600;       // detect + reschedule + reload after a failure
   double bucket_bytes = 25e6;         // DP gradient bucket
   bool reshard_after_forward = true;  // ZeRO-3: parameters gathered again for backward

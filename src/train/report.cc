@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/timer.h"
 #include "pipeline/trace.h"
 
 namespace tetra {
@@ -34,6 +35,14 @@ double median(std::vector<double> v) {
 }
 
 const char* precision_name(const GptConfig& m) { return m.bf16 ? "bf16" : "fp32"; }
+
+// The 1-minute load average: plan-vs-measured step times are only as good as the machine is quiet.
+double read_load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
 
 }  // namespace
 
@@ -87,7 +96,12 @@ void Reporter::measure_peak(int threads) {
 
 std::string Reporter::memory_table(const char* when) const {
   constexpr double MB = 1.0 / (1 << 20);
-  const plan::RunMemory& p = plan_.prediction.memory;
+  // This rank's pipeline stage: its chunks, the micro-batches they hold, its end units.
+  const plan::RunMemory p =
+      layout_.pp_size() > 1
+          ? plan::run_memory(plan::run_shape(plan_.model, plan_.training, plan_.layout,
+                                             plan_.options, layout_.pp_rank()))
+          : plan_.prediction.memory;
   const double planned[kMemCategories] = {p.params,      p.grads, p.optimizer,
                                           p.activations, p.comm,  p.temporaries};
   std::string out = fmt::format("[memory] per rank {}: {:<12} {:>10} {:>10} {:>10}\n", when,
@@ -107,8 +121,8 @@ std::string Reporter::memory_table(const char* when) const {
     int layers = 0;
     for (const GptPart::Chunk& c : model_.part().chunks) layers += c.end - c.first;
     out += fmt::format(
-        "\n[memory]   plan MB is the whole model's: the planner does not model a pipeline "
-        "stage's share yet (this stage holds {} of the {} layers)",
+        "\n[memory]   plan MB is this pipeline stage's: {} of the {} layers, with the "
+        "micro-batches its program keeps in flight",
         layers, opt_.model.n_layer);
   }
   return out;
@@ -200,6 +214,11 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
   }
   const double tps = double(tokens_per_step()) / step_s;
   rates_.push_back(tps);
+  step_s_.push_back(step_s);
+  data_wait_s_.push_back(data_ms / 1e3);
+  dp_bytes_ = comm.sent_bytes;
+  tp_bytes_ = tpc.sent_bytes;
+  pp_bytes_ = pipe.sent_bytes;
   const double mfu =
       plan_.prediction.flops_per_token * tps / (peak_gflops_ * 1e9 * layout_.world_size());
   last_mfu_ = mfu;
@@ -256,6 +275,7 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
     // one of the same program at these costs (collective over the pipeline group).
     const pipeline::BubbleStats b = pipeline::measure_bubble(program_, pipe, layout_.pp());
     rec["pp_bubble"] = b.measured;
+    bubbles_.push_back(b.measured);
     rec["pp_bubble_sim"] = b.simulated;
     rec["pp_bubble_formula"] = b.formula;
   }
@@ -290,6 +310,7 @@ TrainResult Reporter::finish(TrainResult result) {
   result.steps = opt_.steps;
   result.tokens_per_s = median(rates_);
   if (metrics_) metrics_->close();
+  plan_vs_measured();
   profiling_.reset();
   if (profile_) {
     log_info("{}", profile_->table());
@@ -306,6 +327,118 @@ TrainResult Reporter::finish(TrainResult result) {
     log_info("[train] wrote the pipeline trace to {} (open it in ui.perfetto.dev)", path);
   }
   return result;
+}
+
+void Reporter::plan_vs_measured() {
+  // The MPI link between this machine's ranks, measured once per run: all-reduces of a small and
+  // a large buffer over every rank, the fastest of a few of each; α from the small one, the bus
+  // bandwidth from the difference (the ring model the planner prices collectives with).
+  plan::MeasuredLink link;
+  if (layout_.multi() && layout_.world_size() > 1) {
+    const comm::Communicator& world = layout_.world();
+    const double n = double(world.size());
+    auto fastest = [&](size_t floats, int reps) {
+      std::vector<float> buf(floats, 1.0f);
+      double best = 1e30;
+      for (int i = 0; i < reps; ++i) {
+        world.barrier().wait();
+        const double t0 = now_s();
+        world.all_reduce(std::span<float>(buf)).wait();
+        best = std::min(best, now_s() - t0);
+      }
+      float slowest = float(best);
+      world.all_reduce(std::span<float>(&slowest, 1), comm::ReduceOp::max).wait();
+      return double(slowest);
+    };
+    const size_t small = 256, large = size_t(1) << 20;
+    const double ts = fastest(small, 20), tl = fastest(large, 5);
+    const double bytes = 2.0 * (n - 1) / n * double(large - small) * sizeof(float);
+    link.bus_bw = tl > ts ? bytes / (tl - ts) : 0.0;
+    link.latency = std::max(0.0, ts / (2.0 * (n - 1)));
+    // Kept as the best this machine has shown: a busy machine measures a slower link than it has.
+    if (layout_.is_root()) plan::save_cpu_measured_link(link);
+    if (link.bus_bw > 0) link = plan::cpu_measured_link();
+  }
+  if (!layout_.is_root()) return;
+
+  const plan::ClusterSpec cluster = run_cluster(layout_.world_size(), peak_gflops_, link, threads_);
+  const plan::LayoutEstimate e = predict_step(plan_, cluster);
+  auto med = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double step = med(step_s_);
+  const double memory = double(ledger_.peak_total());
+  const double planned_memory = plan_.prediction.memory.total();
+  nlohmann::json out = {{"ranks", layout_.world_size()},
+                        {"layout", plan::describe(plan_.layout)},
+                        {"cluster",
+                         {{"peak_gflops", cluster.peak_flops / 1e9},
+                          {"link_gbs", cluster.intra_bw / 1e9},
+                          {"link_latency_us", cluster.intra_latency * 1e6},
+                          {"link_measured", link.bus_bw > 0},
+                          {"mem_bw_gbs", cluster.mem_bw / 1e9}}},
+                        {"load_average", read_load_average()},
+                        {"steps_measured", step_s_.size()},
+                        {"step_seconds", {{"predicted", e.step_seconds}, {"measured", step}}},
+                        {"memory_bytes", {{"predicted", planned_memory}, {"measured", memory}}},
+                        {"predicted_time",
+                         {{"data", e.time.data},
+                          {"comm", e.time.comm},
+                          {"bubble", e.time.bubble},
+                          {"kernels", e.time.kernels},
+                          {"stragglers", e.time.stragglers}}},
+                        {"measured_data_wait_seconds", med(data_wait_s_)}};
+  auto pct = [](double p, double m) { return m > 0 ? 100.0 * (p - m) / m : 0.0; };
+  log_info(
+      "[plan] plan vs measured for this run (tetra plan's model on the cpu cluster: {:.1f} GFLOP/s "
+      "per rank, MPI {:.2f} GB/s and {:.1f} us per hop{}, memory {:.1f} GB/s; load average "
+      "{:.1f}):",
+      cluster.peak_flops / 1e9, cluster.intra_bw / 1e9, cluster.intra_latency * 1e6,
+      link.bus_bw > 0   ? " (the best measured on this machine)"
+      : layout_.multi() ? " (this run could not measure it: the cpu preset's)"
+                        : " (one rank: unused)",
+      cluster.mem_bw / 1e9, read_load_average());
+  log_info(
+      "[plan]   step time     predicted {:>10.2f} ms  measured {:>10.2f} ms (median of {})  "
+      "{:+.1f}%",
+      1e3 * e.step_seconds, 1e3 * step, step_s_.size(), pct(e.step_seconds, step));
+  log_info(
+      "[plan]   memory/rank   predicted {:>10.2f} MiB measured {:>10.2f} MiB (peak)    {:+.1f}%",
+      planned_memory / double(1 << 20), memory / double(1 << 20), pct(planned_memory, memory));
+  const double measured_bytes[] = {dp_bytes_, tp_bytes_, pp_bytes_};
+  const char* const groups[] = {"dp", "tp", "pp"};
+  for (int g = 0; g < 3; ++g) {
+    double planned = 0;
+    bool present = false;
+    for (const plan::GroupTraffic& t : plan_.traffic) {
+      if (t.dim == groups[g]) planned = t.bytes(), present = true;
+    }
+    if (!present && measured_bytes[g] == 0) continue;
+    out["bytes_per_step"][groups[g]] = {{"predicted", planned}, {"measured", measured_bytes[g]}};
+    log_info("[plan]   {} bytes/step  predicted {:>14.0f} measured {:>14.0f}     {}", groups[g],
+             planned, measured_bytes[g],
+             planned == measured_bytes[g]
+                 ? std::string("exact")
+                 : fmt::format("{:+.2f}%", pct(planned, measured_bytes[g])));
+  }
+  if (layout_.pp_size() > 1) {
+    const double bubble = med(bubbles_);
+    out["bubble"] = {{"predicted", e.bubble}, {"measured", bubble}};
+    log_info(
+        "[plan]   bubble        predicted {:>9.1f}%  measured {:>9.1f}% (median)       {:+.1f} "
+        "points",
+        100 * e.bubble, 100 * bubble, 100 * (e.bubble - bubble));
+  }
+  log_info(
+      "[plan]   predicted step by the audit order: data {:.2f} ms (measured wait {:.2f} ms) + "
+      "comm {:.2f} ms + bubble {:.2f} ms + kernels {:.2f} ms + stragglers {:.2f} ms",
+      1e3 * e.time.data, 1e3 * med(data_wait_s_), 1e3 * e.time.comm, 1e3 * e.time.bubble,
+      1e3 * e.time.kernels, 1e3 * e.time.stragglers);
+  const std::string text = out.dump(1) + "\n";
+  write_file_atomically((fs::path(opt_.run_dir) / "plan_vs_measured.json").string(),
+                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "train");
 }
 
 void Reporter::summary(const TrainResult& result) const {

@@ -68,6 +68,11 @@ class Reporter {
   TrainResult finish(TrainResult result);
   /** The run's last line. */
   void summary(const TrainResult& result) const;
+  /** The planner's prediction of this run's step next to what it measured (collective: a
+   *  multi-rank run first measures its MPI link, the cpu cluster's calibration, and caches it):
+   * step time, memory per rank, bytes per group and step, the pipeline bubble; rank 0 prints them
+   * and writes them to run.dir/plan_vs_measured.json (docs/training.md, "Plan vs measured"). */
+  void plan_vs_measured();
 
  private:
   std::string memory_table(const char* when) const;
@@ -92,6 +97,10 @@ class Reporter {
   std::unique_ptr<ProfileActivation> profiling_;
   std::vector<pipeline::Span> trace_;  // run.trace: every step's spans, seconds from begin()
   std::vector<double> rates_;          // tokens/s per step
+  // What plan_vs_measured compares: each step's time, bubble and data wait, and the last step's
+  // bytes per group.
+  std::vector<double> step_s_, bubbles_, data_wait_s_;
+  double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0;
   bool mfu_warned_ = false, tty_ = false;
   double last_mfu_ = 0.0, last_tps_ = 0.0;
   Stopwatch clock_;

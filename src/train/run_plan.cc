@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "core/recompute.h"
@@ -56,6 +57,9 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   // tetra's bf16 is mixed precision: bf16 operands, f32 state (run_memory prices it as such).
   t.precision = g.bf16 ? plan::Precision::Bf16Mixed : plan::Precision::Fp32;
   t.recompute = parse_recompute(o.recompute, "train.recompute");
+  // The CPU backend keeps attention's probabilities; the CUDA backend's kernel is a flash one.
+  t.attention =
+      o.device == DeviceKind::cuda ? plan::Attention::flash : plan::Attention::materialized;
   t.reshard_after_forward = o.zero.reshard_after_forward;
   t.zero_prefetch = o.zero.prefetch;
   t.bucket_bytes = o.zero.bucket_mb * double(1 << 20);
@@ -69,6 +73,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   k.schedule = o.pp_kind;
   k.v = o.pp_kind == pipeline::Kind::interleaved ? o.pp_chunks : 1;
   k.microbatches = o.grad_accum;
+  k.recompute = t.recompute;
   // The trainer's own split (pp.layers resolved), so an uneven or auto split is planned as run.
   if (o.pp_split.size() > 1 && !all_equal(o.pp_split))
     k.pp_layers = fmt::format("{}", fmt::join(o.pp_split, ","));
@@ -80,7 +85,32 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   p.options.flash_attention = o.device == DeviceKind::cuda;
   p.shape = plan::run_shape(m, t, p.layout, p.options);
   p.prediction = plan::predict_run(m, t, p.layout, p.options);
+  p.traffic = plan::run_traffic(p.shape, p.layout, t.bucket_bytes);
   return p;
+}
+
+plan::ClusterSpec run_cluster(int world, double peak_gflops, const plan::MeasuredLink& link,
+                              int threads) {
+  plan::ClusterSpec c = plan::cluster_preset("cpu");
+  const double ram = c.memory_bytes * double(c.gpus_per_node);
+  c.gpus = c.gpus_per_node = std::max(1, world);
+  c.memory_bytes = ram / double(c.gpus);
+  if (peak_gflops > 0) c.peak_flops = peak_gflops * 1e9;
+  // Ranks whose threads outnumber the cores take turns on them.
+  const double cores = double(std::max(1u, std::thread::hardware_concurrency()));
+  const double wanted = double(c.gpus) * double(std::max(1, threads));
+  if (wanted > cores) c.peak_flops *= cores / wanted;
+  if (link.bus_bw > 0) {
+    c.intra_bw = link.bus_bw;
+    c.intra_latency = link.latency;
+  }
+  return c;
+}
+
+plan::LayoutEstimate predict_step(const RunPlan& p, const plan::ClusterSpec& c) {
+  return plan::evaluate_layout(p.model, c, p.training, p.layout, [&](double microbatch_seconds) {
+    return plan::run_comm(p.traffic, p.layout, c, microbatch_seconds);
+  });
 }
 
 std::string run_plan_line(const RunPlan& p, const std::string& config_path) {

@@ -29,6 +29,7 @@ struct RunPlan {
   int world = 1;                        // ranks: dp x tp x pp
   int configured_dp = 0;                // parallel.dp as configured (0: world / (tp x pp))
   plan::RunPrediction prediction;       // params, model FLOPs/token, memory per rank by category
+  std::vector<plan::GroupTraffic> traffic;  // bytes per step per group, as the trainer counts them
 };
 
 /** The planner's prediction for the run `o` describes on `world_size` ranks: dp is parallel.dp,
@@ -36,6 +37,17 @@ struct RunPlan {
  *  mesh resolves it. Throws tetra::Error (the mesh's message) when the sizes do not fit the world.
  *  The trainer calls it once its world is known. */
 RunPlan plan_run(const TrainOptions& o, int world_size);
+
+/** The cpu cluster a run's `world` ranks form on this machine (tetra launch runs them on one
+ *  node): each rank a device at `peak_gflops` (the run's MFU denominator, at `threads` threads;
+ *  shared out when world x threads exceeds the cores) with RAM / world, its MPI link `link` when
+ *  measured (else the cpu preset's, from the cache when a run measured it). */
+plan::ClusterSpec run_cluster(int world, double peak_gflops, const plan::MeasuredLink& link,
+                              int threads = 1);
+
+/** The planner's estimate of one optimizer step of the run on `c`, with the run's own traffic
+ *  (RunPlan::traffic) as its communication: step time by the audit order, the simulated bubble. */
+plan::LayoutEstimate predict_step(const RunPlan& p, const plan::ClusterSpec& c);
 
 /** The trainer's header line: "[plan] 4.24M params, 2.67e+07 FLOPs/token, 168.8 MiB per rank
  *  (tetra plan --config CONFIG plans this run)", with --cluster.gpus=N added when dp was inferred

@@ -216,5 +216,20 @@ TEST_F(PeakCache, MeasuresThisMachineIntoTheCacheUnderHome) {
             << " GFLOP/s at 1 thread" << std::endl;
 }
 
+TEST_F(PeakCache, CopyBandwidthIsMeasuredAndKeptAsTheBestUnderHome) {
+  ScopedEnv xdg("XDG_CACHE_HOME", (dir_ / "xdg").c_str());
+  const double bw = copy_bandwidth();
+  // Any memory system of the last 20 years copies faster than 1 GB/s and slower than 10 TB/s.
+  EXPECT_GT(bw, 1e9);
+  EXPECT_LT(bw, 1e13);
+  EXPECT_EQ(copy_bandwidth(), bw) << "measured once per process";
+  std::ifstream in(dir_ / "xdg" / "tetra" / "memory.json");
+  ASSERT_TRUE(in) << "no memory.json written under XDG_CACHE_HOME";
+  const json j = json::parse(in);
+  EXPECT_EQ(j["machine"], machine_peak_source().machine);
+  EXPECT_DOUBLE_EQ(j["bandwidth"]["copy"]["bytes_per_s"].get<double>(), bw);
+  std::cout << "[ copy     ] " << bw / 1e9 << " GB/s (read + written) from one thread" << std::endl;
+}
+
 }  // namespace
 }  // namespace tetra::cpu

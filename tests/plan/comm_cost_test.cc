@@ -83,3 +83,96 @@ TEST(CommCost, MoeAllToAll) {
 
 }  // namespace
 }  // namespace tetra::plan
+
+namespace tetra::plan {
+namespace {
+
+ClusterSpec h100(int64_t gpus) {
+  ClusterSpec c = cluster_preset("h100");
+  c.gpus = gpus;
+  return c;
+}
+
+TEST(Collectives, PlacementFollowsTheRankOrder) {
+  const GroupPlacement tp = place_group(1, 8, 8);
+  EXPECT_EQ(tp.per_node, 8);
+  EXPECT_EQ(tp.nodes, 1);
+  const GroupPlacement dp = place_group(2, 64, 8);  // TP 2: four DP ranks per node
+  EXPECT_EQ(dp.per_node, 4);
+  EXPECT_EQ(dp.nodes, 16);
+  const GroupPlacement pp = place_group(512, 16, 8);  // TP 8 x DP 64: one stage per 64 nodes
+  EXPECT_EQ(pp.per_node, 1);
+  EXPECT_EQ(pp.nodes, 16);
+  EXPECT_EQ(pp.span, 961);
+}
+
+// A ring pays its latency once per step, 2(N-1) steps for an all-reduce: small collectives over
+// large groups are latency, and NCCL takes the double binary tree for them (log N steps), the ring
+// for large buffers, whose bandwidth term is lower.
+TEST(Collectives, LatencyGrowsWithTheGroupAndNcclPicksTreeOrRing) {
+  const ClusterSpec c = h100(8192);
+  const double small = 64e3;
+  const double at16 = collective_seconds(Collective::all_reduce, small, place_group(8, 16, 8), c);
+  const double at1024 =
+      collective_seconds(Collective::all_reduce, small, place_group(8, 1024, 8), c);
+  EXPECT_GT(at1024, at16);
+  EXPECT_EQ(allreduce_algorithm(small, place_group(8, 1024, 8), c), "tree");
+  EXPECT_EQ(allreduce_algorithm(4e9, place_group(8, 16, 8), c), "ring");
+  // Reduce-scatter and all-gather have no tree: their latency is the ring's, (N-1) steps.
+  const double rs =
+      collective_seconds(Collective::reduce_scatter, small, place_group(8, 1024, 8), c);
+  EXPECT_GT(rs, 1023 * c.inter_latency);
+}
+
+// Inside the node first: with 8 ranks of the group per node each NIC carries an eighth of the
+// buffer across, so the inter-node part is 8x smaller than a flat ring over the NICs.
+TEST(Collectives, HierarchicalAllReduceUsesEveryNic) {
+  const ClusterSpec c = h100(128);
+  const double D = 1e9;
+  const double flat = collective_seconds(Collective::all_reduce, D, place_group(8, 16, 8), c);
+  const double hier = collective_seconds(Collective::all_reduce, D, place_group(1, 128, 8), c);
+  EXPECT_LT(hier, flat / 4);
+  const double inter = 2.0 * 15 / 16 * (D / 8) / (c.inter_bw * c.link_efficiency);
+  EXPECT_GT(hier, inter);
+}
+
+// Small buckets do not reach the link's bandwidth (NCCL's protocols): half of it at half_bw_bytes.
+TEST(Collectives, SmallMessagesAreLessEfficient) {
+  ClusterSpec c = h100(8);
+  c.intra_latency = 0;
+  const GroupPlacement g = place_group(1, 8, 8);
+  const double big = collective_seconds(Collective::all_reduce, 1e9, g, c) / 1e9;
+  const double tiny =
+      collective_seconds(Collective::all_reduce, c.half_bw_bytes, g, c) / c.half_bw_bytes;
+  EXPECT_NEAR(tiny / big, 2.0, 0.01);  // per byte, twice as long at half the bandwidth
+}
+
+// Above the pod's non-blocking tier an oversubscribed fabric divides the bandwidth: a group that
+// spans more nodes than a pod holds is slower than one inside a pod.
+TEST(Collectives, OversubscribedFabricSlowsGroupsThatLeaveThePod) {
+  ClusterSpec c = h100(8192);
+  c.nodes_per_pod = 384;
+  c.oversubscription = 7;
+  const double D = 4e9;
+  const double inside =
+      collective_seconds(Collective::reduce_scatter, D, place_group(8, 256, 8), c);
+  const double across =
+      collective_seconds(Collective::reduce_scatter, D, place_group(8, 1024, 8), c);
+  EXPECT_GT(across, 2.5 * inside);
+  c.oversubscription = 1;
+  EXPECT_LT(collective_seconds(Collective::reduce_scatter, D, place_group(8, 1024, 8), c),
+            1.1 * inside);
+}
+
+// 000 ストラグラー: the synchronous step waits for the slowest of N; with a 1% spread per device
+// the expected maximum of 8,192 is ~3.8 standard deviations away.
+TEST(Collectives, StragglerTaxIsTheExpectedMaximum) {
+  EXPECT_EQ(straggler_fraction(1, 0.01), 0.0);
+  EXPECT_EQ(straggler_fraction(8192, 0.0), 0.0);
+  EXPECT_NEAR(straggler_fraction(2, 1.0), 0.56, 0.03);  // E[max of 2] = 1/sqrt(pi)
+  EXPECT_NEAR(straggler_fraction(8192, 0.01), 0.038, 0.002);
+  EXPECT_LT(straggler_fraction(512, 0.01), straggler_fraction(8192, 0.01));
+}
+
+}  // namespace
+}  // namespace tetra::plan

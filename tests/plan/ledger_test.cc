@@ -118,7 +118,9 @@ TEST(Ledger, LayoutMemorySplitsStateOverModelParallelRanks) {
   TrainingSpec t;
   Layout l{8, 4, 16, 1, 1, Schedule::one_f_one_b, 1, 1, 128, {}};
   const MemoryBreakdown mem = memory_per_device(m, t, l);
-  const LocalParams lp = local_params(m, l);
+  // The tightest pipeline rank's state: the first holds the embedding and four micro-batches.
+  EXPECT_EQ(mem.rank, 0);
+  const LocalParams lp = rank_params(m, l, mem.rank);
   const double local = lp.dense + lp.expert;
   EXPECT_NEAR(local, double(count_params(m).total()) / 32, 0.05 * local);  // ~1/32 of the model
   EXPECT_DOUBLE_EQ(mem.params, 2 * local);
@@ -151,6 +153,71 @@ TEST(RunMemory, FlashAttentionKeepsNoTByTMatrix) {
   // Selective recomputation drops the saved state on both.
   s.recompute = flash.recompute = Recompute::selective;
   EXPECT_DOUBLE_EQ(run_memory(s).activations, run_memory(flash).activations);
+}
+
+}  // namespace
+}  // namespace tetra::plan
+
+namespace tetra::plan {
+namespace {
+
+// Activations tensor by tensor: Llama-style (RMSNorm, SwiGLU, GQA, no dropout) keeps the two norm
+// inputs (4C), qkv's input, q, k and v and the attention output (6C + 4 kv_dim), the MLP's input,
+// gate, up and their product (2C + 6 ffn); materialized attention adds the softmax output
+// (2 NH T), a flash kernel keeps its row statistics (fp32 per head) instead.
+TEST(Ledger, ActivationsTensorByTensorForLlama) {
+  const ModelSpec m = model_preset("llama3-405b");
+  const double C = 16384, kvd = 1024, ffn = 53248, NH = 128, T = 8192;
+  const double dense = 12 * C + 4 * kvd + 6 * ffn;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 8,
+                                                    Attention::materialized),
+                   (dense + 2 * NH * T) / 8);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 8,
+                                                    Attention::flash),
+                   (dense + 4 * NH) / 8);
+  // Selective recomputation is what a flash kernel does anyway.
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::selective, Precision::Bf16Mixed,
+                                                    8, Attention::flash),
+                   activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 8,
+                                                    Attention::flash));
+  // Grouped-query attention keeps 8 KV heads' k and v, not 128.
+  ModelSpec mha = m;
+  mha.kv_heads = mha.heads;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(mha, Recompute::none, Precision::Bf16Mixed, 8,
+                                                    Attention::flash) -
+                       activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 8,
+                                                        Attention::flash),
+                   4 * (C - kvd) / 8);
+}
+
+// The micro-batches each pipeline rank holds, walked through its program: 1F1B rank r holds
+// p - r of them, interleaved more on the first rank (004 GPipe と 1F1B), GPipe all m; uneven
+// stages weigh each by its layers.
+TEST(Ledger, HeldActivationsFollowTheSchedule) {
+  Layout l{1, 4, 1, 1, 0, Schedule::one_f_one_b, 1, 1, 8, {}};
+  EXPECT_EQ(held_layer_microbatches(l, 16), (std::vector<double>{16, 12, 8, 4}));
+  l.schedule = Schedule::gpipe;
+  EXPECT_EQ(held_layer_microbatches(l, 16), (std::vector<double>{32, 32, 32, 32}));
+  l.schedule = Schedule::interleaved;
+  l.v = 2;
+  const std::vector<double> inter = held_layer_microbatches(l, 16);
+  EXPECT_GT(inter[0], 16);
+  EXPECT_NEAR(inter[0], 16 * (1 + 3.0 / 8), 2.0);  // min(m,p)(1 + (p-1)/(p v)) stages of 4 layers
+  l.schedule = Schedule::one_f_one_b;
+  l.v = 1;
+  l.split = {3, 4, 4, 5};
+  EXPECT_EQ(held_layer_microbatches(l, 16), (std::vector<double>{12, 12, 8, 5}));
+}
+
+// The memory of a layout is its tightest pipeline rank's: with 1F1B the first holds the most
+// micro-batches, unless a later one holds many more layers.
+TEST(Ledger, MemoryIsTheTightestPipelineRanks) {
+  const ModelSpec m = model_preset("llama3-70b");
+  TrainingSpec t;
+  Layout l{8, 4, 16, 1, 1, Schedule::one_f_one_b, 1, 1, 128, {}};
+  EXPECT_EQ(memory_per_device(m, t, l).rank, 0);
+  l.split = {2, 2, 2, 74};
+  EXPECT_EQ(memory_per_device(m, t, l).rank, 3);
 }
 
 }  // namespace

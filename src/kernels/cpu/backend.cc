@@ -226,6 +226,7 @@ class CpuBackend final : public Backend {
     if (measured) *measured = true;
     return cpu::fp32_peak_gflops(threads);
   }
+  double memory_bandwidth() override { return cpu::copy_bandwidth(); }
   void set_threads(int threads) override { omp_set_num_threads(threads); }
 
  private:

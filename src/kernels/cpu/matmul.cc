@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/machine_cache.h"
 #include "core/profile.h"
-#include "kernels/cpu/machine_cache.h"
 #include "kernels/cpu/matmul_choice.h"
 
 namespace tetra::cpu {

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "core/machine_cache.h"
 #include "core/timer.h"
-#include "kernels/cpu/machine_cache.h"
 
 namespace tetra::cpu {
 

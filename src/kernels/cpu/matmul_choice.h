@@ -1,6 +1,6 @@
 // The library each f32 product runs on (kernels/cpu/matmul.h), chosen by measuring every library
 // that can run it, once per machine, and kept in $XDG_CACHE_HOME/tetra/matmul.json (default
-// $HOME/.cache/tetra/matmul.json) in the style of the peak cache (kernels/cpu/machine_cache.h):
+// $HOME/.cache/tetra/matmul.json) in the style of the peak cache (core/machine_cache.h):
 //
 //   {"schema": 1, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
 //    "products": {"<key>": {"library": "openblas", "role": "mlp.c_fc weight grad",

@@ -2,16 +2,19 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/machine_cache.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/machine_cache.h"
 #include "kernels/cpu/matmul.h"
 
 namespace tetra::cpu {
@@ -73,6 +76,41 @@ void write_entry(const fs::path& path, const std::string& machine, const std::st
 }
 
 }  // namespace
+
+double copy_bandwidth() {
+  static const double bw = [] {
+    const size_t n = size_t(32) << 20;
+    std::vector<char> a(n, 1), b(n, 2);
+    double best = 0;
+    for (int i = 0; i < 4; ++i) {
+      Stopwatch sw;
+      std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), n);
+      const double dt = sw.elapsed_s();
+      if (dt > 0) best = std::max(best, 2.0 * double(n) / dt);
+    }
+    const fs::path path = machine_cache_path("memory.json");
+    if (path.empty()) return best;
+    constexpr int kMemorySchema = 1;
+    const std::string machine = matmul_machine();
+    // {"schema": 1, "machine": ..., "bandwidth": {"copy": {"bytes_per_s": ..., "measured_at":
+    // ...}}}
+    const json held = read_machine_cache(path, kMemorySchema, machine, "bandwidth").entries;
+    const auto copy = held.find("copy");
+    double cached = 0.0;
+    if (copy != held.end() && copy->is_object()) {
+      const auto v = copy->find("bytes_per_s");
+      if (v != copy->end() && v->is_number() && std::isfinite(v->get<double>())) cached = *v;
+    }
+    if (best > cached) {
+      write_machine_cache(
+          path, kMemorySchema, machine, "bandwidth",
+          json::object({{"copy", {{"bytes_per_s", best}, {"measured_at", utc_now()}}}}),
+          [](const json& e) { return e.is_object(); }, "memory bandwidth");
+    }
+    return std::max(best, cached);
+  }();
+  return bw;
+}
 
 fs::path peak_cache_path() { return machine_cache_path("peak.json"); }
 

@@ -2,7 +2,7 @@
 // device. Measured per thread count through the matmul seam the model uses, on the library chosen
 // for a 2048^3 product (the best such product over a second), and kept in one cache,
 // $XDG_CACHE_HOME/tetra/peak.json (default $HOME/.cache/tetra/peak.json; the format of
-// kernels/cpu/machine_cache.h), that the trainer and the planner both read and write here:
+// core/machine_cache.h), that the trainer and the planner both read and write here:
 //
 //   {"schema": 2, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
 //    "threads": {"2": {"gflops": 151.2, "load_average": 0.31,
@@ -22,6 +22,12 @@ namespace tetra::cpu {
 
 /** GFLOP/s of an fp32 2048^3 matmul at `threads` threads, from the cache or measured now. */
 double fp32_peak_gflops(int threads, bool* from_cache = nullptr);
+
+/** Bytes per second one thread copies between two 32 MB buffers (past the caches; read and written
+ *  bytes counted): the best of a few copies, and of what this machine measured before
+ *  ($XDG_CACHE_HOME/tetra/memory.json: a busy machine only ever reads low). Measured once per
+ *  process. */
+double copy_bandwidth();
 
 /** $XDG_CACHE_HOME/tetra/peak.json, else $HOME/.cache/tetra/peak.json; empty when neither is
  *  set (the peak is then measured each time and not cached). */
