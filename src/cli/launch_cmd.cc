@@ -1,43 +1,49 @@
 // tetra launch -n N [--hosts h1,h2] [--max-restarts R] [--dry-run] -- <command> [args]
 // Single-host convenience over mpirun: reruns this tetra binary on N ranks with sensible flags,
-// forwards SIGINT/SIGTERM to mpirun (which passes them to the ranks) and returns its exit status.
-// With --max-restarts, a job that fails (a rank dies, the collective watchdog aborts, or a rank's
-// heartbeat goes silent) is started again from its newest checkpoint, as torchrun does.
+// forwards SIGINT/SIGTERM/SIGHUP to mpirun (which passes them to the ranks) and returns its exit
+// status. A train job is watched whenever it runs (launch_job.h): a start-up deadline, a heartbeat
+// timeout, mpirun outliving its ranks. With --max-restarts, a job that fails (a rank dies, the
+// collective watchdog aborts, or a rank hangs) is started again from its newest checkpoint, as
+// torchrun does, as long as restarts make progress.
 // Across hosts or under a scheduler, call `mpirun -np N tetra ...` or `srun tetra ...` directly.
 #include <fmt/format.h>
-#include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/launch_job.h"
+#include "core/config.h"
+#include "core/dir_lock.h"
 #include "core/error.h"
+#include "train/train_config.h"
 
 namespace tetra::cli {
 
 namespace {
 
-std::atomic<pid_t> g_child{0};
-std::atomic<bool> g_stopped{false};  // the user asked the job to stop: never restart it
+namespace fs = std::filesystem;
 
-// A terminal's Ctrl-C already reaches mpirun (same process group); forward only signals sent to
-// this process alone (kill, timeout, a scheduler), so mpirun does not see Ctrl-C twice and abort
-// without cleanup.
-void forward_signal(int sig, siginfo_t* info, void*) {
-  g_stopped.store(true);
-  pid_t child = g_child.load();
-  if (child > 0 && !(info && info->si_code == SI_KERNEL)) kill(child, sig);
-}
+// The shortest --heartbeat-timeout and --startup-timeout taken (0 turns either off). A rank beats
+// once per step, and a host busy with other work can deschedule a healthy rank for a good part
+// of a second; a shorter limit would stop jobs that are working. Steps slower than the timeout
+// are handled apart (launch_job.cc: a rank is allowed twice its slowest step).
+constexpr double kMinTimeoutS = 1;
+// Past this many ranks per core (one host) every rank mostly waits for a core: start-up alone
+// takes minutes and memory runs out; --oversubscribe takes more anyway.
+constexpr int kMaxRanksPerCore = 16;
 
 std::string find_mpirun() {
   if (const char* p = std::getenv("MPIEXEC"); p && *p) {
@@ -63,64 +69,72 @@ std::string find_mpirun() {
 
 std::string self_exe() {
   std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  auto p = fs::read_symlink("/proc/self/exe", ec);
   TETRA_CHECK(!ec, "[launch] cannot resolve /proc/self/exe: {}", ec.message());
   return p.string();
 }
 
-namespace fs = std::filesystem;
-
-// One rank's heartbeat file (written by tetra train under TETRA_HEARTBEAT_DIR).
-struct Beat {
-  int rank = 0;
-  int64_t step = 0, checkpoint = 0;
-  double age_s = 0;  // since the last write
-};
-
-std::vector<Beat> read_beats(const fs::path& dir) {
-  std::vector<Beat> out;
-  std::error_code ec;
-  const auto now = fs::file_time_type::clock::now();
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("rank-", 0) != 0) continue;
-    Beat b;
-    b.rank = std::atoi(name.c_str() + 5);
-    FILE* f = std::fopen(e.path().c_str(), "r");
-    if (!f) continue;
-    long long step = 0, ckpt = 0;
-    if (std::fscanf(f, "%lld %lld", &step, &ckpt) == 2) b.step = step, b.checkpoint = ckpt;
-    std::fclose(f);
-    const auto t = fs::last_write_time(e.path(), ec);
-    if (ec) continue;
-    b.age_s = std::chrono::duration<double>(now - t).count();
-    out.push_back(b);
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(sep, start);
+    if (end == std::string::npos) end = s.size();
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
   }
   return out;
 }
 
-// --inject-fault kill:R@K,hang:R@K,kill_in_save:R@K: entry i is applied to attempt i, as the
-// debug.kill_step, debug.hang_step or debug.kill_in_save_step keys of train.
-std::vector<std::vector<std::string>> parse_faults(const std::string& spec) {
-  std::vector<std::vector<std::string>> out;
-  size_t start = 0;
-  while (start < spec.size()) {
-    size_t end = spec.find(',', start);
-    if (end == std::string::npos) end = spec.size();
-    const std::string item = spec.substr(start, end - start);
-    start = end + 1;
-    int rank = -1;
-    long long step = 0;
-    char kind[16] = {};
-    const std::string k =
-        std::sscanf(item.c_str(), "%15[a-z_]:%d@%lld", kind, &rank, &step) == 3 ? kind : "";
-    TETRA_CHECK((k == "kill" || k == "hang" || k == "kill_in_save") && rank >= 0 && step > 0,
-                "[launch] --inject-fault '{}': each entry is kill:RANK@STEP, hang:RANK@STEP or "
-                "kill_in_save:RANK@STEP, e.g. kill:1@5",
-                item);
-    out.push_back({fmt::format("--debug.{}_step={}", kind, step),
-                   fmt::format("--debug.fault_rank={}", rank)});
+// "12" -> 12; anything but plain decimal digits, or a value past `max`, -> nothing.
+std::optional<int64_t> parse_count(const std::string& s, int64_t max) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
   }
+  if (v > max) return std::nullopt;
+  return v;
+}
+
+// --inject-fault kill:R@K,hang:R@K,kill_in_save:R@K: entry i is applied to attempt i, as the
+// debug.kill_step, debug.hang_step or debug.kill_in_save_step keys of train, on rank R < ranks.
+std::vector<std::vector<std::string>> parse_faults(const std::string& spec, int ranks,
+                                                   int max_restarts, std::optional<int64_t> steps) {
+  std::vector<std::vector<std::string>> out;
+  if (spec.empty()) return out;
+  const std::string form =
+      "each entry is kill:RANK@STEP, hang:RANK@STEP or kill_in_save:RANK@STEP, e.g. kill:1@5";
+  for (const std::string& item : split(spec, ',')) {
+    TETRA_CHECK(!item.empty(), "[launch] --inject-fault '{}' has an empty entry; {}", spec, form);
+    const size_t colon = item.find(':'), at = item.find('@');
+    const std::string kind = item.substr(0, std::min(colon, item.size()));
+    TETRA_CHECK(colon != std::string::npos && at != std::string::npos && at > colon &&
+                    (kind == "kill" || kind == "hang" || kind == "kill_in_save"),
+                "[launch] --inject-fault '{}': {}", item, form);
+    const auto rank = parse_count(item.substr(colon + 1, at - colon - 1), INT32_MAX);
+    const auto step = parse_count(item.substr(at + 1), INT64_MAX / 10);
+    TETRA_CHECK(rank && step && *step > 0,
+                "[launch] --inject-fault '{}': {} (RANK and STEP plain numbers, STEP from 1)", item,
+                form);
+    TETRA_CHECK(*rank < ranks,
+                "[launch] --inject-fault '{}': there is no rank {} in a job of -n {} (ranks 0 to "
+                "{}); name one of those",
+                item, *rank, ranks, ranks - 1);
+    TETRA_CHECK(!steps || *step <= *steps,
+                "[launch] --inject-fault '{}': step {} is past the run's last step "
+                "(train.steps={}), so the fault would never happen; name a step up to {}",
+                item, *step, *steps, *steps);
+    out.push_back({fmt::format("--debug.{}_step={}", kind, *step),
+                   fmt::format("--debug.fault_rank={}", *rank)});
+  }
+  TETRA_CHECK(int64_t(out.size()) <= int64_t(max_restarts) + 1,
+              "[launch] --inject-fault '{}' has {} entries, one per attempt, but --max-restarts {} "
+              "allows {} attempt(s): the last {} would never be used; drop them or raise "
+              "--max-restarts",
+              spec, out.size(), max_restarts, max_restarts + 1,
+              out.size() - size_t(max_restarts) - 1);
   return out;
 }
 
@@ -131,6 +145,78 @@ bool has_prefix_arg(const Args& args, const std::string& prefix) {
   return false;
 }
 
+// Checks a train command's flags and config here, once, before N ranks start only to print the
+// same error N times; returns its train.steps. Skipped (nothing) for --help, and for a --config
+// that is not a regular file (a pipe would be read empty by the ranks after this read it).
+std::optional<int64_t> check_train_args(const Args& rest) {
+  const Args args(rest.begin() + 1, rest.end());
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") return std::nullopt;
+  }
+  ArgParser p("train", "tetra train", "",
+              {{{"--config", ValueKind::String, "\"\"", "the run's TOML config"}, "FILE.toml"}});
+  p.allow_overrides(train_config_schema());
+  if (!p.parse(args)) return std::nullopt;
+  std::error_code ec;
+  if (!p.s("--config").empty() && fs::exists(p.s("--config"), ec) &&
+      !fs::is_regular_file(p.s("--config"), ec)) {
+    return std::nullopt;
+  }
+  return Config::load(train_config_schema(), p.s("--config"), p.overrides()).i("train.steps");
+}
+
+// --hosts h1,h2:slots -> mpirun's --host list; hosts without a slot count share the ranks evenly.
+std::string host_spec(const std::string& hosts, int ranks) {
+  std::vector<std::pair<std::string, int64_t>> list;  // slots 0: share the rest
+  for (const std::string& h : split(hosts, ',')) {
+    if (h.empty()) continue;
+    const size_t colon = h.find(':');
+    const std::string name = h.substr(0, colon);
+    TETRA_CHECK(!name.empty(),
+                "[launch] --hosts '{}': '{}' names no host; write HOST or HOST:SLOTS", hosts, h);
+    std::optional<int64_t> slots = 0;
+    if (colon != std::string::npos) slots = parse_count(h.substr(colon + 1), 1 << 20);
+    TETRA_CHECK(slots && (colon == std::string::npos || *slots > 0),
+                "[launch] --hosts '{}': '{}' has slot count '{}'; write HOST:SLOTS with SLOTS a "
+                "whole number from 1",
+                hosts, h, h.substr(colon + 1));
+    list.emplace_back(name, *slots);
+  }
+  TETRA_CHECK(!list.empty(), "[launch] --hosts '{}' names no host", hosts);
+  const auto shared =
+      std::count_if(list.begin(), list.end(), [](auto& h) { return h.second == 0; });
+  const int64_t per = shared == 0 ? 0 : (int64_t(ranks) + shared - 1) / shared;
+  std::string spec;
+  int64_t total = 0;
+  for (const auto& [name, slots] : list) {
+    total += slots > 0 ? slots : per;
+    spec += fmt::format("{}{}:{}", spec.empty() ? "" : ",", name, slots > 0 ? slots : per);
+  }
+  TETRA_CHECK(total >= ranks,
+              "[launch] --hosts '{}' gives {} slot(s) for -n {}; raise the slot counts, add a host "
+              "without one (it takes the ranks left), or lower -n",
+              hosts, total, ranks);
+  return spec;
+}
+
+// The --hosts entries that name another machine than this one (not localhost, not this host's
+// name with or without its domain).
+std::vector<std::string> other_hosts(const std::string& hosts) {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  const std::string self = buf, short_self = self.substr(0, self.find('.'));
+  std::vector<std::string> out;
+  for (const std::string& h : split(hosts, ',')) {
+    const std::string name = h.substr(0, h.find(':'));
+    if (name.empty() || name == "localhost" || name == "127.0.0.1" || name == self ||
+        name == short_self) {
+      continue;
+    }
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
+}
+
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -139,87 +225,89 @@ std::string describe_status(int status) {
   return "ended";
 }
 
-// Runs argv until it ends, or until a heartbeat in `beats` is older than timeout_s (then stops
-// it: SIGTERM, and SIGKILL 10 s later). Returns the wait status; `hung` names a silent rank.
-int run_watched(std::vector<std::string> cmd, const fs::path& beats, double timeout_s,
-                std::string& hung) {
-  std::vector<char*> argv;
-  for (auto& s : cmd) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  pid_t child = fork();
-  TETRA_CHECK(child >= 0, "[launch] fork failed: {}", std::strerror(errno));
-  if (child == 0) {
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "error: [launch] cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  g_child.store(child);
-  int status = 0;
-  double term_sent = -1;
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  for (;;) {
-    pid_t got = waitpid(child, &status, timeout_s > 0 ? WNOHANG : 0);
-    if (got == child) break;
-    if (got < 0) {
-      TETRA_CHECK(errno == EINTR, "[launch] waitpid failed: {}", std::strerror(errno));
-      continue;
+// The heartbeat directory of this launcher: TETRA_HEARTBEAT_DIR as given (a shared file system
+// for ranks on other hosts), or a new one under TMPDIR that is removed afterwards. Locked, so that
+// two launchers never read each other's heartbeats.
+class BeatDir {
+ public:
+  BeatDir() {
+    if (const char* d = std::getenv("TETRA_HEARTBEAT_DIR"); d && *d) {
+      path_ = d;
+      std::error_code ec;
+      TETRA_CHECK(!fs::exists(path_, ec) || fs::is_directory(path_, ec),
+                  "[launch] TETRA_HEARTBEAT_DIR={} is not a directory; point it at one (the ranks "
+                  "write their heartbeats there), or unset it",
+                  path_.string());
+      fs::create_directories(path_, ec);
+      TETRA_CHECK(fs::is_directory(path_, ec),
+                  "[launch] TETRA_HEARTBEAT_DIR={}: cannot create it ({}); choose a writable place",
+                  path_.string(), ec.message());
+    } else {
+      std::string tmpl = (fs::temp_directory_path() / "tetra-heartbeat-XXXXXX").string();
+      TETRA_CHECK(::mkdtemp(tmpl.data()) != nullptr,
+                  "[launch] cannot create a heartbeat directory {} ({}); set TMPDIR to a writable "
+                  "place",
+                  tmpl, std::strerror(errno));
+      path_ = tmpl;
+      own_ = true;
+      setenv("TETRA_HEARTBEAT_DIR", path_.c_str(), 1);
     }
-    if (term_sent < 0) {
-      for (const Beat& b : read_beats(beats)) {
-        if (b.age_s <= timeout_s) continue;
-        hung = fmt::format(
-            "rank {} made no progress for {:.0f} s after step {} (heartbeat "
-            "timeout {:.0f} s)",
-            b.rank, b.age_s, b.step, timeout_s);
-        std::fprintf(stderr, "[launch] %s: stopping the job\n", hung.c_str());
-        kill(child, SIGTERM);
-        term_sent = elapsed();
-        break;
-      }
-    } else if (elapsed() - term_sent > 10) {
-      kill(child, SIGKILL);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    lock_ = DirLock::acquire(path_, "TETRA_HEARTBEAT_DIR=" + path_.string(), "launch");
   }
-  g_child.store(0);
-  return status;
-}
+  ~BeatDir() {
+    std::error_code ec;
+    if (own_) fs::remove_all(path_, ec);
+  }
+  BeatDir(const BeatDir&) = delete;
+  BeatDir& operator=(const BeatDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+  bool own_ = false;
+  DirLock lock_;
+};
 
 }  // namespace
 
 int launch_main(const Args& args) {
-  ArgParser p("launch", "tetra launch",
-              "usage: tetra launch -n N [--hosts h1,h2[:slots]] [--dry-run] -- <command> [args]\n"
-              "  e.g. tetra launch -n 4 -- train --config gpt.toml\n\n"
-              "Runs this tetra binary on N ranks through mpirun and returns its exit status;\n"
-              "everything after -- is passed on untouched.\n",
-              {{.spec = {"-n", ValueKind::Int, "1", "ranks to start (required)", "[1, 1048576]"},
-                .metavar = "N",
-                .aliases = {"-np", "--np"}},
-               {{"--hosts", ValueKind::String, "\"\"",
-                 "hosts to spread the ranks over, each with an optional slot count"},
-                "h1,h2[:slots]"},
-               {{"--max-restarts", ValueKind::Int, "0",
-                 "start a failed job again this many times, from its newest checkpoint "
-                 "(ckpt.resume=auto is added to a train command)",
-                 "[0, 1000000]"},
-                "R"},
-               {{"--heartbeat-timeout", ValueKind::Float, "300",
-                 "with --max-restarts: a rank whose heartbeat is older than this is hung; the "
-                 "job is stopped and restarted (0: never)",
-                 "[0, inf)"},
-                "SECONDS"},
-               {{"--inject-fault", ValueKind::String, "\"\"",
-                 "for tests: kill:RANK@STEP, hang:RANK@STEP or kill_in_save:RANK@STEP per attempt, "
-                 "comma-separated "
-                 "(entry i applies to attempt i of a train command)"},
-                "LIST"},
-               {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
+  ArgParser p(
+      "launch", "tetra launch",
+      "usage: tetra launch -n N [--hosts h1,h2[:slots]] [--dry-run] -- <command> [args]\n"
+      "  e.g. tetra launch -n 4 -- train --config gpt.toml\n\n"
+      "Runs this tetra binary on N ranks through mpirun and returns its exit status;\n"
+      "everything after -- is passed on untouched. A train job is watched: every rank must\n"
+      "be ready to train within --startup-timeout, and then finish a step at least every\n"
+      "--heartbeat-timeout, or the job is stopped (exit status 75).\n",
+      {{.spec = {"-n", ValueKind::Int, "1", "ranks to start (required)", "[1, 1048576]"},
+        .metavar = "N",
+        .aliases = {"-np", "--np"}},
+       {{"--hosts", ValueKind::String, "\"\"",
+         "hosts to spread the ranks over, each with an optional slot count"},
+        "h1,h2[:slots]"},
+       {{"--max-restarts", ValueKind::Int, "0",
+         "start a failed train job again up to this many times, from its newest checkpoint "
+         "(ckpt.resume=auto is added); a job that fails at the same step again with no newer "
+         "checkpoint is not restarted",
+         "[0, 1000000]"},
+        "R"},
+       {{"--heartbeat-timeout", ValueKind::Float, "300",
+         "a train rank whose heartbeat (one per step) has not advanced for this long is hung and "
+         "the job is stopped; at least 1, or 0: never",
+         "[0, inf)"},
+        "SECONDS"},
+       {{"--startup-timeout", ValueKind::Float, "600",
+         "every rank of a train job must be ready to train (its first heartbeat) within this "
+         "long, or the job is stopped; at least 1, or 0: never",
+         "[0, inf)"},
+        "SECONDS"},
+       {{"--inject-fault", ValueKind::String, "\"\"",
+         "for tests: kill:RANK@STEP, hang:RANK@STEP or kill_in_save:RANK@STEP per attempt, "
+         "comma-separated (entry i applies to attempt i of a train command)"},
+        "LIST"},
+       {{"--oversubscribe", ValueKind::Bool, "false",
+         fmt::format("allow more than {} ranks per core on this host", kMaxRanksPerCore)}},
+       {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
   p.allow_rest();
   if (!p.parse(args)) return 0;
   const int ranks = int(p.i("-n"));
@@ -229,38 +317,64 @@ int launch_main(const Args& args) {
   TETRA_CHECK(!rest.empty(),
               "[launch] missing the command to run after --, e.g. tetra launch -n 4 -- train "
               "--config gpt.toml");
+  // A launcher inside a rank would start N ranks per rank, none of them in one job.
+  TETRA_CHECK(!std::getenv("OMPI_COMM_WORLD_SIZE"),
+              "[launch] this process is already a rank of an MPI job (OMPI_COMM_WORLD_SIZE={}); "
+              "run `tetra {}` under that mpirun directly, or tetra launch outside of it",
+              std::getenv("OMPI_COMM_WORLD_SIZE"), rest.front());
+  TETRA_CHECK(rest.front() != "launch",
+              "[launch] the command after -- is itself 'launch'; give the command to run on the "
+              "ranks, e.g. tetra launch -n {} -- train --config gpt.toml",
+              ranks);
 
   const int max_restarts = int(p.i("--max-restarts"));
-  const double heartbeat_timeout = max_restarts > 0 ? p.f("--heartbeat-timeout") : 0.0;
-  const auto faults = parse_faults(p.s("--inject-fault"));
   const bool is_train = rest.front() == "train";
-  TETRA_CHECK(faults.empty() || is_train,
-              "[launch] --inject-fault applies to a train command, not '{}'", rest.front());
+  for (const char* flag :
+       {"--max-restarts", "--heartbeat-timeout", "--startup-timeout", "--inject-fault"}) {
+    TETRA_CHECK(is_train || !p.given(flag),
+                "[launch] {} applies to a train command (the one that writes heartbeats and "
+                "checkpoints), not '{}'",
+                flag, rest.front());
+  }
+  const double heartbeat_timeout = p.f("--heartbeat-timeout");
+  const double startup_timeout = p.f("--startup-timeout");
+  for (const auto& [flag, value] : {std::pair{"--heartbeat-timeout", heartbeat_timeout},
+                                    std::pair{"--startup-timeout", startup_timeout}}) {
+    TETRA_CHECK(value == 0 || value >= kMinTimeoutS,
+                "[launch] {} {} is below the shortest taken, {} s: a rank writes its heartbeat "
+                "once per step, and a healthy rank on a busy host can be descheduled that long; "
+                "give at least {} (well above the slowest step), or 0 to never time out",
+                flag, value, kMinTimeoutS, kMinTimeoutS);
+  }
 
-  std::vector<std::string> cmd = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to",
-                                  "none",        "-x",  "TETRA_HEARTBEAT_DIR"};
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (hosts.empty() && unsigned(ranks) > cores) {
+    TETRA_CHECK(int64_t(ranks) <= int64_t(kMaxRanksPerCore) * cores || p.b("--oversubscribe"),
+                "[launch] -n {} on a host with {} core(s) is {:.3g} ranks per core, past the {} "
+                "taken: each rank would mostly wait for a core, start-up alone would take minutes "
+                "and memory may run out. Lower -n, spread the ranks with --hosts, or add "
+                "--oversubscribe to run it anyway",
+                ranks, cores, double(ranks) / cores, kMaxRanksPerCore);
+    std::fprintf(stderr,
+                 "[launch] warning: -n %d on %u core(s): the ranks share the cores, so every "
+                 "step is about %.3gx slower than with a core per rank (fine for trying a layout, "
+                 "not for speed)\n",
+                 ranks, cores, double(ranks) / cores);
+  }
+
+  // Not for --dry-run, which only prints the command (its config may be on another machine).
+  const std::optional<int64_t> steps =
+      is_train && hosts.empty() && !p.b("--dry-run") ? check_train_args(rest) : std::nullopt;
+  const auto faults = parse_faults(p.s("--inject-fault"), ranks, max_restarts, steps);
+
+  std::vector<std::string> cmd = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to", "none"};
+  if (is_train) cmd.insert(cmd.end(), {"-x", "TETRA_HEARTBEAT_DIR"});
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   if (hosts.empty()) {
     // One host: more ranks than cores is allowed, but only on request of -n.
-    if (unsigned(ranks) > std::thread::hardware_concurrency()) cmd.push_back("--oversubscribe");
+    if (unsigned(ranks) > cores) cmd.push_back("--oversubscribe");
   } else {
-    // Hosts without an explicit slot count share the ranks evenly.
-    std::vector<std::string> list;
-    size_t start = 0;
-    while (start <= hosts.size()) {
-      size_t end = hosts.find(',', start);
-      if (end == std::string::npos) end = hosts.size();
-      if (end > start) list.push_back(hosts.substr(start, end - start));
-      start = end + 1;
-    }
-    TETRA_CHECK(!list.empty(), "[launch] --hosts '{}' names no host", hosts);
-    int per = int((size_t(ranks) + list.size() - 1) / list.size());
-    std::string spec;
-    for (const auto& h : list) {
-      spec += (spec.empty() ? "" : ",") +
-              (h.find(':') == std::string::npos ? fmt::format("{}:{}", h, per) : h);
-    }
-    cmd.insert(cmd.end(), {"--host", spec});
+    cmd.insert(cmd.end(), {"--host", host_spec(hosts, ranks)});
   }
   cmd.push_back(self_exe());
   cmd.insert(cmd.end(), rest.begin(), rest.end());
@@ -270,26 +384,35 @@ int launch_main(const Args& args) {
     return 0;
   }
 
-  struct sigaction sa {};
-  sa.sa_sigaction = forward_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_SIGINFO;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  // Heartbeats go to a directory of this launcher's own (ranks on other hosts need a shared one:
-  // TETRA_HEARTBEAT_DIR set by the caller is used as it is).
-  fs::path beats;
-  if (const char* d = std::getenv("TETRA_HEARTBEAT_DIR"); d && *d) {
-    beats = d;
-  } else {
-    beats = fs::temp_directory_path() / fmt::format("tetra-heartbeat-{}", ::getpid());
-    fs::create_directories(beats);
-    setenv("TETRA_HEARTBEAT_DIR", beats.c_str(), 1);
+  if (is_train) {
+    // The heartbeat directory the launcher makes is on this host; a rank elsewhere could not
+    // write its heartbeat there, would fail at start-up, and the job with it.
+    const char* given = std::getenv("TETRA_HEARTBEAT_DIR");
+    const std::vector<std::string> remote = other_hosts(hosts);
+    TETRA_CHECK(remote.empty() || (given && *given),
+                "[launch] --hosts '{}' puts ranks on other hosts ({}), which cannot write their "
+                "heartbeats into a directory on this one; set TETRA_HEARTBEAT_DIR to a directory "
+                "on a file system every host shares (e.g. next to the run's ckpt.dir)",
+                hosts, fmt::join(remote, ", "));
   }
-  int status = 0;
+  launch::forward_stop_signals();
+  std::optional<BeatDir> beats;
+  if (is_train) beats.emplace();
+  launch::WatchOptions watch;
+  watch.ranks = ranks;
+  watch.heartbeats = is_train;
+  if (is_train) watch.beats = beats->path();
+  watch.startup_timeout_s = startup_timeout;
+  watch.heartbeat_timeout_s = heartbeat_timeout;
+  // A train command that resumes by itself starts from a step only its checkpoints know.
+  watch.start_step = has_prefix_arg(rest, "--ckpt.resume") ? -1 : 0;
+
+  // (step reached, newest checkpoint) of every failed attempt: a failure seen before means the
+  // restart made no progress.
+  std::vector<std::pair<int64_t, int64_t>> failures;
+  int code = 0;
   for (int attempt = 0;; ++attempt) {
-    for (const auto& e : fs::directory_iterator(beats)) fs::remove(e.path());
+    if (is_train) launch::clear_beats(beats->path());
     std::vector<std::string> run = cmd;
     if (size_t(attempt) < faults.size()) {
       run.insert(run.end(), faults[size_t(attempt)].begin(), faults[size_t(attempt)].end());
@@ -297,22 +420,31 @@ int launch_main(const Args& args) {
     if (attempt > 0 && is_train && !has_prefix_arg(rest, "--ckpt.resume")) {
       run.push_back("--ckpt.resume=auto");
     }
-    std::string hung;
-    status = run_watched(run, beats, heartbeat_timeout, hung);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
-    const std::vector<Beat> seen = read_beats(beats);
-    const std::string cause = hung.empty() ? "the job " + describe_status(status) : hung;
-    if (attempt >= max_restarts || g_stopped.load()) {
+    const launch::JobOutcome job = launch::run_job(run, watch);
+    code = job.code;
+    if (code == 0) break;
+    const std::string cause =
+        job.stopped_for.empty() ? "the job " + describe_status(job.status) : job.stopped_for;
+    if (attempt >= max_restarts || launch::stop_requested()) {
       if (max_restarts > 0) {
         std::fprintf(
             stderr, "[launch] %s; %s\n", cause.c_str(),
-            g_stopped.load()
+            launch::stop_requested()
                 ? "stopped on request, not restarting"
                 : fmt::format("no restart left (--max-restarts {})", max_restarts).c_str());
       }
       break;
     }
-    if (seen.empty()) {
+    if (!job.reaped) {
+      // A new mpirun next to one that would not die could find its ranks, devices and ports
+      // still taken.
+      std::fprintf(stderr,
+                   "[launch] %s; not restarting while the old mpirun is still there: end it "
+                   "(or reboot) and run again\n",
+                   cause.c_str());
+      break;
+    }
+    if (job.beats.empty()) {
       std::fprintf(stderr,
                    "[launch] %s before any rank started training; not restarting, since a "
                    "restart would fail the same way: fix the cause above\n",
@@ -320,20 +452,31 @@ int launch_main(const Args& args) {
       break;
     }
     int64_t reached = 0, checkpoint = 0;
-    for (const Beat& b : seen) {
-      reached = std::max(reached, b.step);
-      if (b.rank == 0) checkpoint = b.checkpoint;
+    for (const auto& [rank, beat] : job.beats) {
+      reached = std::max(reached, beat.step);
+      checkpoint = std::max(checkpoint, beat.checkpoint);
     }
+    const auto seen = std::find(failures.begin(), failures.end(), std::pair{reached, checkpoint});
+    if (seen != failures.end()) {
+      std::fprintf(stderr,
+                   "[launch] %s; it failed at step %lld again with no checkpoint newer than step "
+                   "%lld (as attempt %d did): a restart would fail the same way, so not "
+                   "restarting (%d of --max-restarts %d used). Fix the cause above\n",
+                   cause.c_str(), (long long)reached, (long long)checkpoint,
+                   int(seen - failures.begin()) + 1, attempt, max_restarts);
+      break;
+    }
+    failures.emplace_back(reached, checkpoint);
+    // The restart resumes from the newest checkpoint (or starts afresh when there is none), as
+    // long as it loads; should it not, the first step is simply not given the start-up deadline.
+    if (watch.start_step >= 0) watch.start_step = checkpoint;
     std::fprintf(stderr,
                  "[launch] restart %d/%d: %s; steps reached %lld, newest checkpoint after step "
                  "%lld: %lld step(s) lost\n",
                  attempt + 1, max_restarts, cause.c_str(), (long long)reached,
                  (long long)checkpoint, (long long)(reached - checkpoint));
   }
-  if (beats.filename().string().rfind("tetra-heartbeat-", 0) == 0) fs::remove_all(beats);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  return code;
 }
 
 }  // namespace tetra::cli
