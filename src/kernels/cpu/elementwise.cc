@@ -2,9 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/profile.h"
+#include "kernels/cpu/eltwise_simd.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace tetra::cpu {
@@ -30,11 +33,42 @@ inline F gelu_grad(F x) {
   return s + F(2) * x * s * (F(1) - s) * du;
 }
 
+// The f32 vector branch in use (eltwise_simd.h), or nullptr: f64, or the portable loops.
+template <typename F>
+const SimdKernels* vector_kernels() {
+  if constexpr (std::is_same_v<F, float>) return simd_kernels();
+  return nullptr;
+}
+// F* as float* where vector_kernels<F>() is not null (F is float); never used for f64.
+template <typename P>
+auto* f32(P* p) {
+  using To = std::conditional_t<std::is_const_v<P>, const float, float>;
+  return reinterpret_cast<To*>(p);
+}
+
+// This thread's share [begin, end) of n items split evenly in thread order, in multiples of
+// `align` items (a cache line of floats for flat arrays) so that no two threads write one line.
+inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end) {
+  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  const int64_t chunk = ((n + nt - 1) / nt + align - 1) / align * align;
+  *begin = std::min(n, t * chunk);
+  *end = std::min(n, *begin + chunk);
+}
+
 }  // namespace
 
 template <typename F>
 void gelu_forward(F* out, const F* inp, int64_t N) {
   const ProfileScope profile(ProfKind::gelu, "forward");
+  if (const SimdKernels* k = vector_kernels<F>()) {
+#pragma omp parallel
+    {
+      int64_t b, e;
+      thread_range(N, 16, &b, &e);
+      if (b < e) k->gelu(f32(out) + b, f32(inp) + b, e - b);
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) out[i] = gelu(inp[i]);
 }
@@ -42,6 +76,15 @@ void gelu_forward(F* out, const F* inp, int64_t N) {
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
   const ProfileScope profile(ProfKind::gelu, "backward");
+  if (const SimdKernels* k = vector_kernels<F>()) {
+#pragma omp parallel
+    {
+      int64_t b, e;
+      thread_range(N, 16, &b, &e);
+      if (b < e) k->gelu_backward(f32(dinp) + b, f32(inp) + b, f32(dout) + b, e - b);
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) dinp[i] = gelu_grad(inp[i]) * dout[i];
 }
@@ -49,6 +92,15 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
 template <typename F>
 void bias_gelu_forward(F* out, F* fch, const F* bias, int64_t N, int OC) {
   const ProfileScope profile(ProfKind::gelu, "bias + forward");
+  if (const SimdKernels* k = vector_kernels<F>()) {
+#pragma omp parallel
+    {
+      int64_t b, e;
+      thread_range(N, 1, &b, &e);
+      if (b < e) k->bias_gelu(f32(out) + b * OC, f32(fch) + b * OC, f32(bias), e - b, OC);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     F* x = fch + i * OC;
@@ -68,18 +120,30 @@ void gelu_bias_backward(F* dinp, F* dbias, const F* inp, const F* dout, int64_t 
   // partial, and the partials are added in thread order: deterministic for a thread count.
   const int nthreads = omp_get_max_threads();
   std::vector<F> partial(size_t(nthreads) * OC, F(0));
+  if (const SimdKernels* k = vector_kernels<F>()) {
 #pragma omp parallel
-  {
-    F* acc = partial.data() + size_t(omp_get_thread_num()) * OC;
+    {
+      int64_t b, e;
+      thread_range(N, 1, &b, &e);
+      if (b < e)
+        k->gelu_bias_backward(f32(dinp) + b * OC,
+                              f32(partial.data()) + size_t(omp_get_thread_num()) * OC,
+                              f32(inp) + b * OC, f32(dout) + b * OC, e - b, OC);
+    }
+  } else {
+#pragma omp parallel
+    {
+      F* acc = partial.data() + size_t(omp_get_thread_num()) * OC;
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const F* x = inp + i * OC;
-      const F* dy = dout + i * OC;
-      F* dx = dinp + i * OC;
+      for (int64_t i = 0; i < N; ++i) {
+        const F* x = inp + i * OC;
+        const F* dy = dout + i * OC;
+        F* dx = dinp + i * OC;
 #pragma omp simd
-      for (int o = 0; o < OC; ++o) {
-        dx[o] = gelu_grad(x[o]) * dy[o];
-        acc[o] += dx[o];
+        for (int o = 0; o < OC; ++o) {
+          dx[o] = gelu_grad(x[o]) * dy[o];
+          acc[o] += dx[o];
+        }
       }
     }
   }
