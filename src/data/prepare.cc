@@ -24,6 +24,7 @@
 #include "core/dir_lock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "core/timer.h"
 #include "data/bpe_train.h"
 #include "data/pretokenize.h"
@@ -158,20 +159,6 @@ bool is_hidden(const fs::path& p) {
   return !name.empty() && name[0] == '.';
 }
 
-// True when `inner` is `outer` or lies inside it (both canonical).
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first == outer.end();
-}
-
-// Absolute, symlinks of the existing part resolved, no trailing separator.
-fs::path canonical_path(const std::string& p) {
-  std::error_code ec;
-  fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
-  if (ec) c = fs::absolute(p).lexically_normal();
-  if (c.has_relative_path() && c.filename().empty()) c = c.parent_path();
-  return c;
-}
-
 // The files `tetra data prepare` writes (the lock file included); an output folder holding
 // anything else is refused.
 bool is_dataset_file(const std::string& name) {
@@ -220,7 +207,7 @@ void check_output_folder(const PrepareOptions& o, const fs::path& out) {
   TETRA_CHECK(out.has_relative_path(), "[data] --out {} is the root folder; choose a new folder",
               o.out_dir);
   for (const auto& in : o.inputs) {
-    const fs::path cin = canonical_path(in);
+    const fs::path cin = resolved_path(in);
     TETRA_CHECK(out != cin, "[data] --out {} is the input {}; write the dataset to another folder",
                 o.out_dir, in);
     TETRA_CHECK(!is_within(out, cin),
@@ -464,7 +451,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   }
   TETRA_CHECK(r.input_bytes > 0, "[data] the {} input file(s) are all empty; nothing to tokenize",
               files.size());
-  const fs::path out = canonical_path(o.out_dir);
+  const fs::path out = resolved_path(o.out_dir);
   check_output_folder(o, out);
   if (!o.allow_binary) {
     for (const auto& f : files) {

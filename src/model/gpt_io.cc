@@ -22,6 +22,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "model/gpt_config.h"
 
 namespace tetra {
@@ -231,16 +232,6 @@ ordered_json tokenizer_config(const GptConfig& shape, const HfTokenizerFiles& to
   return c;
 }
 
-// Absolute, symlinks of the existing part resolved, no trailing separator: the folder a rename
-// replaces (through a symlink to a model directory, the directory it points to).
-fs::path resolved_dir(const std::string& p) {
-  std::error_code ec;
-  fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
-  if (ec) c = fs::absolute(p).lexically_normal();
-  if (c.has_relative_path() && c.filename().empty()) c = c.parent_path();
-  return c;
-}
-
 std::string host_name() {
   char name[256] = {};
   return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("host");
@@ -367,7 +358,7 @@ bool is_model_dir(const std::string& path) {
 void check_hf_model_dir_target(const std::string& dir, const std::string& module) {
   const fs::path d(dir);
   std::error_code ec;
-  TETRA_CHECK(resolved_dir(dir).has_relative_path(),
+  TETRA_CHECK(resolved_path(dir).has_relative_path(),
               "[{}] {} is the root folder; choose a new folder for the model directory", module,
               dir);
   if (!fs::exists(d, ec)) return;
@@ -405,7 +396,7 @@ void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
                        const SafeTensorsFile& weights, const HfTokenizerFiles& tokenizer,
                        const std::string& module) {
   check_hf_model_dir_target(dir, module);
-  StagedModelDir staged(resolved_dir(dir), module);
+  StagedModelDir staged(resolved_path(dir), module);
   const fs::path& d = staged.path();
   try {
     write_text(d / "tokenizer.json", tokenizer.tokenizer_json, module);
