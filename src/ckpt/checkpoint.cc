@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -136,45 +137,132 @@ json slice_json(const Slice& s) {
   return {{"dim", s.dim}, {"offset", s.offset}, {"extent", s.extent}, {"parts", s.parts}};
 }
 
-// A manifest's integer field: refused unless it is an integer in [lo, hi] (a float, a string or
-// a huge value never reaches a cast).
+constexpr int64_t kMaxElements = int64_t(1) << 50;
+
+// Steps in [0, 10^18) have at most 18 digits, so every name checkpoint_name writes parses back
+// without overflow and a longer digit run is never handed to a conversion.
+constexpr size_t kMinStepDigits = 9, kMaxStepDigits = 18;
+constexpr std::string_view kStepPrefix = "step-";
+
+// The nonce of "<checkpoint name>.tmp-<nonce>" (or ".old-"): the writer's are 16 hex digits;
+// any non-empty run of letters and digits is taken as one (tests name theirs), nothing else.
+bool is_nonce(std::string_view s) {
+  return !s.empty() && s.size() <= 64 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum((unsigned char)c); });
+}
+
+// "<checkpoint name>.tmp-<nonce>" or ".old-<nonce>" (a save in progress, or one that died): the
+// nonce, else nothing.
+std::optional<std::string> unfinished_nonce(std::string_view name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos || !parse_checkpoint_name(name.substr(0, dot))) return {};
+  const std::string_view rest = name.substr(dot);
+  for (std::string_view tag : {std::string_view(".tmp-"), std::string_view(".old-")}) {
+    if (rest.substr(0, tag.size()) == tag && is_nonce(rest.substr(tag.size()))) {
+      return std::string(rest.substr(tag.size()));
+    }
+  }
+  return {};
+}
+
 int64_t integer(const json& j, const char* field, int64_t lo, int64_t hi,
                 const std::string& where) {
+  return integer_field(j, field, lo, hi, where);
+}
+
+}  // namespace
+
+int64_t integer_field(const json& j, const char* field, int64_t lo, int64_t hi,
+                      const std::string& where) {
+  TETRA_CHECK(j.is_object() && j.contains(field), "[ckpt] {}: '{}' is missing", where, field);
   const json& v = j.at(field);
+  // JSON reads every non-negative integer as unsigned: both bounds apply to it too (a count of 0
+  // where at least 1 is needed would later divide by zero).
   const bool ok = v.is_number_integer() &&
-                  (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
+                  (v.is_number_unsigned() ? (lo <= 0 || v.get<uint64_t>() >= uint64_t(lo)) &&
+                                                v.get<uint64_t>() <= uint64_t(hi)
                                           : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi);
   TETRA_CHECK(ok, "[ckpt] {}: '{}' is {}, not an integer in [{}, {}]", where, field, v.dump(), lo,
               hi);
   return v.get<int64_t>();
 }
 
-constexpr int64_t kMaxElements = int64_t(1) << 50;
-
-int64_t step_of(const std::string& name) {
-  static const std::regex re("step-([0-9]{9,})");
-  std::smatch m;
-  if (!std::regex_match(name, m, re)) return -1;
-  return std::stoll(m[1].str());
-}
-
-}  // namespace
-
 std::string checkpoint_name(int64_t step) { return fmt::format("step-{:09}", step); }
 
-std::vector<fs::path> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> found;
+std::optional<int64_t> parse_checkpoint_name(std::string_view name) {
+  if (name.substr(0, kStepPrefix.size()) != kStepPrefix) return std::nullopt;
+  const std::string_view digits = name.substr(kStepPrefix.size());
+  if (digits.size() < kMinStepDigits || digits.size() > kMaxStepDigits) return std::nullopt;
+  if (digits.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  // Zero padding only up to 9 digits: "step-0000000012" is not a name tetra writes.
+  if (digits.size() > kMinStepDigits && digits[0] == '0') return std::nullopt;
+  int64_t step = 0;
+  for (char c : digits) step = step * 10 + (c - '0');  // at most 18 digits: cannot overflow
+  return step;
+}
+
+DirScan scan_checkpoint_dir(const fs::path& dir) {
+  DirScan scan;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t step = step_of(e.path().filename().string());
-    if (step >= 0 && fs::is_regular_file(e.path() / "manifest.json", ec)) {
-      found.emplace_back(step, e.path());
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::path path = it->path();
+    const std::string name = path.filename().string();
+    if (name.rfind(kStepPrefix, 0) != 0) continue;  // not tetra's (latest, .tetra.lock, yours)
+    std::error_code e2;
+    const bool is_dir = fs::is_directory(path, e2);
+    if (const std::optional<int64_t> step = parse_checkpoint_name(name)) {
+      if (!is_dir) {
+        scan.ignored.push_back(path.string() + ": named like a checkpoint but not a directory");
+      } else if (!fs::is_regular_file(path / "manifest.json", e2)) {
+        scan.ignored.push_back(path.string() +
+                               ": no manifest.json in it, so not a published checkpoint");
+      } else {
+        scan.published.push_back({*step, path});
+      }
+    } else if (const std::optional<std::string> nonce = unfinished_nonce(name); nonce && is_dir) {
+      scan.unfinished.push_back({path, *nonce});
+    } else {
+      scan.ignored.push_back(path.string() +
+                             ": not a checkpoint name (tetra names them step- and the step in 9 "
+                             "to 18 digits, as " +
+                             checkpoint_name(120) + ")");
     }
   }
-  std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(scan.published.begin(), scan.published.end(),
+            [](const auto& a, const auto& b) { return a.step > b.step; });
+  return scan;
+}
+
+void log_ignored(const DirScan& scan) {
+  for (const std::string& note : scan.ignored) log_info("[ckpt] ignored {}", note);
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   std::vector<fs::path> out;
-  for (auto& [step, p] : found) out.push_back(p);
+  for (const DirScan::Published& p : scan_checkpoint_dir(dir).published) out.push_back(p.path);
+  return out;
+}
+
+std::vector<fs::path> locate_checkpoints(const fs::path& path, const std::string& what) {
+  const std::string hint = "give a checkpoint directory (" + checkpoint_name(120) +
+                           "), its manifest.json, or a ckpt.dir holding checkpoints";
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  TETRA_CHECK(fs::exists(st), "[ckpt] {}: no checkpoint there: {} does not exist; {}", what,
+              path.string(), hint);
+  if (fs::is_regular_file(st)) {
+    TETRA_CHECK(path.filename() == "manifest.json", "[ckpt] {}: {} is a file, not a checkpoint; {}",
+                what, path.string(), hint);
+    return {path.parent_path().empty() ? fs::path(".") : path.parent_path()};
+  }
+  TETRA_CHECK(fs::is_directory(st), "[ckpt] {}: {} is neither a directory nor a file; {}", what,
+              path.string(), hint);
+  if (fs::exists(path / "manifest.json", ec)) return {path};
+  const DirScan scan = scan_checkpoint_dir(path);
+  log_ignored(scan);
+  std::vector<fs::path> out;
+  for (const DirScan::Published& p : scan.published) out.push_back(p.path);
   return out;
 }
 
@@ -190,13 +278,28 @@ Manifest Manifest::read(const fs::path& dir) {
     TETRA_CHECK(j.at("format") == kFormat && j.at("version") == kFormatVersion,
                 "[ckpt] {}: not a tetra checkpoint of format version {} (format {}, version {})",
                 where, kFormatVersion, j.at("format").dump(), j.at("version").dump());
-    m.step = integer(j, "step", 0, INT64_MAX, where);
+    m.step = integer(j, "step", 0, kMaxStep, where);
+    // A directory named for a step holds that step: a copy or an edit that disagrees is refused
+    // rather than resumed at the wrong place.
+    if (const std::optional<int64_t> named = parse_checkpoint_name(dir.filename().string())) {
+      TETRA_CHECK(*named == m.step,
+                  "[ckpt] {}: the manifest says step {} but its directory is named for step {}; "
+                  "the checkpoint was renamed or edited, so it cannot be trusted",
+                  where, m.step, *named);
+    }
     m.trainer = j.at("trainer");
     m.layout = j.at("layout");
     m.ranks = j.at("ranks");
     m.config_toml = j.at("config").get<std::string>();
     m.model = j.at("model").get<std::string>();
     m.tetra_version = j.at("tetra_version").get<std::string>();
+    if (j.contains("model_shape")) {
+      const json& shape = j.at("model_shape");
+      for (const char* key : {"vocab_size", "n_layer", "n_head", "d_model", "max_seq"}) {
+        integer(shape, key, 1, INT32_MAX, where + " model_shape");
+      }
+      m.model_shape = shape;
+    }
     std::map<std::string, uintmax_t> sizes;
     for (const auto& [name, t] : j.at("tensors").items()) {
       TensorRecord rec;
@@ -406,16 +509,14 @@ Writer::Writer(WriterOptions options, MemoryLedger* ledger, Device& device)
     : opt_(std::move(options)), tag_{ledger, MemCategory::temporaries}, device_(device) {
   if (opt_.rank == 0) {
     // Temporary directories of saves that never completed (a crash, a kill) are not checkpoints.
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(opt_.dir, ec)) {
-      const std::string name = e.path().filename().string();
-      const bool stale = (name.find(".tmp-") != std::string::npos &&
-                          name.find(".tmp-" + opt_.nonce) == std::string::npos) ||
-                         name.find(".old-") != std::string::npos;
-      if (stale && name.rfind("step-", 0) == 0) {
-        log_info("[ckpt] removing {}, left by a save that did not finish", e.path().string());
-        fs::remove_all(e.path(), ec);
-      }
+    // The job holds ckpt.dir's lock (train/run_outputs.cc), so one of another nonce is a dead
+    // job's; names tetra does not write are never removed (the trainer has noted them).
+    const DirScan scan = scan_checkpoint_dir(opt_.dir);
+    for (const DirScan::Unfinished& u : scan.unfinished) {
+      if (u.nonce == opt_.nonce) continue;
+      log_info("[ckpt] removing {}, left by a save that did not finish", u.path.string());
+      std::error_code ec;
+      fs::remove_all(u.path, ec);
     }
   }
   if (opt_.async) thread_ = std::thread([this] { run(); });
@@ -594,8 +695,12 @@ SaveReport Writer::write(Job& job) {
     write_file_atomically((tmp / fragment_file(opt_.rank)).string(),
                           {{reinterpret_cast<const uint8_t*>(frag.data()), frag.size()}}, "ckpt");
     if (opt_.rank == 0) publish(job, r);
-  } catch (const Error& e) {
-    r.error = e.what();
+  } catch (const std::exception& e) {
+    // A file-system call's own exception (a rename refused, a directory gone) is reported like
+    // tetra's, never left to end the writer thread (std::terminate).
+    r.error = dynamic_cast<const Error*>(&e)
+                  ? std::string(e.what())
+                  : fmt::format("[ckpt] {}: {}; check ckpt.dir", tmp.string(), e.what());
     if (opt_.rank != 0) {
       // Tell rank 0 not to wait for this rank's part.
       const std::string msg = r.error;
@@ -663,14 +768,29 @@ void Writer::publish(Job& job, SaveReport& report) {
   const std::string text = manifest.dump(1);
   write_file_atomically((tmp / "manifest.json").string(),
                         {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "ckpt");
-  for (int r = 0; r < opt_.world; ++r) fs::remove(tmp / fragment_file(r));
+  for (int r = 0; r < opt_.world; ++r) {
+    std::error_code ec;
+    fs::remove(tmp / fragment_file(r), ec);
+  }
   fsync_dir(tmp);
   // A checkpoint of the same step from an earlier attempt (one that did not verify) is set
-  // aside first: rename cannot replace a non-empty directory.
+  // aside first: rename cannot replace a non-empty directory. Anything else of that name is not
+  // tetra's to remove.
   const fs::path final_dir = opt_.dir / name, aside = opt_.dir / (name + ".old-" + opt_.nonce);
   std::error_code ec;
-  if (fs::exists(final_dir, ec)) fs::rename(final_dir, aside);
-  fs::rename(tmp, final_dir);
+  if (fs::exists(fs::symlink_status(final_dir, ec))) {
+    TETRA_CHECK(fs::is_directory(fs::symlink_status(final_dir, ec)) &&
+                    fs::is_regular_file(final_dir / "manifest.json", ec),
+                "[ckpt] {} not published: {} exists and is not a checkpoint (no manifest.json "
+                "in a directory); move it out of ckpt.dir",
+                name, final_dir.string());
+    fs::rename(final_dir, aside, ec);
+    TETRA_CHECK(!ec, "[ckpt] {} not published: cannot set the earlier {} aside ({})", name,
+                final_dir.string(), ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  TETRA_CHECK(!ec, "[ckpt] {} not published: cannot rename {} to {} ({})", name, tmp.string(),
+              final_dir.string(), ec.message());
   fsync_dir(opt_.dir);
   fs::remove_all(aside, ec);
   write_file_atomically((opt_.dir / "latest").string(),
@@ -681,15 +801,16 @@ void Writer::publish(Job& job, SaveReport& report) {
     std::lock_guard lock(mu_);
     last_published_ = job.step;
   }
-  prune();
+  prune(job.step);
 }
 
-void Writer::prune() {
+void Writer::prune(int64_t published) {
   if (opt_.keep <= 0) return;
-  const std::vector<fs::path> all = list_checkpoints(opt_.dir);
-  for (size_t i = size_t(opt_.keep); i < all.size(); ++i) {
+  const DirScan scan = scan_checkpoint_dir(opt_.dir);
+  for (size_t i = size_t(opt_.keep); i < scan.published.size(); ++i) {
+    if (scan.published[i].step == published) continue;  // never the one just published
     std::error_code ec;
-    fs::remove_all(all[i], ec);
+    fs::remove_all(scan.published[i].path, ec);
   }
 }
 

@@ -19,7 +19,9 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -29,6 +31,10 @@
 namespace tetra::ckpt {
 
 namespace fs = std::filesystem;
+
+/** The largest step a checkpoint can hold: its name carries at most 18 digits (train.steps stops
+ * at 10^12). */
+inline constexpr int64_t kMaxStep = 999'999'999'999'999'999;
 
 /** The three kinds of per-element state a checkpoint holds. */
 inline constexpr const char* kKinds[] = {"param", "adam_m", "adam_v"};
@@ -54,6 +60,9 @@ struct Manifest {
   nlohmann::json layout;   // world, dp, tp, pp, ep, zero of the writer
   nlohmann::json ranks;    // per-rank state, one object per rank
   std::string config_toml, model, tetra_version;
+  // The writer's model.* shape: vocab_size, n_layer, n_head, d_model, max_seq (null in
+  // checkpoints written before it was recorded; `model` describes the shape there).
+  nlohmann::json model_shape;
   std::map<std::string, TensorRecord> tensors;
   uint64_t bytes = 0;  // data bytes over every chunk
 
@@ -62,11 +71,50 @@ struct Manifest {
   static Manifest read(const fs::path& dir);
 };
 
-/** The published checkpoints under `dir`, newest first (those with a manifest.json). */
+/** A manifest's integer field `field` of object `j`, refused (naming `where`, the field and its
+ * value) unless it is an integer in [lo, hi]: a float, a string or a huge value never reaches a
+ * cast. */
+int64_t integer_field(const nlohmann::json& j, const char* field, int64_t lo, int64_t hi,
+                      const std::string& where);
+
+/** The name of step `step`'s checkpoint directory: "step-" and the step in at least 9 digits. */
+std::string checkpoint_name(int64_t step);
+
+/** The step a checkpoint directory's name stands for, or nothing unless the name is exactly what
+ * checkpoint_name writes for a step in [0, 10^18) (so no sign, no extra leading zero, no suffix,
+ * and never a number that does not fit). The one parser of step names: listing, pruning, resume,
+ * the writer's clean-up and `tetra ckpt` all go through it. */
+std::optional<int64_t> parse_checkpoint_name(std::string_view name);
+
+/** What a ckpt.dir holds, read off its entries' names. Nothing in it is ever fatal: a name that
+ * is not one of tetra's is left alone, and one that looks like a checkpoint but is not gets a
+ * note in `ignored`. */
+struct DirScan {
+  struct Published {
+    int64_t step;
+    fs::path path;
+  };
+  struct Unfinished {
+    fs::path path;      // "<checkpoint name>.tmp-<nonce>" or ".old-<nonce>"
+    std::string nonce;  // of the job that wrote it
+  };
+  std::vector<Published> published;    // with a manifest.json, newest first
+  std::vector<Unfinished> unfinished;  // saves that were not (or not yet) published
+  std::vector<std::string> ignored;    // "<path>: why it is not a checkpoint"
+};
+DirScan scan_checkpoint_dir(const fs::path& dir);
+
+/** Logs scan.ignored, one note each. */
+void log_ignored(const DirScan& scan);
+
+/** The published checkpoints under `dir`, newest first (scan_checkpoint_dir's). */
 std::vector<fs::path> list_checkpoints(const fs::path& dir);
 
-/** The name of step `step`'s checkpoint directory. */
-std::string checkpoint_name(int64_t step);
+/** The checkpoints a user's path names, newest first: a checkpoint directory (one holding
+ * manifest.json) or that manifest.json itself (one), or a ckpt.dir (its published ones, maybe
+ * none; its stray names are noted in the log). Refuses, naming `what` ("ckpt.resume=PATH"), a path
+ * that does not exist or is a file other than a manifest.json. */
+std::vector<fs::path> locate_checkpoints(const fs::path& path, const std::string& what);
 
 /** Reads every chunk of the checkpoint and checks its checksum; returns the problems found
  * (empty: it verifies). */
@@ -156,7 +204,8 @@ class Writer {
   void run();
   SaveReport write(Job& job);
   void publish(Job& job, SaveReport& report);
-  void prune();
+  // Removes published checkpoints beyond opt_.keep (the newest kept, and always `published`).
+  void prune(int64_t published);
 
   WriterOptions opt_;
   MemTag tag_;

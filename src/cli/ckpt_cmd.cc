@@ -19,7 +19,9 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/config.h"
+#include "core/dir_lock.h"
 #include "core/error.h"
+#include "core/paths.h"
 #include "model/gpt.h"
 #include "model/gpt_io.h"
 #include "train/train_config.h"
@@ -30,17 +32,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A checkpoint directory, or the newest published one under a ckpt.dir.
-ckpt::Manifest open_checkpoint(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_regular_file(fs::path(path) / "manifest.json", ec)) {
-    return ckpt::Manifest::read(path);
-  }
-  const std::vector<fs::path> all = ckpt::list_checkpoints(path);
+// A checkpoint directory, its manifest.json, or the newest published checkpoint under a ckpt.dir
+// (names that are not checkpoints are noted and passed over).
+ckpt::Manifest open_checkpoint(const std::string& path, const std::string& what) {
+  const std::vector<fs::path> all = ckpt::locate_checkpoints(path, what);
   TETRA_CHECK(!all.empty(),
-              "[ckpt] {}: no checkpoint (no manifest.json in it or in a step-* directory under "
-              "it); give a checkpoint directory or a ckpt.dir",
-              path);
+              "[ckpt] {}: no checkpoint in {} (no manifest.json in it or in a step-* directory "
+              "under it); give a checkpoint directory, its manifest.json, or a ckpt.dir",
+              what, path);
   return ckpt::Manifest::read(all.front());
 }
 
@@ -84,9 +83,57 @@ int verify_cmd(const ckpt::Manifest& m) {
   return 0;
 }
 
+// Whether `path` starts like a safetensors file: an 8-byte header length that fits the file,
+// then a JSON object. Only the first bytes are read, however large the file.
+bool looks_like_safetensors(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint8_t len[8] = {};
+  char brace = 0;
+  if (!in.read(reinterpret_cast<char*>(len), 8) || !in.get(brace)) return false;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  return !ec && brace == '{' && n >= 2 && n <= size - 8;
+}
+
+// Refuses an export target that would overwrite anything it should not: the checkpoint it reads
+// (or anything in the directory the user named), a directory, or an existing file without
+// --force (and with --force, anything but a safetensors file).
+void check_export_target(const fs::path& to, const ckpt::Manifest& m, const fs::path& given,
+                         bool force) {
+  for (const fs::path& input : {m.dir, given}) {
+    TETRA_CHECK(!is_within(to, input),
+                "[ckpt] export --to {}: that is inside {}, which this export reads; write the "
+                "weights outside it (nothing in a checkpoint is replaced)",
+                to.string(), input.string());
+  }
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(to, ec);
+  TETRA_CHECK(!fs::is_directory(fs::status(to, ec)),
+              "[ckpt] export --to {} is a directory; give a file path such as "
+              "{}/model.safetensors",
+              to.string(), to.string());
+  if (fs::exists(st)) {
+    TETRA_CHECK(force,
+                "[ckpt] export --to {}: the file exists; add --force to replace it (it is "
+                "replaced whole, once the new file is complete), or choose another path",
+                to.string());
+    TETRA_CHECK(fs::is_regular_file(st) && looks_like_safetensors(to),
+                "[ckpt] export --to {} --force: it exists and is not a safetensors file, so it is "
+                "not replaced even with --force; choose another path",
+                to.string());
+  }
+  const fs::path parent = to.parent_path().empty() ? fs::path(".") : to.parent_path();
+  TETRA_CHECK(fs::is_directory(parent, ec),
+              "[ckpt] export --to {}: the directory {} does not exist; create it or choose "
+              "another path",
+              to.string(), parent.string());
+}
+
 // The weights in Hugging Face names and layouts, through the same model and store as training.
-int export_cmd(const ckpt::Manifest& m, const std::string& to) {
-  TETRA_CHECK(!to.empty(), "[ckpt] export needs --to FILE.safetensors");
+int export_cmd(const ckpt::Manifest& m, const fs::path& given, const std::string& to, bool force) {
+  check_export_target(to, m, given, force);
   const Config config =
       Config::parse(train_config_schema(), m.config_toml, (m.dir / "manifest.json").string(), {});
   ParamStore store;
@@ -172,9 +219,37 @@ int verify_resume(const Args& args) {
   // The config is checked here, so that a bad key fails now and not inside the first run.
   Config::load(train_config_schema(), p.s("--config"), p.overrides());
   const fs::path dir = p.s("--dir");
+  // --dir is emptied first, so it must be verify-resume's own: a directory it made (it leaves a
+  // marker file) or an empty one. Its lock keeps a second verify-resume from emptying it under
+  // the first; the runs inside lock their own run and checkpoint directories.
+  const fs::path marker = dir / ".tetra-verify-resume";
   std::error_code ec;
-  fs::remove_all(dir, ec);
-  fs::create_directories(dir);
+  if (fs::exists(dir, ec)) {
+    TETRA_CHECK(fs::is_directory(dir, ec),
+                "[verify-resume] --dir {} is a file; give a directory (it is emptied first)",
+                dir.string());
+    bool empty = true;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().filename() != ".tetra.lock") empty = false;
+    }
+    TETRA_CHECK(empty || fs::exists(marker, ec),
+                "[verify-resume] --dir {} holds files verify-resume did not write, and it is "
+                "emptied first; give a new or empty directory",
+                dir.string());
+  }
+  fs::create_directories(dir, ec);
+  TETRA_CHECK(fs::is_directory(dir, ec),
+              "[verify-resume] --dir {}: cannot create it ({}); choose a writable place",
+              dir.string(), ec.message());
+  const DirLock lock =
+      DirLock::acquire(dir, "verify-resume --dir=" + dir.string(), "verify-resume");
+  std::vector<fs::path> previous;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename() != ".tetra.lock") previous.push_back(it->path());
+  }
+  for (const fs::path& old : previous) fs::remove_all(old, ec);
+  std::ofstream(marker) << "written by tetra verify-resume; the directory is emptied by its next "
+                           "run\n";
 
   auto train = [&](const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> a;
@@ -228,8 +303,8 @@ int verify_resume(const Args& args) {
   }
   std::printf("[verify-resume] losses: %zu logged records compared\n", compared);
   // Weights, optimizer moments and the data position, from both runs' final checkpoints.
-  const ckpt::Manifest sa = open_checkpoint((dir / "straight-ckpt").string());
-  const ckpt::Manifest sb = open_checkpoint((dir / "resumed-ckpt").string());
+  const ckpt::Manifest sa = open_checkpoint((dir / "straight-ckpt").string(), "verify-resume");
+  const ckpt::Manifest sb = open_checkpoint((dir / "resumed-ckpt").string(), "verify-resume");
   size_t tensors = 0;
   for (const auto& [name, rec] : sa.tensors) {
     for (const char* kind : ckpt::kKinds) {
@@ -257,29 +332,57 @@ int verify_resume(const Args& args) {
 }  // namespace
 
 int ckpt_main(const Args& args) {
-  ArgParser p(
-      "ckpt", "tetra ckpt",
-      "usage: tetra ckpt inspect|verify|export CHECKPOINT [--to FILE.safetensors]\n\n"
-      "CHECKPOINT is a checkpoint directory, or a ckpt.dir (its newest checkpoint).\n"
+  const std::string usage =
+      "usage: tetra ckpt inspect|verify CHECKPOINT\n"
+      "       tetra ckpt export CHECKPOINT --to FILE.safetensors [--force]\n\n"
+      "CHECKPOINT is a checkpoint directory, its manifest.json, or a ckpt.dir (its newest\n"
+      "checkpoint).\n"
       "  inspect  what it holds: step, layout, trainer state, tensors, files\n"
       "  verify   reads every chunk and checks its checksum (exit status 1 if damaged)\n"
-      "  export   the weights as one Hugging Face GPT-2 safetensors file (--to)\n",
-      {{{"--to", ValueKind::String, "\"\"", "export: the safetensors file to write"}, "FILE"}});
+      "  export   the weights as one Hugging Face GPT-2 safetensors file (--to); an existing\n"
+      "           file is replaced only with --force, and only if it is a safetensors file\n";
+  const std::vector<Flag> export_flags = {
+      {{"--to", ValueKind::String, "\"\"", "export: the safetensors file to write"}, "FILE"},
+      {{"--force", ValueKind::Bool, "false",
+        "export: replace an existing safetensors file at --to"}}};
   const bool verb =
       !args.empty() && (args[0] == "inspect" || args[0] == "verify" || args[0] == "export");
   if (!verb) {
+    ArgParser p("ckpt", "tetra ckpt", usage, export_flags);
     if (!p.parse(args)) return 0;  // --help
     fail("[ckpt] usage: tetra ckpt inspect|verify|export CHECKPOINT [--to FILE]; got '{}'",
          fmt::join(args, " "));
   }
+  const std::string& cmd = args[0];
+  const bool is_export = cmd == "export";
+  // Each verb takes only its own flags: one that another verb takes is refused by name rather
+  // than ignored.
+  ArgParser p("ckpt", "tetra ckpt " + cmd, usage, is_export ? export_flags : std::vector<Flag>{});
+  for (size_t i = 1; i < args.size() && !is_export; ++i) {
+    const std::string name = args[i].substr(0, args[i].find('='));
+    TETRA_CHECK(name != "--to" && name != "--force",
+                "[ckpt] tetra ckpt {} takes no {}: only export writes a file (tetra ckpt export "
+                "CHECKPOINT --to FILE.safetensors)",
+                cmd, name);
+  }
+  if (args.size() >= 2 && (args[1] == "--help" || args[1] == "-h")) {
+    p.parse({args[1]});
+    return 0;
+  }
+  // The checkpoint comes right after the verb, so that a flag's value is never taken for it.
   TETRA_CHECK(args.size() >= 2 && args[1].rfind("-", 0) != 0,
-              "[ckpt] tetra ckpt {} needs the checkpoint: a checkpoint directory or a ckpt.dir",
-              args[0]);
+              "[ckpt] tetra ckpt {} needs the checkpoint right after the verb (tetra ckpt {} "
+              "CHECKPOINT{}): a checkpoint directory, its manifest.json, or a ckpt.dir",
+              cmd, cmd, is_export ? " --to FILE.safetensors" : "");
   if (!p.parse(Args(args.begin() + 2, args.end()))) return 0;
-  const ckpt::Manifest m = open_checkpoint(args[1]);
-  if (args[0] == "inspect") return inspect(m);
-  if (args[0] == "verify") return verify_cmd(m);
-  return export_cmd(m, p.s("--to"));
+  if (is_export) {
+    TETRA_CHECK(!p.s("--to").empty(),
+                "[ckpt] tetra ckpt export needs --to FILE.safetensors: the file to write");
+  }
+  const ckpt::Manifest m = open_checkpoint(args[1], "tetra ckpt " + cmd + " " + args[1]);
+  if (cmd == "inspect") return inspect(m);
+  if (cmd == "verify") return verify_cmd(m);
+  return export_cmd(m, args[1], p.s("--to"), p.b("--force"));
 }
 
 int verify_resume_main(const Args& args) { return verify_resume(args); }

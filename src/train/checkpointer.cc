@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -26,71 +29,273 @@ Checkpointer::Checkpointer(const TrainOptions& options, RunLayout& layout, Param
 
 Checkpointer::~Checkpointer() = default;
 
+namespace {
+
+// Bounds on a resumed sampler's integers: a dataset or a cursor past 2^62 samples, or a global
+// batch past micro_batch x grad_accum x dp's largest product (2^14 x 2^16 x 2^20), is damage.
+constexpr int64_t kMaxSamples = int64_t(1) << 62, kMaxGlobalBatch = int64_t(1) << 50;
+
+constexpr const char* kShapeKeys[] = {"vocab_size", "n_layer", "n_head", "d_model", "max_seq"};
+
+nlohmann::json shape_of(const GptConfig& m) {
+  return {{"vocab_size", m.vocab_size},
+          {"n_layer", m.n_layer},
+          {"n_head", m.n_head},
+          {"d_model", m.d_model},
+          {"max_seq", m.max_seq}};
+}
+
+// The writer's model shape: the manifest's model_shape, or (checkpoints written before it was
+// recorded) its one-line description, GptConfig::describe; null when neither says.
+nlohmann::json saved_shape(const ckpt::Manifest& m) {
+  if (!m.model_shape.is_null()) return m.model_shape;
+  static const std::regex re(R"(GPT-2: L=([0-9]{1,9}) C=([0-9]{1,9}) NH=([0-9]{1,9}) )"
+                             R"(V=([0-9]{1,9}) \(padded [0-9]+\) maxT=([0-9]{1,9}))");
+  std::smatch g;
+  if (!std::regex_match(m.model, g, re)) return nullptr;
+  return {{"vocab_size", std::stoll(g[4].str())},
+          {"n_layer", std::stoll(g[1].str())},
+          {"n_head", std::stoll(g[3].str())},
+          {"d_model", std::stoll(g[2].str())},
+          {"max_seq", std::stoll(g[5].str())}};
+}
+
+bool same_dir(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  return fs::equivalent(a, b, ec);
+}
+
+}  // namespace
+
+int64_t Checkpointer::global_batch() const {
+  return int64_t(opt_.micro_batch) * opt_.grad_accum * layout_.dp_size();
+}
+
+ResumedState Checkpointer::read_state(const ckpt::Manifest& m) const {
+  const std::string where = (m.dir / "manifest.json").string();
+  const nlohmann::json& t = m.trainer;
+  TETRA_CHECK(t.is_object(), "[ckpt] {}: 'trainer' is {}, not an object", where, t.dump());
+  ResumedState r;
+  r.step = ckpt::integer_field(t, "step", 0, ckpt::kMaxStep, where + " trainer");
+  TETRA_CHECK(r.step == m.step,
+              "[ckpt] {}: the trainer state is after step {} but the manifest says step {}; the "
+              "checkpoint was edited or damaged",
+              where, r.step, m.step);
+  r.skips.total = ckpt::integer_field(t, "skipped", 0, r.step, where + " trainer");
+  r.skips.in_a_row =
+      ckpt::integer_field(t, "consecutive_skips", 0, r.skips.total, where + " trainer");
+  r.adamw_steps = ckpt::integer_field(t, "adamw_steps", 0, r.step, where + " trainer");
+  // Every step either updates the weights or is skipped.
+  TETRA_CHECK(r.adamw_steps + r.skips.total == r.step,
+              "[ckpt] {}: {} AdamW updates and {} skipped steps do not make step {}; the "
+              "checkpoint was edited or damaged",
+              where, r.adamw_steps, r.skips.total, r.step);
+  const std::string sw = where + " trainer.sampler";
+  TETRA_CHECK(t.contains("sampler") && t.at("sampler").is_object(),
+              "[ckpt] {}: the trainer state has no sampler object", where);
+  const nlohmann::json& s = t.at("sampler");
+  TETRA_CHECK(s.contains("seed") && s.at("seed").is_number_unsigned(),
+              "[ckpt] {}: 'seed' is {}, not an integer in [0, 2^64)", sw,
+              s.contains("seed") ? s.at("seed").dump() : "missing");
+  TETRA_CHECK(s.contains("shuffle") && s.at("shuffle").is_boolean(),
+              "[ckpt] {}: 'shuffle' is {}, not true or false", sw,
+              s.contains("shuffle") ? s.at("shuffle").dump() : "missing");
+  SamplerState& d = r.sampler;
+  d.seed = s.at("seed").get<uint64_t>();
+  d.shuffle = s.at("shuffle").get<bool>();
+  d.num_samples = ckpt::integer_field(s, "num_samples", 1, kMaxSamples, sw);
+  d.cursor = ckpt::integer_field(s, "cursor", 0, kMaxSamples, sw);
+  d.epoch = ckpt::integer_field(s, "epoch", 0, kMaxSamples, sw);
+  d.global_batch = ckpt::integer_field(s, "global_batch", 1, kMaxGlobalBatch, sw);
+  d.dp_size = int(ckpt::integer_field(s, "dp_size", 1, 1 << 20, sw));
+  TETRA_CHECK(d.epoch == d.cursor / d.num_samples,
+              "[ckpt] {}: epoch {} does not match cursor {} over {} samples (epoch {}); the "
+              "checkpoint was edited or damaged",
+              sw, d.epoch, d.cursor, d.num_samples, d.cursor / d.num_samples);
+  // Each step drew one global batch of the run that took it: between the smallest and the
+  // largest global batch of the runs this checkpoint continues (checkpoints written before
+  // that range was recorded: at least one sample per step).
+  int64_t lo = 1, hi = kMaxGlobalBatch;
+  if (t.contains("global_batch_range")) {
+    const nlohmann::json& g = t.at("global_batch_range");
+    TETRA_CHECK(g.is_array() && g.size() == 2 && g[0].is_number_integer() &&
+                    g[1].is_number_integer() && g[0].get<int64_t>() >= 1 &&
+                    g[0].get<int64_t>() <= g[1].get<int64_t>() &&
+                    g[1].get<int64_t>() <= kMaxGlobalBatch,
+                "[ckpt] {}: 'global_batch_range' is {}, not [smallest, largest] global batch",
+                where, g.dump());
+    lo = g[0].get<int64_t>();
+    hi = g[1].get<int64_t>();
+    TETRA_CHECK(lo <= d.global_batch && d.global_batch <= hi,
+                "[ckpt] {}: the sampler's global batch {} is outside 'global_batch_range' [{}, "
+                "{}]; the checkpoint was edited or damaged",
+                where, d.global_batch, lo, hi);
+  }
+  // step * lo <= cursor <= step * hi, without a product that could overflow.
+  const bool cursor_fits =
+      r.step <= d.cursor / lo && (d.cursor == 0 || (d.cursor - 1) / hi + 1 <= r.step);
+  TETRA_CHECK(cursor_fits,
+              "[ckpt] {}: the sampler cursor {} is not what {} step(s) of {} to {} samples each "
+              "drew; the checkpoint was edited or damaged",
+              sw, d.cursor, r.step, lo, hi);
+  r.min_global_batch = lo == 1 && hi == kMaxGlobalBatch ? d.global_batch : lo;
+  r.max_global_batch = lo == 1 && hi == kMaxGlobalBatch ? d.global_batch : hi;
+  return r;
+}
+
+void Checkpointer::refuse_mismatch(const ckpt::Manifest& m, const ResumedState& r,
+                                   int64_t num_samples) const {
+  const std::string where = m.dir.string();
+  // The model: n_head changes no tensor's shape, so the tensors alone would not tell.
+  const nlohmann::json saved = saved_shape(m), mine = shape_of(opt_.model);
+  if (!saved.is_null()) {
+    std::vector<std::string> differ, want;
+    for (const char* key : kShapeKeys) {
+      if (saved.at(key) != mine.at(key)) {
+        differ.push_back(fmt::format("model.{}={} (this run: {})", key, saved.at(key).dump(),
+                                     mine.at(key).dump()));
+        want.push_back(fmt::format("--model.{}={}", key, saved.at(key).dump()));
+      }
+    }
+    TETRA_CHECK(differ.empty(),
+                "[ckpt] ckpt.resume={}: {} was saved from another model shape: {}; the model.* "
+                "keys must match the run that saved it ({}), or start a new run from its weights "
+                "(tetra ckpt export, then init.from)",
+                opt_.ckpt.resume, where, fmt::join(differ, ", "), fmt::join(want, " "));
+  }
+  // The data: the sampler continues over the same samples in the same order.
+  const SamplerState& d = r.sampler;
+  TETRA_CHECK(d.num_samples == num_samples,
+              "[ckpt] ckpt.resume={}: {} was saved over {} training samples but data.train has "
+              "{} (train.seq_len={}): resume with the same data.train and train.seq_len",
+              opt_.ckpt.resume, where, d.num_samples, num_samples, opt_.seq_len);
+  TETRA_CHECK(d.shuffle == opt_.shuffle && d.seed == opt_.seed,
+              "[ckpt] ckpt.resume={}: {} was saved with data.shuffle={} and train.seed={}, this "
+              "run has data.shuffle={} and train.seed={}; resume with the saved values",
+              opt_.ckpt.resume, where, d.shuffle, d.seed, opt_.shuffle, opt_.seed);
+  // The length: a checkpoint past the run's end cannot be continued by it.
+  TETRA_CHECK(r.step <= opt_.steps,
+              "[ckpt] ckpt.resume={}: {} is after step {}, past this run's train.steps={}; raise "
+              "train.steps to at least {} to continue it, or resume an earlier checkpoint",
+              opt_.ckpt.resume, where, r.step, opt_.steps, r.step);
+}
+
 std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
   const CkptOptions& c = opt_.ckpt;
-  if (c.resume.empty()) return std::nullopt;
-  const fs::path given(c.resume == "auto" ? c.dir : c.resume);
-  std::error_code ec;
-  const std::vector<fs::path> candidates = fs::is_regular_file(given / "manifest.json", ec)
-                                               ? std::vector<fs::path>{given}
-                                               : ckpt::list_checkpoints(given);
-  if (candidates.empty()) {
-    TETRA_CHECK(c.resume == "auto",
-                "[ckpt] ckpt.resume={}: no checkpoint there (no manifest.json in it or in a "
-                "step-* directory under it); give a checkpoint directory or use ckpt.resume=auto",
-                c.resume);
-    log_info("[ckpt] ckpt.resume=auto: no checkpoint in {} yet; starting from step 0", c.dir);
-    return std::nullopt;
-  }
-  for (const fs::path& dir : candidates) {
-    std::string error;
-    nlohmann::json trainer;
-    SamplerState sampler;
-    ckpt::Manifest m;
-    try {
-      m = ckpt::Manifest::read(dir);
-      trainer = m.trainer;
-      sampler = SamplerState::from_json(trainer.at("sampler"));
-      // Refuses other data before anything is loaded.
-      Sampler(num_samples, opt_.shuffle, opt_.seed, 1, 0, 1).restore(sampler);
-      ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(), layout_.pp_size() > 1);
-    } catch (const Error& e) {
-      error = e.what();
-    } catch (const nlohmann::json::exception& e) {
-      error = fmt::format("[ckpt] {}: malformed trainer state ({})", dir.string(), e.what());
+  std::optional<ResumedState> resumed;
+  fs::path resumed_dir;
+  if (!c.resume.empty()) {
+    const bool automatic = c.resume == "auto";
+    const fs::path given(automatic ? c.dir : c.resume);
+    std::error_code ec;
+    // ckpt.dir may not exist yet on this rank: rank 0 creates it, and has nothing to resume.
+    const std::vector<fs::path> candidates =
+        automatic && !fs::exists(given, ec)
+            ? std::vector<fs::path>{}
+            : ckpt::locate_checkpoints(given, "ckpt.resume=" + c.resume);
+    if (candidates.empty()) {
+      TETRA_CHECK(automatic,
+                  "[ckpt] ckpt.resume={}: no checkpoint there (no manifest.json in it or in a "
+                  "step-* directory under it); give a checkpoint directory or use "
+                  "ckpt.resume=auto",
+                  c.resume);
+      log_info("[ckpt] ckpt.resume=auto: no checkpoint in {} yet; starting from step 0", c.dir);
     }
-    // Every rank must load the same checkpoint.
-    float refused = error.empty() ? 0.0f : 1.0f;
-    if (layout_.multi()) layout_.world().all_reduce(std::span<float>(&refused, 1)).wait();
-    if (refused == 0.0f) {
+    for (const fs::path& dir : candidates) {
+      std::string error;
       ResumedState r;
-      r.step = trainer.at("step").get<int64_t>();
-      r.skips.total = trainer.at("skipped").get<int64_t>();
-      r.skips.in_a_row = trainer.at("consecutive_skips").get<int64_t>();
-      r.sampler = sampler;
-      adamw_.set_steps_taken(trainer.at("adamw_steps").get<int64_t>());
-      log_info(
-          "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
-          "parallel rank(s), ZeRO stage {})",
-          dir.string(), r.step, m.layout.dump(), layout_.dp_size(), opt_.zero.stage);
-      if (r.step >= opt_.steps) {
-        log_warn(
-            "[ckpt] the checkpoint is already at step {} and train.steps={}: nothing is left "
-            "to train; raise train.steps to continue",
-            r.step, opt_.steps);
+      ckpt::Manifest m;
+      try {
+        m = ckpt::Manifest::read(dir);
+        r = read_state(m);
+      } catch (const Error& e) {
+        error = e.what();
       }
-      return r;
+      // A checkpoint this run cannot continue is refused outright: the older ones in the same
+      // place were written by the same run, so none of them would fit either.
+      if (error.empty()) refuse_mismatch(m, r, num_samples);
+      try {
+        if (error.empty()) {
+          ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(), layout_.pp_size() > 1);
+        }
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      // Every rank must load the same checkpoint.
+      float refused = error.empty() ? 0.0f : 1.0f;
+      if (layout_.multi()) layout_.world().all_reduce(std::span<float>(&refused, 1)).wait();
+      if (refused == 0.0f) {
+        adamw_.set_steps_taken(r.adamw_steps);
+        log_info(
+            "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
+            "parallel rank(s), ZeRO stage {})",
+            dir.string(), r.step, m.layout.dump(), layout_.dp_size(), opt_.zero.stage);
+        if (r.step == opt_.steps) {
+          log_warn(
+              "[ckpt] the checkpoint is already at step {} and train.steps={}: nothing is left "
+              "to train; raise train.steps to continue",
+              r.step, opt_.steps);
+        }
+        resumed = r;
+        resumed_dir = dir;
+        break;
+      }
+      if (!error.empty()) log_warn("{}", error);
+      if (layout_.is_root()) {
+        log_warn("[ckpt] {} was refused on {} rank(s) (reason above); trying the previous one",
+                 dir.string(), int(refused));
+      }
     }
-    if (!error.empty()) log_warn("{}", error);
-    if (layout_.is_root()) {
-      log_warn("[ckpt] {} was refused on {} rank(s) (reason above); trying the previous one",
-               dir.string(), int(refused));
-    }
+    TETRA_CHECK(candidates.empty() || resumed,
+                "[ckpt] ckpt.resume={}: none of the {} checkpoint(s) under {} can be loaded "
+                "(reasons above); move the damaged ones aside, or start without ckpt.resume",
+                c.resume, candidates.size(), given.string());
+  }
+  // The range of global batches the checkpoint's history and this run draw.
+  min_global_batch_ =
+      std::min(resumed ? resumed->min_global_batch : global_batch(), global_batch());
+  max_global_batch_ =
+      std::max(resumed ? resumed->max_global_batch : global_batch(), global_batch());
+  if (layout_.is_root()) check_ckpt_dir_is_this_runs(resumed_dir, resumed ? resumed->step : 0);
+  return resumed;
+}
+
+void Checkpointer::check_ckpt_dir_is_this_runs(const fs::path& resumed,
+                                               int64_t resumed_step) const {
+  if (opt_.ckpt.dir.empty()) return;
+  std::error_code ec;
+  fs::path dir = fs::path(opt_.ckpt.dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "a/b/" is "a/b"
+  TETRA_CHECK(!fs::exists(dir / "manifest.json", ec),
+              "[ckpt] ckpt.dir={} is itself a checkpoint (it holds manifest.json), so saves "
+              "would land inside it; set ckpt.dir to the directory that holds the checkpoints "
+              "({})",
+              opt_.ckpt.dir, dir.parent_path().string());
+  const ckpt::DirScan scan = ckpt::scan_checkpoint_dir(opt_.ckpt.dir);
+  if (opt_.ckpt.resume != "auto") ckpt::log_ignored(scan);  // auto's lookup has noted them
+  if (scan.published.empty()) return;
+  if (!resumed.empty() && same_dir(resumed.parent_path(), opt_.ckpt.dir)) {
+    // Going back to an earlier checkpoint of this directory by name: this run's saves would
+    // replace the later ones (another history, written and published), and until it reached
+    // them ckpt.resume=auto after a crash would take the newest of the old history. Only a
+    // checkpoint that failed to load (auto passes over it) may be written over.
+    const ckpt::DirScan::Published& newest = scan.published.front();
+    TETRA_CHECK(opt_.ckpt.resume == "auto" || newest.step <= resumed_step,
+                "[ckpt] ckpt.resume={}: ckpt.dir={} holds later checkpoints of that run (newest "
+                "{}); this run would replace them with another history, and ckpt.resume=auto "
+                "would later mix the two. To continue that run use ckpt.resume=auto; to go back "
+                "to step {}, move the later checkpoints out of ckpt.dir or give this run its own "
+                "ckpt.dir",
+                opt_.ckpt.resume, opt_.ckpt.dir, newest.path.filename().string(), resumed_step);
+    return;
   }
   fail(
-      "[ckpt] ckpt.resume={}: none of the {} checkpoint(s) under {} can be loaded (reasons "
-      "above); move the damaged ones aside, or start without ckpt.resume",
-      c.resume, candidates.size(), given.string());
+      "[ckpt] ckpt.dir={} already holds checkpoints of another run (newest {}), and this run {}: "
+      "its saves would mix with them, ckpt.keep would prune them, and ckpt.resume=auto would "
+      "later take whichever is newest. Continue that run with ckpt.resume=auto, or give this run "
+      "its own ckpt.dir (or move those checkpoints away)",
+      opt_.ckpt.dir, scan.published.front().path.filename().string(),
+      resumed.empty() ? "starts from step 0" : "resumes from " + resumed.string());
 }
 
 void Checkpointer::start(int64_t start_step, MemoryLedger& ledger) {
@@ -134,7 +339,9 @@ std::vector<ckpt::Source> Checkpointer::sources() {
 std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double median_step_s,
                                                 const nlohmann::json& trainer_state) {
   if (!writer_ || (step != next_save_ && !last)) return std::nullopt;
-  const nlohmann::json header = {{"trainer", trainer_state},
+  nlohmann::json trainer = trainer_state;
+  trainer["global_batch_range"] = {min_global_batch_, max_global_batch_};
+  const nlohmann::json header = {{"trainer", std::move(trainer)},
                                  {"layout",
                                   {{"world", layout_.world_size()},
                                    {"dp", layout_.dp_size()},
@@ -143,7 +350,8 @@ std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double 
                                    {"ep", 1},
                                    {"zero", opt_.zero.stage}}},
                                  {"config", config_toml_},
-                                 {"model", opt_.model.describe()}};
+                                 {"model", opt_.model.describe()},
+                                 {"model_shape", shape_of(opt_.model)}};
   // tetra draws no random stream during training: every value is keyed by (seed, tensor name,
   // element index), so a rank's generator state is its seed.
   const nlohmann::json rank_state = {
@@ -164,16 +372,24 @@ void Checkpointer::schedule_next(int64_t step, double blocked, double median_ste
   // Young/Daly from the stall just measured; rank 0 decides for every rank.
   int64_t every = 0;
   if (layout_.is_root()) {
+    // In doubles until it is known to fit: a huge MTBF (or a step too fast to time) makes tau in
+    // steps far beyond int64, which converted directly would wrap to "every 1 step". No interval
+    // beyond the run's length means anything: then only the last step saves.
     const double tau = plan::young_daly_interval(blocked, opt_.ckpt.mtbf_hours * 3600.0);
-    every = std::max<int64_t>(1, std::llround(tau / std::max(median_step_s, 1e-9)));
+    const double in_steps = tau / std::max(median_step_s, 1e-9);
+    every =
+        in_steps < double(opt_.steps) ? std::max<int64_t>(1, std::llround(in_steps)) : opt_.steps;
   }
   layout_.broadcast_from_root(every);
   if (layout_.is_root() && every != auto_every_) {
     log_info(
         "[ckpt] ckpt.every=auto: the save stalled the loop {:.1f} ms, steps take {:.1f} ms, "
-        "MTBF {} h: Young/Daly interval {:.3g} s = every {} step(s)",
+        "MTBF {} h: Young/Daly interval {:.3g} s = every {} step(s){}",
         1e3 * blocked, 1e3 * median_step_s, opt_.ckpt.mtbf_hours,
-        plan::young_daly_interval(blocked, opt_.ckpt.mtbf_hours * 3600.0), every);
+        plan::young_daly_interval(blocked, opt_.ckpt.mtbf_hours * 3600.0), every,
+        every == opt_.steps ? " (train.steps: the interval is at least the run, so only the last "
+                              "step saves)"
+                            : "");
   }
   auto_every_ = every;
   next_save_ = step + every;
@@ -182,6 +398,13 @@ void Checkpointer::schedule_next(int64_t step, double blocked, double median_ste
 void Checkpointer::note(nlohmann::json& rec) {
   if (!writer_) return;
   for (const ckpt::SaveReport& r : writer_->take_reports()) {
+    if (!r.error.empty() && r.step == opt_.steps && opt_.ckpt.on_error == "continue") {
+      // Nothing saves after the last step, so training cannot "continue" past this failure:
+      // finish() fails the run once the step's record is written.
+      final_error_ = r.error;
+      rec["ckpt_failed_step"] = r.step;
+      continue;
+    }
     if (!r.error.empty()) {
       TETRA_CHECK(opt_.ckpt.on_error == "continue",
                   "{}; stopping (ckpt.on_error=stop). The newest published checkpoint is "
@@ -205,6 +428,23 @@ void Checkpointer::note(nlohmann::json& rec) {
           double(r.bytes) / 1e6, r.write_s, 1e3 * r.block_s);
     }
   }
+}
+
+void Checkpointer::finish() {
+  if (!writer_) return;
+  writer_->wait();
+  nlohmann::json rec;
+  note(rec);  // a report not yet taken (none, as the last step waits for its save)
+  // Rank 0 publishes, so only it knows the newest published checkpoint; every rank reaches this
+  // point (after save.final's collectives), so all can learn it.
+  int64_t newest = newest_step();
+  layout_.broadcast_from_root(newest);
+  TETRA_CHECK(final_error_.empty(),
+              "[ckpt] the run's last checkpoint (step {}) was not saved, so the run did not "
+              "finish: {}. {}; fix the cause and continue with ckpt.resume=auto",
+              opt_.steps, final_error_,
+              newest > 0 ? fmt::format("The newest published checkpoint is after step {}", newest)
+                         : std::string("No checkpoint of it was published"));
 }
 
 int64_t Checkpointer::newest_step() const {

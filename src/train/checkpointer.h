@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -23,6 +24,8 @@ namespace tetra {
 /** The trainer's state a checkpoint restores besides the tensors. */
 struct ResumedState {
   int64_t step = 0;
+  int64_t adamw_steps = 0;
+  int64_t min_global_batch = 0, max_global_batch = 0;  // of the runs the checkpoint continues
   SkipCounters skips;
   SamplerState sampler;
 };
@@ -35,7 +38,10 @@ class Checkpointer {
 
   /** ckpt.resume: loads the newest checkpoint every rank can read and verify into the store and
    *  the optimizer (its step count too); none when ckpt.resume=auto finds no checkpoint.
-   *  `num_samples` is the training data's, whose sampler state must fit. Collective. */
+   *  `num_samples` is the training data's. A checkpoint of another model shape, other data, or a
+   *  step past train.steps is refused with both values (older ones would not fit either); a
+   *  damaged one, or one whose counters do not add up, is passed over for the previous one.
+   *  Then (rank 0) refuses a ckpt.dir holding another run's checkpoints. Collective. */
   std::optional<ResumedState> resume(int64_t num_samples);
   /** Starts the writer (with ckpt.dir) for a run that begins after step `start_step`. */
   void start(int64_t start_step, MemoryLedger& ledger);
@@ -49,6 +55,9 @@ class Checkpointer {
   /** Adds the saves finished since the last call to `rec`; a failed save stops the run under
    *  ckpt.on_error=stop. */
   void note(nlohmann::json& rec);
+  /** At the end of the run: throws when the last step's checkpoint was not published, whatever
+   *  ckpt.on_error says (no later save can make up for it). */
+  void finish();
   /** The newest checkpoint's step this run published or resumed from. */
   int64_t newest_step() const;
 
@@ -57,6 +66,20 @@ class Checkpointer {
   // After a save of `step` that blocked the loop `blocked` seconds: when the next one is due
   // (ckpt.every, or Young/Daly from the stall, decided by rank 0 for every rank).
   void schedule_next(int64_t step, double blocked, double median_step_s);
+  // The trainer state `dir`'s manifest holds, every field range-checked and the counters checked
+  // against each other (throws: the checkpoint is damaged or edited).
+  ResumedState read_state(const ckpt::Manifest& m) const;
+  // Throws, with both values and what to change, when checkpoint `m` (state `r`) cannot continue
+  // this run: another model shape, other data, or a step past train.steps.
+  void refuse_mismatch(const ckpt::Manifest& m, const ResumedState& r, int64_t num_samples) const;
+  // Rank 0: refuses a ckpt.dir holding published checkpoints unless this run resumed from one of
+  // them (`resumed`, after `resumed_step`), since its saves would mix with and prune another
+  // run's; and, resuming a named checkpoint there, refuses when later ones exist (a rollback
+  // would replace them).
+  void check_ckpt_dir_is_this_runs(const std::filesystem::path& resumed,
+                                   int64_t resumed_step) const;
+  // This run's samples per optimizer step.
+  int64_t global_batch() const;
 
   const TrainOptions& opt_;
   RunLayout& layout_;
@@ -68,6 +91,10 @@ class Checkpointer {
   int64_t start_step_ = 0;
   int64_t next_save_ = 0;   // the step after which the next checkpoint is saved
   int64_t auto_every_ = 0;  // ckpt.every=auto: the interval in use
+  // The smallest and largest global batch of every run this one continues (it included), so that
+  // a resumed sampler cursor can be checked against the steps that drew it.
+  int64_t min_global_batch_ = 0, max_global_batch_ = 0;
+  std::string final_error_;  // why the last step's checkpoint was not published
 };
 
 }  // namespace tetra

@@ -442,6 +442,14 @@ void Reporter::plan_vs_measured() {
 }
 
 void Reporter::summary(const TrainResult& result) const {
+  if (start_step_ >= result.steps) {
+    // Resumed from the last step's checkpoint: there is no loss or rate of this process to show.
+    log_info(
+        "[train] done: the checkpoint resumed from is after step {} = train.steps, so no step "
+        "was left to train; raise train.steps to train further",
+        start_step_);
+    return;
+  }
   const std::string val =
       result.final_val_loss >= 0 ? fmt::format(", val loss {:.4f}", result.final_val_loss) : "";
   const std::string skipped =

@@ -13,20 +13,32 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
     : world_(world) {
   const parallel::MeshShape& shape = opt.mesh;
   const bool sp = opt.model.sequence_parallel;
+  // Refused alike in one process and under mpirun: no layer of this model has experts to spread.
+  TETRA_CHECK(shape.ep == 1,
+              "[train] parallel.ep={}: this trainer runs data, tensor and pipeline parallelism "
+              "(the model has no expert layers to spread); set parallel.ep=1",
+              shape.ep);
   if (!world_.valid()) {
-    for (const auto& [key, n] : {std::pair{"parallel.tp", shape.tp}, {"parallel.pp", shape.pp}}) {
-      TETRA_CHECK(n == 1,
-                  "[train] {}={} needs {} ranks but this is a single process; run it as "
-                  "`tetra launch -n {} -- train ...` (or under mpirun), or set {}=1",
-                  key, n, n, n, key);
+    // One process runs a mesh of one: every dimension asked for beyond 1 (dp=0 means "what the
+    // world leaves", 1 here) needs that many ranks, which only a launcher provides. Each is at
+    // most 2^20, so the product fits in int64.
+    std::vector<std::string> dims, ones;
+    int64_t ranks = 1;
+    for (const auto& [key, n] : {std::pair{"parallel.dp", shape.dp},
+                                 {"parallel.tp", shape.tp},
+                                 {"parallel.pp", shape.pp}}) {
+      if (n <= 1) continue;
+      dims.push_back(fmt::format("{}={}", key, n));
+      ones.push_back(fmt::format("{}=1", key));
+      ranks *= n;
     }
+    TETRA_CHECK(dims.empty(),
+                "[train] {} needs {} ranks but this is a single process; run it as `tetra launch "
+                "-n {} -- train ...` (or under mpirun), or set {}",
+                fmt::join(dims, " "), ranks, ranks, fmt::join(ones, " "));
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
     return;
   }
-  TETRA_CHECK(shape.ep == 1,
-              "[train] this trainer runs data, tensor and pipeline parallelism: set parallel.ep "
-              "to 1 (got {})",
-              shape.ep);
   mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
   rank_ = world_.rank();
   world_size_ = world_.size();

@@ -7,10 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
+#include "data/token_shard.h"
 #include "data/tokenizer.h"
 #include "model/gpt_io.h"
 
@@ -56,16 +60,77 @@ void prepare_output_file(const std::string& key, const std::string& value) {
   prepare_dir(p.parent_path().empty() ? fs::path(".") : p.parent_path(), key, value);
 }
 
+// Whether `name` is a file the run itself writes in run.dir (report.cc, run_outputs.cc).
+bool is_run_dir_file(const std::string& name) {
+  for (const char* own :
+       {"config.toml", "metrics.jsonl", "profile.json", "plan_vs_measured.json", ".tetra.lock"}) {
+    if (name == own) return true;
+  }
+  return name.rfind("metrics.jsonl.", 0) == 0 || name.rfind("trace-rank-", 0) == 0;
+}
+
+// An output (save.final, a debug dump) may not replace what this run reads or writes itself: a
+// checkpoint (or anything under ckpt.dir, which the writer prunes), a file of run.dir's, the
+// training data or its tokenizer, another output. Refused before anything is written.
+void check_not_clobbering(const TrainOptions& opt, const TokenDataset& train,
+                          const std::string& key, const std::string& value,
+                          const std::vector<std::pair<std::string, std::string>>& others) {
+  if (value.empty()) return;
+  const fs::path p(value);
+  TETRA_CHECK(opt.ckpt.dir.empty() || !is_within(p, opt.ckpt.dir),
+              "[train] {}={} is inside ckpt.dir={}, whose checkpoints it would overwrite (and "
+              "which ckpt.keep prunes); write it outside ckpt.dir",
+              key, value, opt.ckpt.dir);
+  std::error_code ec;
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  TETRA_CHECK(!(fs::equivalent(parent, opt.run_dir, ec) && is_run_dir_file(p.filename())),
+              "[train] {}={} would replace {}, which this run writes in run.dir={}; choose "
+              "another name (model.safetensors, for instance)",
+              key, value, p.filename().string(), opt.run_dir);
+  std::vector<std::string> inputs;
+  for (const auto& shard : train.shards()) inputs.push_back(shard->path());
+  if (!train.tokenizer_path().empty()) inputs.push_back(train.tokenizer_path());
+  if (!opt.init_from.empty() && key != "save.final") inputs.push_back(opt.init_from);
+  for (const std::string& input : inputs) {
+    TETRA_CHECK(!fs::equivalent(p, input, ec),
+                "[train] {}={} is {}, which this run reads; write it elsewhere", key, value, input);
+  }
+  for (const auto& [other_key, other] : others) {
+    TETRA_CHECK(other.empty() || fs::weakly_canonical(fs::absolute(p), ec) !=
+                                     fs::weakly_canonical(fs::absolute(other), ec),
+                "[train] {}={} and {}={} name the same file, so one would replace the other; "
+                "give each its own path",
+                key, value, other_key, other);
+  }
+}
+
 }  // namespace
 
 RunOutputs::RunOutputs(const TrainOptions& opt, RunLayout& layout, const TrainData& data)
     : opt_(opt), layout_(layout), data_(data) {
   if (!layout.is_root()) return;
+  // The other ranks are this job: only rank 0 writes run.dir, and every rank's checkpoint files
+  // go through rank 0's publishing. A job that dies leaves no lock (the kernel drops it), so
+  // tetra launch's restarts and verify-resume's successive runs take it again.
   prepare_dir(opt.run_dir, "run.dir", opt.run_dir);
+  run_lock_ = DirLock::acquire(opt.run_dir, "run.dir=" + opt.run_dir, "train");
+  if (!opt.ckpt.dir.empty()) {
+    prepare_dir(opt.ckpt.dir, "ckpt.dir", opt.ckpt.dir);
+    // One lock per directory: flock refuses a second descriptor of the same process too.
+    std::error_code ec;
+    if (!fs::equivalent(opt.ckpt.dir, opt.run_dir, ec)) {
+      ckpt_lock_ = DirLock::acquire(opt.ckpt.dir, "ckpt.dir=" + opt.ckpt.dir, "train");
+    }
+  }
+  check_not_clobbering(
+      opt, data.train(), "save.final", opt.save_final,
+      {{"debug.dump_grads", opt.dump_grads}, {"debug.dump_logits", opt.dump_logits}});
+  check_not_clobbering(opt, data.train(), "debug.dump_grads", opt.dump_grads,
+                       {{"debug.dump_logits", opt.dump_logits}});
+  check_not_clobbering(opt, data.train(), "debug.dump_logits", opt.dump_logits, {});
   if (!is_model_dir_target(opt.save_final)) prepare_output_file("save.final", opt.save_final);
   prepare_output_file("debug.dump_grads", opt.dump_grads);
   prepare_output_file("debug.dump_logits", opt.dump_logits);
-  if (!opt.ckpt.dir.empty()) prepare_dir(opt.ckpt.dir, "ckpt.dir", opt.ckpt.dir);
   if (is_model_dir_target(opt.save_final)) {
     // A model directory holds the tokenizer: the one the training data was prepared with.
     TETRA_CHECK(!data.train().tokenizer_path().empty(),

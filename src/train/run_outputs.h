@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ckpt/safetensors.h"
+#include "core/dir_lock.h"
 #include "data/prefetch.h"
 #include "model/gpt.h"
 #include "parallel/data_parallel.h"
@@ -19,7 +20,9 @@ namespace tetra {
 class RunOutputs {
  public:
   /** Checks (on rank 0) that run.dir, ckpt.dir and the parents of save.final and the debug dumps
-   *  can take files, and that a model-directory save.final has a tokenizer to hold. */
+   *  can take files, and that a model-directory save.final has a tokenizer to hold. Rank 0 locks
+   *  run.dir and ckpt.dir (core/dir_lock.h) for the job's lifetime, before anything is written
+   *  there: a second job writing either is refused, naming this one. */
   RunOutputs(const TrainOptions& options, RunLayout& layout, const TrainData& data);
 
   /** debug.dump_logits: the logits of the batch's first micro-batch before any update (the whole
@@ -42,6 +45,7 @@ class RunOutputs {
   const TrainOptions& opt_;
   RunLayout& layout_;
   const TrainData& data_;
+  DirLock run_lock_, ckpt_lock_;  // rank 0's; released when the job ends, however it ends
 };
 
 }  // namespace tetra

@@ -193,6 +193,9 @@ TrainResult Trainer::train() {
   result.skipped = updater_->skips().total;
   result = report_->finish(result);
   if (!opt_.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);
+  // A run whose last checkpoint is not on disk has not finished, whatever ckpt.on_error says;
+  // checked after save.final, which may still keep the weights.
+  ckpt_->finish();
   report_->summary(result);
   return result;
 }

@@ -256,6 +256,19 @@ TEST_F(Checkpoint, MalformedManifestsAreRefused) {
   refused([](auto& j) { j["tensors"]["b"]["chunks"]["adam_v"][0]["first"] = 1; },
           "outside its part");
   refused([](auto& j) { j.erase("trainer"); }, "malformed manifest");
+  // Each field's lower bound holds for non-negative values too (JSON reads them as unsigned): a
+  // zero where at least one is needed never reaches a division.
+  refused([](auto& j) { j["tensors"]["a"]["chunks"]["param"][0]["count"] = 0; },
+          "'count' is 0, not an integer in [1, ");
+  refused([](auto& j) { j["tensors"]["a"]["chunks"]["param"][0]["slice"]["parts"] = 0; },
+          "'parts' is 0, not an integer in [1, ");
+  refused(
+      [](auto& j) {
+        j["model_shape"] = {
+            {"vocab_size", 64}, {"n_layer", 2}, {"n_head", 0}, {"d_model", 32}, {"max_seq", 16}};
+      },
+      "'n_head' is 0, not an integer in [1, ");
+  refused([](auto& j) { j["step"] = -1; }, "'step' is -1, not an integer in [0, ");
   // A model with another tensor shape is refused by tensor.
   std::ofstream(path) << good;
   const Manifest m = Manifest::read(dir);
@@ -279,6 +292,118 @@ TEST_F(Checkpoint, MalformedManifestsAreRefused) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(CheckpointNames, OnlyTheNamesCheckpointNameWritesParse) {
+  for (int64_t step :
+       {int64_t(0), int64_t(1), int64_t(120), int64_t(999'999'999), int64_t(1'000'000'000),
+        int64_t(1'000'000'000'000), int64_t(999'999'999'999'999'999)}) {
+    EXPECT_EQ(parse_checkpoint_name(checkpoint_name(step)).value_or(-1), step)
+        << checkpoint_name(step);
+  }
+  for (const char* name :
+       {"step-", "step-12", "step-00000012", "step-0000000012", "step-99999999999999999999",
+        "step-1000000000000000000", "step-abc", "step-00000001a", "step--00000001",
+        "step-+00000001", "step-000000001 ", " step-000000001", "Step-000000001",
+        "step-000000001.tmp-0123456789abcdef", "step-000000001/", "latest", ""}) {
+    EXPECT_FALSE(parse_checkpoint_name(name).has_value()) << "'" << name << "'";
+  }
+}
+
+TEST_F(Checkpoint, StrayNamesAreNotedAndNeverStopASaveAListingOrAPrune) {
+  // Names that look like checkpoints but are not tetra's, beside real ones.
+  const std::vector<std::string> stray_dirs = {
+      "step-99999999999999999999",
+      "step-abc",
+      "step-1.tmp-x",
+      "step-0000000012",
+      "step-000000010",  // a step's name with no manifest.json
+      "step-000000007.tmp-a.b"};
+  for (const std::string& d : stray_dirs) fs::create_directories(dir_ / d);
+  std::ofstream(dir_ / "step-000000009") << "a file named like a step";
+  std::ofstream(dir_ / "notes.txt") << "the user's own file";
+  for (int64_t step : {2, 4, 6}) save({Layout{}}, step, 2);
+  const DirScan scan = scan_checkpoint_dir(dir_);
+  ASSERT_EQ(scan.published.size(), 2u);
+  EXPECT_EQ(scan.published[0].step, 6);
+  EXPECT_EQ(scan.published[1].step, 4);
+  // Every stray step-* name is noted, none is removed; the user's file is not even noted.
+  EXPECT_EQ(scan.ignored.size(), 7u);
+  for (const std::string& d : stray_dirs) EXPECT_TRUE(fs::exists(dir_ / d)) << d;
+  EXPECT_TRUE(fs::exists(dir_ / "step-000000009"));
+  EXPECT_TRUE(fs::exists(dir_ / "notes.txt"));
+  for (const std::string& note : scan.ignored) {
+    EXPECT_NE(note.find("step-"), std::string::npos) << note;
+    EXPECT_EQ(note.find("notes.txt"), std::string::npos) << note;
+  }
+  // A new writer clears unfinished saves of other nonces (only those).
+  fs::create_directories(dir_ / (checkpoint_name(8) + ".tmp-0123456789abcdef"));
+  {
+    WriterOptions o;
+    o.dir = dir_;
+    o.nonce = "mine";
+    Writer w(o, nullptr);
+  }
+  EXPECT_FALSE(fs::exists(dir_ / (checkpoint_name(8) + ".tmp-0123456789abcdef")));
+  EXPECT_TRUE(fs::exists(dir_ / "step-1.tmp-x"));
+  EXPECT_EQ(locate_checkpoints(dir_, "test").front(), dir_ / checkpoint_name(6));
+}
+
+TEST_F(Checkpoint, PublishingNeverReplacesWhatTetraDidNotWrite) {
+  std::ofstream(dir_ / checkpoint_name(4)) << "not a checkpoint";
+  WriterOptions o;
+  o.dir = dir_;
+  o.nonce = "test";
+  o.async = false;
+  Rank r(Layout{});
+  r.fill();
+  Writer w(o, nullptr);
+  w.save(4, sources(r.store, r.m.data(), r.v.data(), false, false), {{"trainer", {{"step", 4}}}},
+         {{"rank", 0}});
+  const std::vector<SaveReport> reports = w.take_reports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NE(reports[0].error.find("exists and is not a checkpoint"), std::string::npos)
+      << reports[0].error;
+  std::ifstream in(dir_ / checkpoint_name(4));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "not a checkpoint");
+}
+
+TEST_F(Checkpoint, APathIsACheckpointItsManifestOrACkptDirAndNothingElse) {
+  const fs::path c = save({Layout{}}, 3);
+  EXPECT_EQ(locate_checkpoints(c, "t"), std::vector<fs::path>{c});
+  EXPECT_EQ(locate_checkpoints(c / "manifest.json", "t"), std::vector<fs::path>{c});
+  EXPECT_EQ(locate_checkpoints(dir_, "t"), std::vector<fs::path>{c});
+  auto refused = [&](const fs::path& p, const std::string& what) {
+    try {
+      locate_checkpoints(p, "ckpt.resume=" + p.string());
+      ADD_FAILURE() << "accepted " << p;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind("[ckpt] ckpt.resume=", 0), 0u) << e.what();
+    }
+  };
+  refused(c / "rank-00000.safetensors", "is a file, not a checkpoint");
+  refused(dir_ / "nowhere", "does not exist");
+  fs::create_directories(dir_ / "empty");
+  EXPECT_TRUE(locate_checkpoints(dir_ / "empty", "t").empty());
+}
+
+TEST_F(Checkpoint, AManifestMustHoldTheStepItsDirectoryIsNamedFor) {
+  const fs::path c = save({Layout{}}, 3);
+  const fs::path copy = dir_ / checkpoint_name(5);
+  fs::copy(c, copy);
+  try {
+    Manifest::read(copy);
+    FAIL() << "a checkpoint of step 3 was read as step 5";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the manifest says step 3 but its directory is named "
+                                         "for step 5"),
+              std::string::npos)
+        << e.what();
+  }
+  // Under a name that is not a step's (a copy kept aside), the manifest's step stands.
+  fs::rename(copy, dir_ / "best");
+  EXPECT_EQ(Manifest::read(dir_ / "best").step, 3);
 }
 
 }  // namespace
