@@ -165,11 +165,6 @@ std::optional<std::string> unfinished_nonce(std::string_view name) {
   return {};
 }
 
-int64_t integer(const json& j, const char* field, int64_t lo, int64_t hi,
-                const std::string& where) {
-  return integer_field(j, field, lo, hi, where);
-}
-
 }  // namespace
 
 int64_t integer_field(const json& j, const char* field, int64_t lo, int64_t hi,
@@ -278,7 +273,7 @@ Manifest Manifest::read(const fs::path& dir) {
     TETRA_CHECK(j.at("format") == kFormat && j.at("version") == kFormatVersion,
                 "[ckpt] {}: not a tetra checkpoint of format version {} (format {}, version {})",
                 where, kFormatVersion, j.at("format").dump(), j.at("version").dump());
-    m.step = integer(j, "step", 0, kMaxStep, where);
+    m.step = integer_field(j, "step", 0, kMaxStep, where);
     // A directory named for a step holds that step: a copy or an edit that disagrees is refused
     // rather than resumed at the wrong place.
     if (const std::optional<int64_t> named = parse_checkpoint_name(dir.filename().string())) {
@@ -296,7 +291,7 @@ Manifest Manifest::read(const fs::path& dir) {
     if (j.contains("model_shape")) {
       const json& shape = j.at("model_shape");
       for (const char* key : {"vocab_size", "n_layer", "n_head", "d_model", "max_seq"}) {
-        integer(shape, key, 1, INT32_MAX, where + " model_shape");
+        integer_field(shape, key, 1, INT32_MAX, where + " model_shape");
       }
       m.model_shape = shape;
     }
@@ -323,14 +318,14 @@ Manifest Manifest::read(const fs::path& dir) {
           static const std::regex file_re("rank-[0-9]{5,}\\.safetensors");
           TETRA_CHECK(std::regex_match(k.file, file_re), "[ckpt] {}: {} names the file '{}'", where,
                       name, k.file);
-          k.offset = uint64_t(integer(c, "offset", 0, INT64_MAX, where));
+          k.offset = uint64_t(integer_field(c, "offset", 0, INT64_MAX, where));
           const json& sl = c.at("slice");
-          k.slice = {int(integer(sl, "dim", -1, 7, where)),
-                     integer(sl, "offset", 0, kMaxElements, where),
-                     integer(sl, "extent", 0, kMaxElements, where),
-                     sl.contains("parts") ? integer(sl, "parts", 1, kMaxElements, where) : 1};
-          k.first = integer(c, "first", 0, kMaxElements, where);
-          k.count = integer(c, "count", 1, kMaxElements, where);
+          k.slice = {int(integer_field(sl, "dim", -1, 7, where)),
+                     integer_field(sl, "offset", 0, kMaxElements, where),
+                     integer_field(sl, "extent", 0, kMaxElements, where),
+                     sl.contains("parts") ? integer_field(sl, "parts", 1, kMaxElements, where) : 1};
+          k.first = integer_field(c, "first", 0, kMaxElements, where);
+          k.count = integer_field(c, "count", 1, kMaxElements, where);
           const std::string hex = c.at("xxh3").get<std::string>();
           TETRA_CHECK(!hex.empty() && hex.size() <= 16 &&
                           hex.find_first_not_of("0123456789abcdef") == std::string::npos,
