@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cctype>
@@ -13,6 +12,7 @@
 #include <cstring>
 #include <regex>
 
+#include "ckpt/checkpoint_files.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -25,23 +25,14 @@
 
 namespace tetra::ckpt {
 
+using detail::checksum;
+using detail::kFormat;
+using detail::kFormatVersion;
+using detail::kMaxManifestBytes;
+
 namespace {
 
 using json = nlohmann::json;
-
-constexpr int kFormatVersion = 1;
-constexpr const char* kFormat = "tetra-checkpoint";
-constexpr uintmax_t kMaxManifestBytes = uintmax_t(1) << 30;
-
-std::string rank_file(int rank) { return fmt::format("rank-{:05}.safetensors", rank); }
-std::string fragment_file(int rank) { return fmt::format("rank-{:05}.json", rank); }
-std::string failed_file(int rank) { return fmt::format("rank-{:05}.failed", rank); }
-
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
-
-uint64_t checksum(const float* p, int64_t count) {
-  return XXH3_64bits(p, size_t(count) * sizeof(float));
-}
 
 // The global element index of element i of a writer's (or reader's) part of a tensor.
 struct PartMap {
@@ -55,14 +46,6 @@ struct PartMap {
   int64_t global(int64_t i) const { return entry.global_index(i); }
   int64_t numel() const { return entry.numel(); }
 };
-
-void fsync_dir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
 
 // Reads [offset, offset + n) of a file whole; errors name the checkpoint file.
 void pread_all(int fd, void* out, size_t n, uint64_t offset, const fs::path& path) {
@@ -131,10 +114,6 @@ void read_range(OpenFiles& files, const std::string& name, const TensorRecord& r
       if (g >= lo && g < hi) out[g - lo] = data[size_t(k)];
     }
   }
-}
-
-json slice_json(const Slice& s) {
-  return {{"dim", s.dim}, {"offset", s.offset}, {"extent", s.extent}, {"parts", s.parts}};
 }
 
 constexpr int64_t kMaxElements = int64_t(1) << 50;
@@ -481,332 +460,6 @@ std::vector<float> read_global(const Manifest& manifest, const std::string& name
   OpenFiles files(manifest.dir);
   read_range(files, name, it->second, kind, 0, int64_t(out.size()), out.data());
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-struct Writer::Job {
-  int64_t step = 0;
-  json header, rank_state;
-  struct Part {
-    std::string kind, name;
-    Shape shape;
-    Slice slice;
-    int64_t first = 0, count = 0;
-    size_t at = 0;  // element offset in the snapshot
-  };
-  std::vector<Part> parts;
-  size_t elements = 0;
-  double block_s = 0;
-};
-
-Writer::Writer(WriterOptions options, MemoryLedger* ledger, Device& device)
-    : opt_(std::move(options)), tag_{ledger, MemCategory::temporaries}, device_(device) {
-  if (opt_.rank == 0) {
-    // Temporary directories of saves that never completed (a crash, a kill) are not checkpoints.
-    // The job holds ckpt.dir's lock (train/run_outputs.cc), so one of another nonce is a dead
-    // job's; names tetra does not write are never removed (the trainer has noted them).
-    const DirScan scan = scan_checkpoint_dir(opt_.dir);
-    for (const DirScan::Unfinished& u : scan.unfinished) {
-      if (u.nonce == opt_.nonce) continue;
-      log_info("[ckpt] removing {}, left by a save that did not finish", u.path.string());
-      std::error_code ec;
-      fs::remove_all(u.path, ec);
-    }
-  }
-  if (opt_.async) thread_ = std::thread([this] { run(); });
-}
-
-Writer::~Writer() {
-  {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-double Writer::save(int64_t step, const std::vector<Source>& sources, json header,
-                    json rank_state) {
-  Stopwatch clock;
-  wait();
-  auto job = std::make_unique<Job>();
-  job->step = step;
-  job->header = std::move(header);
-  job->rank_state = std::move(rank_state);
-  for (const Source& s : sources) {
-    job->parts.push_back({s.kind, s.tensor->spec.name, s.tensor->spec.shape, s.tensor->spec.slice,
-                          s.first, s.count, job->elements});
-    job->elements += size_t(s.count);
-  }
-  if (snapshot_.size() != job->elements) {
-    snapshot_ = Buffer<float>(job->elements, tag_);
-  }
-  for (size_t i = 0; i < sources.size(); ++i) {
-    device_.to_host(snapshot_.data() + job->parts[i].at, sources[i].data,
-                    size_t(sources[i].count) * sizeof(float));
-  }
-  if (!opt_.async) {
-    SaveReport r = write(*job);
-    r.block_s = clock.elapsed_s();
-    std::lock_guard lock(mu_);
-    reports_.push_back(r);
-    return r.block_s;
-  }
-  job->block_s = clock.elapsed_s();
-  const double blocked = job->block_s;
-  {
-    std::lock_guard lock(mu_);
-    pending_ = std::move(job);
-    busy_ = true;
-  }
-  cv_.notify_all();
-  return blocked;
-}
-
-void Writer::reserve(const std::vector<Source>& sources) {
-  size_t elements = 0;
-  for (const Source& s : sources) elements += size_t(s.count);
-  wait();
-  if (snapshot_.size() != elements) snapshot_ = Buffer<float>(elements, tag_);
-}
-
-void Writer::wait() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !busy_; });
-}
-
-std::vector<SaveReport> Writer::take_reports() {
-  std::lock_guard lock(mu_);
-  return std::exchange(reports_, {});
-}
-
-int64_t Writer::last_published() const {
-  std::lock_guard lock(mu_);
-  return last_published_;
-}
-
-void Writer::run() {
-  for (;;) {
-    std::unique_ptr<Job> job;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || pending_; });
-      if (!pending_) return;
-      job = std::move(pending_);
-    }
-    SaveReport r = write(*job);
-    r.block_s = job->block_s;
-    {
-      std::lock_guard lock(mu_);
-      reports_.push_back(r);
-      busy_ = false;
-    }
-    cv_.notify_all();
-  }
-}
-
-SaveReport Writer::write(Job& job) {
-  SaveReport r;
-  r.step = job.step;
-  r.bytes = job.elements * sizeof(float);
-  Stopwatch clock;
-  const fs::path tmp = opt_.dir / (checkpoint_name(job.step) + ".tmp-" + opt_.nonce);
-  try {
-    std::error_code ec;
-    fs::create_directories(tmp, ec);
-    TETRA_CHECK(fs::is_directory(tmp),
-                "[ckpt] {}: cannot create the directory ({}); check "
-                "ckpt.dir is writable",
-                tmp.string(), ec.message());
-    // The rank file is a safetensors file: one 1-D F32 tensor per part, in snapshot order.
-    json st = json::object();
-    for (const Job::Part& p : job.parts) {
-      st[fmt::format("{}:{}:{}:{}", p.kind, p.name, p.slice.offset, p.first)] = {
-          {"dtype", "F32"},
-          {"shape", {p.count}},
-          {"data_offsets", {p.at * sizeof(float), (p.at + size_t(p.count)) * sizeof(float)}}};
-    }
-    st["__metadata__"] = {{"format", "tetra-checkpoint-shard"}, {"step", std::to_string(job.step)}};
-    std::string header = st.dump();
-    header.append((8 - header.size() % 8) % 8, ' ');
-    const uint64_t data_start = 8 + header.size();
-    const fs::path file = tmp / rank_file(opt_.rank);
-    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    TETRA_CHECK(fd >= 0, "[ckpt] {}: cannot create ({}); check ckpt.dir is writable", file.string(),
-                std::strerror(errno));
-    int err = 0;
-    auto put = [&](const void* data, size_t n) {
-      const char* p = static_cast<const char*>(data);
-      while (err == 0 && n > 0) {
-        ssize_t w = ::write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-          err = w < 0 ? errno : EIO;
-          break;
-        }
-        p += w, n -= size_t(w);
-      }
-    };
-    const uint64_t len = header.size();
-    put(&len, sizeof len);
-    put(header.data(), header.size());
-    const bool faulty = opt_.rank == opt_.fault_rank;
-    const size_t half = r.bytes / 2;
-    if (faulty && (job.step == opt_.kill_in_save_step || job.step == opt_.error_step)) {
-      put(snapshot_.data(), half);
-      if (job.step == opt_.kill_in_save_step) {
-        ::fsync(fd);
-        ::raise(SIGKILL);
-      }
-      if (err == 0) err = ENOSPC;
-    } else {
-      put(snapshot_.data(), r.bytes);
-    }
-    if (err == 0 && ::fsync(fd) != 0) err = errno;
-    if (::close(fd) != 0 && err == 0) err = errno;
-    if (err != 0) {
-      ::unlink(file.c_str());
-      fail(
-          "[ckpt] {}: writing {:.1f} MB failed ({}); free disk space under ckpt.dir or raise "
-          "the file-size limit (ulimit -f)",
-          file.string(), double(data_start + r.bytes) / 1e6, std::strerror(err));
-    }
-    json chunks = json::array();
-    for (const Job::Part& p : job.parts) {
-      chunks.push_back({{"kind", p.kind},
-                        {"name", p.name},
-                        {"shape", p.shape},
-                        {"slice", slice_json(p.slice)},
-                        {"first", p.first},
-                        {"count", p.count},
-                        {"file", rank_file(opt_.rank)},
-                        {"offset", data_start + p.at * sizeof(float)},
-                        {"xxh3", hex64(checksum(snapshot_.data() + p.at, p.count))}});
-    }
-    const std::string frag =
-        json{{"rank", opt_.rank}, {"state", job.rank_state}, {"chunks", chunks}}.dump();
-    write_file_atomically((tmp / fragment_file(opt_.rank)).string(),
-                          {{reinterpret_cast<const uint8_t*>(frag.data()), frag.size()}}, "ckpt");
-    if (opt_.rank == 0) publish(job, r);
-  } catch (const std::exception& e) {
-    // A file-system call's own exception (a rename refused, a directory gone) is reported like
-    // tetra's, never left to end the writer thread (std::terminate).
-    r.error = dynamic_cast<const Error*>(&e)
-                  ? std::string(e.what())
-                  : fmt::format("[ckpt] {}: {}; check ckpt.dir", tmp.string(), e.what());
-    if (opt_.rank != 0) {
-      // Tell rank 0 not to wait for this rank's part.
-      const std::string msg = r.error;
-      int fd = ::open((tmp / failed_file(opt_.rank)).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        (void)!::write(fd, msg.data(), msg.size());
-        ::close(fd);
-      }
-    } else {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
-  }
-  r.write_s = clock.elapsed_s();
-  return r;
-}
-
-void Writer::publish(Job& job, SaveReport& report) {
-  const fs::path tmp = opt_.dir / (checkpoint_name(job.step) + ".tmp-" + opt_.nonce);
-  const std::string name = checkpoint_name(job.step);
-  // Every rank's fragment (or its failure) must be there.
-  Stopwatch waited;
-  json ranks = json::array();
-  json tensors = json::object();
-  uint64_t total = 0;
-  for (int r = 0; r < opt_.world; ++r) {
-    const fs::path frag = tmp / fragment_file(r), failed = tmp / failed_file(r);
-    for (;;) {
-      std::error_code ec;
-      if (fs::exists(frag, ec)) break;
-      if (fs::exists(failed, ec)) {
-        const std::string why =
-            read_small_file(failed.string(), 1 << 20, "ckpt", "a failure note", "");
-        fail("[ckpt] {} not published: rank {} could not write its part: {}", name, r, why);
-      }
-      TETRA_CHECK(waited.elapsed_s() < opt_.publish_timeout_s,
-                  "[ckpt] {} not published: rank {} did not write its part within {:.0f} s", name,
-                  r, opt_.publish_timeout_s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    const json f = json::parse(
-        read_small_file(frag.string(), kMaxManifestBytes, "ckpt", "a checkpoint fragment", ""));
-    ranks.push_back({{"rank", r}, {"state", f.at("state")}});
-    for (const json& c : f.at("chunks")) {
-      total += c.at("count").get<uint64_t>() * sizeof(float);
-      json& t = tensors[c.at("name").get<std::string>()];
-      t["shape"] = c.at("shape");
-      for (const char* kind : kKinds) {
-        if (!t.contains("chunks") || !t["chunks"].contains(kind)) t["chunks"][kind] = json::array();
-      }
-      json chunk = c;
-      chunk.erase("kind");
-      chunk.erase("name");
-      chunk.erase("shape");
-      t["chunks"][c.at("kind").get<std::string>()].push_back(std::move(chunk));
-    }
-  }
-  json manifest = job.header;
-  manifest["format"] = kFormat;
-  manifest["version"] = kFormatVersion;
-  manifest["tetra_version"] = TETRA_VERSION;
-  manifest["step"] = job.step;
-  manifest["ranks"] = std::move(ranks);
-  manifest["tensors"] = std::move(tensors);
-  const std::string text = manifest.dump(1);
-  write_file_atomically((tmp / "manifest.json").string(),
-                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "ckpt");
-  for (int r = 0; r < opt_.world; ++r) {
-    std::error_code ec;
-    fs::remove(tmp / fragment_file(r), ec);
-  }
-  fsync_dir(tmp);
-  // A checkpoint of the same step from an earlier attempt (one that did not verify) is set
-  // aside first: rename cannot replace a non-empty directory. Anything else of that name is not
-  // tetra's to remove.
-  const fs::path final_dir = opt_.dir / name, aside = opt_.dir / (name + ".old-" + opt_.nonce);
-  std::error_code ec;
-  if (fs::exists(fs::symlink_status(final_dir, ec))) {
-    TETRA_CHECK(fs::is_directory(fs::symlink_status(final_dir, ec)) &&
-                    fs::is_regular_file(final_dir / "manifest.json", ec),
-                "[ckpt] {} not published: {} exists and is not a checkpoint (no manifest.json "
-                "in a directory); move it out of ckpt.dir",
-                name, final_dir.string());
-    fs::rename(final_dir, aside, ec);
-    TETRA_CHECK(!ec, "[ckpt] {} not published: cannot set the earlier {} aside ({})", name,
-                final_dir.string(), ec.message());
-  }
-  fs::rename(tmp, final_dir, ec);
-  TETRA_CHECK(!ec, "[ckpt] {} not published: cannot rename {} to {} ({})", name, tmp.string(),
-              final_dir.string(), ec.message());
-  fsync_dir(opt_.dir);
-  fs::remove_all(aside, ec);
-  write_file_atomically((opt_.dir / "latest").string(),
-                        {{reinterpret_cast<const uint8_t*>(name.data()), name.size()}}, "ckpt");
-  report.published = true;
-  report.bytes = total;
-  {
-    std::lock_guard lock(mu_);
-    last_published_ = job.step;
-  }
-  prune(job.step);
-}
-
-void Writer::prune(int64_t published) {
-  if (opt_.keep <= 0) return;
-  const DirScan scan = scan_checkpoint_dir(opt_.dir);
-  for (size_t i = size_t(opt_.keep); i < scan.published.size(); ++i) {
-    if (scan.published[i].step == published) continue;  // never the one just published
-    std::error_code ec;
-    fs::remove_all(scan.published[i].path, ec);
-  }
 }
 
 }  // namespace tetra::ckpt
