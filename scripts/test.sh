@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: dependencies, a -Werror release build with every test
 # (unit, multi-rank under mpirun, PyTorch parity), an ASan/UBSan build of the unit tests, then
-# every fuzz target for FUZZ_SECONDS (default 15) each.
+# every fuzz target for FUZZ_SECONDS (default 10) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -33,12 +33,12 @@ cmake --build build-asan --target unit_tests -j "$jobs"
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" \
   --timeout 900 -LE 'mpi|parity|train|cli'
 
-echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-15} s each"
+echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-10} s each"
 # Only the libraries the fuzzers link are built. Each target starts from its committed seeds
 # (fuzz/corpus/<format>) and the malformed-file corpus (tests/malformed/<format>) and keeps what
 # it finds in build-fuzz/corpus/<format>; a crash, a sanitizer report, a broken property or an
 # input slower than 10 s fails the script, and the input is left in build-fuzz/artifacts/.
-fuzz_seconds=${FUZZ_SECONDS:-15}
+fuzz_seconds=${FUZZ_SECONDS:-10}
 cmake -S . -B build-fuzz -G Ninja "${instrumented_flags[@]}" -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DTETRA_FUZZ=ON -DTETRA_BUILD_TESTS=OFF -DTETRA_BUILD_BENCH=OFF \
   -DTETRA_CUDA=OFF \
