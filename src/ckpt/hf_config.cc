@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <unordered_set>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "core/read_file.h"
 
 namespace tetra {
@@ -18,20 +18,6 @@ using nlohmann::json;
 
 // A GPT2Config is a flat object of a few dozen keys; a config.json near this size is not one.
 constexpr uintmax_t kMaxConfigBytes = 1 << 20;
-// Deeper than any GPT2Config (task_specific_params nests two levels); it bounds the recursion of
-// code walking the result.
-constexpr int kMaxDepth = 64;
-
-// A value echoed in a message: one line, at most 60 characters.
-std::string excerpt(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 60) {
-    size_t cut = 57;
-    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-    s = s.substr(0, cut) + "...";
-  }
-  return s;
-}
 
 // The value as an int64 when it is a JSON integer that fits one (a uint64 above 2^63 - 1 does
 // not; nlohmann would wrap it), else nullopt.
@@ -43,42 +29,6 @@ std::optional<int64_t> as_int64(const json& v) {
   }
   if (v.is_number_integer()) return v.get<int64_t>();
   return std::nullopt;
-}
-
-// JSON that refuses what a plain parse resolves silently: a key given twice (the last would win)
-// and runaway nesting.
-json parse_strict(std::string_view text, const std::string& origin, const std::string& module) {
-  std::vector<std::unordered_set<std::string>> open;
-  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        TETRA_CHECK(depth < kMaxDepth,
-                    "[{}] {}: JSON nested deeper than {} levels; this is not a GPT-2 config.json",
-                    module, origin, kMaxDepth);
-        open.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        open.pop_back();
-        break;
-      case json::parse_event_t::key:
-        TETRA_CHECK(open.back().insert(parsed.get<std::string>()).second,
-                    "[{}] {}: key \"{}\" appears twice; the file is damaged (which value is meant "
-                    "is unknown): keep one",
-                    module, origin, parsed.get<std::string>());
-        break;
-      case json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), on_event);
-  } catch (const json::exception& e) {
-    fail("[{}] {}: not valid JSON ({}); the file is corrupt or truncated", module, origin,
-         e.what());
-  }
 }
 
 class Reader {
@@ -100,12 +50,12 @@ class Reader {
                 "a GPT2Config",
                 module_, origin_, key, what);
     TETRA_CHECK(v->is_number_integer(), "[{}] {}: {} is {}; expected an integer in 1 .. {} ({})",
-                module_, origin_, key, excerpt(*v), max, what);
+                module_, origin_, key, json_excerpt(*v), max, what);
     const std::optional<int64_t> n = as_int64(*v);
     TETRA_CHECK(n && *n >= 1 && *n <= max,
                 "[{}] {}: {} is {}, out of range: tetra's GPT-2 takes 1 .. {} ({}); the file is "
                 "damaged or describes a model tetra cannot run",
-                module_, origin_, key, excerpt(*v), max, what);
+                module_, origin_, key, json_excerpt(*v), max, what);
     return int(*n);
   }
 
@@ -113,13 +63,13 @@ class Reader {
   int token_id(const json& v, const std::string& key, int vocab) const {
     TETRA_CHECK(v.is_number_integer(),
                 "[{}] {}: {} is {}; expected a token id, an integer in 0 .. {} (vocab_size {})",
-                module_, origin_, key, excerpt(v), vocab - 1, vocab);
+                module_, origin_, key, json_excerpt(v), vocab - 1, vocab);
     const std::optional<int64_t> n = as_int64(v);
     TETRA_CHECK(n && *n >= 0 && *n < vocab,
                 "[{}] {}: {} is {}, out of range: token ids lie in 0 .. {} (vocab_size {}); one "
                 "of the two is wrong: vocab_size is the rows of the weights' wte, and the id the "
                 "tokenizer's <|endoftext|>",
-                module_, origin_, key, excerpt(v), vocab - 1, vocab);
+                module_, origin_, key, json_excerpt(v), vocab - 1, vocab);
     return int(*n);
   }
 
@@ -134,7 +84,7 @@ class Reader {
     const bool same =
         v->is_number() && want.is_number() ? v->get<double>() == want.get<double>() : *v == want;
     TETRA_CHECK(same, "[{}] {}: {} is {}, but tetra's GPT-2 needs {}; this model cannot be loaded",
-                module_, origin_, key, excerpt(*v), want.dump());
+                module_, origin_, key, json_excerpt(*v), want.dump());
   }
 
  private:
@@ -149,9 +99,9 @@ HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& orig
                                   const std::string& module) {
   TETRA_CHECK(!text.empty(), "[{}] {}: the file is empty; re-export the model directory", module,
               origin);
-  const json root = parse_strict(text, origin, module);
+  const json root = parse_json_strict(text, module, origin);
   TETRA_CHECK(root.is_object(), "[{}] {}: the file holds {}; expected a JSON object (GPT2Config)",
-              module, origin, excerpt(root));
+              module, origin, json_excerpt(root));
   const Reader r(root, origin, module);
   r.require("model_type", "gpt2", true);
   r.require("activation_function", "gelu_new");
@@ -176,7 +126,7 @@ HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& orig
     TETRA_CHECK(as_int64(*v) == 4 * int64_t(c.n_embd),
                 "[{}] {}: n_inner is {}, but tetra's GPT-2 has 4 x n_embd = {} MLP channels "
                 "(null means that); this model cannot be loaded",
-                module, origin, excerpt(*v), 4 * int64_t(c.n_embd));
+                module, origin, json_excerpt(*v), 4 * int64_t(c.n_embd));
   }
   if (const json* v = r.find("bos_token_id"); v != nullptr && !v->is_null()) {
     c.bos_token_id = r.token_id(*v, "bos_token_id", c.vocab_size);

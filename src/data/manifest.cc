@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "core/read_file.h"
-#include "data/json_strict.h"
+#include "core/json_strict.h"
 
 namespace tetra {
 

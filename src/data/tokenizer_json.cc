@@ -6,7 +6,7 @@
 #include "core/log.h"
 #include "core/read_file.h"
 #include "data/byte_level.h"
-#include "data/json_strict.h"
+#include "core/json_strict.h"
 #include "data/tokenizer.h"
 
 namespace tetra {

@@ -52,8 +52,8 @@ TEST(HfConfig, RefusesWhatIsOutOfRangeOrNotAGpt2Config) {
   };
   EXPECT_EQ(err(""), "<no error>");
   EXPECT_EQ(err(R"(, "n_layer": 4294967296)"),
-            "[generate] d/config.json: key \"n_layer\" appears twice; the file is damaged (which "
-            "value is meant is unknown): keep one");
+            "[generate] d/config.json: key \"n_layer\" appears twice in one object; the file is "
+            "damaged (which value is meant is unknown): keep one");
   EXPECT_EQ(err(R"(, "eos_token_id": 100000)"),
             "[generate] d/config.json: eos_token_id is 100000, out of range: token ids lie in 0 .. "
             "299 (vocab_size 300); one of the two is wrong: vocab_size is the rows of the weights' "

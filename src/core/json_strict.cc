@@ -1,4 +1,4 @@
-#include "data/json_strict.h"
+#include "core/json_strict.h"
 
 #include <unordered_set>
 #include <vector>
@@ -35,8 +35,10 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& modul
         break;
       case json::parse_event_t::key:
         if (!open.back().insert(parsed.get<std::string>()).second) {
-          fail("[{}] {}: key \"{}\" appears twice in one object; the file is corrupt", module,
-               origin, parsed.get<std::string>());
+          fail(
+              "[{}] {}: key \"{}\" appears twice in one object; the file is damaged (which value "
+              "is meant is unknown): keep one",
+              module, origin, parsed.get<std::string>());
         }
         break;
       case json::parse_event_t::value:
