@@ -4,8 +4,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "core/read_file.h"
 #include "core/json_strict.h"
+#include "core/read_file.h"
 
 namespace tetra {
 

@@ -3,10 +3,10 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "core/log.h"
 #include "core/read_file.h"
 #include "data/byte_level.h"
-#include "core/json_strict.h"
 #include "data/tokenizer.h"
 
 namespace tetra {

@@ -94,7 +94,7 @@ RunMemory run_memory(const RunShape& s) {
   if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);
   // Mixed precision: the bf16 copies of the largest product's operands (model/gpt.cc), an MLP
   // product's or the head's backward with the (BT,Vp/tp) logit gradient, or attention's q, k and
-  // v (or v and dy) with its probabilities on the CPU backend (kernels/cpu/attention.h).
+  // v (or v and dy) with its probabilities on the CPU backend (its attention kernel).
   if (s.bf16) {
     const double H = 4 * C / tp, V = double(s.padded_vocab) / tp;
     const double attention = s.flash_attention ? 0.0 : 3 * BTC / tp + att;
