@@ -20,8 +20,9 @@ std::atomic<Profile*>& active_profile() {
 
 const char* prof_kind_name(ProfKind kind) {
   static constexpr const char* names[kProfKinds] = {
-      "matmul",   "attention", "layernorm", "gelu",      "bias_grad", "softmax_loss", "embedding",
-      "residual", "bf16_cast", "adamw",     "grad_norm", "data_wait", "comm",         "other"};
+      "matmul",       "attention", "layernorm", "gelu",      "bias_grad",
+      "softmax_loss", "embedding", "residual",  "bf16_cast", "moe",
+      "adamw",        "grad_norm", "data_wait", "comm",      "other"};
   return names[size_t(kind)];
 }
 

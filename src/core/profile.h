@@ -30,6 +30,7 @@ enum class ProfKind : uint8_t {
   embedding,
   residual,   // residual adds outside a matmul (sequence-parallel row-parallel outputs)
   bf16_cast,  // mixed precision: f32 operands rounded to bf16 for a product
+  moe,        // routing and moving token rows between tokens and experts
   adamw,
   grad_norm,
   data_wait,

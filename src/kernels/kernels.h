@@ -178,6 +178,19 @@ class Kernels {
   /** y (n) += x (n). */
   virtual void add(F* y, const F* x, size_t n) = 0;
 
+  // ---- mixture of experts: token rows to experts and back (model/moe.h) ----------------------
+  /** out (rows,C): row i = in[idx[i]], zeros where idx[i] < 0; idx (rows). */
+  virtual void gather_rows(F* out, const F* in, const int32_t* idx, int64_t rows, int C) = 0;
+  /** out (N,C) accumulates, for every token t and choice j < k with p = pos[t·k+j] >= 0,
+   *  gate[t·k+j] · in[p] (gate null: 1), in choice order; in (rows,C), pos and gate (N,k). */
+  virtual void moe_combine(F* out, const F* in, const int32_t* pos, const F* gate, int64_t N, int k,
+                           int C) = 0;
+  /** The combine's backward: for every (t,j) with p = pos[t·k+j] >= 0, din[p] = gate[t·k+j] ·
+   *  dout[t] and dgate[t·k+j] = dout[t] · in[p]; dgate is 0 where p < 0, rows of din that no
+   *  pos names are left as they are. */
+  virtual void moe_combine_backward(F* din, F* dgate, const F* dout, const F* in,
+                                    const int32_t* pos, const F* gate, int64_t N, int k, int C) = 0;
+
   // ---- embedding ------------------------------------------------------------------------------
   /** out (B,T,C) = wte[tokens (B,T)] + wpe[pos0 + t]. wte is rows [v0, v0+Vl) of the vocabulary
    *  (Vl <= 0: every row, v0 = 0); a token outside them contributes zero. wpe may be null. */

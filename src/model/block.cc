@@ -17,15 +17,16 @@ template AttentionSizes AttentionSizes::of<float>(Kernels<float>&, const GptConf
 template AttentionSizes AttentionSizes::of<double>(Kernels<double>&, const GptConfig&, int, int);
 
 template <typename F>
-size_t BlockActs<F>::elements(const GptConfig& c, int B, int T, size_t saved) {
+size_t BlockActs<F>::elements(const GptConfig& c, int B, int T, size_t saved, const MoeShape* moe) {
   const size_t BT = size_t(B) * T, N = size_t(c.local_rows(B, T)), C = size_t(c.d_model);
   const size_t Cl = size_t(c.local_width());
-  return BT * C * 2 + N * C + BT * Cl + N * 4 + BT * 3 * Cl + saved +
-         BT * size_t(c.local_hidden()) * 2;
+  const size_t mlp = moe ? MoeActs<F>::elements(*moe) : BT * size_t(c.local_hidden()) * 2;
+  return BT * C * 2 + N * C + BT * Cl + N * 4 + BT * 3 * Cl + saved + mlp;
 }
 
 template <typename F>
-BlockActs<F> BlockActs<F>::carve(F* p, const GptConfig& c, int B, int T, size_t saved) {
+BlockActs<F> BlockActs<F>::carve(F* p, const GptConfig& c, int B, int T, size_t saved,
+                                 const MoeShape* moe) {
   const size_t BT = size_t(B) * T, N = size_t(c.local_rows(B, T)), C = size_t(c.d_model);
   const size_t Cl = size_t(c.local_width()), H = size_t(c.local_hidden());
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
@@ -40,8 +41,12 @@ BlockActs<F> BlockActs<F>::carve(F* p, const GptConfig& c, int B, int T, size_t 
   a.ln2 = take(BT * C);
   a.ln2_mean = take(N);
   a.ln2_rstd = take(N);
-  a.fch = take(BT * H);
-  a.fch_gelu = take(BT * H);
+  if (moe) {
+    a.moe = MoeActs<F>::carve(take(MoeActs<F>::elements(*moe)), *moe);
+  } else {
+    a.fch = take(BT * H);
+    a.fch_gelu = take(BT * H);
+  }
   return a;
 }
 
@@ -49,7 +54,9 @@ template <typename F>
 size_t BlockScratch<F>::elements(const GptConfig& c, int B, int T, const AttentionSizes& a) {
   const size_t BT = size_t(B) * T, C = size_t(c.d_model), Cl = size_t(c.local_width());
   const size_t sp = c.sequence_parallel ? BT * C + 4 * C : 0;
-  return BT * C + BT * Cl + BT * 3 * Cl + a.scratch + a.saved + BT * size_t(c.local_hidden()) + sp;
+  const size_t moe = c.moe.experts > 0 ? MoeScratch<F>::elements(MoeShape::of(c, B, T)) : 0;
+  return BT * C + BT * Cl + BT * 3 * Cl + a.scratch + a.saved + BT * size_t(c.local_hidden()) + sp +
+         moe;
 }
 
 template <typename F>
@@ -67,6 +74,10 @@ BlockScratch<F> BlockScratch<F>::carve(F* p, const GptConfig& c, int B, int T,
   if (c.sequence_parallel) {
     s.full = take(BT * C);
     s.norm_grads = take(4 * C);
+  }
+  if (c.moe.experts > 0) {
+    const MoeShape shape = MoeShape::of(c, B, T);
+    s.moe = MoeScratch<F>::carve(take(MoeScratch<F>::elements(shape)), shape);
   }
   return s;
 }
@@ -100,12 +111,16 @@ typename BlockT<F>::Ids BlockT<F>::register_tensors(const GptConfig& config, int
     s.slice = sl;
     return env.store.add(std::move(s));
   };
-  // Backward order: the MLP's output projection first, ln_1 last.
+  // Backward order: the MLP's output projection (or the router) first, ln_1 last.
   Ids ids;
-  ids.fcprojw = add("mlp.c_proj.weight", {C, 4 * C}, true, residual_std, slice(1, H));
-  ids.fcprojb = add("mlp.c_proj.bias", {C}, false);
-  ids.fcw = add("mlp.c_fc.weight", {4 * C, C}, true, 0.02f, slice(0, H));
-  ids.fcb = add("mlp.c_fc.bias", {4 * C}, false, 0.0f, slice(0, H));
+  if (config.is_moe(layer)) {
+    ids.router = MoeMlp<F>::register_router(config, layer, env.store);
+  } else {
+    ids.fcprojw = add("mlp.c_proj.weight", {C, 4 * C}, true, residual_std, slice(1, H));
+    ids.fcprojb = add("mlp.c_proj.bias", {C}, false);
+    ids.fcw = add("mlp.c_fc.weight", {4 * C, C}, true, 0.02f, slice(0, H));
+    ids.fcb = add("mlp.c_fc.bias", {4 * C}, false, 0.0f, slice(0, H));
+  }
   ids.ln2w = add("ln_2.weight", {C}, true);
   ids.ln2b = add("ln_2.bias", {C}, false);
   ids.attprojw = add("attn.c_proj.weight", {C, C}, true, residual_std, slice(1, Cl));
@@ -118,7 +133,8 @@ typename BlockT<F>::Ids BlockT<F>::register_tensors(const GptConfig& config, int
 }
 
 template <typename F>
-BlockT<F>::BlockT(const GptConfig& config, int layer, const parallel::LayerEnv<F>& env)
+BlockT<F>::BlockT(const GptConfig& config, int layer, const parallel::LayerEnv<F>& env,
+                  parallel::ExpertParallel* ep, std::vector<typename MoeMlp<F>::ExpertIds> experts)
     : c_(config),
       env_(env),
       layer_(layer),
@@ -131,7 +147,12 @@ BlockT<F>::BlockT(const GptConfig& config, int layer, const parallel::LayerEnv<F
                  config.d_model),
       mlp_proj_(env, "mlp.c_proj", ids_.fcprojw, ids_.fcprojb, config.local_hidden(),
                 config.d_model),
-      norm_grads_(env, {ids_.ln2w, ids_.ln2b, ids_.ln1w, ids_.ln1b}, config.d_model) {}
+      norm_grads_(env, {ids_.ln2w, ids_.ln2b, ids_.ln1w, ids_.ln1b}, config.d_model) {
+  if (config.is_moe(layer)) {
+    TETRA_CHECK(ep, "[model] internal: MoE block {} without an expert-parallel group", layer);
+    moe_ = std::make_unique<MoeMlp<F>>(config, env, *ep, ids_.router, std::move(experts));
+  }
+}
 
 template <typename F>
 AttentionShape BlockT<F>::attention_shape(int B, int T) const {
@@ -140,7 +161,7 @@ AttentionShape BlockT<F>::attention_shape(int B, int T) const {
 
 template <typename F>
 void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
-                        const KvCache<F>* cache, int pos0, F* tmp) {
+                        const KvCache<F>* cache, int pos0, F* tmp, BlockPass pass) {
   const int64_t BT = int64_t(B) * T;
   TETRA_CHECK(!c_.sequence_parallel || (tmp && !cache),
               "[model] internal: sequence parallelism needs scratch and runs without a cache");
@@ -155,20 +176,62 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
   }
   attn_proj_.forward(a.residual2, x, a.atty, BT, tmp);
   ln2_.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, BT);
+  if (moe_) {
+    moe_forward(y, a, B, T, tmp, cache ? BlockPass::decode : pass);
+    return;
+  }
   c_fc_.forward_gelu(a.fch_gelu, a.fch, a.ln2, BT);
   mlp_proj_.forward(y, a.residual2, a.fch_gelu, BT, tmp);
 }
 
 template <typename F>
+void BlockT<F>::moe_forward(F* y, const BlockActs<F>& a, int B, int T, F* tmp, BlockPass pass) {
+  // Every rank of a tp group routes all B·T tokens (ln_2's output is whole on each) and gets the
+  // same output; under sequence parallelism it keeps its rows of it.
+  Kernels<F>& k = env_.kernels();
+  const size_t BTC = size_t(B) * T * size_t(c_.d_model);
+  const size_t rows = size_t(c_.local_rows(B, T)) * size_t(c_.d_model);
+  if (!c_.sequence_parallel) {
+    k.copy(y, a.residual2, BTC);
+    moe_->forward(y, a.ln2, a.moe, *a.route, moe_scratch_, B, T, pass);
+    return;
+  }
+  k.zero(tmp, BTC);
+  moe_->forward(tmp, a.ln2, a.moe, *a.route, moe_scratch_, B, T, pass);
+  k.copy(y, a.residual2, rows);
+  k.add(y, tmp + size_t(env_.tp.rank()) * rows, rows);
+}
+
+template <typename F>
+void BlockT<F>::moe_backward(F* dln, const F* dres, const BlockActs<F>& a, const BlockScratch<F>& s,
+                             int B, int T, float loss_scale) {
+  Kernels<F>& k = env_.kernels();
+  const size_t BTC = size_t(B) * T * size_t(c_.d_model);
+  const F* dout = dres;
+  if (c_.sequence_parallel) {
+    env_.tp.all_gather(dres, s.full, size_t(c_.local_rows(B, T)) * size_t(c_.d_model));
+    dout = s.full;
+  }
+  k.zero(dln, BTC);
+  moe_->backward(dln, dout, a.ln2, a.moe, *a.route, s.moe, B, T, loss_scale);
+  // ln_2's backward sums the group's input gradients, which are all the same here: one counts.
+  if (env_.tp.rank() != 0) k.zero(dln, BTC);
+}
+
+template <typename F>
 void BlockT<F>::backward(F* dres, const F* x, const BlockActs<F>& a, const BlockScratch<F>& s,
-                         int B, int T) {
+                         int B, int T, float loss_scale) {
   const int64_t BT = int64_t(B) * T;
   // dres is dL/dy for this rank's rows. Each LayerNorm's backward adds its input gradient to
   // dres, which makes it dL/d(its input) through the residual connection.
   norm_grads_.begin(s.norm_grads);
-  // y = residual2 + mlp.c_proj(gelu(c_fc(ln2(residual2))))
-  mlp_proj_.backward(s.dfch, dres, a.fch_gelu, BT, s.full);
-  c_fc_.backward_gelu(s.dln, s.dfch, a.fch, a.ln2, BT);
+  // y = residual2 + mlp.c_proj(gelu(c_fc(ln2(residual2)))), or residual2 + moe(ln2(residual2))
+  if (moe_) {
+    moe_backward(s.dln, dres, a, s, B, T, loss_scale);
+  } else {
+    mlp_proj_.backward(s.dfch, dres, a.fch_gelu, BT, s.full);
+    c_fc_.backward_gelu(s.dln, s.dfch, a.fch, a.ln2, BT);
+  }
   ln2_.backward(dres, s.dln, a.residual2, a.ln2_mean, a.ln2_rstd, BT, s.full, norm_grads_, 0);
   // residual2 = x + attn.c_proj(attention(c_attn(ln1(x))))
   attn_proj_.backward(s.datty, dres, a.atty, BT, s.full);

@@ -11,10 +11,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "core/param_store.h"
 #include "kernels/kernels.h"
 #include "model/gpt_config.h"
+#include "model/moe.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tp_layers.h"
 
 namespace tetra {
@@ -31,17 +35,23 @@ struct AttentionSizes {
  *  model owns; attn (attention's saved state) is null when it is recomputed. qkv (B,T,3C/tp),
  *  atty (B,T,C/tp), fch and fch_gelu (B,T,4C/tp) are local; ln1 and ln2 (B,T,C) whole; residual2
  *  (B,T,C) and the LayerNorm statistics (B,T) hold this rank's B·T/tp rows under sequence
- *  parallelism. */
+ *  parallelism. A MoE block has `moe` and a `route` (which the model owns) instead of fch and
+ *  fch_gelu. */
 template <typename F>
 struct BlockActs {
   F *ln1, *ln1_mean, *ln1_rstd, *qkv, *attn, *atty;
-  F *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+  F *residual2, *ln2, *ln2_mean, *ln2_rstd;
+  F *fch = nullptr, *fch_gelu = nullptr;
+  MoeActs<F> moe;
+  MoeRoute* route = nullptr;
 
   /** Elements of every buffer for micro-batches (B,T), with `saved` elements of attention state
-   *  (0: recomputed). */
-  static size_t elements(const GptConfig& c, int B, int T, size_t saved);
+   *  (0: recomputed), of a MoE block of shape `moe` (null: a dense block). */
+  static size_t elements(const GptConfig& c, int B, int T, size_t saved,
+                         const MoeShape* moe = nullptr);
   /** Carves the buffers out of `p` (elements(...) long). */
-  static BlockActs carve(F* p, const GptConfig& c, int B, int T, size_t saved);
+  static BlockActs carve(F* p, const GptConfig& c, int B, int T, size_t saved,
+                         const MoeShape* moe = nullptr);
 };
 
 /** Backward scratch shared by every block: (B,T,C), (B,T,3C/tp), attention's backward scratch and
@@ -52,9 +62,13 @@ struct BlockScratch {
   // Sequence parallelism only (else null): (B,T,C) for gathered gradients and the row-parallel
   // partial sums of forward, and (4,C) for one micro-batch's LayerNorm gradients.
   F *full = nullptr, *norm_grads = nullptr;
+  MoeScratch<F> moe;  // a model with MoE blocks only
   static size_t elements(const GptConfig& c, int B, int T, const AttentionSizes& a);
   static BlockScratch carve(F* p, const GptConfig& c, int B, int T, const AttentionSizes& a);
 };
+
+/** What a block's forward is for (a MoE block's routing statistics and capacity follow it). */
+using BlockPass = MoePass;
 
 /** Keys and values of every position fed so far, for generation: each (B,maxT,C/tp). */
 template <typename F>
@@ -67,28 +81,43 @@ class BlockT {
  public:
   /** Registers "transformer.h.<layer>.*" (this rank's slices of them) in env.store, inside the
    *  unit the caller opened, in the order backward produces their gradients. config.tp ==
-   *  env.tp.size(). */
-  BlockT(const GptConfig& config, int layer, const parallel::LayerEnv<F>& env);
+   *  env.tp.size(). A MoE block (config.is_moe(layer)) registers its router here and takes the
+   *  ids of its experts, which the caller registered in a unit of their own, and their
+   *  expert-parallel group. */
+  BlockT(const GptConfig& config, int layer, const parallel::LayerEnv<F>& env,
+         parallel::ExpertParallel* ep = nullptr,
+         std::vector<typename MoeMlp<F>::ExpertIds> experts = {});
 
   // x and y are (B,T,C), y = block(x) (under sequence parallelism this rank's B·T/tp rows of
   // each); `a` receives the activations (a.attn: attention's saved state, or scratch for it).
   // With `cache`, the T tokens are positions pos0.. of a sequence whose earlier keys and values
-  // are in the cache. tmp (B,T,C) is scratch that sequence parallelism needs.
+  // are in the cache. tmp (B,T,C) is scratch that sequence parallelism (and a MoE block under it)
+  // needs. `pass` says what a MoE block's routing is for (with `cache`: decoding).
   void forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
-               const KvCache<F>* cache = nullptr, int pos0 = 0, F* tmp = nullptr);
+               const KvCache<F>* cache = nullptr, int pos0 = 0, F* tmp = nullptr,
+               BlockPass pass = BlockPass::train);
   // dres (B,T,C) (this rank's rows under sequence parallelism): dL/dy in, dL/dx out. x is the
   // block's input, `a` its activations (attn null: recomputed into s.attn_saved). Parameter
-  // gradients accumulate (+=).
-  void backward(F* dres, const F* x, const BlockActs<F>& a, const BlockScratch<F>& s, int B, int T);
+  // gradients accumulate (+=); a MoE block's router losses enter with weight loss_scale.
+  void backward(F* dres, const F* x, const BlockActs<F>& a, const BlockScratch<F>& s, int B, int T,
+                float loss_scale = 1.0f);
 
   int layer() const { return layer_; }
+  /** The MoE MLP; null in a dense block. */
+  MoeMlp<F>* moe() { return moe_.get(); }
+  /** Scratch for a MoE block's forward under expert parallelism (the model's BlockScratch's). */
+  void set_moe_scratch(const MoeScratch<F>& s) { moe_scratch_ = s; }
 
  private:
   // The block's tensors, registered before the layers that use them are built.
   struct Ids {
-    TensorId fcprojw, fcprojb, fcw, fcb, ln2w, ln2b, attprojw, attprojb, qkvw, qkvb, ln1w, ln1b;
+    TensorId fcprojw = -1, fcprojb = -1, fcw = -1, fcb = -1, router = -1;  // dense or MoE
+    TensorId ln2w, ln2b, attprojw, attprojb, qkvw, qkvb, ln1w, ln1b;
   };
   static Ids register_tensors(const GptConfig& c, int layer, const parallel::LayerEnv<F>& env);
+  void moe_forward(F* y, const BlockActs<F>& a, int B, int T, F* tmp, BlockPass pass);
+  void moe_backward(F* dln, const F* dres, const BlockActs<F>& a, const BlockScratch<F>& s, int B,
+                    int T, float loss_scale);
   AttentionShape attention_shape(int B, int T) const;
 
   const GptConfig& c_;
@@ -99,6 +128,8 @@ class BlockT {
   parallel::ColumnParallelLinear<F> c_attn_, c_fc_;
   parallel::RowParallelLinear<F> attn_proj_, mlp_proj_;
   parallel::NormGradSum<F> norm_grads_;
+  std::unique_ptr<MoeMlp<F>> moe_;
+  MoeScratch<F> moe_scratch_;
 };
 
 }  // namespace tetra

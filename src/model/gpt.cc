@@ -11,7 +11,8 @@ namespace tetra {
 
 template <typename F>
 GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
-              Recompute r, MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part)
+              Recompute r, MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part,
+              parallel::ExpertParallel* ep)
     : backend_(backend),
       k_(backend.kernels<F>()),
       config_(config),
@@ -21,6 +22,8 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
       recompute_(r),
       own_tp_(backend),
       tp_(tp ? tp : &own_tp_),
+      own_ep_(backend),
+      ep_(ep ? ep : &own_ep_),
       part_(std::move(part)) {
   Device& device = backend.device();
   TETRA_CHECK(&store.device() == &device && &tp_->backend() == &backend,
@@ -30,6 +33,9 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
               "[model] internal: a model shaped for tp={} (sequence parallel {}) on a group of {} "
               "(sequence parallel {})",
               config.tp, config.sequence_parallel, tp_->size(), tp_->sequence_parallel());
+  TETRA_CHECK(config.moe.ep == ep_->size() && &ep_->backend() == &backend,
+              "[model] internal: a model shaped for ep={} on an expert-parallel group of {}",
+              config.moe.ep, ep_->size());
   TETRA_CHECK(B > 0, "[model] micro-batch must be positive (got {})", B);
   TETRA_CHECK(T > 0 && T <= config.max_seq,
               "[model] sequence length {} must be in 1..model.max_seq={}; raise model.max_seq or "
@@ -61,8 +67,11 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     // the probabilities) can be larger at long T.
     const size_t BT = size_t(B) * T, C = size_t(config.d_model);
     const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
+    // A MoE block's expert products read up to all its expert rows R with a (4C,C) weight.
+    const size_t R = config.moe.experts > 0 ? size_t(MoeShape::of(config, B, T).expert_rows) : 0;
     const size_t elements =
         std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
+                  R * 4 * C + std::max(4 * C, R) * C,
                   k_.attention_bf16_elements({B, T, config.local_width(), config.local_heads()})});
     bf16_ = std::make_unique<Bf16Operands>(device, elements + 32,
                                            MemTag{ledger, MemCategory::temporaries});
@@ -72,9 +81,11 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   // the tied wte, then ln_f), the chunks from last to first with their blocks from last to first,
   // then the embedding — wte and the root (wpe; with wte and ln_f when the head is here too, the
   // whole model), whose wte gradient is finished last. On the end stages of a pipeline wte is a
-  // unit of its own, so that ZeRO shards it alike on both.
+  // unit of its own, so that ZeRO shards it alike on both. A MoE block's experts come just
+  // before the block: backward finishes them before the router, ln_2 and attention.
   blocks_.resize(size_t(L));
   block_unit_.assign(size_t(L), -1);
+  expert_unit_.assign(size_t(L), -1);
   const bool head_alone = part_.head && !part_.embedding;
   if (head_alone) {
     wte_unit_ = store.begin_unit("wte");
@@ -86,8 +97,14 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   }
   for (auto c = part_.chunks.rbegin(); c != part_.chunks.rend(); ++c) {
     for (int l = c->end - 1; l >= c->first; --l) {
+      std::vector<typename MoeMlp<F>::ExpertIds> experts;
+      if (config_.is_moe(l)) {
+        expert_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l) + ".experts");
+        experts = MoeMlp<F>::register_experts(config_, l, store, ep_->rank());
+        store.end_unit();
+      }
       block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
-      blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, env);
+      blocks_[size_t(l)] = std::make_unique<BlockT<F>>(config_, l, env, ep_, std::move(experts));
       store.end_unit();
     }
   }
@@ -111,11 +128,15 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   const size_t BTC = boundary_size();
   const bool keep_layers = r != Recompute::full;
   const size_t saved = r == Recompute::none ? attention_.saved : 0;
-  const size_t per_layer = BlockActs<F>::elements(config, B, T, saved);
+  const MoeShape moe = MoeShape::of(config, B, T);
+  auto per_layer = [&](int l) {
+    return BlockActs<F>::elements(config, B, T, saved, config.is_moe(l) ? &moe : nullptr);
+  };
   size_t total = part_.head ? HeadActs<F>::elements(config, B, T) : 0;
   for (const GptPart::Chunk& k : part_.chunks) {
-    const size_t n = size_t(k.end - k.first);
-    total += size_t(k.slots) * (BTC * (n + 1) + (keep_layers ? per_layer * n : 0));
+    size_t layers = 0;
+    for (int l = k.first; keep_layers && l < k.end; ++l) layers += per_layer(l);
+    total += size_t(k.slots) * (BTC * size_t(k.end - k.first + 1) + layers);
   }
   acts_mem_ = Buffer<F>(total, {ledger, MemCategory::activations}, device);
   F* p = acts_mem_.data();
@@ -131,7 +152,11 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     for (Slot& s : ch.slots) {
       for (int l = k.first; l <= k.end; ++l) s.x.push_back(take(BTC));
       for (int l = k.first; keep_layers && l < k.end; ++l) {
-        s.acts.push_back(BlockActs<F>::carve(take(per_layer), config, B, T, saved));
+        const MoeShape* m = config.is_moe(l) ? &moe : nullptr;
+        s.acts.push_back(BlockActs<F>::carve(take(per_layer(l)), config, B, T, saved, m));
+        s.routes.push_back(
+            m ? std::make_unique<MoeRoute>(moe, device, MemTag{ledger, MemCategory::activations})
+              : nullptr);
       }
       if (ch.embedding) s.tokens = Buffer<int32_t>(size_t(B) * T, {}, device);
     }
@@ -143,16 +168,70 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
 
   if (part_.head) targets_ = Buffer<int32_t>(size_t(B) * T, {}, device);
   const size_t scratch = BlockScratch<F>::elements(config, B, T, attention_);
-  const size_t work = r == Recompute::full ? BlockActs<F>::elements(config, B, T, 0) + BTC : 0;
+  const bool any_moe = config.moe.experts > 0;
+  const size_t work_acts =
+      std::max(BlockActs<F>::elements(config, B, T, 0),
+               any_moe ? BlockActs<F>::elements(config, B, T, 0, &moe) : size_t(0));
+  const size_t work = r == Recompute::full ? work_acts + BTC : 0;
   tmp_mem_ = Buffer<F>(BTC + scratch + work, {ledger, MemCategory::temporaries}, device);
   p = tmp_mem_.data();
   dres_ = take(BTC);
   scratch_ = BlockScratch<F>::carve(take(scratch), config, B, T, attention_);
   if (r == Recompute::full) {
-    work_acts_ =
-        BlockActs<F>::carve(take(BlockActs<F>::elements(config, B, T, 0)), config, B, T, 0);
+    // One block at a time: a dense and a MoE block's views of the same memory.
+    work_acts_ = BlockActs<F>::carve(p, config, B, T, 0);
+    if (any_moe) {
+      work_moe_acts_ = BlockActs<F>::carve(p, config, B, T, 0, &moe);
+      work_route_ =
+          std::make_unique<MoeRoute>(moe, device, MemTag{ledger, MemCategory::temporaries});
+    }
+    take(work_acts);
     work_out_ = take(BTC);
   }
+  for (auto& block : blocks_) {
+    if (block) block->set_moe_scratch(scratch_.moe);
+  }
+}
+
+template <typename F>
+void GptT<F>::reset_moe_stats() {
+  for (auto& block : blocks_) {
+    if (block && block->moe()) block->moe()->reset_stats();
+  }
+}
+
+template <typename F>
+void GptT<F>::before_forward_block(int layer, int next) {
+  const int block = block_unit_[size_t(layer)], experts = expert_unit_[size_t(layer)];
+  if (experts >= 0) {
+    before_forward(block, experts);
+    before_forward(experts, next);
+  } else {
+    before_forward(block, next);
+  }
+}
+
+template <typename F>
+void GptT<F>::after_forward_block(int layer) {
+  if (expert_unit_[size_t(layer)] >= 0) after_forward(expert_unit_[size_t(layer)]);
+  after_forward(block_unit_[size_t(layer)]);
+}
+
+template <typename F>
+void GptT<F>::before_backward_block(int layer, int next) {
+  const int block = block_unit_[size_t(layer)], experts = expert_unit_[size_t(layer)];
+  if (experts >= 0) {
+    before_backward(block, experts);
+    before_backward(experts, next);
+  } else {
+    before_backward(block, next);
+  }
+}
+
+template <typename F>
+void GptT<F>::after_backward_block(int layer) {
+  if (expert_unit_[size_t(layer)] >= 0) after_backward(expert_unit_[size_t(layer)]);
+  after_backward(block_unit_[size_t(layer)]);
 }
 
 template <typename F>
@@ -188,12 +267,22 @@ typename GptT<F>::Slot& GptT<F>::slot_of(int chunk, int mb, bool take) {
 }
 
 template <typename F>
-const BlockActs<F>& GptT<F>::saved_acts(const Slot& s, int i) const {
-  return recompute_ == Recompute::full ? work_acts_ : s.acts[size_t(i)];
+BlockActs<F> GptT<F>::saved_acts(const Slot& s, int first, int i) const {
+  const bool moe = config_.is_moe(first + i);
+  if (recompute_ == Recompute::full) {
+    if (!moe) return work_acts_;
+    BlockActs<F> a = work_moe_acts_;
+    a.route = work_route_.get();
+    return a;
+  }
+  BlockActs<F> a = s.acts[size_t(i)];
+  if (moe) a.route = s.routes[size_t(i)].get();
+  return a;
 }
 
 template <typename F>
-void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs, const F* input) {
+void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs, const F* input,
+                           BlockPass pass) {
   const int n = ch.end - ch.first;
   auto unit = [&](int i) { return block_unit_[size_t(ch.first + i)]; };
   if (ch.embedding) {
@@ -205,13 +294,13 @@ void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs,
     k_.copy(s.x[0], input, boundary_size());
   }
   for (int i = 0; i < n; ++i) {
-    before_forward(unit(i), i + 1 < n ? unit(i + 1) : (ch.head ? head_unit_ : -1));
+    before_forward_block(ch.first + i, i + 1 < n ? unit(i + 1) : (ch.head ? head_unit_ : -1));
     // Without saved probabilities the forward still needs somewhere to put them.
-    BlockActs<F> a = saved_acts(s, i);
+    BlockActs<F> a = saved_acts(s, ch.first, i);
     if (!a.attn) a.attn = scratch_.attn_saved;
     blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], s.x[size_t(i) + 1], a, B_, T_, nullptr,
-                                           0, scratch_.full);
-    after_forward(unit(i));
+                                           0, scratch_.full, pass);
+    after_forward_block(ch.first + i);
   }
 }
 
@@ -221,7 +310,7 @@ void GptT<F>::forward_chunk(int chunk, int mb, const int32_t* inputs, const F* i
   Slot& s = slot_of(chunk, mb, true);
   TETRA_CHECK(ch.head || output, "[model] internal: chunk {} forward without an output", chunk);
   TETRA_CHECK(ch.embedding || input, "[model] internal: chunk {} forward without an input", chunk);
-  forward_pass(ch, s, inputs, input);
+  forward_pass(ch, s, inputs, input, BlockPass::train);
   if (output) k_.copy(output, s.x.back(), boundary_size());
 }
 
@@ -252,16 +341,17 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
   // The root is resident since the head's backward on the whole model.
   const bool root_next = ch.embedding && !ch.head;
   for (int i = n - 1; i >= 0; --i) {
-    before_backward(unit(i), i > 0 ? unit(i - 1) : (root_next ? root_unit_ : -1));
+    before_backward_block(ch.first + i, i > 0 ? unit(i - 1) : (root_next ? root_unit_ : -1));
+    const BlockActs<F> saved = saved_acts(s, ch.first, i);
     if (recompute_ == Recompute::full) {
-      BlockActs<F> a = work_acts_;
+      BlockActs<F> a = saved;
       a.attn = scratch_.attn_saved;
       blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], work_out_, a, B_, T_, nullptr, 0,
-                                             scratch_.full);
+                                             scratch_.full, BlockPass::recompute);
     }
-    blocks_[size_t(ch.first + i)]->backward(dres_, s.x[size_t(i)], saved_acts(s, i), scratch_, B_,
-                                            T_);
-    after_backward(unit(i));
+    blocks_[size_t(ch.first + i)]->backward(dres_, s.x[size_t(i)], saved, scratch_, B_, T_,
+                                            loss_scale);
+    after_backward_block(ch.first + i);
   }
   if (ch.embedding) {
     if (root_next) before_backward_end(root_unit_, -1);
@@ -288,7 +378,7 @@ double GptT<F>::evaluate_chunk(int chunk, const int32_t* inputs, const F* input,
   TETRA_CHECK(ch.head || output, "[model] internal: chunk {} forward without an output", chunk);
   TETRA_CHECK(ch.embedding || input, "[model] internal: chunk {} forward without an input", chunk);
   Slot& s = slot_of(chunk, -2, true);
-  forward_pass(ch, s, inputs, input);
+  forward_pass(ch, s, inputs, input, BlockPass::evaluate);
   double loss = 0.0;
   if (ch.head) {
     before_forward_end(head_unit_, -1);
@@ -319,7 +409,7 @@ template <typename F>
 const F* GptT<F>::forward_logits(const int32_t* inputs) {
   check_whole("forward_logits");
   Slot& s = chunks_[0].slots[0];
-  forward_pass(chunks_[0], s, inputs, nullptr);
+  forward_pass(chunks_[0], s, inputs, nullptr, BlockPass::evaluate);
   before_forward(root_unit_, -1);
   head_->forward(s.x.back(), head_acts_, B_, T_);
   after_forward(root_unit_);
@@ -336,9 +426,12 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   const size_t scratch = k_.attention_decode_scratch_elements(B, c.local_heads(), c.max_seq);
   auto st = std::make_unique<DecodeState>();
   st->B = B;
+  const MoeShape moe = MoeShape::of(c, B, 1, /*capacity=*/false);
   const size_t acts = BlockActs<F>::elements(c, B, 1, 0), head = HeadActs<F>::elements(c, B, 1);
+  const size_t moe_acts = c.moe.experts > 0 ? BlockActs<F>::elements(c, B, 1, 0, &moe) : 0;
   Device& device = backend_.device();
-  st->mem = Buffer<F>(L * 2 * kv + scratch + acts + head + 2 * size_t(B) * C, {}, device);
+  st->mem =
+      Buffer<F>(L * 2 * kv + scratch + acts + moe_acts + head + 2 * size_t(B) * C, {}, device);
   st->tokens = Buffer<int32_t>(size_t(B), {}, device);
   F* p = st->mem.data();
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
@@ -351,6 +444,11 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   F* decode_scratch = take(scratch);
   for (auto& kc : st->cache) kc.scratch = decode_scratch;
   st->acts = BlockActs<F>::carve(take(acts), c, B, 1, 0);
+  if (c.moe.experts > 0) {
+    st->moe_acts = BlockActs<F>::carve(take(moe_acts), c, B, 1, 0, &moe);
+    st->route = std::make_unique<MoeRoute>(moe, device, MemTag{});
+    st->moe_acts.route = st->route.get();
+  }
   st->head = HeadActs<F>::carve(take(head), c, B, 1);
   st->x = take(size_t(B) * C);
   st->y = take(size_t(B) * C);
@@ -372,9 +470,10 @@ const F* GptT<F>::decode(DecodeState& st, const int32_t* tokens, int pos) {
   before_forward(root_unit_, block_unit_[0]);
   embedding_->forward(st.x, st.tokens.data(), st.B, 1, pos);
   for (int l = 0; l < L; ++l) {
-    before_forward(block_unit_[size_t(l)], l + 1 < L ? block_unit_[size_t(l) + 1] : root_unit_);
-    blocks_[size_t(l)]->forward(st.x, st.y, st.acts, st.B, 1, &st.cache[size_t(l)], pos);
-    after_forward(block_unit_[size_t(l)]);
+    before_forward_block(l, l + 1 < L ? block_unit_[size_t(l) + 1] : root_unit_);
+    blocks_[size_t(l)]->forward(st.x, st.y, config_.is_moe(l) ? st.moe_acts : st.acts, st.B, 1,
+                                &st.cache[size_t(l)], pos);
+    after_forward_block(l);
     std::swap(st.x, st.y);
   }
   head_->forward(st.x, st.head, st.B, 1);

@@ -24,6 +24,7 @@
 #include "model/embedding.h"
 #include "model/gpt_config.h"
 #include "model/head.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_layers.h"
 
@@ -47,11 +48,14 @@ class GptT {
  public:
   /** Registers every tensor of `part` with `store` (not yet finalized; on `backend`'s device) and
    *  allocates activations on that device for micro-batches of (B,T) with recomputation `r`,
-   *  charged to `ledger`. `tp` is the tensor-parallel group of config.tp ranks (null: one rank);
-   *  it must outlive the model. */
+   *  charged to `ledger`. `tp` is the tensor-parallel group of config.tp ranks (null: one rank),
+   *  `ep` the expert-parallel group of config.moe.ep ranks (null: one rank); they must outlive
+   *  the model. A MoE block's experts are a unit of their own ("h.<N>.experts", in the store's
+   *  expert shard group) just before the block's. */
   GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
        Recompute r = Recompute::none, MemoryLedger* ledger = nullptr,
-       parallel::TensorParallel* tp = nullptr, GptPart part = {});
+       parallel::TensorParallel* tp = nullptr, GptPart part = {},
+       parallel::ExpertParallel* ep = nullptr);
 
   /** The residency manager the model reports to (null: every unit is always resident). */
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
@@ -109,6 +113,15 @@ class GptT {
   parallel::TensorParallel& tp() { return *tp_; }
   int root_unit() const { return root_unit_; }
   int block_unit(int layer) const { return block_unit_[size_t(layer)]; }  // -1: not held
+  /** The unit of a MoE block's experts; -1: a dense block or not held. */
+  int expert_unit(int layer) const { return expert_unit_[size_t(layer)]; }
+  /** The MoE MLP of a held MoE block (null otherwise), for its routing statistics. */
+  const MoeMlp<F>* moe(int layer) const {
+    return blocks_[size_t(layer)] ? blocks_[size_t(layer)]->moe() : nullptr;
+  }
+  /** Clears every MoE block's routing statistics (a step begins). */
+  void reset_moe_stats();
+  parallel::ExpertParallel& ep() { return *ep_; }
   size_t activation_bytes() const { return acts_mem_.bytes(); }
   size_t temporary_bytes() const { return tmp_mem_.bytes(); }
 
@@ -118,8 +131,9 @@ class GptT {
   struct Slot {
     int mb = -1;  // the micro-batch held; -1: free
     std::vector<F*> x;
-    std::vector<BlockActs<F>> acts;  // none/selective: one per layer; full: empty
-    Buffer<int32_t> tokens;          // (B,T): the chunk with the embedding only
+    std::vector<BlockActs<F>> acts;                 // none/selective: one per layer; full: empty
+    Buffer<int32_t> tokens;                         // (B,T): the chunk with the embedding only
+    std::vector<std::unique_ptr<MoeRoute>> routes;  // per layer: MoE blocks' routing
   };
   struct ChunkState {
     int first = 0, end = 0;
@@ -133,8 +147,15 @@ class GptT {
   void check_whole(const char* what) const;
   Slot& slot_of(int chunk, int mb, bool take);
   // The embedding (or the copied input) and the chunk's blocks into slot s, with hooks.
-  void forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs, const F* input);
-  const BlockActs<F>& saved_acts(const Slot& s, int i) const;
+  void forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs, const F* input,
+                    BlockPass pass);
+  // Activations of layer first + i in slot s (with its routing, for a MoE block).
+  BlockActs<F> saved_acts(const Slot& s, int first, int i) const;
+  // A block's units around its forward and backward: the experts' unit inside the block's.
+  void before_forward_block(int layer, int next);
+  void after_forward_block(int layer);
+  void before_backward_block(int layer, int next);
+  void after_backward_block(int layer);
 
   void before_forward(int unit, int next) {
     if (hooks_) hooks_->before_forward(unit, next);
@@ -178,6 +199,8 @@ class GptT {
   UnitHooks* hooks_ = nullptr;
   parallel::TensorParallel own_tp_;  // one rank, when none is given
   parallel::TensorParallel* tp_;
+  parallel::ExpertParallel own_ep_;  // one rank, when none is given
+  parallel::ExpertParallel* ep_;
 
   // Mixed precision (config.bf16): the bf16 copies of a product's operands, charged to the ledger
   // as temporaries; null in fp32.
@@ -187,7 +210,7 @@ class GptT {
   std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer; null where not held
   std::unique_ptr<EmbeddingT<F>> embedding_;
   std::unique_ptr<HeadT<F>> head_;
-  std::vector<int> block_unit_;
+  std::vector<int> block_unit_, expert_unit_;
   // The unit of the embedding (with ln_f when the head is here too) and of the head: the same
   // unit on the whole model; -1 where absent. On a part with only one of them the tied wte (or
   // the head's copy) is a unit of its own, so that ZeRO shards it alike on both end stages.
@@ -203,7 +226,8 @@ class GptT {
   // being run (forward under full recomputation, or recomputed in backward) with its output.
   F* dres_ = nullptr;
   BlockScratch<F> scratch_;
-  BlockActs<F> work_acts_;
+  BlockActs<F> work_acts_, work_moe_acts_;  // full recomputation: a dense block's, a MoE block's
+  std::unique_ptr<MoeRoute> work_route_;
   F* work_out_ = nullptr;
 };
 
@@ -213,7 +237,8 @@ struct GptT<F>::DecodeState {
   Buffer<F> mem;
   Buffer<int32_t> tokens;         // (B): the positions being fed
   std::vector<KvCache<F>> cache;  // per layer
-  BlockActs<F> acts;              // one position per sequence; att unused
+  BlockActs<F> acts, moe_acts;    // one position per sequence (dense, MoE); att unused
+  std::unique_ptr<MoeRoute> route;
   HeadActs<F> head;
   F *x = nullptr, *y = nullptr;  // (B,C): the residual stream in and out of a block
 };

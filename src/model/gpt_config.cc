@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -58,9 +59,60 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
   return c;
 }
 
+void GptConfig::set_moe(const MoeConfig& m) {
+  if (m.experts == 0) {
+    TETRA_CHECK(m.ep == 1,
+                "[model] parallel.ep={} spreads experts, but model.moe_experts=0 makes a dense "
+                "model; set model.moe_experts (e.g. {}) or parallel.ep=1",
+                m.ep, 2 * m.ep);
+    moe = m;
+    return;
+  }
+  TETRA_CHECK(m.experts >= 2,
+              "[model] model.moe_experts={}: a mixture needs at least 2 experts (0 makes the "
+              "model dense)",
+              m.experts);
+  TETRA_CHECK(n_layer >= 2,
+              "[model] model.moe_experts={} on a model with one block: the router would see only "
+              "the embedding; use model.n_layer >= 2 (blocks before the first MoE block give it "
+              "features to route on), or model.moe_experts=0",
+              m.experts);
+  TETRA_CHECK(m.every >= 1 && m.every <= n_layer,
+              "[model] model.moe_every={} makes no block of {} a MoE block; use model.moe_every "
+              "in 1..{}",
+              m.every, n_layer, n_layer);
+  TETRA_CHECK(m.top_k >= 1 && m.top_k <= m.experts,
+              "[model] model.moe_top_k={} must be in 1..model.moe_experts={}: a token goes to "
+              "top_k different experts",
+              m.top_k, m.experts);
+  TETRA_CHECK(m.capacity_factor >= 0.0 && std::isfinite(m.capacity_factor),
+              "[model] moe.capacity_factor={} must be >= 0 (0: no capacity, nothing dropped; "
+              "1.25 is the usual choice)",
+              m.capacity_factor);
+  TETRA_CHECK(m.aux_loss_coeff >= 0.0 && m.z_loss_coeff >= 0.0,
+              "[model] moe.aux_loss_coeff={} and moe.z_loss_coeff={} must be >= 0",
+              m.aux_loss_coeff, m.z_loss_coeff);
+  if (m.ep < 1 || m.experts % m.ep != 0) {
+    std::vector<int> valid;
+    for (int e = 1; e <= m.experts; ++e) {
+      if (m.experts % e == 0) valid.push_back(e);
+    }
+    fail(
+        "[model] parallel.ep={} does not divide model.moe_experts={}: each expert-parallel rank "
+        "holds an equal share of every block's experts; use parallel.ep in {{{}}}",
+        m.ep, m.experts, fmt::join(valid, ", "));
+  }
+  moe = m;
+}
+
 std::string GptConfig::describe() const {
-  return fmt::format("GPT-2: L={} C={} NH={} V={} (padded {}) maxT={}", n_layer, d_model, n_head,
-                     vocab_size, padded_vocab, max_seq);
+  std::string s = fmt::format("GPT-2: L={} C={} NH={} V={} (padded {}) maxT={}", n_layer, d_model,
+                              n_head, vocab_size, padded_vocab, max_seq);
+  if (moe.experts > 0) {
+    s += fmt::format(" MoE: E={} top-{} every {} (cf {:g})", moe.experts, moe.top_k, moe.every,
+                     moe.capacity_factor);
+  }
+  return s;
 }
 
 }  // namespace tetra

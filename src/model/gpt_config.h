@@ -6,6 +6,18 @@
 
 namespace tetra {
 
+/** Mixture of experts (docs/moe.md): which blocks' MLPs are MoE, how tokens are routed, the
+ *  router's losses, and how the experts are spread over an expert-parallel group. */
+struct MoeConfig {
+  int experts = 0;                // E per MoE block; 0: a dense model
+  int every = 1;                  // block l is MoE when l % every == every - 1
+  int top_k = 2;                  // experts per token
+  double capacity_factor = 1.25;  // capacity per expert and sequence ceil(cf·T·k/E); 0: none
+  double aux_loss_coeff = 0.01;   // the load-balancing loss's weight
+  double z_loss_coeff = 0.0;      // the router z-loss's weight
+  int ep = 1;                     // expert-parallel ranks: each holds experts/ep of every block
+};
+
 struct GptConfig {
   int vocab_size = 0;    // V: real vocabulary
   int padded_vocab = 0;  // Vp: V rounded up to vocab_multiple (rows of wte; padding never wins)
@@ -24,6 +36,7 @@ struct GptConfig {
   // operands rounded to bf16 and accumulate in f32; everything else (parameters, gradients,
   // LayerNorm, attention, softmax, loss) stays f32.
   bool bf16 = false;
+  MoeConfig moe;
 
   /** Checks the shape (and that `tp` splits it) and pads the vocab; throws tetra::Error saying
    *  what to change. */
@@ -35,6 +48,13 @@ struct GptConfig {
   int local_width() const { return d_model / tp; }       // C/tp: this rank's q, k, v columns
   int local_hidden() const { return 4 * d_model / tp; }  // 4C/tp: this rank's MLP channels
   int local_vocab() const { return padded_vocab / tp; }  // Vp/tp: this rank's rows of wte
+  /** Whether block `layer`'s MLP is a mixture of experts. */
+  bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
+  int moe_layers() const { return moe.experts > 0 ? n_layer / moe.every : 0; }
+  int local_experts() const { return moe.experts / moe.ep; }  // E/ep: this rank's experts
+  /** Checks `m` against this shape (and an expert-parallel size dividing the experts) and sets
+   *  it; throws tetra::Error saying what to change. */
+  void set_moe(const MoeConfig& m);
   /** Token rows of the residual stream a rank holds for micro-batches (B,T). */
   int64_t local_rows(int B, int T) const { return int64_t(B) * T / (sequence_parallel ? tp : 1); }
   /** The shape, "GPT-2: L=4 C=256 NH=4 V=4096 (padded 4096) maxT=128". Parameters and FLOPs are

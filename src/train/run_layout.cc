@@ -1,5 +1,6 @@
 #include "train/run_layout.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,30 +14,27 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
     : world_(world) {
   const parallel::MeshShape& shape = opt.mesh;
   const bool sp = opt.model.sequence_parallel;
-  // Refused alike in one process and under mpirun: no layer of this model has experts to spread.
-  TETRA_CHECK(shape.ep == 1,
-              "[train] parallel.ep={}: this trainer runs data, tensor and pipeline parallelism "
-              "(the model has no expert layers to spread); set parallel.ep=1",
-              shape.ep);
   if (!world_.valid()) {
     // One process runs a mesh of one: every dimension asked for beyond 1 (dp=0 means "what the
-    // world leaves", 1 here) needs that many ranks, which only a launcher provides. Each is at
-    // most 2^20, so the product fits in int64.
+    // world leaves", 1 here) needs that many ranks, which only a launcher provides; ep borrows
+    // its ranks from dp. Each is at most 2^20, so the product fits in int64.
     std::vector<std::string> dims, ones;
-    int64_t ranks = 1;
     for (const auto& [key, n] : {std::pair{"parallel.dp", shape.dp},
                                  {"parallel.tp", shape.tp},
-                                 {"parallel.pp", shape.pp}}) {
+                                 {"parallel.pp", shape.pp},
+                                 {"parallel.ep", shape.ep}}) {
       if (n <= 1) continue;
       dims.push_back(fmt::format("{}={}", key, n));
       ones.push_back(fmt::format("{}=1", key));
-      ranks *= n;
     }
+    const int64_t ranks =
+        int64_t(std::max(shape.dp, shape.ep)) * std::max(shape.tp, 1) * std::max(shape.pp, 1);
     TETRA_CHECK(dims.empty(),
                 "[train] {} needs {} ranks but this is a single process; run it as `tetra launch "
                 "-n {} -- train ...` (or under mpirun), or set {}",
                 fmt::join(dims, " "), ranks, ranks, fmt::join(ones, " "));
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
+    ep_ = std::make_unique<parallel::ExpertParallel>(backend);
     return;
   }
   mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
@@ -51,6 +49,8 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
   embedding_ = mesh_->embedding();
   log_state().rank = rank_;
   tp_ = std::make_unique<parallel::TensorParallel>(backend, mesh_->tp(), sp);
+  ep_ = std::make_unique<parallel::ExpertParallel>(backend, mesh_->ep());
+  edp_ = mesh_->edp();
   std::vector<std::string> hosts;
   for (int r = 0; r < world_size_; ++r) hosts.push_back(world_.host(r));
   const std::string warning = parallel::tp_placement_warning(mesh_->layout(), hosts);

@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "kernels/backend.h"
 #include "model/gpt.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
 #include "pipeline/schedule.h"
@@ -36,6 +37,11 @@ class RunLayout {
   /** The first and last pipeline stage's group, which hold the tied wte (invalid elsewhere). */
   const comm::Communicator& embedding() const { return embedding_; }
   parallel::TensorParallel& tp() { return *tp_; }
+  /** The expert-parallel group (one rank without parallel.ep > 1). */
+  parallel::ExpertParallel& ep() { return *ep_; }
+  /** The expert-data-parallel group: the dp ranks holding the same experts (invalid for a single
+   *  process). */
+  const comm::Communicator& edp() const { return edp_; }
   const parallel::Mesh* mesh() const { return mesh_.get(); }
 
   /** The part of the model this rank's program of `schedule` runs: chunk c is virtual stage
@@ -53,9 +59,10 @@ class RunLayout {
   }
 
  private:
-  comm::Communicator world_, dp_, pp_, embedding_;
+  comm::Communicator world_, dp_, pp_, embedding_, edp_;
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::TensorParallel> tp_;
+  std::unique_ptr<parallel::ExpertParallel> ep_;
   int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
 };
 

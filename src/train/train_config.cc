@@ -55,6 +55,24 @@ const std::vector<TrainKey>& train_keys() {
       {{"model.vocab_multiple", ValueKind::Int, "64", "pad the vocab to a multiple of this",
         "[1, 65536]"},
        {}},
+      {{"model.moe_experts", ValueKind::Int, "0",
+        "experts per mixture-of-experts block (0: a dense model; docs/moe.md)", "[0, 4096]"},
+       {}},
+      {{"model.moe_every", ValueKind::Int, "1",
+        "block l is a MoE block when l % moe_every == moe_every - 1", "[1, 1024]"},
+       {}},
+      {{"model.moe_top_k", ValueKind::Int, "2", "experts each token is routed to", "[1, 4096]"},
+       {}},
+      {{"moe.capacity_factor", ValueKind::Float, "1.25",
+        "routes an expert takes per sequence: ceil(cf * T * top_k / experts); 0: no capacity",
+        "[0, 1e6]"},
+       {}},
+      {{"moe.aux_loss_coeff", ValueKind::Float, "0.01",
+        "weight of the load-balancing loss E * sum f_i P_i (per MoE block)", "[0, 1e6]"},
+       {}},
+      {{"moe.z_loss_coeff", ValueKind::Float, "0",
+        "weight of the router z-loss mean(logsumexp(logits)^2) (per MoE block)", "[0, 1e6]"},
+       {}},
       {{"data.train", ValueKind::String, "\"\"", "training shards: path, list a,b or glob"},
        into<&O::train_data>()},
       {{"data.val", ValueKind::String, "\"\"", "validation shards (optional)"},
@@ -288,15 +306,25 @@ const ConfigSchema& train_config_schema() {
   return schema;
 }
 
-GptConfig gpt_config_from(const Config& c, int tp) {
-  return GptConfig::make(int(c.i("model.vocab_size")), int(c.i("model.n_layer")),
-                         int(c.i("model.n_head")), int(c.i("model.d_model")),
-                         int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")), tp);
+GptConfig gpt_config_from(const Config& c, int tp, int ep) {
+  GptConfig g = GptConfig::make(int(c.i("model.vocab_size")), int(c.i("model.n_layer")),
+                                int(c.i("model.n_head")), int(c.i("model.d_model")),
+                                int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")), tp);
+  MoeConfig m;
+  m.experts = int(c.i("model.moe_experts"));
+  m.every = int(c.i("model.moe_every"));
+  m.top_k = int(c.i("model.moe_top_k"));
+  m.capacity_factor = c.f("moe.capacity_factor");
+  m.aux_loss_coeff = c.f("moe.aux_loss_coeff");
+  m.z_loss_coeff = c.f("moe.z_loss_coeff");
+  m.ep = ep;
+  g.set_moe(m);
+  return g;
 }
 
 TrainOptions TrainOptions::from(const Config& c) {
   TrainOptions o;
-  o.model = gpt_config_from(c, int(c.i("parallel.tp")));
+  o.model = gpt_config_from(c, int(c.i("parallel.tp")), int(c.i("parallel.ep")));
   for (const auto& k : train_keys()) {
     if (k.read) k.read(o, c.at(k.spec.key));
   }

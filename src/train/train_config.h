@@ -79,7 +79,8 @@ struct TrainOptions {
   int64_t tokens_per_rank_step() const { return int64_t(micro_batch) * seq_len * grad_accum; }
 };
 
-/** The model.* keys of `c` as a checked model shape, split `tp` ways. */
-GptConfig gpt_config_from(const Config& c, int tp = 1);
+/** The model.* and moe.* keys of `c` as a checked model shape, split `tp` ways, its experts
+ *  spread over `ep` ranks. */
+GptConfig gpt_config_from(const Config& c, int tp = 1, int ep = 1);
 
 }  // namespace tetra

@@ -62,8 +62,9 @@ void Trainer::setup(const std::string& config_toml) {
   executor_ =
       std::make_unique<pipeline::Executor>(std::move(schedule), layout_->pp(), backend_.device());
   store_ = std::make_unique<ParamStore>(backend_.device());
-  model_ = std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch, opt_.seq_len,
-                                 recompute, &ledger_, &layout_->tp(), std::move(part));
+  model_ =
+      std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch, opt_.seq_len,
+                            recompute, &ledger_, &layout_->tp(), std::move(part), &layout_->ep());
   store_->finalize(
       parallel::DataParallel::sharding_for(opt_.zero.stage, layout_->dp_size(), layout_->dp_rank()),
       &ledger_);
@@ -91,7 +92,7 @@ void Trainer::setup(const std::string& config_toml) {
     std::unique_ptr<Gpt> names;
     if (layout_->pp_size() > 1) {
       names = std::make_unique<Gpt>(backend_, opt_.model, whole, opt_.model.tp, 1, recompute,
-                                    nullptr, &layout_->tp());
+                                    nullptr, &layout_->tp(), GptPart{}, &layout_->ep());
     }
     load_safetensors_into(*store_, model_weights_path(opt_.init_from, "init"),
                           opt_.model.describe(), names ? &whole : nullptr);

@@ -48,7 +48,8 @@ struct Tolerance {
 // relative error and the worst element's relative error (against max(|ref|, rms(ref))).
 inline constexpr Tolerance kTolerances[] = {
     {Tol::exact, 0.0, 0.0,
-     "copy, zero, copy_rows, to_bf16, first_nonfinite, the decode caches; memory an op must leave "
+     "copy, zero, copy_rows, gather_rows, to_bf16, first_nonfinite, the decode caches; memory an "
+     "op must leave "
      "alone (guards, gaps, read-only inputs); recompute and backward after it vs forward's",
      "data movement and casts have one right answer; `saved` after recompute is forward's"},
     {Tol::arith, 1e-5, 1e-12,

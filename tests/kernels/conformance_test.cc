@@ -893,6 +893,91 @@ TYPED_TEST(Conformance, BiasResidualAdd) {
   }
 }
 
+// ---- mixture of experts: rows between tokens and experts ------------------------------------
+
+TYPED_TEST(Conformance, MoeRows) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  struct Case {
+    int N, k, C;
+  };
+  std::vector<Case> cases = {{1, 1, 1}, {5, 2, 7}, {33, 2, 64}, {17, 3, 33}, {600, 2, 96}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("moe rows shape", seed));
+    cases.push_back({in.integer(1, 70), in.integer(1, 4), in.integer(1, 80)});
+  }
+  for (const Case& c : cases) {
+    const int N = c.N, K = c.k, C = c.C;
+    const int rows = N * K + 3;  // more rows than routes: some are padding, named by no route
+    const std::string shape = shape_str({{"N", N}, {"k", K}, {"C", C}, {"rows", rows}});
+    Inputs in(seed_of("moe rows", uint64_t(N * 10000 + K * 100 + C)));
+    // A permutation of the routes onto rows, some routes dropped (-1).
+    std::vector<int32_t> pos(size_t(N) * K), idx(size_t(rows), -1);
+    std::vector<int32_t> free_rows(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) free_rows[size_t(r)] = r;
+    for (size_t i = 0; i < pos.size(); ++i) {
+      const int pick = in.integer(0, int(free_rows.size()) - 1);
+      pos[i] = in.integer(0, 4) == 0 ? -1 : free_rows[size_t(pick)];
+      if (pos[i] >= 0) {
+        idx[size_t(pos[i])] = int32_t(i / size_t(K));  // the row gathers its token
+        free_rows.erase(free_rows.begin() + pick);
+      }
+    }
+    const std::vector<F> x = in.values<F>(size_t(N) * C), expert = in.values<F>(size_t(rows) * C),
+                         gate = in.values<F>(size_t(N) * K), out0 = in.values<F>(size_t(N) * C),
+                         dout = in.values<F>(size_t(N) * C), din0 = in.values<F>(size_t(rows) * C);
+    Buffer<int32_t> d_pos = this->upload(pos), d_idx = this->upload(idx);
+    Buffer<F> d_x = this->upload(x), d_expert = this->upload(expert), d_gate = this->upload(gate);
+
+    // gather_rows: row r = x[idx[r]], zeros for padding
+    Buffer<F> gathered = this->poisoned(size_t(rows) * C);
+    k.gather_rows(gathered.data(), d_x.data(), d_idx.data(), rows, C);
+    Vec r_gathered(size_t(rows) * C, 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (int ch = 0; idx[size_t(r)] >= 0 && ch < C; ++ch)
+        r_gathered[size_t(r * C + ch)] = x[size_t(idx[size_t(r)] * C + ch)];
+    this->check("gather_rows", shape, "out", gathered, r_gathered, Tol::exact);
+
+    // moe_combine: out[t] += Σ_j gate · expert[pos], with gates and with gate = 1
+    for (bool gated : {true, false}) {
+      Buffer<F> out = this->upload(out0);
+      k.moe_combine(out.data(), d_expert.data(), d_pos.data(), gated ? d_gate.data() : nullptr, N,
+                    K, C);
+      Vec r_out = wide(out0);
+      for (int t = 0; t < N; ++t)
+        for (int j = 0; j < K; ++j) {
+          const int32_t p = pos[size_t(t * K + j)];
+          if (p < 0) continue;
+          const double g = gated ? double(gate[size_t(t * K + j)]) : 1.0;
+          for (int ch = 0; ch < C; ++ch)
+            r_out[size_t(t * C + ch)] += g * double(expert[size_t(p * C + ch)]);
+        }
+      this->check("moe_combine", shape, gated ? "out" : "out (gate 1)", out, r_out, Tol::arith);
+    }
+
+    // moe_combine_backward: din[pos] = gate · dout[t], dgate = dout[t] · expert[pos]
+    Buffer<F> d_dout = this->upload(dout), din = this->upload(din0),
+              dgate = this->poisoned(size_t(N) * K);
+    k.moe_combine_backward(din.data(), dgate.data(), d_dout.data(), d_expert.data(), d_pos.data(),
+                           d_gate.data(), N, K, C);
+    Vec r_din = wide(din0), r_dgate(size_t(N) * K, 0.0);
+    for (int t = 0; t < N; ++t)
+      for (int j = 0; j < K; ++j) {
+        const int32_t p = pos[size_t(t * K + j)];
+        if (p < 0) continue;
+        double dot = 0.0;
+        for (int ch = 0; ch < C; ++ch) {
+          r_din[size_t(p * C + ch)] =
+              double(gate[size_t(t * K + j)]) * double(dout[size_t(t * C + ch)]);
+          dot += double(dout[size_t(t * C + ch)]) * double(expert[size_t(p * C + ch)]);
+        }
+        r_dgate[size_t(t * K + j)] = dot;
+      }
+    this->check("moe_combine_backward", shape, "din", din, r_din, Tol::arith);
+    this->check("moe_combine_backward", shape, "dgate", dgate, r_dgate, Tol::arith);
+  }
+}
+
 // ---- embedding --------------------------------------------------------------------------------
 
 TYPED_TEST(Conformance, Embedding) {

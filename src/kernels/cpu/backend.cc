@@ -17,6 +17,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe_rows.h"
 #include "kernels/cpu/peak.h"
 
 namespace tetra {
@@ -116,6 +117,18 @@ class CpuKernels final : public Kernels<F> {
     }
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+
+  void gather_rows(F* out, const F* in, const int32_t* idx, int64_t rows, int C) override {
+    cpu::gather_rows(out, in, idx, rows, C);
+  }
+  void moe_combine(F* out, const F* in, const int32_t* pos, const F* gate, int64_t N, int k,
+                   int C) override {
+    cpu::moe_combine(out, in, pos, gate, N, k, C);
+  }
+  void moe_combine_backward(F* din, F* dgate, const F* dout, const F* in, const int32_t* pos,
+                            const F* gate, int64_t N, int k, int C) override {
+    cpu::moe_combine_backward(din, dgate, dout, in, pos, gate, N, k, C);
   }
 
   void embedding_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T,

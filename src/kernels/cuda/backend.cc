@@ -177,6 +177,23 @@ class CudaKernels final : public Kernels<float> {
   }
   void add(float* y, const float* x, size_t n) override { launch::add(y, x, int64_t(n)); }
 
+  // ---- mixture of experts ---------------------------------------------------------------------
+  void gather_rows(float* out, const float* in, const int32_t* idx, int64_t rows, int C) override {
+    const KernelScope profile(ProfKind::moe, "gather rows");
+    launch::gather_rows(out, in, idx, rows, C);
+  }
+  void moe_combine(float* out, const float* in, const int32_t* pos, const float* gate, int64_t N,
+                   int k, int C) override {
+    const KernelScope profile(ProfKind::moe, "combine");
+    launch::moe_combine(out, in, pos, gate, N, k, C);
+  }
+  void moe_combine_backward(float* din, float* dgate, const float* dout, const float* in,
+                            const int32_t* pos, const float* gate, int64_t N, int k,
+                            int C) override {
+    const KernelScope profile(ProfKind::moe, "combine backward");
+    launch::moe_combine_backward(din, dgate, dout, in, pos, gate, N, k, C);
+  }
+
   // ---- embedding ----------------------------------------------------------------------------
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C, int pos0, int v0, int Vl) override {

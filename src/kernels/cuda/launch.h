@@ -43,6 +43,14 @@ void add_positions(float* out, const float* wpe, int64_t first_row, int64_t rows
 void to_bf16(uint16_t* dst, const float* src, int64_t n);
 void from_bf16(float* dst, const uint16_t* src, int64_t n, float scale);
 
+// ---- mixture of experts (moe_rows.cu)
+// ------------------------------------------------------------
+void gather_rows(float* out, const float* in, const int32_t* idx, int64_t rows, int C);
+void moe_combine(float* out, const float* in, const int32_t* pos, const float* gate, int64_t N,
+                 int k, int C);
+void moe_combine_backward(float* din, float* dgate, const float* dout, const float* in,
+                          const int32_t* pos, const float* gate, int64_t N, int k, int C);
+
 // ---- embedding (embedding.cu)
 // --------------------------------------------------------------------
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,

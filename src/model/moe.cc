@@ -1,0 +1,371 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "core/profile.h"
+
+namespace tetra {
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+MoeShape MoeShape::of(const GptConfig& c, int B, int T, bool capacity) {
+  MoeShape s;
+  s.N = int64_t(B) * T;
+  s.k = c.moe.top_k;
+  s.E = c.moe.experts;
+  s.ep = c.moe.ep;
+  s.El = c.local_experts();
+  s.C = c.d_model;
+  s.H = 4 * c.d_model;
+  // One expert takes each token at most once, and with a capacity at most `cap` routes of each
+  // of the ep·B sequences that meet at it; this rank's experts take at most every route of the
+  // group.
+  const int64_t per_rank = capacity && c.moe.capacity_factor > 0.0
+                               ? std::min(moe_capacity(c.moe.capacity_factor, T, s.k, s.E) * B, s.N)
+                               : s.N;
+  const int64_t routed = std::min(int64_t(s.El) * per_rank * s.ep, s.N * s.k * s.ep);
+  s.expert_rows = routed + int64_t(s.El) * (kMoeRowAlign - 1);
+  if (s.ep > 1) {
+    s.send_rows = s.N * s.k;
+    s.recv_rows = routed;
+  }
+  return s;
+}
+
+template <typename F>
+size_t MoeActs<F>::elements(const MoeShape& s) {
+  return size_t(s.N * s.E + s.N * s.k + s.expert_rows * (2 * s.C + 2 * s.H) + s.send_rows * s.C);
+}
+
+template <typename F>
+MoeActs<F> MoeActs<F>::carve(F* p, const MoeShape& s) {
+  auto take = [&](int64_t n) { return std::exchange(p, p + n); };
+  MoeActs a;
+  a.logits = take(s.N * s.E);
+  a.gate = take(s.N * s.k);
+  a.x = take(s.expert_rows * s.C);
+  a.pre = take(s.expert_rows * s.H);
+  a.h = take(s.expert_rows * s.H);
+  a.y = take(s.expert_rows * s.C);
+  if (s.send_rows > 0) a.back = take(s.send_rows * s.C);
+  return a;
+}
+
+MoeRoute::MoeRoute(const MoeShape& s, Device& device, MemTag tag)
+    : index(size_t(s.N * s.k + s.expert_rows + s.recv_rows + s.send_rows), tag, device) {
+  int32_t* p = index.data();
+  auto take = [&](int64_t n) { return std::exchange(p, p + n); };
+  pos = take(s.N * s.k);
+  x_src = take(s.expert_rows);
+  back = take(s.recv_rows);
+  send_token = take(s.send_rows);
+}
+
+template <typename F>
+size_t MoeScratch<F>::elements(const MoeShape& s) {
+  return size_t(s.N * s.E + s.N * s.k + (s.recv_rows + s.send_rows + s.expert_rows) * s.C +
+                s.expert_rows * s.H);
+}
+
+template <typename F>
+MoeScratch<F> MoeScratch<F>::carve(F* p, const MoeShape& s) {
+  auto take = [&](int64_t n) { return std::exchange(p, p + n); };
+  MoeScratch m;
+  m.dlogits = take(s.N * s.E);
+  m.dgate = take(s.N * s.k);
+  m.recv = take(s.recv_rows * s.C);
+  m.send = take(s.send_rows * s.C);
+  m.dy = take(s.expert_rows * s.C);
+  m.dh = take(s.expert_rows * s.H);
+  return m;
+}
+
+template <typename F>
+std::vector<typename MoeMlp<F>::ExpertIds> MoeMlp<F>::register_experts(const GptConfig& c,
+                                                                       int layer,
+                                                                       ParamStoreT<F>& store,
+                                                                       int ep_rank) {
+  const int64_t C = c.d_model, H = 4 * int64_t(c.d_model);
+  const float residual_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
+  const int El = c.local_experts();
+  std::vector<ExpertIds> ids;
+  for (int le = 0; le < El; ++le) {
+    const std::string base = "transformer.h." + std::to_string(layer) + ".mlp.experts." +
+                             std::to_string(ep_rank * El + le) + ".";
+    auto add = [&](const char* rest, Shape shape, float std) {
+      ParamSpec s;
+      s.name = base + rest;
+      s.shape = std::move(shape);
+      s.decay = s.shape.size() == 2;
+      s.file.transposed = s.decay;  // GPT-2's Conv1D layout, as the dense MLP
+      if (s.decay) s.init = {ParamInit::Kind::normal, std, -1};
+      return store.add(std::move(s));
+    };
+    ExpertIds e;
+    e.projw = add("c_proj.weight", {C, H}, residual_std);
+    e.projb = add("c_proj.bias", {C}, 0.0f);
+    e.fcw = add("c_fc.weight", {H, C}, 0.02f);
+    e.fcb = add("c_fc.bias", {H}, 0.0f);
+    ids.push_back(e);
+  }
+  return ids;
+}
+
+template <typename F>
+TensorId MoeMlp<F>::register_router(const GptConfig& c, int layer, ParamStoreT<F>& store) {
+  ParamSpec s;
+  s.name = "transformer.h." + std::to_string(layer) + ".mlp.router.weight";
+  s.shape = {c.moe.experts, c.d_model};
+  s.decay = true;
+  s.init = {ParamInit::Kind::normal, 0.02f, -1};
+  return store.add(std::move(s));
+}
+
+template <typename F>
+MoeMlp<F>::MoeMlp(const GptConfig& c, const parallel::LayerEnv<F>& env,
+                  parallel::ExpertParallel& ep, TensorId router, std::vector<ExpertIds> experts)
+    : c_(c), env_(env), ep_(ep), router_(router), experts_(std::move(experts)) {
+  TETRA_CHECK(ep.size() == c.moe.ep && int(experts_.size()) == c.local_experts(),
+              "[model] internal: a MoE block shaped for ep={} ({} experts each) on a group of {} "
+              "holding {}",
+              c.moe.ep, c.local_experts(), ep.size(), experts_.size());
+  reset_stats();
+}
+
+template <typename F>
+void MoeMlp<F>::reset_stats() {
+  stats_ = MoeStats();
+  stats_.load.assign(size_t(c_.moe.experts), 0);
+}
+
+template <typename F>
+void MoeMlp<F>::plan(MoeRoute& route, const F* logits, int B, int T, Pass pass) {
+  const ProfileScope profile(ProfKind::moe, "routing");
+  const int E = c_.moe.experts, k = c_.moe.top_k, El = c_.local_experts(), ep = ep_.size();
+  const int64_t N = int64_t(B) * T;
+  std::vector<F> host(size_t(N * E));
+  env_.store.device().to_host(host.data(), logits, host.size() * sizeof(F));
+  const double cf = pass == Pass::decode ? 0.0 : c_.moe.capacity_factor;
+  route.routing = route_tokens(host.data(), B, T, E, k, cf);
+  const MoeRouting& r = route.routing;
+  last_ = {r.aux, r.z, r.dropped};
+  if (pass == Pass::train) {
+    ++stats_.micro_batches;
+    stats_.routes += r.routes();
+    stats_.dropped += r.dropped;
+    stats_.aux += r.aux;
+    stats_.z += r.z;
+    for (int e = 0; e < E; ++e) stats_.load[size_t(e)] += r.load[size_t(e)];
+  }
+  // Host images of the index vectors, laid out as route.index.
+  const MoeShape shape = MoeShape::of(c_, B, T, pass != Pass::decode);
+  std::vector<int32_t> index(route.index.size(), -1);
+  int32_t* pos = index.data();
+  int32_t* x_src = pos + N * k;
+  int32_t* back = x_src + shape.expert_rows;
+  int32_t* send_token = back + shape.recv_rows;
+  route.expert_rows.assign(size_t(El), 0);
+  route.send_rows.assign(size_t(ep), 0);
+  route.recv_rows.assign(size_t(ep), 0);
+  if (ep == 1) {
+    // The experts' rows directly: expert e's kept routes in token order, padded.
+    std::vector<int64_t> start(static_cast<size_t>(E));
+    int64_t rows = 0;
+    for (int e = 0; e < E; ++e) {
+      start[size_t(e)] = rows;
+      route.expert_rows[size_t(e)] = round_up(r.load[size_t(e)], kMoeRowAlign);
+      rows += route.expert_rows[size_t(e)];
+    }
+    route.x_rows = rows;
+    for (int64_t route_i = 0; route_i < N * k; ++route_i) {
+      if (!r.kept[size_t(route_i)]) continue;
+      const int64_t row = start[size_t(r.expert[size_t(route_i)])]++;
+      pos[route_i] = int32_t(row);
+      x_src[row] = int32_t(route_i / k);
+    }
+  } else {
+    // Sent rows in global expert order, which is destination-rank order; each rank learns how
+    // many rows of each of its experts every rank sends, and gathers them expert by expert.
+    std::vector<int64_t> start(static_cast<size_t>(E));
+    std::vector<int32_t> counts(static_cast<size_t>(E));
+    int64_t rows = 0;
+    for (int e = 0; e < E; ++e) {
+      start[size_t(e)] = rows;
+      counts[size_t(e)] = int32_t(r.load[size_t(e)]);
+      rows += r.load[size_t(e)];
+      route.send_rows[size_t(e / El)] += r.load[size_t(e)];
+    }
+    route.send_total = rows;
+    for (int64_t route_i = 0; route_i < N * k; ++route_i) {
+      if (!r.kept[size_t(route_i)]) continue;
+      const int64_t row = start[size_t(r.expert[size_t(route_i)])]++;
+      pos[route_i] = int32_t(row);
+      send_token[row] = int32_t(route_i / k);
+    }
+    const std::vector<int32_t> recv = ep_.exchange_counts(counts, El);  // [source][local expert]
+    std::vector<int64_t> xstart(static_cast<size_t>(El));
+    int64_t xrows = 0;
+    for (int le = 0; le < El; ++le) {
+      int64_t n = 0;
+      for (int src = 0; src < ep; ++src) n += recv[size_t(src * El + le)];
+      xstart[size_t(le)] = xrows;
+      route.expert_rows[size_t(le)] = round_up(n, kMoeRowAlign);
+      xrows += route.expert_rows[size_t(le)];
+    }
+    route.x_rows = xrows;
+    int64_t received = 0;
+    for (int src = 0; src < ep; ++src) {
+      for (int le = 0; le < El; ++le) {
+        const int32_t n = recv[size_t(src * El + le)];
+        route.recv_rows[size_t(src)] += n;
+        for (int32_t i = 0; i < n; ++i, ++received) {
+          const int64_t row = xstart[size_t(le)]++;
+          x_src[row] = int32_t(received);
+          back[received] = int32_t(row);
+        }
+      }
+    }
+    route.recv_total = received;
+  }
+  TETRA_CHECK(route.x_rows <= shape.expert_rows && route.recv_total <= shape.recv_rows &&
+                  route.send_total <= shape.send_rows,
+              "[moe] internal: {} expert rows, {} received and {} sent over the bounds {}, {}, {}",
+              route.x_rows, route.recv_total, route.send_total, shape.expert_rows, shape.recv_rows,
+              shape.send_rows);
+  env_.store.device().from_host(route.index.data(), index.data(), index.size() * sizeof(int32_t));
+}
+
+template <typename F>
+void MoeMlp<F>::experts_forward(const MoeActs<F>& a, const MoeRoute& route) {
+  Kernels<F>& k = env_.kernels();
+  ParamStoreT<F>& st = env_.store;
+  const int64_t C = c_.d_model, H = 4 * int64_t(c_.d_model);
+  int64_t off = 0;
+  for (size_t le = 0; le < experts_.size(); ++le) {
+    const int64_t m = route.expert_rows[le];
+    if (m == 0) continue;
+    const ExpertIds& e = experts_[le];
+    k.linear_gelu(a.h + off * H, a.pre + off * H, a.x + off * C, st.param(e.fcw), st.param(e.fcb),
+                  m, H, C, "mlp.experts.c_fc forward", env_.bf16);
+    matmul_nt(k, a.y + off * C, a.h + off * H, st.param(e.projw), st.param(e.projb), m, C, H, false,
+              "mlp.experts.c_proj forward", env_.bf16);
+    off += m;
+  }
+}
+
+template <typename F>
+void MoeMlp<F>::forward(F* out, const F* x, const MoeActs<F>& a, MoeRoute& route,
+                        const MoeScratch<F>& s, int B, int T, Pass pass) {
+  Kernels<F>& k = env_.kernels();
+  const int E = c_.moe.experts, K = c_.moe.top_k, C = c_.d_model;
+  const int64_t N = int64_t(B) * T;
+  // The router stays in f32 (its products are small, and the decisions should not move with
+  // bf16 rounding).
+  matmul_nt(k, a.logits, x, env_.store.param(router_), static_cast<const F*>(nullptr), N, E, C,
+            false, "mlp.router forward");
+  plan(route, a.logits, B, T, pass);
+  std::vector<F> gate(route.routing.gate.begin(), route.routing.gate.end());
+  env_.store.device().from_host(a.gate, gate.data(), gate.size() * sizeof(F));
+  if (ep_.size() == 1) {
+    k.gather_rows(a.x, x, route.x_src, route.x_rows, C);
+    experts_forward(a, route);
+    k.moe_combine(out, a.y, route.pos, a.gate, N, K, C);
+    return;
+  }
+  k.gather_rows(s.send, x, route.send_token, route.send_total, C);
+  ep_.exchange_rows(s.send, route.send_rows, s.recv, route.recv_rows, C);
+  k.gather_rows(a.x, s.recv, route.x_src, route.x_rows, C);
+  experts_forward(a, route);
+  k.gather_rows(s.recv, a.y, route.back, route.recv_total, C);
+  ep_.exchange_rows(s.recv, route.recv_rows, a.back, route.send_rows, C);
+  k.moe_combine(out, a.back, route.pos, a.gate, N, K, C);
+}
+
+template <typename F>
+void MoeMlp<F>::experts_backward(const MoeActs<F>& a, const MoeRoute& route,
+                                 const MoeScratch<F>& s) {
+  Kernels<F>& k = env_.kernels();
+  ParamStoreT<F>& st = env_.store;
+  const int64_t C = c_.d_model, H = 4 * int64_t(c_.d_model);
+  int64_t off = 0;
+  for (size_t le = 0; le < experts_.size(); ++le) {
+    const int64_t m = route.expert_rows[le];
+    if (m == 0) continue;
+    const ExpertIds& e = experts_[le];
+    F* dy = s.dy + off * C;
+    F* dh = s.dh + off * H;
+    // y = h · W2ᵀ + b2
+    matmul_nn(k, dh, dy, st.param(e.projw), m, H, C, false, "mlp.experts.c_proj input grad",
+              env_.bf16);
+    matmul_tn(k, st.grad(e.projw), dy, a.h + off * H, C, H, m, true,
+              "mlp.experts.c_proj weight grad", env_.bf16);
+    k.bias_backward(st.grad(e.projb), dy, m, int(C));
+    // h = gelu(x · W1ᵀ + b1); the rows' input gradient overwrites dy, which is spent.
+    k.gelu_bias_backward(dh, st.grad(e.fcb), a.pre + off * H, dh, m, int(H));
+    matmul_tn(k, st.grad(e.fcw), dh, a.x + off * C, H, C, m, true, "mlp.experts.c_fc weight grad",
+              env_.bf16);
+    matmul_nn(k, dy, dh, st.param(e.fcw), m, C, H, false, "mlp.experts.c_fc input grad", env_.bf16);
+    off += m;
+  }
+}
+
+template <typename F>
+void MoeMlp<F>::backward(F* dx, const F* dout, const F* x, const MoeActs<F>& a,
+                         const MoeRoute& route, const MoeScratch<F>& s, int B, int T,
+                         float loss_scale) {
+  Kernels<F>& k = env_.kernels();
+  const int E = c_.moe.experts, K = c_.moe.top_k, C = c_.d_model;
+  const int64_t N = int64_t(B) * T;
+  // The combine: the gates' gradients, and the rows' gradients back to the experts.
+  if (ep_.size() == 1) {
+    k.zero(s.dy, size_t(route.x_rows) * size_t(C));  // padding rows stay zero
+    k.moe_combine_backward(s.dy, s.dgate, dout, a.y, route.pos, a.gate, N, K, C);
+  } else {
+    k.moe_combine_backward(s.send, s.dgate, dout, a.back, route.pos, a.gate, N, K, C);
+    ep_.exchange_rows(s.send, route.send_rows, s.recv, route.recv_rows, C);
+    k.gather_rows(s.dy, s.recv, route.x_src, route.x_rows, C);
+  }
+  experts_backward(a, route, s);
+  // The dispatch: each route's input gradient back to its token.
+  if (ep_.size() == 1) {
+    k.moe_combine(dx, s.dy, route.pos, static_cast<const F*>(nullptr), N, K, C);
+  } else {
+    k.gather_rows(s.recv, s.dy, route.back, route.recv_total, C);
+    ep_.exchange_rows(s.recv, route.recv_rows, s.send, route.send_rows, C);
+    k.moe_combine(dx, s.send, route.pos, static_cast<const F*>(nullptr), N, K, C);
+  }
+  // The router: the gates' and the losses' gradients through the softmax, on the host.
+  const MoeRouting& r = route.routing;
+  std::vector<F> dgate_f(size_t(N * K));
+  Device& device = env_.store.device();
+  device.to_host(dgate_f.data(), s.dgate, dgate_f.size() * sizeof(F));
+  std::vector<double> dgate(dgate_f.begin(), dgate_f.end());
+  std::vector<double> dl;
+  {
+    const ProfileScope profile(ProfKind::moe, "routing backward");
+    dl = route_backward(r, dgate.data(), c_.moe.aux_loss_coeff * loss_scale,
+                        c_.moe.z_loss_coeff * loss_scale);
+  }
+  const std::vector<F> dlogits(dl.begin(), dl.end());
+  device.from_host(s.dlogits, dlogits.data(), dlogits.size() * sizeof(F));
+  ParamStoreT<F>& st = env_.store;
+  matmul_tn(k, st.grad(router_), s.dlogits, x, E, C, N, true, "mlp.router weight grad");
+  matmul_nn(k, dx, s.dlogits, st.param(router_), N, C, E, true, "mlp.router input grad");
+}
+
+template struct MoeActs<float>;
+template struct MoeActs<double>;
+template struct MoeScratch<float>;
+template struct MoeScratch<double>;
+template class MoeMlp<float>;
+template class MoeMlp<double>;
+
+}  // namespace tetra
