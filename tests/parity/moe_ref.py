@@ -332,7 +332,7 @@ def selfcheck(verbose=True):
 
     # 4. Ties to the lower index; closed forms on equal logits (p uniform).
     T0, C0, E0 = 10, 4, 4
-    x0 = torch.randn(2, T0, C0, dtype=torch.float64)
+    x0 = torch.randn(2, T0, C0, generator=torch.Generator().manual_seed(4)).double()
     wr0 = torch.zeros(E0, C0, dtype=torch.float64)
     ex0 = _random_layer(7, 1, 1, C0, E0, 0.1)[2]
     y0, aux0, z0, s0 = moe_mlp(x0, wr0, ex0, 2, 1.0)  # every token picks experts 0, 1
