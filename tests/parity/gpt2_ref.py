@@ -50,13 +50,14 @@ def num_params(cfg):
     return sum(int(np.prod(s)) for s in param_shapes(cfg).values())
 
 
-def init_params(cfg, seed=1337, dtype=torch.float32):
+def init_params(cfg, seed=1337, dtype=torch.float32, shapes=None):
     """GPT-2 init: weights N(0, 0.02), residual projections (c_proj) N(0, 0.02/sqrt(2L)), biases 0,
-    LayerNorm weight 1. Sampled in float32 from a seeded generator, then cast to dtype."""
+    LayerNorm weight 1. Sampled in float32 from a seeded generator, then cast to dtype.
+    shapes: the {name: shape} to initialise (default param_shapes(cfg); moe_ref passes its own)."""
     g = torch.Generator().manual_seed(seed)
     proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
     params = {}
-    for name, shape in param_shapes(cfg).items():
+    for name, shape in (param_shapes(cfg) if shapes is None else shapes).items():
         if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
             t = torch.ones(shape)
         elif name.endswith(".bias"):
@@ -68,10 +69,12 @@ def init_params(cfg, seed=1337, dtype=torch.float32):
     return params
 
 
-def load_params(path, cfg=None, dtype=torch.float32):
+def load_params(path, cfg=None, dtype=torch.float32, shapes=None):
+    """{name: tensor} from a safetensors file; with cfg (or shapes), exactly the tensors of
+    param_shapes(cfg) (or shapes), each of its shape."""
     arrays = st.load(path)
-    if cfg is not None:
-        want = param_shapes(cfg)
+    if cfg is not None or shapes is not None:
+        want = param_shapes(cfg) if shapes is None else shapes
         missing = sorted(set(want) - set(arrays))
         if missing:
             raise ValueError(f"{path}: missing tensors {missing[:4]}...")
@@ -92,8 +95,17 @@ def _conv1d(x, w, b):
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(shape)
 
 
-def forward(p, idx, cfg):
-    """Logits (B, T, V) for token ids idx (B, T)."""
+def dense_mlp(p, i, m):
+    """Block i's MLP on m = ln_2's output: c_fc -> tanh GELU -> c_proj."""
+    h = f"transformer.h.{i}."
+    m = F.gelu(_conv1d(m, p[h + "mlp.c_fc.weight"], p[h + "mlp.c_fc.bias"]), approximate="tanh")
+    return _conv1d(m, p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
+
+
+def forward(p, idx, cfg, mlp=None):
+    """Logits (B, T, V) for token ids idx (B, T). mlp(p, i, m): block i's MLP on ln_2's output m
+    (default dense_mlp; moe_ref passes one that makes some blocks a mixture of experts)."""
+    mlp = dense_mlp if mlp is None else mlp
     B, T = idx.shape
     C, NH = cfg.d_model, cfg.n_head
     hs = C // NH
@@ -112,8 +124,7 @@ def forward(p, idx, cfg):
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + _conv1d(y, p[h + "attn.c_proj.weight"], p[h + "attn.c_proj.bias"])
         m = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
-        m = F.gelu(_conv1d(m, p[h + "mlp.c_fc.weight"], p[h + "mlp.c_fc.bias"]), approximate="tanh")
-        x = x + _conv1d(m, p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
+        x = x + mlp(p, i, m)
     x = F.layer_norm(x, (C,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], 1e-5)
     return x @ p["transformer.wte.weight"].t()
 
@@ -160,29 +171,44 @@ def make_optimizer(params, *, lr, weight_decay, beta1, beta2, eps, foreach=False
 
 def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_ratio=0.1,
           warmup=0, schedule="cosine", weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-          grad_clip=1.0, dtype=torch.float64, autocast=False):
+          grad_clip=1.0, dtype=torch.float64, autocast=False, forward_fn=None):
     """Runs `tetra train`'s loop on a copy of params (cast to dtype). Returns a dict with
     losses/lrs/grad_norms per step, grads1 (step 1's averaged gradients before clipping),
     logits1 (first micro-batch of step 1) and params (after the last step), all as numpy.
     autocast (dtype float32): the forward under torch.autocast("cpu", bfloat16), i.e. mixed
-    precision with float32 master weights, gradients and AdamW state; the loss in float32."""
+    precision with float32 master weights, gradients and AdamW state; the loss in float32.
+    forward_fn(p, x) -> (logits, extra, stats): replaces forward(p, x, cfg); a non-None extra
+    (a scalar tensor) is added to the micro-batch's objective (not to the reported loss), and
+    out["stats"][s] lists each micro-batch's stats (moe_ref: MoE auxiliary losses and routes)."""
     p = {n: t.detach().clone().to(dtype).requires_grad_(True) for n, t in params.items()}
     opt = make_optimizer(p, lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps)
     out = {"losses": [], "lrs": [], "grad_norms": []}
+    if forward_fn is not None:
+        out["stats"] = []
     for s in range(steps):
         for t in p.values():
             t.grad = None
         step_loss = 0.0
+        step_stats = []
         for m in range(grad_accum):
             x, y = get_batch(tokens, s, m, B, T, grad_accum)
+            extra = None
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                logits = forward(p, x, cfg)
+                if forward_fn is None:
+                    logits = forward(p, x, cfg)
+                else:
+                    logits, extra, stats = forward_fn(p, x)
+                    step_stats.append(stats)
             logits = logits.to(dtype)
             if s == 0 and m == 0:
                 out["logits1"] = logits.detach().cpu().numpy()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             step_loss += loss.item() / grad_accum
+            if extra is not None:
+                loss = loss + extra.to(dtype)
             (loss / grad_accum).backward()
+        if forward_fn is not None:
+            out["stats"].append(step_stats)
         grads = [t.grad for t in p.values()]
         norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
         if s == 0:

@@ -21,8 +21,18 @@ target, next to PyTorch under torch.autocast("cpu", bfloat16) (float32 master we
 and AdamW state: mixed precision as PyTorch does it), with bf16 tolerances (TOL_BF16: every
 product's operands carry bf16's relative rounding of up to 2^-9 = 2e-3, against float32's 6e-8).
 On a CPU without bf16 instructions tetra must refuse the run instead, naming the ISA it found.
+
+Mixture-of-experts cases (--cases moe, or their names; docs/moe.md, the reference in moe_ref.py):
+the same checks with router and expert tensors among the gradients and weights, plus per step
+metrics.jsonl's moe_aux and moe_z (<= 1e-5 relative) and moe_dropped and moe_routes (exact), and
+reference-side guards: moe_ref's self-checks pass, a case meant to drop routes drops some on
+step 1, the float64 routing stays >= 1e-5 (in logits) away from every top-k tie over the whole
+run, float32 torch drops the same routes, and removing the aux (z) term from the objective moves
+every router gradient by more than 10x the gradient tolerance (so the aux/z gradients are tested).
+--reference-only runs only the reference side (no tetra needed).
 See docs/parity.md for why the tolerances are what they are. Exit status is non-zero on any failure. Usage:
   /usr/bin/python3 tests/parity/test_parity.py --tetra build/tetra [--workdir DIR] [--verbose]
+      [--cases dense|moe|all|NAME,...]   (default: dense, the cases that need no MoE)
       [--tp N --mpirun mpirun]   (tetra tensor-parallel on N ranks; the reference stays serial)
       [--precision bf16]
       [--tetra-arg=--run.device=cuda ...]   (passed to every `tetra train`, after the case's own)
@@ -42,6 +52,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_ref as ref  # noqa: E402
+import moe_ref  # noqa: E402
 import st  # noqa: E402
 
 METRIC_KEYS = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms", "mfu")
@@ -58,6 +69,16 @@ TOL = {"logits": 1e-4, "grads": 1e-4, "loss": 1e-5, "lr": 1e-6, "grad_norm": 1e-
 TOL_BF16 = {"logits": 2e-2, "grads": 3e-2, "loss": 5e-4, "lr": 1e-6, "grad_norm": 5e-3,
             "weights": 5e-2}
 BF16_REFUSAL = "train.precision=bf16 needs a CPU with bf16 instructions"
+MOE_METRIC_KEYS = ("moe_aux", "moe_z", "moe_dropped", "moe_routes")
+# The unscaled aux and z losses are means of O(1) values over tokens, like the LM loss.
+TOL_MOE = {"aux": 1e-5, "z": 1e-5}
+# The top-k choice is piecewise constant in the router logits: a case is only meaningful if no
+# decision of the float64 run is closer to a tie than what float32 arithmetic moves a logit by.
+# Measured on moe_top2_drops: float32 torch's router logits stay within 1.4e-7 of float64's over
+# all 10 steps, so 1e-5 leaves ~70x. Router gradients must move by more than 10x the gradient
+# tolerance when the aux (z) term is removed from the objective (measured: 6-21%, z 6-14%).
+MOE_MARGIN_MIN = 1e-5
+MOE_AUX_EFFECT_MIN = 10 * TOL["grads"]
 
 CASES = [
     # vocab 200 is not a multiple of 64: tetra pads to 256 internally, the padding must not leak.
@@ -77,7 +98,42 @@ CASES = [
     dict(name="clip_wrap_constant", vocab=130, n_layer=2, d_model=64, n_head=4, max_seq=32, T=32,
          B=2, grad_accum=3, steps=10, lr=1e-3, warmup=0, schedule="constant", min_lr_ratio=0.1,
          weight_decay=0.1, grad_clip=0.5, eps=1e-6, n_tokens=420, seed=99, extra=["--data.shuffle=false"]),
+    # Mixture of experts (docs/moe.md). Experts' biases start random (bias_std) so that a missing
+    # bias shows in step 1's logits. Seeds are chosen so that every top-k decision of the run is
+    # >= 1e-4 in logits from a tie (see MOE_MARGIN_MIN).
+    # Top-2 of 4 experts in every block, capacity active: cap = ceil(1.25 * 13 * 2 / 4) = 9 routes
+    # per expert and sequence; 3-15 of a step's 312 routes (2 layers x 2 micro-batches x 78) are
+    # dropped on every step. Odd sizes (vocab 97, d 48 with 3 heads, T 13, B 3), aux and z on.
+    dict(name="moe_top2_drops", vocab=97, n_layer=2, d_model=48, n_head=3, max_seq=24, T=13, B=3,
+         grad_accum=2, steps=10, lr=1e-3, warmup=2, schedule="cosine", min_lr_ratio=0.1,
+         weight_decay=0.1, grad_clip=1.0, eps=1e-8, n_tokens=1500, seed=2, extra=[],
+         moe=dict(moe_experts=4, moe_top_k=2, moe_every=1, capacity_factor=1.25,
+                  aux_loss_coeff=0.01, z_loss_coeff=1e-3), bias_std=0.02, expect_drops=True),
+    # Switch (top-1) in block 1 of 3 only (moe_every 2: blocks 0 and 2 stay dense), no capacity,
+    # z-loss off (explicitly 0). optim.eps 1e-6 as in clip_wrap_constant: with 1e-8, the dense
+    # h.2.mlp.c_proj.weight ends 3.0e-5 off in float32 torch itself (tiny gradient elements
+    # amplified by AdamW), 1.4e-5 with 1e-6.
+    dict(name="moe_top1_nodrop", vocab=120, n_layer=3, d_model=32, n_head=2, max_seq=16, T=16, B=2,
+         grad_accum=2, steps=10, lr=1e-3, warmup=2, schedule="cosine", min_lr_ratio=0.1,
+         weight_decay=0.1, grad_clip=1.0, eps=1e-6, n_tokens=1200, seed=3, extra=[],
+         moe=dict(moe_experts=4, moe_top_k=1, moe_every=2, capacity_factor=0.0,
+                  aux_loss_coeff=0.01, z_loss_coeff=0.0), bias_std=0.02, expect_drops=False),
+    # Top-2 of 3 experts (odd E), every block, no capacity, aux and z on with other coefficients.
+    dict(name="moe_top2_nodrop", vocab=150, n_layer=2, d_model=32, n_head=4, max_seq=16, T=12, B=3,
+         grad_accum=2, steps=10, lr=1e-3, warmup=2, schedule="cosine", min_lr_ratio=0.1,
+         weight_decay=0.1, grad_clip=1.0, eps=1e-8, n_tokens=1200, seed=3, extra=[],
+         moe=dict(moe_experts=3, moe_top_k=2, moe_every=1, capacity_factor=0.0,
+                  aux_loss_coeff=0.02, z_loss_coeff=1e-3), bias_std=0.02, expect_drops=False),
 ]
+CASE_GROUPS = {"dense": [c["name"] for c in CASES if "moe" not in c],
+               "moe": [c["name"] for c in CASES if "moe" in c],
+               "all": [c["name"] for c in CASES]}
+
+
+def moe_flags(moe):
+    return [f"--model.moe_experts={moe['moe_experts']}", f"--model.moe_top_k={moe['moe_top_k']}",
+            f"--model.moe_every={moe['moe_every']}", f"--moe.capacity_factor={moe['capacity_factor']}",
+            f"--moe.aux_loss_coeff={moe['aux_loss_coeff']}", f"--moe.z_loss_coeff={moe['z_loss_coeff']}"]
 
 
 def rel_err(a, b):
@@ -131,7 +187,8 @@ def run_tetra(args, case, d, init_path, shard_path):
            f"--debug.dump_grads={os.path.join(d, 'grads.safetensors')}",
            f"--debug.dump_logits={os.path.join(d, 'logits.safetensors')}",
            f"--parallel.tp={args.tp}", f"--run.peak_gflops={args.peak_gflops}",
-           ] + case["extra"] + ([f"--train.precision={args.precision}"] if args.precision != "fp32" else [])
+           ] + (moe_flags(case["moe"]) if "moe" in case else []) + case["extra"] \
+        + ([f"--train.precision={args.precision}"] if args.precision != "fp32" else [])
     cmd += args.tetra_arg  # e.g. --run.device=cuda: the same checks on another backend
     for f in ("final.safetensors", "grads.safetensors", "logits.safetensors"):
         p = os.path.join(d, f)
@@ -239,35 +296,135 @@ def cpu_has_bf16():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def moe_reference_checks(rep, case, cfg, params, tokens, kw, r64, r32):
+    """The reference side of a MoE case, independent of tetra: routing far from ties, drops where
+    the case means them, float32 torch routing as float64 does, and aux/z gradients that matter."""
+    m64, m32 = moe_ref.step_metrics(r64), moe_ref.step_metrics(r32)
+    cap = moe_ref.capacity(cfg.capacity_factor, case["T"], cfg.moe_top_k, cfg.moe_experts)
+    margin = min(r["margin"] for r in m64)
+    drops = [r["moe_dropped"] for r in m64]
+    print(f"  reference routing: E={cfg.moe_experts} top-{cfg.moe_top_k}, MoE blocks "
+          f"{moe_ref.moe_layers(cfg)}, capacity {cap if cap is not None else 'none'} per expert and "
+          f"sequence; routes dropped per step {drops} of {m64[0]['moe_routes']}; smallest top-k "
+          f"selection margin {margin:.2e} (min {MOE_MARGIN_MIN:.0e})")
+    if not margin >= MOE_MARGIN_MIN:
+        rep.failures.append(f"reference: a top-k decision is {margin:.2e} from a tie in the router "
+                            f"logits (< {MOE_MARGIN_MIN:.0e}): float32 may route differently; pick "
+                            f"another seed for this case")
+    if case["expect_drops"] and not (drops[0] > 0 and sum(drops) > 0):
+        rep.failures.append(f"reference: the case means capacity drops, but step 1 drops {drops[0]}")
+    if cfg.capacity_factor <= 0 and sum(drops) != 0:
+        rep.failures.append(f"reference: cf = 0 dropped {sum(drops)} routes")
+    d32 = [r["moe_dropped"] for r in m32]
+    if d32 != drops:
+        rep.failures.append(f"reference: float32 torch drops {d32} routes per step, float64 {drops}:"
+                            f" the case is fragile, pick another seed")
+    for key, what in (("aux_loss_coeff", "aux"), ("z_loss_coeff", "z")):
+        if getattr(cfg, key) == 0:
+            continue
+        c2 = moe_ref.MoeConfig(**{**cfg.__dict__, key: 0.0})
+        r2 = ref.train(params, c2, tokens, dtype=torch.float64,
+                       **{**kw, "steps": 1, "forward_fn": moe_ref.make_forward(c2)})
+        effects = {n: rel_err(r2["grads1"][n], g) for n, g in r64["grads1"].items()
+                   if n.endswith(".mlp.router.weight")}
+        print(f"  without the {what} term the router gradients move by "
+              + ", ".join(f"{e:.2e}" for e in effects.values())
+              + f" (must exceed {MOE_AUX_EFFECT_MIN:.0e})")
+        for n, e in effects.items():
+            if not e > MOE_AUX_EFFECT_MIN:
+                rep.failures.append(f"reference: removing the {what} term moves {n}'s gradient by "
+                                    f"only {e:.2e}: the parity check would not see a missing {what} "
+                                    f"gradient")
+    return m64, m32
+
+
+def compare_moe_metrics(rep, rows, m64, m32, steps, summary):
+    """metrics.jsonl's moe_aux / moe_z (relative) and moe_dropped / moe_routes (exact), per step."""
+    print(f"  {'step':>4} {'moe_aux tetra':>14} {'ref64':>14} {'rel':>9} {'f32 rel':>9} "
+          f"{'moe_z tetra':>14} {'ref64':>14} {'rel':>9} {'dropped t/ref':>14} {'routes t/ref':>13}")
+    worst = {"aux": 0.0, "z": 0.0, "dropped": 0}
+    worst32 = {"aux": 0.0, "z": 0.0, "dropped": 0}
+    for s in range(min(len(rows), steps)):
+        row, want, w32 = rows[s], m64[s], m32[s]
+        missing = [k for k in MOE_METRIC_KEYS if k not in row]
+        if missing:
+            rep.failures.append(f"metrics row {s}: missing MoE keys {missing}")
+            continue
+        ea, ez = scalar_rel(row["moe_aux"], want["moe_aux"]), scalar_rel(row["moe_z"], want["moe_z"])
+        rep.check(f"moe_aux step {s + 1}", ea, TOL_MOE["aux"])
+        rep.check(f"moe_z step {s + 1}", ez, TOL_MOE["z"])
+        for k in ("moe_dropped", "moe_routes"):
+            v = row[k]
+            if not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())) or v != want[k]:
+                rep.failures.append(f"{k} step {s + 1}: tetra {v!r}, reference {want[k]}")
+        worst["aux"], worst["z"] = max(worst["aux"], ea), max(worst["z"], ez)
+        worst["dropped"] = max(worst["dropped"], abs(row["moe_dropped"] - want["moe_dropped"]))
+        worst32["aux"] = max(worst32["aux"], scalar_rel(w32["moe_aux"], want["moe_aux"]))
+        worst32["z"] = max(worst32["z"], scalar_rel(w32["moe_z"], want["moe_z"]))
+        worst32["dropped"] = max(worst32["dropped"], abs(w32["moe_dropped"] - want["moe_dropped"]))
+        print(f"  {s + 1:>4} {row['moe_aux']:14.8f} {want['moe_aux']:14.8f} {ea:9.2e} "
+              f"{scalar_rel(w32['moe_aux'], want['moe_aux']):9.2e} {row['moe_z']:14.8f} "
+              f"{want['moe_z']:14.8f} {ez:9.2e} {str(row['moe_dropped']) + '/' + str(want['moe_dropped']):>14} "
+              f"{str(row['moe_routes']) + '/' + str(want['moe_routes']):>13}")
+    summary["moe_aux"] = (worst["aux"], worst32["aux"])
+    summary["moe_z"] = (worst["z"], worst32["z"])
+    summary["moe_dropped"] = (worst["dropped"], worst32["dropped"])
+
+
+def tetra_refused_moe(output):
+    """The line of tetra's output that refuses a MoE key, or None."""
+    for line in output.splitlines():
+        if "unknown key" in line and ("'model.moe_" in line or "'moe." in line):
+            return line.strip()
+    return None
+
+
 def run_case(args, case):
     name = case["name"]
+    moe = case.get("moe")
     bf16 = args.precision == "bf16"
     tol = TOL_BF16 if bf16 else TOL
     peer = "torch-ac" if bf16 else "torch-f32"
     d = os.path.join(args.workdir, name)
     os.makedirs(d, exist_ok=True)
-    cfg = ref.Config(vocab_size=case["vocab"], n_layer=case["n_layer"], n_head=case["n_head"],
-                     d_model=case["d_model"], max_seq=case["max_seq"])
+    dims = dict(vocab_size=case["vocab"], n_layer=case["n_layer"], n_head=case["n_head"],
+                d_model=case["d_model"], max_seq=case["max_seq"])
+    cfg = moe_ref.MoeConfig(**dims, **moe) if moe else ref.Config(**dims)
     print(f"\n=== case {name}: V={cfg.vocab_size} L={cfg.n_layer} C={cfg.d_model} NH={cfg.n_head} "
           f"max_seq={cfg.max_seq} B={case['B']} T={case['T']} accum={case['grad_accum']} "
           f"steps={case['steps']} lr={case['lr']} warmup={case['warmup']} {case['schedule']} "
           f"clip={case['grad_clip']} wd={case['weight_decay']} eps={case['eps']} tokens={case['n_tokens']}")
-    params = ref.init_params(cfg, seed=case["seed"], dtype=torch.float32)
+    if moe:
+        print("  MoE: " + " ".join(moe_flags(moe)) + f"; experts' biases N(0, {case['bias_std']})")
+    rep = Report()
+    if moe and bf16:
+        rep.failures.append("MoE cases compare in fp32 only (bf16 rounding moves routing decisions)")
+        return rep, {}
+    if moe:
+        params = moe_ref.init_params(cfg, seed=case["seed"], dtype=torch.float32,
+                                     bias_std=case["bias_std"])
+    else:
+        params = ref.init_params(cfg, seed=case["seed"], dtype=torch.float32)
     init_path = os.path.join(d, "init.safetensors")
     ref.save_params(init_path, params)
     rng = np.random.default_rng(case["seed"])
     tokens = rng.integers(0, cfg.vocab_size, size=case["n_tokens"])
     shard_path = os.path.join(d, "train.bin")
     st.write_shard(shard_path, tokens)
-    params = ref.load_params(init_path, cfg)  # exactly what tetra reads
+    # exactly what tetra reads
+    params = moe_ref.load_params(init_path, cfg) if moe else ref.load_params(init_path, cfg)
 
     kw = dict(B=case["B"], T=case["T"], grad_accum=case["grad_accum"], steps=case["steps"],
               lr=case["lr"], min_lr_ratio=case["min_lr_ratio"], warmup=case["warmup"],
               schedule=case["schedule"], weight_decay=case["weight_decay"], beta1=0.9, beta2=0.95,
               eps=case["eps"], grad_clip=case["grad_clip"])
-    got, t_tetra = run_tetra(args, case, d, init_path, shard_path)
-    rep = Report()
-    if bf16 and "failed" in got:
+    if moe:
+        kw["forward_fn"] = moe_ref.make_forward(cfg)
+    if args.reference_only:
+        got, t_tetra = {"failed": None, "output": ""}, 0.0
+    else:
+        got, t_tetra = run_tetra(args, case, d, init_path, shard_path)
+    if bf16 and "failed" in got and not args.reference_only:
         # Refused: right only where the CPU has no bf16 instructions, and only with the reason.
         refused = got["failed"] == 2 and BF16_REFUSAL in got["output"] and "oneDNN ISA" in got["output"]
         if cpu_has_bf16() or not refused:
@@ -277,13 +434,25 @@ def run_case(args, case):
             line = next(l for l in got["output"].splitlines() if BF16_REFUSAL in l)
             print(f"  no bf16 instructions on this CPU: tetra refused, as it must:\n    {line}")
         return rep, {}
-    if "failed" in got:
-        rep.failures.append("tetra train failed")
-        return rep, {}
+    if "failed" in got and not args.reference_only:
+        refusal = tetra_refused_moe(got["output"]) if moe else None
+        if refusal:
+            rep.failures.append(f"tetra refused the MoE flags: this tetra has no mixture of experts "
+                                f"(docs/moe.md): {refusal}")
+        else:
+            rep.failures.append(f"tetra train failed (exit {got['failed']}; see {d}/tetra.log)")
+        if not moe:
+            return rep, {}
     t0 = time.time()
     r64 = ref.train(params, cfg, tokens, dtype=torch.float64, **kw)
     r32 = ref.train(params, cfg, tokens, dtype=torch.float32, autocast=bf16, **kw)
     print(f"  reference {time.time() - t0:.1f}s, tetra {t_tetra:.1f}s")
+    if moe:
+        m64, m32 = moe_reference_checks(rep, case, cfg, params, tokens, kw, r64, r32)
+    if "failed" in got:
+        if moe and not args.reference_only:
+            print("  (tetra failed: only the reference side of this case was checked)")
+        return rep, {}
 
     summary = {}
     # logits
@@ -346,6 +515,8 @@ def run_case(args, case):
     if case["grad_clip"] > 0:
         clipped = sum(1 for g in r64["grad_norms"] if g > case["grad_clip"])
         print(f"  clipping active on {clipped}/{case['steps']} steps (ref grad norm > {case['grad_clip']})")
+    if moe:
+        compare_moe_metrics(rep, m, m64, m32, case["steps"], summary)
 
     summary["grads"] = compare_tensor_sets(rep, "step-1 gradients", got["grads"], r32["grads1"],
                                            r64["grads1"], tol["grads"], args.verbose, peer)
@@ -391,7 +562,11 @@ def main():
     ap.add_argument("--workdir", default=None,
                     help="where the cases' files go (default: a new directory in $TMPDIR)")
     ap.add_argument("--threads", type=int, default=0, help="tetra --run.threads (0 = all cores)")
-    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--cases", default="dense",
+                    help="comma-separated case names or groups: dense (the default), moe, all")
+    ap.add_argument("--reference-only", action="store_true",
+                    help="no tetra: run the reference side only (MoE cases: moe_ref's self-checks "
+                         "and the cases' reference guards)")
     ap.add_argument("--tp", type=int, default=1,
                     help="run tetra tensor-parallel on this many ranks (under --mpirun)")
     ap.add_argument("--mpirun", default="mpirun", help="the MPI launcher for --tp > 1")
@@ -405,17 +580,28 @@ def main():
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    if not os.path.exists(args.tetra):
+    if not args.reference_only and not os.path.exists(args.tetra):
         print(f"tetra binary not found: {args.tetra}")
+        return 2
+    names = []
+    for n in (x for x in args.cases.split(",") if x):
+        names += CASE_GROUPS.get(n, [n])
+    unknown = [n for n in names if n not in CASE_GROUPS["all"]]
+    if unknown or not names:
+        print(f"unknown cases {unknown}; cases: {', '.join(CASE_GROUPS['all'])}; groups: "
+              f"{', '.join(CASE_GROUPS)}")
         return 2
     if args.workdir is None:
         args.workdir = tempfile.mkdtemp(prefix="tetra_parity_")
     os.makedirs(args.workdir, exist_ok=True)
     print(f"work files in {args.workdir}")
-    chosen = [c for c in CASES if not args.cases or c["name"] in args.cases.split(",")]
+    chosen = [c for c in CASES if c["name"] in names]
     t0 = time.time()
     all_fail = []
     summaries = {}
+    if any("moe" in c for c in chosen):
+        print("\n=== moe_ref self-checks (the MoE reference alone, float64)")
+        all_fail += [f"[moe_ref self-check] {f}" for f in moe_ref.selfcheck(verbose=True)]
     for case in chosen:
         rep, summary = run_case(args, case)
         summaries[case["name"]] = summary
@@ -424,14 +610,18 @@ def main():
     print("\n=== summary: max relative error vs float64 reference (tetra | "
           + ("bf16-autocast torch)" if args.precision == "bf16" else "float32 torch)"))
     print(f"  {'category':<12} " + " ".join(f"{c['name']:>30}" for c in chosen) + "   tol")
-    for key, bound in (("logits", tol["logits"]), ("loss_step1", tol["loss"]),
-                       ("loss_all", tol["loss"]), ("lr", tol["lr"]), ("grad_norm", tol["grad_norm"]),
-                       ("grads", tol["grads"]), ("weights", tol["weights"])):
+    rows = [("logits", tol["logits"]), ("loss_step1", tol["loss"]), ("loss_all", tol["loss"]),
+            ("lr", tol["lr"]), ("grad_norm", tol["grad_norm"]), ("grads", tol["grads"]),
+            ("weights", tol["weights"])]
+    if any("moe" in c for c in chosen):
+        rows += [("moe_aux", TOL_MOE["aux"]), ("moe_z", TOL_MOE["z"]), ("moe_dropped", 0)]
+    for key, bound in rows:
         cells = []
         for c in chosen:
             v = summaries[c["name"]].get(key)
-            cells.append(f"{v[0]:.2e} | {v[1]:.2e}".rjust(30) if v else "n/a".rjust(30))
-        print(f"  {key:<12} " + " ".join(cells) + f"   {bound:.0e}")
+            fmt = "{:d}" if key == "moe_dropped" else "{:.2e}"
+            cells.append((fmt.format(v[0]) + " | " + fmt.format(v[1])).rjust(30) if v else "n/a".rjust(30))
+        print(f"  {key:<12} " + " ".join(cells) + (f"   {bound:.0e}" if bound else "   exact"))
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
         json.dump({k: {kk: list(vv) for kk, vv in v.items()} for k, v in summaries.items()}, f, indent=1)
     print(f"\ntotal {time.time() - t0:.1f}s")
