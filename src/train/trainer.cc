@@ -112,6 +112,9 @@ void Trainer::setup(const std::string& config_toml) {
   report_ = std::make_unique<Reporter>(opt_, *layout_, backend_, ledger_, *model_, *data_,
                                        executor_->schedule());
   report_->start_run_dir(config_toml);
+  moe_report_ =
+      std::make_unique<MoeReport>(opt_.model, *layout_, *model_, opt_.grad_accum, opt_.micro_batch,
+                                  opt_.seq_len, recompute == Recompute::full);
   report_->measure_peak(threads);
   ckpt_->start(start_step_, ledger_);
   heartbeat_ = std::make_unique<Heartbeat>(layout_->rank());
@@ -159,6 +162,7 @@ TrainResult Trainer::train() {
     // reduction, and the update.
     zero_->begin_step();
     layout_->tp().reset_counters();
+    moe_report_->begin_step();
     faults_->begin_step(step);
     stage_->begin_training(batch, opt_.grad_accum);
     UpdateResult update;
@@ -175,6 +179,7 @@ TrainResult Trainer::train() {
     nlohmann::json rec =
         report_->step_record(step, lr, update, updater_->skips().total, step_clock.elapsed_s(),
                              data_->last_wait_ms(), *zero_, pipe, step_start_s);
+    moe_report_->add_to(rec);
     const bool last = step == opt_.steps;
     if (data_->has_validation() && (last || (opt_.eval_every > 0 && step % opt_.eval_every == 0))) {
       result.final_val_loss = evaluate();
@@ -198,6 +203,7 @@ TrainResult Trainer::train() {
   // checked after save.final, which may still keep the weights.
   ckpt_->finish();
   report_->summary(result);
+  if (layout_->is_root() && moe_report_->active()) log_info("{}", moe_report_->summary());
   return result;
 }
 

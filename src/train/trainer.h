@@ -26,6 +26,7 @@
 #include "train/checkpointer.h"
 #include "train/fault_hooks.h"
 #include "train/model_stage.h"
+#include "train/moe_report.h"
 #include "train/report.h"
 #include "train/run_layout.h"
 #include "train/run_outputs.h"
@@ -72,6 +73,7 @@ class Trainer {
   std::unique_ptr<Updater> updater_;
   std::unique_ptr<Checkpointer> ckpt_;
   std::unique_ptr<Reporter> report_;
+  std::unique_ptr<MoeReport> moe_report_;
   std::unique_ptr<Heartbeat> heartbeat_;
   int64_t start_step_ = 0;  // steps done before this process started (a resume)
 };
