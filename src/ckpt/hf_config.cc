@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -59,6 +60,17 @@ class Reader {
     return int(*n);
   }
 
+  // A MoE weight or factor: required, a finite number >= 0.
+  double nonnegative(const char* key) const {
+    const json* v = find(key);
+    TETRA_CHECK(v != nullptr, "[{}] {}: no \"{}\"; a {} config.json has it: the file is damaged",
+                module_, origin_, key, kMoeModelType);
+    TETRA_CHECK(v->is_number() && std::isfinite(v->get<double>()) && v->get<double>() >= 0.0,
+                "[{}] {}: {} is {}; expected a finite number >= 0", module_, origin_, key,
+                json_excerpt(*v));
+    return v->get<double>();
+  }
+
   // A token id: an integer in [0, vocab).
   int token_id(const json& v, const std::string& key, int vocab) const {
     TETRA_CHECK(v.is_number_integer(),
@@ -103,7 +115,9 @@ HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& orig
   TETRA_CHECK(root.is_object(), "[{}] {}: the file holds {}; expected a JSON object (GPT2Config)",
               module, origin, json_excerpt(root));
   const Reader r(root, origin, module);
-  r.require("model_type", "gpt2", true);
+  const json* type = r.find("model_type");
+  const bool moe = type && type->is_string() && type->get<std::string>() == kMoeModelType;
+  if (!moe) r.require("model_type", "gpt2", true);
   r.require("activation_function", "gelu_new");
   r.require("layer_norm_epsilon", 1e-5);
   r.require("tie_word_embeddings", true);
@@ -127,6 +141,15 @@ HfGpt2Config parse_hf_gpt2_config(std::string_view text, const std::string& orig
                 "[{}] {}: n_inner is {}, but tetra's GPT-2 has 4 x n_embd = {} MLP channels "
                 "(null means that); this model cannot be loaded",
                 module, origin, json_excerpt(*v), 4 * int64_t(c.n_embd));
+  }
+  if (moe) {
+    c.num_local_experts = r.shape("num_local_experts", L::experts, "experts, model.moe_experts");
+    c.num_experts_per_tok =
+        r.shape("num_experts_per_tok", c.num_local_experts, "experts per token, model.moe_top_k");
+    c.moe_every = r.shape("moe_every", c.n_layer, "blocks between MoE blocks, model.moe_every");
+    c.capacity_factor = r.nonnegative("capacity_factor");
+    c.router_aux_loss_coef = r.nonnegative("router_aux_loss_coef");
+    c.router_z_loss_coef = r.nonnegative("router_z_loss_coef");
   }
   if (const json* v = r.find("bos_token_id"); v != nullptr && !v->is_null()) {
     c.bos_token_id = r.token_id(*v, "bos_token_id", c.vocab_size);

@@ -193,8 +193,9 @@ void write_text(const fs::path& path, const std::string& text, const std::string
 // (gelu_new), LayerNorm eps 1e-5, the LM head tied to wte, no dropout in tetra's training.
 ordered_json gpt2_config(const GptConfig& shape, uint32_t eos_id) {
   ordered_json c;
-  c["architectures"] = {"GPT2LMHeadModel"};
-  c["model_type"] = "gpt2";
+  const bool moe = shape.moe.experts > 0;
+  c["architectures"] = {moe ? "TetraGpt2MoeForCausalLM" : "GPT2LMHeadModel"};
+  c["model_type"] = moe ? kMoeModelType : "gpt2";
   c["vocab_size"] = shape.vocab_size;
   c["n_positions"] = shape.max_seq;
   c["n_embd"] = shape.d_model;
@@ -213,6 +214,14 @@ ordered_json gpt2_config(const GptConfig& shape, uint32_t eos_id) {
   c["bos_token_id"] = eos_id;
   c["eos_token_id"] = eos_id;
   c["torch_dtype"] = "float32";
+  if (moe) {
+    c["num_local_experts"] = shape.moe.experts;
+    c["num_experts_per_tok"] = shape.moe.top_k;
+    c["moe_every"] = shape.moe.every;
+    c["capacity_factor"] = shape.moe.capacity_factor;
+    c["router_aux_loss_coef"] = shape.moe.aux_loss_coeff;
+    c["router_z_loss_coef"] = shape.moe.z_loss_coeff;
+  }
   return c;
 }
 
@@ -433,10 +442,20 @@ std::string model_weights_path(const std::string& path, const std::string& modul
 
 std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module) {
   const HfGpt2Config c = read_hf_gpt2_config((fs::path(dir) / "config.json").string(), module);
-  return {"model.vocab_size=" + std::to_string(c.vocab_size),
-          "model.n_layer=" + std::to_string(c.n_layer), "model.n_head=" + std::to_string(c.n_head),
-          "model.d_model=" + std::to_string(c.n_embd),
-          "model.max_seq=" + std::to_string(c.n_positions)};
+  std::vector<std::string> o = {"model.vocab_size=" + std::to_string(c.vocab_size),
+                                "model.n_layer=" + std::to_string(c.n_layer),
+                                "model.n_head=" + std::to_string(c.n_head),
+                                "model.d_model=" + std::to_string(c.n_embd),
+                                "model.max_seq=" + std::to_string(c.n_positions),
+                                "model.moe_experts=" + std::to_string(c.num_local_experts)};
+  if (c.num_local_experts > 0) {
+    o.push_back("model.moe_top_k=" + std::to_string(c.num_experts_per_tok));
+    o.push_back("model.moe_every=" + std::to_string(c.moe_every));
+    o.push_back(fmt::format("moe.capacity_factor={}", c.capacity_factor));
+    o.push_back(fmt::format("moe.aux_loss_coeff={}", c.router_aux_loss_coef));
+    o.push_back(fmt::format("moe.z_loss_coeff={}", c.router_z_loss_coef));
+  }
+  return o;
 }
 
 WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
@@ -475,14 +494,42 @@ WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
               "[{}] {}: the blocks are not numbered 0 .. {}: {} blocks, the last h.{}; some are "
               "missing, so the file is damaged or incomplete",
               module, path, layers.size() - 1, layers.size(), *layers.rbegin());
-  return {wte.shape[0], wte.shape[1], wpe.shape[0], int64_t(layers.size())};
+  WeightsShape w{wte.shape[0], wte.shape[1], wpe.shape[0], int64_t(layers.size())};
+  // Mixture-of-experts blocks: those with a router (E, C); every k-th block.
+  std::vector<int64_t> routed;
+  for (int64_t l = 0; l < w.n_layer; ++l) {
+    for (const std::string& n : {"transformer.h." + std::to_string(l) + ".mlp.router.weight",
+                                 "h." + std::to_string(l) + ".mlp.router.weight"}) {
+      auto it = f.tensors.find(n);
+      if (it == f.tensors.end()) continue;
+      TETRA_CHECK(it->second.shape.size() == 2 && it->second.shape[0] >= 1 &&
+                      (w.moe_experts == 0 || it->second.shape[0] == w.moe_experts),
+                  "[{}] {}: router '{}' has shape {}; every MoE block's router is (experts, "
+                  "d_model) with the same experts",
+                  module, path, n, shape_str(it->second.shape));
+      w.moe_experts = it->second.shape[0];
+      routed.push_back(l);
+    }
+  }
+  if (!routed.empty()) {
+    w.moe_every = routed.front() + 1;
+    std::vector<int64_t> want;
+    for (int64_t l = w.moe_every - 1; l < w.n_layer; l += w.moe_every) want.push_back(l);
+    TETRA_CHECK(routed == want,
+                "[{}] {}: the blocks with a router, h.{}, are not every {}-th block; tetra's MoE "
+                "models have one in blocks l with l % moe_every == moe_every - 1",
+                module, path, fmt::join(routed, ", h."), w.moe_every);
+  }
+  return w;
 }
 
 std::vector<std::string> weights_shape_overrides(const WeightsShape& w) {
   return {"model.vocab_size=" + std::to_string(w.vocab_size),
           "model.d_model=" + std::to_string(w.d_model),
           "model.max_seq=" + std::to_string(w.max_seq),
-          "model.n_layer=" + std::to_string(w.n_layer)};
+          "model.n_layer=" + std::to_string(w.n_layer),
+          "model.moe_experts=" + std::to_string(w.moe_experts),
+          "model.moe_every=" + std::to_string(w.moe_every)};
 }
 
 void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
@@ -505,7 +552,11 @@ void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
       {"vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size, "wte's rows"},
       {"n_embd", "model.d_model", shape.d_model, w.d_model, "wte's columns"},
       {"n_positions", "model.max_seq", shape.max_seq, w.max_seq, "wpe's rows"},
-      {"n_layer", "model.n_layer", shape.n_layer, w.n_layer, "blocks h.N"}};
+      {"n_layer", "model.n_layer", shape.n_layer, w.n_layer, "blocks h.N"},
+      {"num_local_experts", "model.moe_experts", shape.moe.experts, w.moe_experts,
+       "rows of the routers"},
+      {"moe_every", "model.moe_every", w.moe_experts > 0 ? shape.moe.every : 1, w.moe_every,
+       "blocks with a router"}};
   std::vector<std::string> wrong, blamed;
   for (const Field& f : fields) {
     if (f.have == f.file) continue;

@@ -94,6 +94,8 @@ struct WeightsShape {
   int64_t d_model = 0;
   int64_t max_seq = 0;
   int64_t n_layer = 0;
+  int64_t moe_experts = 0;  // the routers' rows; 0: no MoE block
+  int64_t moe_every = 1;    // which blocks have a router: l % moe_every == moe_every - 1
 };
 
 /** Reads the shape off `file` (read from `path`); refuses a file without wte/wpe or blocks, and

@@ -86,13 +86,16 @@ void Trainer::setup(const std::string& config_toml) {
   model_->set_hooks(faults_.get());
   stage_ = std::make_unique<ModelStage>(*model_, *zero_);
   if (!opt_.init_from.empty()) {
-    // A stage knows the file's other tensors from the whole model's registrations (it allocates
-    // activations for tp tokens; the store is never finalized).
+    // A pipeline stage, or an expert-parallel rank holding some of the experts, knows the file's
+    // other tensors from the whole model's registrations (all experts; it allocates activations
+    // for tp tokens; the store is never finalized).
     ParamStore whole(backend_.device());
     std::unique_ptr<Gpt> names;
-    if (layout_->pp_size() > 1) {
-      names = std::make_unique<Gpt>(backend_, opt_.model, whole, opt_.model.tp, 1, recompute,
-                                    nullptr, &layout_->tp(), GptPart{}, &layout_->ep());
+    if (layout_->pp_size() > 1 || opt_.model.moe.ep > 1) {
+      GptConfig all_experts = opt_.model;
+      all_experts.moe.ep = 1;
+      names = std::make_unique<Gpt>(backend_, all_experts, whole, opt_.model.tp, 1, recompute,
+                                    nullptr, &layout_->tp());
     }
     load_safetensors_into(*store_, model_weights_path(opt_.init_from, "init"),
                           opt_.model.describe(), names ? &whole : nullptr);
