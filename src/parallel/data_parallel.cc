@@ -107,6 +107,14 @@ DataParallel::~DataParallel() {
   } catch (const std::exception& e) {
     log_warn("[zero] while unwinding: {}", e.what());
   }
+  // Stage 3 gathers prefetched but not yet used write into workspaces too.
+  for (UnitParams& p : params_) {
+    try {
+      if (p.state == Residency::gathering) p.gather.wait();
+    } catch (const std::exception& e) {
+      log_warn("[zero] while unwinding: {}", e.what());
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
