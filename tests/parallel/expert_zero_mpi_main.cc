@@ -1,5 +1,6 @@
-// ZeRO with expert units on 4 ranks: dp 4, ep 2, so the expert-data-parallel groups are the dp
-// ranks {0, 2} (experts of ep coordinate 0) and {1, 3} (coordinate 1). A stand-in MoE model
+// ZeRO with expert units on 4 ranks: dp 4 with ep 2, so the expert-data-parallel groups are the
+// dp ranks {0, 2} (experts of ep coordinate 0) and {1, 3} (coordinate 1), then with ep 4 (edp
+// groups of one rank, which reduce nothing but still scale by 1/ep). A stand-in MoE model
 // (moe_hooks.h: dense blocks, MoE blocks with expert units named by the ep coordinate, a root) runs
 // one step of two micro-batches with the model's hook order under every stage, f32 and bf16
 // reductions, stage 0 with one bucket per run of units and with tiny buckets, stage 3 with
@@ -37,7 +38,10 @@ using tetra::parallel::testing::FakeMoe;
 
 namespace {
 
-constexpr int kDp = 4, kEp = 2, kEdp = kDp / kEp, kLayers = 4, kMoeEvery = 2, kMicro = 2;
+constexpr int kDp = 4, kLayers = 4, kMoeEvery = 2, kMicro = 2;
+// The layout under test: ep 2 (edp groups of 2) or ep 4 (edp groups of one, which communicate
+// nothing but still scale by 1/ep).
+int g_ep = 2, g_edp = 2;
 
 struct RunConfig {
   int stage = 0;
@@ -46,7 +50,7 @@ struct RunConfig {
   bool reshard = true;
   int prefetch = 1;
   std::string name() const {
-    return fmt::format("stage {}{}{}{}", stage, bf16 ? " bf16" : "",
+    return fmt::format("ep {} stage {}{}{}{}", g_ep, stage, bf16 ? " bf16" : "",
                        stage == 0 ? fmt::format(" bucket {} MB", bucket_mb) : "",
                        stage == 3 ? fmt::format(" reshard {} prefetch {}", reshard, prefetch) : "");
   }
@@ -70,14 +74,18 @@ int coord_of(const std::string& name) {
 double reduced(const std::string& name, int64_t i, const std::vector<int>& ranks, double factor) {
   double sum = 0;
   for (int r : ranks) {
-    const std::string held = coord_of(name) < 0 ? name : at_coord(name, r % kEp);
+    const std::string held = coord_of(name) < 0 ? name : at_coord(name, r % g_ep);
     for (int mb = 0; mb < kMicro; ++mb) sum += FakeMoe::grad(r, mb, FakeMoe::value(held, i));
   }
   return sum * factor;
 }
 
 std::vector<int> all_ranks() { return {0, 1, 2, 3}; }
-std::vector<int> edp_ranks(int c) { return {c, c + kEp}; }
+std::vector<int> edp_ranks(int c) {
+  std::vector<int> r;
+  for (int k = 0; k < g_edp; ++k) r.push_back(c + g_ep * k);
+  return r;
+}
 
 // The mean over the global batch: dense over dp; experts of coordinate c over the edp group of c,
 // divided by dp.
@@ -111,7 +119,7 @@ void run(const Mesh& mesh, const RunConfig& cfg, Failures& f) {
   o.bucket_mb = cfg.bucket_mb;
   o.reshard_after_forward = cfg.reshard;
   o.prefetch = cfg.prefetch;
-  DataParallel dp(cpu_backend(), mesh.dp(), store, o, nullptr, ExpertGroup{mesh.edp(), kEp});
+  DataParallel dp(cpu_backend(), mesh.dp(), store, o, nullptr, ExpertGroup{mesh.edp(), g_ep});
 
   // One step of two micro-batches; every pass reads the initial values.
   const FakeMoe::Expect initial = [](const ParamEntry& e, int64_t i) {
@@ -148,10 +156,10 @@ void run(const Mesh& mesh, const RunConfig& cfg, Failures& f) {
       const double want = mean_grad(e.spec.name, i);
       // Dense reduced over this rank's edp group, experts over the whole dp group.
       const double wrong_group = expert ? reduced(e.spec.name, i, all_ranks(), 1.0 / kDp)
-                                        : reduced(e.spec.name, i, edp_ranks(c), 1.0 / kEdp);
+                                        : reduced(e.spec.name, i, edp_ranks(c), 1.0 / g_edp);
       group_matters |= wrong_group != want;
       // Experts averaged over edp without the 1/ep.
-      ep_matters |= !expert || reduced(e.spec.name, i, edp_ranks(c), 1.0 / kEdp) != want;
+      ep_matters |= !expert || reduced(e.spec.name, i, edp_ranks(c), 1.0 / g_edp) != want;
     }
     f.expect(group_matters && ep_matters,
              fmt::format("{}: the test cannot tell the groups apart on {}", where, e.spec.name));
@@ -161,7 +169,7 @@ void run(const Mesh& mesh, const RunConfig& cfg, Failures& f) {
   // of both coordinates).
   double truth = 0;
   for (const ParamEntry& e : store.tensors()) {
-    for (int cc = 0; cc < kEp; ++cc) {
+    for (int cc = 0; cc < g_ep; ++cc) {
       if (coord_of(e.spec.name) < 0 && cc > 0) continue;
       for (int64_t i = 0; i < e.numel(); ++i) {
         const double m = mean_grad(at_coord(e.spec.name, cc), i);
@@ -237,11 +245,12 @@ void run(const Mesh& mesh, const RunConfig& cfg, Failures& f) {
              fmt::format("{}: {} elements of full_params() wrong", where, wrong_full));
   }
 
-  // A NaN in an expert gradient of coordinate 1 that only dp rank 3 (edp rank 1) owns under
-  // stages 1-3, and that under stage 0 only rank 3 sees: every rank names coordinate 1's tensor,
-  // which has another name (and the same id) on the ranks of coordinate 0.
+  // A NaN in an expert gradient of coordinate 1 that only its last edp rank owns under stages
+  // 1-3 (the end of the tensor) and that under stage 0 only that rank sees: every rank names
+  // coordinate 1's tensor, which has another name (and the same id) on the other coordinates.
   const std::string nan_name = "h.3.experts.1.w";
-  if (dp_rank == 3) {
+  const int nan_rank = edp_ranks(1).back();
+  if (dp_rank == nan_rank) {
     const TensorId id = store.find(nan_name);
     bool planted = false;
     for (const OwnedSegment& s : store.owned()) {
@@ -250,7 +259,7 @@ void run(const Mesh& mesh, const RunConfig& cfg, Failures& f) {
         planted = true;
       }
     }
-    f.expect(planted, fmt::format("{}: rank 3 owns no part of {}", where, nan_name));
+    f.expect(planted, fmt::format("{}: rank {} owns no part of {}", where, nan_rank, nan_name));
   }
   const std::string named = dp.first_nonfinite_grad();
   f.expect(named == nan_name,
@@ -271,8 +280,6 @@ int main(int argc, char** argv) {
       if (world.rank() == 0) std::fprintf(stderr, "run on %d ranks\n", kDp);
       return 1;
     }
-    const Mesh mesh = Mesh::build(world, MeshShape{0, 1, 1, kEp});
-    f.expect(mesh.edp().size() == kEdp && mesh.ep().size() == kEp, "mesh: unexpected groups");
     std::vector<RunConfig> configs;
     for (double bucket : {4.0, 2e-5}) {
       for (bool bf16 : {false, true}) configs.push_back({0, bf16, bucket});
@@ -283,20 +290,26 @@ int main(int argc, char** argv) {
       for (int prefetch : {1, 2}) configs.push_back({3, false, 4.0, reshard, prefetch});
     }
     configs.push_back({3, true, 4.0, true, 1});
-    for (const RunConfig& cfg : configs) {
-      try {
-        run(mesh, cfg, f);
-      } catch (const Error& e) {
-        f.expect(false, cfg.name() + ": " + e.what());
+    for (int ep : {2, 4}) {
+      g_ep = ep;
+      g_edp = kDp / ep;
+      const Mesh mesh = Mesh::build(world, MeshShape{0, 1, 1, g_ep});
+      f.expect(mesh.edp().size() == g_edp && mesh.ep().size() == g_ep, "mesh: unexpected groups");
+      for (const RunConfig& cfg : configs) {
+        try {
+          run(mesh, cfg, f);
+        } catch (const Error& e) {
+          f.expect(false, cfg.name() + ": " + e.what());
+        }
+        ++runs;
+        world.barrier().wait();
       }
-      ++runs;
-      world.barrier().wait();
     }
     std::vector<int32_t> total{f.count};
     world.all_reduce(std::span<int32_t>(total)).wait();
     f.count = total[0];
     if (world.rank() == 0) {
-      std::printf("expert ZeRO on 4 ranks (dp 4, ep 2), %d configurations: %s\n", runs,
+      std::printf("expert ZeRO on 4 ranks (dp 4, ep 2 and 4), %d configurations: %s\n", runs,
                   f.count ? "FAILED" : "ok");
     }
   }
