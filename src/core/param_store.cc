@@ -28,11 +28,12 @@ int64_t ParamEntry::global_index(int64_t i) const {
 }
 
 template <typename F>
-int ParamStoreT<F>::begin_unit(const std::string& name) {
+int ParamStoreT<F>::begin_unit(const std::string& name, ShardGroup group) {
   TETRA_CHECK(!finalized_ && !in_unit_, "[params] internal: begin_unit('{}') out of order", name);
   in_unit_ = true;
   ParamUnit u;
   u.name = name;
+  u.group = group;
   u.first = u.end = TensorId(tensors_.size());
   units_.push_back(u);
   return int(units_.size()) - 1;
@@ -72,6 +73,10 @@ void ParamStoreT<F>::finalize(const Sharding& sharding, MemoryLedger* ledger) {
               "[params] internal: finalize called twice or inside a unit");
   TETRA_CHECK(sharding.shards >= 1 && sharding.index >= 0 && sharding.index < sharding.shards,
               "[params] internal: shard {} of {}", sharding.index, sharding.shards);
+  TETRA_CHECK(sharding.expert_shards >= 1 && sharding.expert_index >= 0 &&
+                  sharding.expert_index < sharding.expert_shards,
+              "[params] internal: expert shard {} of {}", sharding.expert_index,
+              sharding.expert_shards);
   sharding_ = sharding;
   size_t offset = 0, shard_offset = 0;
   for (ParamUnit& u : units_) {
@@ -81,13 +86,15 @@ void ParamStoreT<F>::finalize(const Sharding& sharding, MemoryLedger* ledger) {
       offset = round_up(offset + size_t(tensors_[size_t(t)].numel()), kAlign);
     }
     u.size = offset - u.offset;
-    u.padded = round_up(std::max<size_t>(u.size, 1), kAlign * size_t(sharding.shards));
-    u.shard = u.padded / size_t(sharding.shards);
+    const size_t shards = size_t(sharding.shards_of(u.group));
+    u.padded = round_up(std::max<size_t>(u.size, 1), kAlign * shards);
+    u.shard = u.padded / shards;
     u.shard_offset = shard_offset;
     shard_offset += u.shard;
     offset = u.offset + u.padded;
   }
   flat_size_ = offset;
+  shard_size_ = shard_offset;
   finalized_ = true;
   params_ = Buffer<F>(sharding.params ? shard_size() : flat_size_, {ledger, MemCategory::params},
                       *device_);

@@ -6,10 +6,13 @@
 //
 // Layout: tensors are grouped into units (a transformer block, the embedding...). Units are laid
 // out in registration order, which is the order backward finishes them, so "every unit up to u is
-// final" is a prefix of the flat gradient. Each unit is padded to a multiple of `shards`·16
-// elements, so that a ZeRO shard of a unit is an equal, 64-byte aligned slice on every rank: rank
-// r owns elements [r·S, (r+1)·S) of each unit (S = padded / shards), and a shard buffer is the
-// concatenation of a rank's slices of every unit.
+// final" is a prefix of the flat gradient. Each unit is padded to a multiple of 16·N elements, N
+// the size of the group it is sharded over, so that a ZeRO shard of a unit is an equal, 64-byte
+// aligned slice on every rank of that group: the rank of index r owns elements [r·S, (r+1)·S) of
+// the unit (S = padded / N), and a shard buffer is the concatenation of a rank's slices of every
+// unit. Dense units are sharded over the data-parallel group; expert units (mixture of experts,
+// held only by the ranks that hold those experts) over the expert-data-parallel group, whose
+// members hold the same experts.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +63,10 @@ struct ParamSpec {
 
 using TensorId = int;
 
+/** The group a unit is sharded (and its gradient reduced) over: the data-parallel group, or for
+ *  experts the expert-data-parallel group (the dp ranks that hold the same experts). */
+enum class ShardGroup : uint8_t { dense, expert };
+
 /** A registered tensor: its spec plus where its local part lives in the flat layout. */
 struct ParamEntry {
   ParamSpec spec;
@@ -73,18 +80,25 @@ struct ParamEntry {
 
 struct ParamUnit {
   std::string name;
+  ShardGroup group = ShardGroup::dense;
   TensorId first = 0, end = 0;  // tensors [first, end)
   size_t offset = 0;            // flat offset
   size_t size = 0;              // elements covered by its tensors (with alignment gaps)
-  size_t padded = 0;            // size rounded up to a multiple of shards * 16
-  size_t shard = 0;             // padded / shards
+  size_t padded = 0;            // size rounded up to a multiple of its group's shards * 16
+  size_t shard = 0;             // padded / its group's shards
   size_t shard_offset = 0;      // where this unit's slice starts in a shard buffer
 };
 
-/** Which of the flat buffers hold only this rank's shard (ZeRO stages 3, 2+ and 1+). */
+/** Which of the flat buffers hold only this rank's shard (ZeRO stages 3, 2+ and 1+), over how
+ *  many ranks: dense units over `shards` (this rank is `index`), expert units over
+ *  `expert_shards` (this rank is `expert_index`). */
 struct Sharding {
   int shards = 1, index = 0;
   bool params = false, grads = false, state = false;
+  int expert_shards = 1, expert_index = 0;
+
+  int shards_of(ShardGroup g) const { return g == ShardGroup::expert ? expert_shards : shards; }
+  int index_of(ShardGroup g) const { return g == ShardGroup::expert ? expert_index : index; }
 };
 
 /** A run of one tensor's elements that this rank updates, with positions in each buffer. */
@@ -116,8 +130,8 @@ class ParamStoreT {
   /** A store whose buffers live on `device` (the backend's; the host by default). */
   explicit ParamStoreT(Device& device = host_device()) : device_(&device) {}
 
-  /** Starts a unit; tensors added until end_unit() belong to it. */
-  int begin_unit(const std::string& name);
+  /** Starts a unit sharded over `group`; tensors added until end_unit() belong to it. */
+  int begin_unit(const std::string& name, ShardGroup group = ShardGroup::dense);
   TensorId add(ParamSpec spec);
   void end_unit();
 
@@ -167,10 +181,12 @@ class ParamStoreT {
   const std::vector<ParamUnit>& units() const { return units_; }
   const Sharding& sharding() const { return sharding_; }
   size_t flat_size() const { return flat_size_; }
-  size_t shard_size() const { return flat_size_ / size_t(sharding_.shards); }
-  /** Flat position of this rank's shard within unit u. */
+  /** Elements of a shard buffer: the sum of the units' shards. */
+  size_t shard_size() const { return shard_size_; }
+  /** Flat position of this rank's shard within unit u (its index in the unit's group). */
   size_t shard_begin(int u) const {
-    return units_[size_t(u)].offset + size_t(sharding_.index) * units_[size_t(u)].shard;
+    const ParamUnit& unit = units_[size_t(u)];
+    return unit.offset + size_t(sharding_.index_of(unit.group)) * unit.shard;
   }
 
  private:
@@ -182,7 +198,7 @@ class ParamStoreT {
   std::vector<ParamUnit> units_;
   bool in_unit_ = false, finalized_ = false;
   Sharding sharding_;
-  size_t flat_size_ = 0;
+  size_t flat_size_ = 0, shard_size_ = 0;
   Buffer<F> params_, grads_;
   std::vector<F*> param_base_, grad_base_;  // per unit: where its tensors live now
   std::vector<OwnedSegment> owned_;

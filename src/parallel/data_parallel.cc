@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -14,15 +15,19 @@
 namespace tetra::parallel {
 
 struct DataParallel::Workspace {
+  int pool = 0;
   Buffer<float> buf;
   Buffer<bf16> staging;  // reduce_bf16 under stages 2 and 3
   bool busy = false;
 };
 
-Sharding DataParallel::sharding_for(int stage, int dp_size, int dp_rank) {
+Sharding DataParallel::sharding_for(int stage, int dp_size, int dp_rank, int edp_size,
+                                    int edp_rank) {
   Sharding s;
   s.shards = dp_size;
   s.index = dp_rank;
+  s.expert_shards = edp_size > 0 ? edp_size : dp_size;
+  s.expert_index = edp_size > 0 ? edp_rank : dp_rank;
   s.state = stage >= 1;
   s.grads = stage >= 2;
   s.params = stage >= 3;
@@ -30,7 +35,7 @@ Sharding DataParallel::sharding_for(int stage, int dp_size, int dp_rank) {
 }
 
 DataParallel::DataParallel(Backend& backend, comm::Communicator dp, ParamStore& store,
-                           const ZeroOptions& options, MemoryLedger* ledger)
+                           const ZeroOptions& options, MemoryLedger* ledger, ExpertGroup experts)
     : backend_(backend),
       k_(backend.f32()),
       dp_(std::move(dp)),
@@ -43,13 +48,47 @@ DataParallel::DataParallel(Backend& backend, comm::Communicator dp, ParamStore& 
     n_ = dp_.size();
     rank_ = dp_.rank();
   }
+  // A group of one communicates nothing: its reductions are local copies (and stay f32).
+  Group& dense = groups_[size_t(ShardGroup::dense)];
+  dense = {n_ > 1 ? dp_ : comm::Communicator(), n_, rank_, true, 1.0f / float(n_)};
+  Group& expert = groups_[size_t(ShardGroup::expert)];
+  if (!experts.edp.valid()) {
+    TETRA_CHECK(experts.ep == 1,
+                "[zero] internal: expert parallelism over {} ranks without an expert-data-parallel "
+                "group",
+                experts.ep);
+    expert = dense;
+  } else {
+    const int edp = experts.edp.size();
+    TETRA_CHECK(experts.ep >= 1 && edp * experts.ep == n_,
+                "[zero] internal: an expert-data-parallel group of {} ranks with ep {} does not "
+                "make the {} data-parallel ranks",
+                edp, experts.ep, n_);
+    expert.comm = edp > 1 ? experts.edp : comm::Communicator();
+    expert.size = edp;
+    expert.rank = experts.edp.rank();
+    expert.avg = experts.ep == 1;
+    expert.mean = 1.0f / float(edp * experts.ep);
+  }
   const Sharding& s = store.sharding();
-  TETRA_CHECK(s.shards == n_ && s.index == rank_ && s.state == (opt_.stage >= 1) &&
+  TETRA_CHECK(s.shards == n_ && s.index == rank_ && s.expert_shards == expert.size &&
+                  s.expert_index == expert.rank && s.state == (opt_.stage >= 1) &&
                   s.grads == (opt_.stage >= 2) && s.params == (opt_.stage >= 3),
-              "[zero] internal: the store is not sharded for stage {} over {} ranks", opt_.stage,
-              n_);
+              "[zero] internal: the store is not sharded for stage {} over {} ranks (experts over "
+              "{})",
+              opt_.stage, n_, expert.size);
+  // Buckets never straddle a change of group: each run of units of one group is cut on its own.
   const size_t bucket = std::max<size_t>(1, size_t(opt_.bucket_mb * (1 << 20) / sizeof(float)));
-  for (size_t b = 0; b < store.flat_size(); b += bucket) bounds_.push_back(b);
+  const std::vector<ParamUnit>& units = store.units();
+  for (size_t u = 0, start = 0; u < units.size(); ++u) {
+    if (u + 1 < units.size() && units[u + 1].group == units[u].group) continue;
+    const size_t end = units[u].offset + units[u].padded;
+    for (size_t b = start; b < end; b += bucket) {
+      bounds_.push_back(b);
+      bucket_group_.push_back(units[u].group);
+    }
+    start = end;
+  }
   bounds_.push_back(store.flat_size());
   params_.resize(store.units().size());
   grad_ws_.assign(store.units().size(), nullptr);
@@ -67,6 +106,14 @@ DataParallel::~DataParallel() {
     drain();
   } catch (const std::exception& e) {
     log_warn("[zero] while unwinding: {}", e.what());
+  }
+  // Stage 3 gathers prefetched but not yet used write into workspaces too.
+  for (UnitParams& p : params_) {
+    try {
+      if (p.state == Residency::gathering) p.gather.wait();
+    } catch (const std::exception& e) {
+      log_warn("[zero] while unwinding: {}", e.what());
+    }
   }
 }
 
@@ -103,112 +150,184 @@ bf16* DataParallel::staging(const float* f32) {
   const float* g = store_.grads().data();
   if (opt_.stage < 2) return flat_staging_.data() + (f32 - g);
   for (auto& w : pool_) {
-    if (w->buf.data() == f32) return w->staging.data();
+    if (w->buf.data() == f32 && w->staging.size() > 0) return w->staging.data();
   }
   fail("[zero] internal: no bf16 staging buffer for a gradient outside the workspaces");
 }
 
-void DataParallel::widen_mean(const bf16* in, float* out, size_t n) {
-  k_.from_bf16(out, in, n, 1.0f / float(n_));
+void DataParallel::scale(float* x, size_t n, float s) {
+  // The kernel table has no scaling of its own: on a device whose memory the host reads, in place;
+  // otherwise through a host copy. One multiply per element either way.
+  auto mul = [s](float* p, size_t count) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < count; ++i) p[i] *= s;
+  };
+  Device& device = backend_.device();
+  if (device.host_accessible()) {
+    mul(x, n);
+    return;
+  }
+  std::vector<float> host(n);
+  device.to_host(host.data(), x, n * sizeof(float));
+  mul(host.data(), n);
+  device.from_host(x, host.data(), n * sizeof(float));
 }
 
-void DataParallel::all_reduce_avg(float* data, size_t n) {
-  if (n_ == 1) return;
+// The f32 reductions use the group's average where it is the mean (one division, as before
+// expert units existed) and otherwise a sum and one multiply by 1 / dp. The bf16 ones sum in bf16
+// and widen with that factor.
+void DataParallel::all_reduce_mean(const Group& g, float* data, size_t n) {
+  if (!g.comm.valid()) {
+    if (!g.avg) scale(data, n, g.mean);
+    return;
+  }
   if (!opt_.reduce_bf16) {
-    track(dp_.all_reduce(std::span<float>(data, n), comm::ReduceOp::avg));
+    const comm::ReduceOp op = g.avg ? comm::ReduceOp::avg : comm::ReduceOp::sum;
+    std::function<void()> done;
+    if (!g.avg) done = [this, data, n, mean = g.mean] { scale(data, n, mean); };
+    track(g.comm.all_reduce(std::span<float>(data, n), op), std::move(done));
     return;
   }
   bf16* half = staging(data);
   k_.to_bf16(half, data, n);
-  track(dp_.all_reduce(std::span<bf16>(half, n)),
-        [this, half, data, n] { widen_mean(half, data, n); });
+  track(g.comm.all_reduce(std::span<bf16>(half, n)),
+        [this, half, data, n, mean = g.mean] { k_.from_bf16(data, half, n, mean); });
 }
 
-void DataParallel::reduce_scatter_avg(const float* in, float* out, size_t shard,
-                                      std::function<void()> done) {
-  if (!dp_.valid()) {
+void DataParallel::reduce_scatter_mean(const Group& g, const float* in, float* out, size_t shard,
+                                       std::function<void()> done) {
+  if (!g.comm.valid()) {
     k_.copy(out, in, shard);
+    if (!g.avg) scale(out, shard, g.mean);
     if (done) done();
     return;
   }
-  const size_t total = shard * size_t(n_);
+  const size_t total = shard * size_t(g.size);
   if (!opt_.reduce_bf16) {
-    track(dp_.reduce_scatter(std::span<const float>(in, total), std::span<float>(out, shard),
-                             comm::ReduceOp::avg),
-          std::move(done));
+    const comm::ReduceOp op = g.avg ? comm::ReduceOp::avg : comm::ReduceOp::sum;
+    if (!g.avg) {
+      done = [this, out, shard, mean = g.mean, done = std::move(done)] {
+        scale(out, shard, mean);
+        if (done) done();
+      };
+    }
+    track(
+        g.comm.reduce_scatter(std::span<const float>(in, total), std::span<float>(out, shard), op),
+        std::move(done));
     return;
   }
   // In place in the staging buffer: this rank's shard of it receives the bf16 sum.
   bf16* half = staging(in);
   k_.to_bf16(half, in, total);
-  bf16* mine = half + size_t(rank_) * shard;
-  track(dp_.reduce_scatter(std::span<const bf16>(half, total), std::span<bf16>(mine, shard)),
-        [this, mine, out, shard, done = std::move(done)] {
-          widen_mean(mine, out, shard);
+  bf16* mine = half + size_t(g.rank) * shard;
+  track(g.comm.reduce_scatter(std::span<const bf16>(half, total), std::span<bf16>(mine, shard)),
+        [this, mine, out, shard, mean = g.mean, done = std::move(done)] {
+          k_.from_bf16(out, mine, shard, mean);
           if (done) done();
         });
 }
 
-comm::Work DataParallel::all_gather(const float* shard, float* full, size_t shard_n) {
-  if (!dp_.valid()) {
+comm::Work DataParallel::all_gather(const Group& g, const float* shard, float* full,
+                                    size_t shard_n) {
+  if (!g.comm.valid()) {
     k_.copy(full, shard, shard_n);
     return comm::Work();
   }
-  return dp_.all_gather(std::span<const float>(shard, shard_n),
-                        std::span<float>(full, shard_n * size_t(n_)));
+  return g.comm.all_gather(std::span<const float>(shard, shard_n),
+                           std::span<float>(full, shard_n * size_t(g.size)));
+}
+
+namespace {
+
+// A transformer block's unit: "h.N" (not "h.N.experts").
+bool is_block(const ParamUnit& u) {
+  if (u.group != ShardGroup::dense || u.name.size() <= 2 || u.name.rfind("h.", 0) != 0) {
+    return false;
+  }
+  return std::all_of(u.name.begin() + 2, u.name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+size_t DataParallel::workspace_bound(const ZeroOptions& o, size_t units) {
+  if (o.stage < 2 || units == 0) return 0;
+  const size_t grads = std::min<size_t>(2, units);
+  if (o.stage == 2) return grads;
+  if (!o.reshard_after_forward) return units + 1;
+  return std::min<size_t>(1 + size_t(o.prefetch), units) + grads;
 }
 
 void DataParallel::reserve_workspaces() {
-  // The most workspaces the passes hold at once. Gradients (stages 2, 3): the root's for the whole
-  // backward, and two blocks' (one produced while the previous one reduces; before_backward waits
-  // for older reductions). Parameters (stage 3): the root's, and the block being computed plus
-  // zero.prefetch gathers ahead — or, kept between forward and backward, every block (the one
-  // whose gradient is produced is among them). They are allocated up front, so the memory a run
-  // holds is this bound, the figure `tetra plan` predicts, whatever the timing. A pipeline stage
-  // holds blocks ("h.N" units, all one size) and, on the first or the last stage, units in place
-  // of the root (the embedding, or ln_f with the head, and the tied wte), each reserved as the
-  // root is.
+  // The most workspaces the passes hold at once, allocated up front, so that the memory a run
+  // holds is this bound, the figure `tetra plan` predicts, whatever the timing. Units come in
+  // classes that share a pool:
+  //  - each end unit alone (the root; on a pipeline's first or last stage the embedding, or ln_f
+  //    with the head, and the tied wte): its gradient for the whole backward (stages 2, 3) and
+  //    its parameters (3);
+  //  - the blocks ("h.N"), and the expert units of mixture-of-experts blocks ("h.N.experts", in
+  //    the expert group), each class reserved by workspace_bound. A MoE block l runs
+  //      forward:  before_forward(h.l, h.l.experts) … before_forward(h.l.experts, next) experts
+  //                after_forward(h.l.experts) … after_forward(h.l)
+  //      backward: before_backward(h.l, h.l.experts) … before_backward(h.l.experts, h.(l-1))
+  //                experts after_backward(h.l.experts) … after_backward(h.l)
+  //    so within each class the passes go unit after unit as in a dense model: the block computed
+  //    and the next one gathered (the experts' before_forward prefetches block l+1 while block l is
+  //    resident), two gradients (before_backward keeps at most one older reduction, and a MoE
+  //    block's experts reduce before it, so theirs is complete when the next block's backward
+  //    starts). Blocks of a MoE model have two sizes (a MoE block has a router in place of the
+  //    MLP): a class's workspaces have its largest unit's size.
   if (opt_.stage < 2) return;
-  std::vector<size_t> ends;
-  size_t blocks = 0, block_size = 0;
-  for (const ParamUnit& u : store_.units()) {
-    if (u.name.rfind("h.", 0) == 0) {
-      ++blocks;
-      block_size = u.padded;
-    } else {
-      ends.push_back(u.padded);
+  unit_pool_.assign(store_.units().size(), -1);
+  std::vector<size_t> pool_size, pool_count;
+  int block_pool = -1, expert_pool = -1;
+  size_t blocks = 0, experts = 0;
+  const size_t root_bufs = opt_.stage == 3 ? 2 : 1;
+  for (size_t u = 0; u < store_.units().size(); ++u) {
+    const ParamUnit& unit = store_.units()[u];
+    int* shared = unit.group == ShardGroup::expert ? &expert_pool
+                  : is_block(unit)                 ? &block_pool
+                                                   : nullptr;
+    if (!shared || *shared < 0) {
+      pool_size.push_back(0);
+      pool_count.push_back(root_bufs);
+      if (shared) *shared = int(pool_size.size()) - 1;
+    }
+    const int pool = shared ? *shared : int(pool_size.size()) - 1;
+    unit_pool_[u] = pool;
+    pool_size[size_t(pool)] = std::max(pool_size[size_t(pool)], unit.padded);
+    if (pool == block_pool) ++blocks;
+    if (pool == expert_pool) ++experts;
+  }
+  if (block_pool >= 0) pool_count[size_t(block_pool)] = workspace_bound(opt_, blocks);
+  if (expert_pool >= 0) pool_count[size_t(expert_pool)] = workspace_bound(opt_, experts);
+  // bf16 staging where a class's reductions communicate.
+  const bool dense_staged = groups_[size_t(ShardGroup::dense)].comm.valid();
+  const bool experts_staged = groups_[size_t(ShardGroup::expert)].comm.valid();
+  for (size_t p = 0; p < pool_size.size(); ++p) {
+    const bool staged = opt_.reduce_bf16 && (int(p) == expert_pool ? experts_staged : dense_staged);
+    for (size_t i = 0; i < pool_count[p]; ++i) {
+      auto w = std::make_unique<Workspace>();
+      w->pool = int(p);
+      w->buf = Buffer<float>(pool_size[p], {ledger_, MemCategory::comm}, backend_.device());
+      if (staged) {
+        w->staging = Buffer<bf16>(pool_size[p], {ledger_, MemCategory::comm}, backend_.device());
+      }
+      pool_.push_back(std::move(w));
     }
   }
-  size_t block_bufs = std::min<size_t>(2, blocks), root_bufs = 1;
-  if (opt_.stage == 3) {
-    root_bufs = 2;
-    block_bufs = opt_.reshard_after_forward
-                     ? std::min<size_t>(1 + size_t(opt_.prefetch), blocks) + block_bufs
-                     : blocks + 1;
-  }
-  auto add = [&](size_t n) {
-    auto w = std::make_unique<Workspace>();
-    w->buf = Buffer<float>(n, {ledger_, MemCategory::comm}, backend_.device());
-    if (opt_.reduce_bf16 && n_ > 1) {
-      w->staging = Buffer<bf16>(n, {ledger_, MemCategory::comm}, backend_.device());
-    }
-    pool_.push_back(std::move(w));
-  };
-  for (size_t n : ends) {
-    for (size_t i = 0; i < root_bufs; ++i) add(n);
-  }
-  for (size_t i = 0; blocks > 0 && i < block_bufs; ++i) add(block_size);
 }
 
-float* DataParallel::acquire(size_t n, bool zero) {
+float* DataParallel::acquire(int unit, bool zero) {
+  const int pool = unit_pool_[size_t(unit)];
   for (auto& w : pool_) {
-    if (!w->busy && w->buf.size() == n) {
+    if (!w->busy && w->pool == pool) {
       w->busy = true;
       if (zero) w->buf.zero();
       return w->buf.data();
     }
   }
-  fail("[zero] internal: no free workspace of {} elements (the bound of reserve_workspaces)", n);
+  fail("[zero] internal: no free workspace for unit '{}' (the bound of reserve_workspaces)",
+       store_.units()[size_t(unit)].name);
 }
 
 void DataParallel::release(float* p) {
@@ -242,28 +361,30 @@ void DataParallel::begin_micro_batch(bool last) {
 void DataParallel::issue_buckets_up_to(size_t n) {
   float* g = store_.grads().data();
   while (next_bucket_ + 1 < bounds_.size() && bounds_[next_bucket_ + 1] <= n) {
-    all_reduce_avg(g + bounds_[next_bucket_], bounds_[next_bucket_ + 1] - bounds_[next_bucket_]);
+    all_reduce_mean(groups_[size_t(bucket_group_[next_bucket_])], g + bounds_[next_bucket_],
+                    bounds_[next_bucket_ + 1] - bounds_[next_bucket_]);
     ++next_bucket_;
   }
 }
 
 void DataParallel::reduce_unit_grads(int unit) {
   const ParamUnit& u = store_.units()[size_t(unit)];
+  const Group& group = group_of(unit);
   float* g = store_.grads().data();
   switch (opt_.stage) {
     case 0:
       issue_buckets_up_to(u.offset + u.padded);
       return;
     case 1:  // in place: this rank's slice of the unit receives the mean
-      reduce_scatter_avg(g + u.offset, g + store_.shard_begin(unit), u.shard, {});
+      reduce_scatter_mean(group, g + u.offset, g + store_.shard_begin(unit), u.shard, {});
       return;
     default: {  // 2, 3: reduce-scatter the workspace in place, then add this rank's slice
       float* ws = std::exchange(grad_ws_[size_t(unit)], nullptr);
       store_.bind_grads(unit, nullptr);
-      float* mine = ws + size_t(rank_) * u.shard;
+      float* mine = ws + size_t(group.rank) * u.shard;
       float* dst = g + u.shard_offset;
       const size_t count = u.shard;
-      reduce_scatter_avg(ws, mine, count, [this, ws, mine, dst, count] {
+      reduce_scatter_mean(group, ws, mine, count, [this, ws, mine, dst, count] {
         k_.add(dst, mine, count);
         release(ws);
       });
@@ -275,8 +396,8 @@ void DataParallel::reduce_unit_grads(int unit) {
 void DataParallel::issue_gather(int unit) {
   const ParamUnit& u = store_.units()[size_t(unit)];
   UnitParams& p = params_[size_t(unit)];
-  p.buf = acquire(u.padded, false);
-  p.gather = all_gather(store_.params().data() + u.shard_offset, p.buf, u.shard);
+  p.buf = acquire(unit, false);
+  p.gather = all_gather(group_of(unit), store_.params().data() + u.shard_offset, p.buf, u.shard);
   stats_.sent_bytes += p.gather.sent_bytes();
   ++stats_.ops;
   p.state = Residency::gathering;
@@ -337,7 +458,7 @@ void DataParallel::before_backward(int unit, int next) {
   if (opt_.stage >= 2) {
     // One unit reducing while the next is produced: overlap, with a bounded number of workspaces.
     drain(1);
-    float* ws = acquire(store_.units()[size_t(unit)].padded, true);
+    float* ws = acquire(unit, true);
     grad_ws_[size_t(unit)] = ws;
     store_.bind_grads(unit, ws);
   }
@@ -362,35 +483,81 @@ void DataParallel::finish_gradients() {
   stats_.exposed_ms += sw.elapsed_ms();
 }
 
-std::vector<FlatRange> DataParallel::owned_grad_ranges(bool sliced_only) const {
+std::vector<FlatRange> DataParallel::owned_grad_ranges() const {
   std::vector<FlatRange> ranges;
-  for (const OwnedSegment& s : store_.owned()) {
-    if (sliced_only && store_.tensor(s.tensor).spec.slice.dim < 0) continue;
-    ranges.push_back({s.grad_pos, s.count});
-  }
+  for (const OwnedSegment& s : store_.owned()) ranges.push_back({s.grad_pos, s.count});
   return ranges;
 }
 
-double DataParallel::local_grad_sum_squares(bool replicated) const {
+double DataParallel::norm_contribution(bool tp_root, TensorId skip) const {
   const float* g = store_.grads().data();
-  if (!replicated) return k_.sum_squares(g, owned_grad_ranges(true));
-  // Alignment gaps and unit padding hold zero gradients, so whole ranges can be summed.
-  if (opt_.stage != 1) return k_.sum_squares(g, int64_t(store_.grads().size()));
-  std::vector<FlatRange> shards;
-  for (int u = 0; u < int(store_.units().size()); ++u) {
-    shards.push_back({store_.shard_begin(u), store_.units()[size_t(u)].shard});
+  const std::vector<ParamUnit>& units = store_.units();
+  // Under stage 0 every rank of a unit's group holds the same reduced gradient: its first counts.
+  auto counts = [&](int u) { return opt_.stage > 0 || group_of(u).rank == 0; };
+  double sq = 0.0;
+  if (!tp_root) {
+    std::vector<FlatRange> sliced;
+    for (const OwnedSegment& s : store_.owned()) {
+      const ParamEntry& e = store_.tensor(s.tensor);
+      if (e.spec.slice.dim >= 0 && counts(e.unit)) sliced.push_back({s.grad_pos, s.count});
+    }
+    sq = k_.sum_squares(g, sliced);
+  } else if (opt_.stage == 1) {
+    std::vector<FlatRange> shards;
+    for (int u = 0; u < int(units.size()); ++u) {
+      shards.push_back({store_.shard_begin(u), units[size_t(u)].shard});
+    }
+    sq = k_.sum_squares(g, shards);
+  } else {
+    // Alignment gaps and unit padding hold zero gradients, so whole units (stage 0) or the whole
+    // shard buffer (stages 2, 3) can be summed; adjacent units that count make one range.
+    std::vector<FlatRange> ranges;
+    if (opt_.stage == 0) {
+      for (int u = 0; u < int(units.size()); ++u) {
+        if (!counts(u)) continue;
+        const ParamUnit& unit = units[size_t(u)];
+        if (!ranges.empty() && ranges.back().offset + ranges.back().count == unit.offset) {
+          ranges.back().count += unit.padded;
+        } else {
+          ranges.push_back({unit.offset, unit.padded});
+        }
+      }
+    } else {
+      ranges.push_back({0, store_.grads().size()});
+    }
+    sq = k_.sum_squares(g, ranges);
   }
-  return k_.sum_squares(g, shards);
+  if (skip >= 0 && counts(store_.tensor(skip).unit)) {
+    std::vector<FlatRange> copy;
+    for (const OwnedSegment& s : store_.owned()) {
+      if (s.tensor == skip) copy.push_back({s.grad_pos, s.count});
+    }
+    sq -= k_.sum_squares(g, copy);
+  }
+  return sq;
 }
 
-TensorId DataParallel::first_nonfinite_grad() {
-  const int64_t bad = k_.first_nonfinite(store_.grads().data(), owned_grad_ranges(false));
+std::string DataParallel::first_nonfinite_grad() {
+  const int64_t bad = k_.first_nonfinite(store_.grads().data(), owned_grad_ranges());
   const TensorId local = bad < 0 ? -1 : store_.owned()[size_t(bad)].tensor;
-  if (n_ == 1) return local;
-  // The lowest id wins: reduce INT_MAX - id with max.
-  int32_t code = local < 0 ? 0 : INT32_MAX - local;
+  if (n_ == 1) return local < 0 ? "" : store_.tensor(local).spec.name;
+  // The lowest (id, dp rank) wins: reduce INT32_MAX - (id · n + rank) with max. An expert tensor's
+  // id names other experts on other ep ranks, so the winner sends the name.
+  TETRA_CHECK(int64_t(store_.tensors().size()) * n_ < INT32_MAX,
+              "[zero] internal: {} tensors on {} ranks overflow the non-finite vote",
+              store_.tensors().size(), n_);
+  int32_t code = local < 0 ? 0 : INT32_MAX - (local * n_ + rank_);
   dp_.all_reduce(std::span<int32_t>(&code, 1), comm::ReduceOp::max).wait();
-  return code == 0 ? -1 : INT32_MAX - code;
+  if (code == 0) return "";
+  const int winner = (INT32_MAX - code) % n_;
+  std::array<uint8_t, 256> name{};  // NUL-terminated (names are far shorter)
+  if (rank_ == winner) {
+    const std::string& mine = store_.tensor(local).spec.name;
+    std::copy_n(mine.begin(), std::min(mine.size(), name.size() - 1), name.begin());
+  }
+  dp_.broadcast(std::span<uint8_t>(name), winner).wait();
+  name.back() = 0;
+  return std::string(reinterpret_cast<const char*>(name.data()));
 }
 
 void DataParallel::after_update() {
@@ -399,7 +566,7 @@ void DataParallel::after_update() {
   float* p = store_.params().data();
   for (int u = 0; u < int(store_.units().size()); ++u) {
     const ParamUnit& unit = store_.units()[size_t(u)];
-    track(all_gather(p + store_.shard_begin(u), p + unit.offset, unit.shard));
+    track(all_gather(group_of(u), p + store_.shard_begin(u), p + unit.offset, unit.shard));
   }
   drain();
   stats_.exposed_ms += sw.elapsed_ms();
@@ -413,7 +580,8 @@ Buffer<float> DataParallel::full_params() {
   }
   for (int u = 0; u < int(store_.units().size()); ++u) {
     const ParamUnit& unit = store_.units()[size_t(u)];
-    all_gather(store_.params().data() + unit.shard_offset, out.data() + unit.offset, unit.shard)
+    all_gather(group_of(u), store_.params().data() + unit.shard_offset, out.data() + unit.offset,
+               unit.shard)
         .wait();
   }
   return out;

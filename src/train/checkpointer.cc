@@ -216,7 +216,10 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
       if (error.empty()) refuse_mismatch(m, r, num_samples);
       try {
         if (error.empty()) {
-          ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(), layout_.pp_size() > 1);
+          // A pipeline stage holds its layers' tensors, an expert-parallel rank its experts: the
+          // checkpoint's others are not this rank's to load.
+          ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(),
+                     layout_.pp_size() > 1 || opt_.mesh.ep > 1);
         }
       } catch (const Error& e) {
         error = e.what();
@@ -324,11 +327,21 @@ void Checkpointer::start(int64_t start_step, MemoryLedger& ledger) {
 }
 
 std::vector<ckpt::Source> Checkpointer::sources() {
-  // Data-parallel replicas of unsharded optimizer state hold what dp rank 0 writes.
-  const bool dp_replica = !store_.sharding().state && layout_.dp_rank() != 0;
+  // Data-parallel replicas of unsharded optimizer state hold what the first rank of the group
+  // writes: dp rank 0 for dense tensors; for experts (held by the dp ranks of one ep coordinate)
+  // edp rank 0.
+  const bool unsharded = !store_.sharding().state;
+  const int edp_rank = layout_.mesh() ? layout_.mesh()->coord().edp : 0;
+  const bool dense_replica = unsharded && layout_.dp_rank() != 0;
+  const bool expert_replica = unsharded && edp_rank != 0;
   // Tensor-parallel ranks other than the first hold copies of the tensors that are not sliced.
-  std::vector<ckpt::Source> out = ckpt::sources(store_, adamw_.m().data(), adamw_.v().data(),
-                                                dp_replica, layout_.tp().rank() != 0);
+  std::vector<ckpt::Source> out =
+      ckpt::sources(store_, adamw_.m().data(), adamw_.v().data(), dense_replica && expert_replica,
+                    layout_.tp().rank() != 0);
+  std::erase_if(out, [&](const ckpt::Source& s) {
+    const bool expert = store_.units()[size_t(s.tensor->unit)].group == ShardGroup::expert;
+    return expert ? expert_replica : dense_replica;
+  });
   // The head's copy of the tied wte equals the first stage's wte, which is written.
   if (const TensorId copy = model_.tied_wte_copy(); copy >= 0) {
     std::erase_if(out, [&](const ckpt::Source& s) { return s.tensor == &store_.tensor(copy); });
@@ -347,7 +360,7 @@ std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double 
                                    {"dp", layout_.dp_size()},
                                    {"tp", layout_.tp().size()},
                                    {"pp", layout_.pp_size()},
-                                   {"ep", 1},
+                                   {"ep", opt_.mesh.ep},
                                    {"zero", opt_.zero.stage}}},
                                  {"config", config_toml_},
                                  {"model", opt_.model.describe()},

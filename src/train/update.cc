@@ -26,13 +26,7 @@ std::vector<FlatRange> owned_ranges(const ParamStore& store, TensorId id) {
 
 Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& store, Gpt& model,
                  parallel::DataParallel& zero, AdamW& adamw)
-    : opt_(options),
-      layout_(layout),
-      store_(store),
-      model_(model),
-      zero_(zero),
-      adamw_(adamw),
-      k_(model.backend().f32()) {}
+    : opt_(options), layout_(layout), store_(store), model_(model), zero_(zero), adamw_(adamw) {}
 
 void Updater::reduce_gradients() {
   zero_.finish_gradients();
@@ -49,14 +43,10 @@ void Updater::reduce_gradients() {
 }
 
 double Updater::local_sum_squares() {
-  // Under stage 0 every dp rank holds every reduced gradient, so one contributes; tensors whole
-  // on every tp rank (LayerNorms, row-parallel biases, wpe) are counted on tp rank 0 only; the
-  // head's copy of wte is not counted.
-  double sq = zero_.local_grad_sum_squares(layout_.tp().rank() == 0);
-  if (const TensorId copy = model_.tied_wte_copy(); copy >= 0) {
-    sq -= k_.sum_squares(store_.grads().data(), owned_ranges(store_, copy));
-  }
-  return sq;
+  // The data-parallel engine knows which of its gradients this rank counts (under stage 0 the
+  // first rank of each unit's group); tensors whole on every tp rank (LayerNorms, row-parallel
+  // biases, wpe) are counted on tp rank 0 only; the head's copy of wte is not counted.
+  return zero_.norm_contribution(layout_.tp().rank() == 0, model_.tied_wte_copy());
 }
 
 UpdateResult Updater::step(int64_t step, double lr, double local_loss,
@@ -72,9 +62,7 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   const int world = layout_.world_size();
   if (world > 1) {
     const ProfileScope scope(ProfKind::comm, "step scalars all-reduce");
-    const bool counts = opt_.zero.stage > 0 || layout_.dp_rank() == 0;
-    float scalars[3] = {float(r.loss),
-                        counts ? float(std::min(local_sq, double(FLT_MAX) / world)) : 0.0f,
+    float scalars[3] = {float(r.loss), float(std::min(local_sq, double(FLT_MAX) / world)),
                         nonfinite ? 1.0f : 0.0f};
     layout_.world().all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
     r.loss = scalars[0] / (world / layout_.pp_size());
@@ -95,9 +83,8 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   ++skips_.in_a_row;
   std::string what = fmt::format("loss {}, gradient norm {}", r.loss, r.grad_norm);
   if (nonfinite) {
-    const TensorId bad = zero_.first_nonfinite_grad();  // collective: every rank is here
-    if (bad >= 0)
-      what += fmt::format("; first non-finite gradient: {}", store_.tensor(bad).spec.name);
+    const std::string bad = zero_.first_nonfinite_grad();  // collective: every rank is here
+    if (!bad.empty()) what += fmt::format("; first non-finite gradient: {}", bad);
   } else {
     what += " (debug.skip_step)";
   }

@@ -54,7 +54,6 @@ class Updater {
   Gpt& model_;
   parallel::DataParallel& zero_;
   AdamW& adamw_;
-  Kernels<float>& k_;
   SkipCounters skips_;
 };
 

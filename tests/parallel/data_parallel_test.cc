@@ -1,6 +1,7 @@
 // ZeRO in one process: every stage drives the same model through its workspaces, gathers and
 // reductions (local copies in place of collectives) and must produce exactly the gradients and
-// updated weights of stage 0. Under ASan this also checks the workspaces' lifetimes.
+// updated weights of stage 0; a mixture-of-experts model's hook order fits the workspaces reserved
+// for it. Under ASan this also checks the workspaces' lifetimes.
 #include "parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "tests/parallel/moe_hooks.h"
 
 namespace tetra::parallel {
 namespace {
@@ -104,6 +106,118 @@ TEST(DataParallelOneProcess, ShardingFollowsTheStage) {
     EXPECT_EQ(s.state, stage >= 1);
     EXPECT_EQ(s.grads, stage >= 2);
     EXPECT_EQ(s.params, stage >= 3);
+  }
+}
+
+TEST(DataParallelOneProcess, WorkspaceBoundPerClassOfUnits) {
+  ZeroOptions o;
+  for (int stage : {0, 1}) {
+    o.stage = stage;
+    EXPECT_EQ(DataParallel::workspace_bound(o, 12), 0u);
+  }
+  o.stage = 2;
+  EXPECT_EQ(DataParallel::workspace_bound(o, 12), 2u);
+  EXPECT_EQ(DataParallel::workspace_bound(o, 1), 1u);
+  EXPECT_EQ(DataParallel::workspace_bound(o, 0), 0u);
+  o.stage = 3;
+  o.prefetch = 1;
+  EXPECT_EQ(DataParallel::workspace_bound(o, 12), 4u);  // computed + prefetched, two gradients
+  EXPECT_EQ(DataParallel::workspace_bound(o, 1), 2u);
+  o.prefetch = 2;
+  EXPECT_EQ(DataParallel::workspace_bound(o, 12), 5u);
+  EXPECT_EQ(DataParallel::workspace_bound(o, 2), 4u);
+  o.reshard_after_forward = false;
+  EXPECT_EQ(DataParallel::workspace_bound(o, 12), 13u);  // every unit, and one gradient more
+  EXPECT_EQ(DataParallel::workspace_bound(o, 0), 0u);
+}
+
+// A stand-in MoE model (blocks of two sizes, expert units of their own) runs two micro-batches
+// with the model's hook order under every stage, prefetch 1 and 2, with and without resharding,
+// MoE in every block or every other one: the reserved workspaces suffice, every pass reads the
+// right parameters, the gradients are the serial ones and the update reaches the parameters. The
+// ledger's comm memory is the bound: one pool for the root, one for the blocks, one for the
+// experts, each workspace its class's largest unit.
+TEST(DataParallelOneProcess, MixtureOfExpertsHookOrderFitsTheReservedWorkspaces) {
+  using testing::FakeMoe;
+  const FakeMoe::Expect initial = [](const ParamEntry& e, int64_t i) {
+    return double(FakeMoe::value(e.spec.name, i));
+  };
+  auto grad = [](const ParamEntry& e, int64_t i) {
+    return FakeMoe::grad(0, 0, FakeMoe::value(e.spec.name, i)) +
+           FakeMoe::grad(0, 1, FakeMoe::value(e.spec.name, i));
+  };
+  const FakeMoe::Expect updated = [&](const ParamEntry& e, int64_t i) {
+    return double(FakeMoe::value(e.spec.name, i)) + grad(e, i);
+  };
+  for (int moe_every : {1, 2}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (bool reshard : {true, false}) {
+        for (int prefetch : {1, 2}) {
+          if (stage < 3 && (!reshard || prefetch > 1)) continue;
+          SCOPED_TRACE("MoE every " + std::to_string(moe_every) + " blocks, stage " +
+                       std::to_string(stage) + (reshard ? "" : " no reshard") + ", prefetch " +
+                       std::to_string(prefetch));
+          ParamStore store;
+          FakeMoe model(store, 4, moe_every, 0);
+          store.finalize(DataParallel::sharding_for(stage, 1, 0));
+          model.load();
+          ZeroOptions o;
+          o.stage = stage;
+          o.reshard_after_forward = reshard;
+          o.prefetch = prefetch;
+          o.bucket_mb = 1e-4;
+          MemoryLedger ledger;
+          DataParallel dp(cpu_backend(), {}, store, o, &ledger);
+          dp.begin_step();
+          for (int mb = 0; mb < 2; ++mb) {
+            dp.begin_micro_batch(mb == 1);
+            EXPECT_EQ(model.forward(dp, initial), 0);
+            EXPECT_EQ(model.backward(dp, 0, mb, initial), 0);
+          }
+          dp.finish_gradients();
+          const float* g = store.grads().data();
+          float* p = store.params().data();
+          for (const OwnedSegment& s : store.owned()) {
+            const ParamEntry& e = store.tensor(s.tensor);
+            for (size_t k = 0; k < s.count; ++k) {
+              ASSERT_EQ(double(g[s.grad_pos + k]), grad(e, int64_t(s.element + k))) << e.spec.name;
+              p[s.param_pos + k] += g[s.grad_pos + k];
+            }
+          }
+          dp.after_update();
+          if (stage == 3) {
+            EXPECT_EQ(model.forward(dp, updated), 0);
+            dp.end_forward_only();
+          } else {
+            for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
+              const ParamEntry& e = store.tensor(id);
+              for (int64_t i = 0; i < e.numel(); ++i) {
+                ASSERT_EQ(double(store.param(id)[i]), updated(e, i)) << e.spec.name;
+              }
+            }
+          }
+          // The reserved workspaces.
+          size_t root = 0, block = 0, expert = 0, blocks = 0, experts = 0;
+          for (const ParamUnit& u : store.units()) {
+            if (u.group == ShardGroup::expert) {
+              expert = std::max(expert, u.padded), ++experts;
+            } else if (u.name == "root") {
+              root = u.padded;
+            } else {
+              block = std::max(block, u.padded), ++blocks;
+            }
+          }
+          EXPECT_EQ(experts, moe_every == 1 ? 4u : 2u);
+          const size_t want = (stage == 3   ? 2
+                               : stage == 2 ? 1
+                                            : 0) *
+                                  root +
+                              DataParallel::workspace_bound(o, blocks) * block +
+                              DataParallel::workspace_bound(o, experts) * expert;
+          EXPECT_EQ(ledger.peak(MemCategory::comm), int64_t(want * sizeof(float)));
+        }
+      }
+    }
   }
 }
 
