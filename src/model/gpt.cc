@@ -99,7 +99,8 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     for (int l = c->end - 1; l >= c->first; --l) {
       std::vector<typename MoeMlp<F>::ExpertIds> experts;
       if (config_.is_moe(l)) {
-        expert_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l) + ".experts");
+        expert_unit_[size_t(l)] =
+            store.begin_unit("h." + std::to_string(l) + ".experts", ShardGroup::expert);
         experts = MoeMlp<F>::register_experts(config_, l, store, ep_->rank());
         store.end_unit();
       }

@@ -192,38 +192,48 @@ SafeTensorsFile RunOutputs::gather(ParamStore& store, const Gpt& model, const fl
   // copy of the tied wte is the first stage's wte, which that stage writes.
   SafeTensorsFile file =
       store_to_safetensors(store, flat, check_finite, &layout_.tp(), model.tied_wte_copy());
-  if (layout_.pp_size() > 1 && layout_.dp_rank() == 0 && layout_.tp().rank() == 0) {
-    gather_stages(file);
+  const bool first = layout_.dp_rank() == 0 && layout_.tp().rank() == 0;
+  // Under expert parallelism the first ep group (dp ranks 0 .. ep-1) holds every expert once:
+  // its members send theirs to dp rank 0, then each stage's dp rank 0 sends its part to stage 0.
+  const comm::Communicator& edp = layout_.edp();
+  if (opt_.model.moe.ep > 1 && layout_.tp().rank() == 0 && edp.valid() && edp.rank() == 0) {
+    gather_to_first(layout_.mesh()->ep(), file, [](const std::string& name) {
+      return name.find(".mlp.experts.") != std::string::npos;
+    });
+  }
+  if (layout_.pp_size() > 1 && first) {
+    gather_to_first(layout_.pp(), file, [](const std::string&) { return true; });
   }
   return file;
 }
 
-void RunOutputs::gather_stages(SafeTensorsFile& file) {
+void RunOutputs::gather_to_first(const comm::Communicator& group, SafeTensorsFile& file,
+                                 const std::function<bool(const std::string&)>& sent) {
   constexpr int kTag = 3;  // apart from the executor's activation and gradient tags
-  const comm::Communicator& pp = layout_.pp();
   auto bytes = [](auto* p, size_t n) { return std::span(reinterpret_cast<std::byte*>(p), n); };
-  if (layout_.pp_rank() > 0) {
+  if (group.rank() > 0) {
     // A header naming each tensor with its shape and size, then their values back to back.
     nlohmann::json header = nlohmann::json::array();
     std::vector<uint8_t> values;
     for (const auto& [name, t] : file.tensors) {
+      if (!sent(name)) continue;
       header.push_back({name, t.shape, t.bytes.size()});
       values.insert(values.end(), t.bytes.begin(), t.bytes.end());
     }
     std::string text = header.dump();
     int64_t sizes[2] = {int64_t(text.size()), int64_t(values.size())};
-    pp.send(std::span<const std::byte>(bytes(sizes, sizeof sizes)), 0, kTag).wait();
-    pp.send(std::span<const std::byte>(bytes(text.data(), text.size())), 0, kTag).wait();
-    pp.send(std::span<const std::byte>(bytes(values.data(), values.size())), 0, kTag).wait();
+    group.send(std::span<const std::byte>(bytes(sizes, sizeof sizes)), 0, kTag).wait();
+    group.send(std::span<const std::byte>(bytes(text.data(), text.size())), 0, kTag).wait();
+    group.send(std::span<const std::byte>(bytes(values.data(), values.size())), 0, kTag).wait();
     return;
   }
-  for (int src = 1; src < layout_.pp_size(); ++src) {
+  for (int src = 1; src < group.size(); ++src) {
     int64_t sizes[2] = {0, 0};
-    pp.recv(bytes(sizes, sizeof sizes), src, kTag).wait();
+    group.recv(bytes(sizes, sizeof sizes), src, kTag).wait();
     std::string text(static_cast<size_t>(sizes[0]), '\0');
     std::vector<uint8_t> values(static_cast<size_t>(sizes[1]));
-    pp.recv(bytes(text.data(), text.size()), src, kTag).wait();
-    pp.recv(bytes(values.data(), values.size()), src, kTag).wait();
+    group.recv(bytes(text.data(), text.size()), src, kTag).wait();
+    group.recv(bytes(values.data(), values.size()), src, kTag).wait();
     size_t at = 0;
     for (const nlohmann::json& t : nlohmann::json::parse(text)) {
       SafeTensor& out = file.tensors[t[0].get<std::string>()];

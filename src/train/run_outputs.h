@@ -4,6 +4,7 @@
 // checked before step 1, so a typo costs nothing computed.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "ckpt/safetensors.h"
@@ -35,12 +36,13 @@ class RunOutputs {
   void save_final(ParamStore& store, const Gpt& model, parallel::DataParallel& zero);
 
  private:
-  // The store's tensors of a flat device buffer as a file (the tp slices assembled; on a
-  // pipeline, rank 0 of the pipeline group adds every other stage's).
+  // The store's tensors of a flat device buffer as a file (the tp slices assembled; the first ep
+  // group's experts and, on a pipeline, every stage's tensors added on world rank 0).
   SafeTensorsFile gather(ParamStore& store, const Gpt& model, const float* flat, bool check_finite);
-  // Pipeline stages other than the first send their tensors to the first, which adds them to
-  // `file`; collective over the pipeline group (of dp and tp rank 0).
-  void gather_stages(SafeTensorsFile& file);
+  // The members of `group` other than the first send their tensors that `sent` names to the
+  // first, which adds them to `file`; collective over the group.
+  void gather_to_first(const comm::Communicator& group, SafeTensorsFile& file,
+                       const std::function<bool(const std::string&)>& sent);
 
   const TrainOptions& opt_;
   RunLayout& layout_;

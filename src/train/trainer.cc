@@ -65,9 +65,12 @@ void Trainer::setup(const std::string& config_toml) {
   model_ =
       std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch, opt_.seq_len,
                             recompute, &ledger_, &layout_->tp(), std::move(part), &layout_->ep());
-  store_->finalize(
-      parallel::DataParallel::sharding_for(opt_.zero.stage, layout_->dp_size(), layout_->dp_rank()),
-      &ledger_);
+  // Expert units are sharded and reduced over the ranks holding the same experts (edp).
+  const comm::Communicator& edp = layout_->edp();
+  store_->finalize(parallel::DataParallel::sharding_for(
+                       opt_.zero.stage, layout_->dp_size(), layout_->dp_rank(),
+                       edp.valid() ? edp.size() : 0, edp.valid() ? edp.rank() : 0),
+                   &ledger_);
   if (opt_.zero.stage > 0 && layout_->dp_size() == 1) {
     log_info(
         "[zero] zero.stage={} with one data-parallel rank shards nothing: this rank holds every "
@@ -80,8 +83,8 @@ void Trainer::setup(const std::string& config_toml) {
   // program's reduce_grads), on a pipeline once the tied wte's gradient has been summed over the
   // embedding group.
   if (layout_->pp_size() > 1 || opt_.pp_kind == pipeline::Kind::gpipe) zero.overlap = false;
-  zero_ =
-      std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_);
+  zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
+                                                   parallel::ExpertGroup{edp, opt_.model.moe.ep});
   faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *zero_, *store_);
   model_->set_hooks(faults_.get());
   stage_ = std::make_unique<ModelStage>(*model_, *zero_);
