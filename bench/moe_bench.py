@@ -86,22 +86,30 @@ def balance(tetra, work, steps):
             "--model.vocab_size=4096", "--eval.every=0", f"--train.steps={steps}",
             "--model.moe_experts=8", "--model.moe_top_k=2", "--moe.capacity_factor=0"]
     curves = {}
-    for coeff in ("0.01", "0"):
+    coeffs = ("0.01", "0.05", "0")
+    for coeff in coeffs:
         recs = train(tetra, f"{work}/aux{coeff}", base + [f"--moe.aux_loss_coeff={coeff}"])
         curves[coeff] = [(r["step"], mean_imbalance(r), r["moe_aux"], r["loss"]) for r in recs]
     print(f"\n== balance: tiny shape on the Brown corpus, 8 experts top-2, no capacity (nothing"
-          f" dropped), {steps} steps;"
-          " load max/mean per block, averaged over the blocks (1 = balanced)")
-    print(f"{'step':>6} {'aux 0.01: max/mean':>20} {'aux':>7} {'aux 0: max/mean':>17} {'aux':>7}")
+          f" dropped), {steps} steps; load max/mean per block, averaged over the blocks (1 ="
+          " balanced), and the unweighted aux loss")
+    print(f"{'step':>6}" + "".join(f" {'coeff ' + c + ': max/mean':>22} {'aux':>7}" for c in coeffs))
     every = max(1, steps // 12)
-    for i in range(0, steps, every):
-        a, b = curves["0.01"][i], curves["0"][i]
-        print(f"{a[0]:>6} {a[1]:>20.3f} {a[2]:>7.4f} {b[1]:>17.3f} {b[2]:>7.4f}")
-    last = {k: statistics.mean(x[1] for x in v[-max(1, steps // 10):]) for k, v in curves.items()}
-    first_below = next((s for s, m, _, _ in curves["0.01"] if m < 1.3), None)
-    print(f"last tenth of the run: max/mean {last['0.01']:.3f} with the aux loss, {last['0']:.3f}"
-          f" without; with it below 1.3 from step {first_below}")
-    return {"curves": curves, "last": last, "first_below_1.3": first_below}
+    for i in list(range(0, steps, every)) + [steps - 1]:
+        print(f"{curves[coeffs[0]][i][0]:>6}" +
+              "".join(f" {curves[c][i][1]:>22.3f} {curves[c][i][2]:>7.4f}" for c in coeffs))
+    window = max(1, steps // 25)
+    last = {c: statistics.mean(x[1] for x in v[-max(1, steps // 10):]) for c, v in curves.items()}
+    below = {}
+    for c, v in curves.items():
+        # The first step from which the mean over the next `window` steps is under 1.3, once the
+        # router has left its initialisation (step 1 routes near-uniformly).
+        below[c] = next((v[i][0] for i in range(window, len(v) - window)
+                         if statistics.mean(x[1] for x in v[i:i + window]) < 1.3), None)
+    for c in coeffs:
+        print(f"aux coeff {c}: max/mean over the last tenth {last[c]:.3f}; the {window}-step mean"
+              f" under 1.3 from step {below[c]}")
+    return {"curves": curves, "last": last, "below_1.3": below}
 
 
 def brown(tetra, work, steps):

@@ -313,7 +313,11 @@ TEST_F(CkptRobust, ASingleProcessRefusesLayoutsItCannotRun) {
                  "process; run it as `tetra launch -n 4 -- train ...` (or under mpirun), or set "
                  "parallel.dp=1 parallel.tp=1");
   EXPECT_REFUSED(tetra(args("a", 2, "--parallel.ep=2")),
-                 "[train] parallel.ep=2: this trainer runs data, tensor and pipeline parallelism");
+                 "[model] parallel.ep=2 spreads experts, but model.moe_experts=0 makes a dense "
+                 "model; set model.moe_experts (e.g. 4) or parallel.ep=1");
+  EXPECT_REFUSED(tetra(args("a", 2, "--parallel.ep=2 --model.moe_experts=4")),
+                 "[train] parallel.ep=2 needs 2 ranks but this is a single process; run it as "
+                 "`tetra launch -n 2 -- train ...` (or under mpirun), or set parallel.ep=1");
   EXPECT_FALSE(fs::exists(dir_ / "a" / "metrics.jsonl"));
   // dp=1 and dp=0 (the world's: one rank) are what a single process runs.
   EXPECT_EQ(tetra(args("b", 1, "--parallel.dp=1")).code, 0);
