@@ -39,7 +39,8 @@ int64_t RunShape::local_layers() const {
 }
 
 bool RunShape::is_moe(int64_t layer) const {
-  return experts > 0 && layer % moe_every == moe_every - 1;
+  const int64_t every = std::max<int64_t>(1, moe_every);
+  return experts > 0 && layer % every == every - 1;
 }
 
 int64_t RunShape::local_moe_layers() const {
