@@ -276,12 +276,16 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     out.push_back(d);
   }
   if (l.ep > 1) {
-    // Dispatch + combine per MoE layer forward, and again backward.
+    // Dispatch + combine per MoE layer forward, and again backward (and the forward's again under
+    // full recomputation), on the rank holding the most MoE layers.
+    int64_t moe = 0;
+    for (int64_t r = 0; r < l.pp; ++r) moe = std::max(moe, rank_moe_layers(m, l, r));
     DimComm d;
     d.dim = "ep";
     d.what = "all-to-all dispatch + combine per MoE layer, fwd and bwd";
+    if (l.recompute == Recompute::full) d.what += " + 2 in the recomputed fwd";
     d.group = l.ep;
-    d.calls = 4 * layers * l.microbatches;
+    d.calls = (l.recompute == Recompute::full ? 6 : 4) * moe * l.microbatches;
     d.placement = place_group(l.tp, l.ep, gpn);
     d.intra_node = d.placement.nodes == 1;
     const double payload = tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;

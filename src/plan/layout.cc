@@ -19,6 +19,12 @@ int64_t stage_layers(const Layout& l, int64_t layers, int64_t stage) {
   return l.split.empty() ? layers / (l.pp * v) : int64_t(l.split[size_t(stage)]);
 }
 
+int64_t stage_first_layer(const Layout& l, int64_t layers, int64_t stage) {
+  int64_t first = 0;
+  for (int64_t k = 0; k < stage; ++k) first += stage_layers(l, layers, k);
+  return first;
+}
+
 int64_t max_rank_layers(const Layout& l, int64_t layers) {
   int64_t most = 0;
   for (int64_t r = 0; r < l.pp; ++r) most = std::max(most, rank_layers(l, layers, r));

@@ -34,6 +34,9 @@ struct Layout {
 /** Layers of virtual stage `stage` (0..pp*v-1). */
 int64_t stage_layers(const Layout& l, int64_t layers, int64_t stage);
 
+/** The first layer of virtual stage `stage`: the layers of the stages before it. */
+int64_t stage_first_layer(const Layout& l, int64_t layers, int64_t stage);
+
 /** Layers held by pipeline rank `rank` (its chunks' layers together). */
 int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank);
 /** The most layers any pipeline rank holds. */

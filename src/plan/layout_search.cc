@@ -43,7 +43,8 @@ std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l
   l.split.clear();
   if (spec.empty() && m.layers % (l.pp * v) == 0) return "";
   const ParamCounts pc = count_params(m);
-  const double layer = double(pc.attention + pc.norms + pc.router + pc.experts * pc.expert_mlp);
+  // A layer's mean parameters (MoE blocks with all their experts).
+  const double layer = double(pc.blocks()) / double(m.layers);
   const double embedding = double(pc.embedding) / layer;
   const double head = double(pc.head > 0 ? pc.head : m.vocab * m.d_model) / layer;
   try {
@@ -117,7 +118,7 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
           sum, l.split.size(), m.layers, l.pp * v);
     }
   }
-  if (m.experts == 1 && l.ep != 1) {
+  if (!is_moe(m) && l.ep != 1) {
     return fmt::format("[plan] ep={} but model '{}' is dense (experts=1); set layout.ep=1", l.ep,
                        m.name);
   }
@@ -170,7 +171,8 @@ namespace {
 // costs next to nothing. This is what makes Llama 3 and Megatron give the end stages fewer layers.
 double head_layers(const ModelSpec& m) {
   const ParamCounts pc = count_params(m);
-  const double layer = double(pc.attention_matmul + pc.top_k * pc.expert_mlp_matmul + pc.router);
+  // A layer's mean matrices a token is multiplied by (MoE blocks: the router and top_k experts).
+  const double layer = double(pc.matmul_active() - pc.head_matmul) / double(m.layers);
   return double(pc.head_matmul) / layer;
 }
 

@@ -40,7 +40,9 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
   // Korthikanti et al. Table 2 gives 34*C + 5*NH*T bytes for GPT with ffn = 4C.
   const double C = double(m.d_model), kvd = double(m.d_model / m.heads * m.kv_heads);
   const double ffn = double(m.ffn), NH = double(m.heads), T = double(m.seq);
-  const double k = double(m.top_k);
+  // MLPs a token passes through per layer: top_k in a MoE block, one in a dense block.
+  const ParamCounts pc = count_params(m);
+  const double k = double(pc.dense_layers() + pc.moe_layers * m.top_k) / double(m.layers);
   const double e = act_bytes(p) / 2.0;                        // scale the bf16 counts for fp32
   if (r == Recompute::full) return 2.0 * C * e / double(tp);  // the layer input only
   double attn, scores, mlp;
@@ -78,10 +80,24 @@ LocalParams rank_params(const ModelSpec& m, const Layout& l, int64_t r) {
     extra += double(pc.final_norm);
   }
   const double layers = double(rank_layers(l, m.layers, r));
+  const double moe = double(rank_moe_layers(m, l, r));
   LocalParams lp;
-  lp.dense = (layers * double(pc.attention + pc.norms + pc.router) + extra) / double(l.tp);
-  lp.expert = layers * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
+  lp.dense = (layers * double(pc.attention + pc.norms) + (layers - moe) * double(pc.expert_mlp) +
+              moe * double(pc.router) + extra) /
+             double(l.tp);
+  lp.expert = moe * double(pc.experts * pc.expert_mlp) / double(l.tp * l.ep);
   return lp;
+}
+
+int64_t rank_moe_layers(const ModelSpec& m, const Layout& l, int64_t r) {
+  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  int64_t n = 0;
+  for (int64_t c = 0; c < v; ++c) {
+    const int64_t stage = c * l.pp + r;
+    const int64_t first = stage_first_layer(l, m.layers, stage);
+    n += moe_layers(m, first, first + stage_layers(l, m.layers, stage));
+  }
+  return n;
 }
 
 LocalParams local_params(const ModelSpec& m, const Layout& l) {

@@ -31,9 +31,10 @@ StateMemory zero_state_memory(double params, int64_t n, int stage, Precision p);
 int64_t min_devices_for_state(double params, double device_bytes, Precision p);
 
 /** Activation bytes one token leaves behind in one layer, tensor by tensor (Korthikanti et al.
- *  2022 for GPT, generalised to GQA, SwiGLU and top-k experts), split over `tp` ranks by tensor +
- *  sequence parallelism. `a` decides the score term: materialized attention keeps the softmax
- *  output (and GPT's dropout mask and output), flash attention only each row's statistics. */
+ *  2022 for GPT, generalised to GQA, SwiGLU and top-k experts, averaged over the layers when only
+ *  some are MoE blocks), split over `tp` ranks by tensor + sequence parallelism. `a` decides the
+ *  score term: materialized attention keeps the softmax output (and GPT's dropout mask and
+ *  output), flash attention only each row's statistics. */
 double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp,
                                         Attention a = Attention::materialized);
 
@@ -61,6 +62,8 @@ struct LocalParams {
 LocalParams local_params(const ModelSpec& m, const Layout& l);
 /** The same for pipeline rank `rank`. */
 LocalParams rank_params(const ModelSpec& m, const Layout& l, int64_t rank);
+/** MoE blocks pipeline rank `rank` holds (its chunks' stages, model.moe_every's pattern). */
+int64_t rank_moe_layers(const ModelSpec& m, const Layout& l, int64_t rank);
 
 /** The attention kernel `t` asks for on cluster `c` (automatic: flash on GPUs, materialized on
  *  the cpu cluster, whose backend keeps the probabilities). */

@@ -97,13 +97,29 @@ std::string joined(const std::vector<std::string>& names) {
 
 }  // namespace
 
+bool is_moe(const ModelSpec& m) { return m.moe_every > 0 || m.experts > 1; }
+
+bool is_moe_layer(const ModelSpec& m, int64_t layer) {
+  if (!is_moe(m)) return false;
+  const int64_t every = std::max<int64_t>(1, m.moe_every);
+  return layer % every == every - 1;
+}
+
+int64_t moe_layers(const ModelSpec& m, int64_t first, int64_t end) {
+  int64_t n = 0;
+  for (int64_t l = first; l < end; ++l) n += is_moe_layer(m, l) ? 1 : 0;
+  return n;
+}
+
 ParamCounts count_params(const ModelSpec& m) {
   const int64_t C = m.d_model, kvd = m.d_model / m.heads * m.kv_heads;
   ParamCounts p;
   p.layers = m.layers;
+  p.moe_layers = moe_layers(m, 0, m.layers);
   p.experts = m.experts;
   p.top_k = m.top_k;
-  p.router = m.experts > 1 ? C * m.experts : 0;
+  // The router (E, C) has no bias (docs/moe.md), even over one expert.
+  p.router = is_moe(m) ? C * m.experts : 0;
   p.attention_matmul = C * (C + 2 * kvd) + C * C;
   p.head_matmul = m.vocab * C;
   if (m.gpt2_style) {
@@ -139,6 +155,9 @@ void validate_model(const ModelSpec& m) {
               m.kv_heads, m.heads);
   TETRA_CHECK(m.experts >= 1 && m.top_k >= 1 && m.top_k <= m.experts,
               "[plan] top_k={} must be between 1 and experts={}", m.top_k, m.experts);
+  TETRA_CHECK(m.moe_every >= 0 && m.capacity_factor >= 0 && std::isfinite(m.capacity_factor),
+              "[plan] moe_every={} and capacity_factor={} must be >= 0", m.moe_every,
+              m.capacity_factor);
 }
 
 ModelSpec model_preset(const std::string& name) {

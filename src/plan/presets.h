@@ -19,47 +19,73 @@ struct ModelSpec {
   int64_t ffn = 0;       // MLP hidden width (per expert)
   int64_t vocab = 0;     // V
   int64_t seq = 0;       // T, training sequence length
-  int64_t experts = 1;   // 1 = dense
+  int64_t experts = 1;   // experts per MoE block; 1 = dense (unless moe_every > 0)
   int64_t top_k = 1;     // experts per token
   bool gpt2_style = false;
   int64_t vocab_multiple = 64;  // tetra pads the vocabulary (wte rows) to a multiple of this
   // Learned position rows (GPT-2's wpe; a tetra run's model.max_seq, which may exceed the trained
   // train.seq_len); 0 = seq.
   int64_t positions = 0;
+  // Which blocks are mixtures of experts (a router and `experts` MLPs of the dense MLP's shape in
+  // place of the MLP): block l when l % moe_every == moe_every - 1 (tetra's model.moe_every; 1:
+  // every block, 2: blocks 1, 3, ...). 0: every block when experts > 1 (the presets' Mixtral),
+  // none otherwise.
+  int64_t moe_every = 0;
+  // Routes an expert takes per sequence, ceil(cf * seq * top_k / experts) (tetra's
+  // moe.capacity_factor; 0: no capacity): bounds the expert rows a tetra run reserves.
+  double capacity_factor = 1.25;
 };
 
+/** Whether `m` has MoE blocks. */
+bool is_moe(const ModelSpec& m);
+/** Whether block `layer` (0-based) of `m` is a MoE block (ModelSpec::moe_every). */
+bool is_moe_layer(const ModelSpec& m, int64_t layer);
+/** MoE blocks among blocks [first, end). */
+int64_t moe_layers(const ModelSpec& m, int64_t first, int64_t end);
+
 /** Parameter count by part; per-layer parts are for one layer. The *_matmul parts are the
- *  weights of those parts that take part in matrix products (no biases, no norms). */
+ *  weights of those parts that take part in matrix products (no biases, no norms). A dense block
+ *  has attention, norms and one MLP (expert_mlp); a MoE block (moe_layers of the layers) has
+ *  attention, norms, the router and `experts` MLPs of that shape instead. */
 struct ParamCounts {
   int64_t embedding = 0;   // token (+ learned position) embedding
   int64_t head = 0;        // output projection; 0 when tied to the embedding
   int64_t attention = 0;   // per layer: q, k, v, o (+ biases)
-  int64_t expert_mlp = 0;  // per layer, ONE expert's MLP (the MLP of a dense model)
-  int64_t router = 0;      // per layer (a matrix: all of it is multiplied)
+  int64_t expert_mlp = 0;  // per layer, ONE expert's MLP (the MLP of a dense block)
+  int64_t router = 0;      // per MoE layer: E x C (a matrix: all of it is multiplied)
   int64_t norms = 0;       // per layer
   int64_t final_norm = 0;
   int64_t layers = 0;
+  int64_t moe_layers = 0;  // of the layers, the MoE blocks
   int64_t experts = 1;
   int64_t top_k = 1;
   int64_t attention_matmul = 0;   // per layer: the q, k, v and o matrices
   int64_t expert_mlp_matmul = 0;  // per layer, one expert's MLP matrices
   int64_t head_matmul = 0;        // the output projection V x C, tied or not
 
-  /** Parameters of one layer (all experts). */
-  int64_t per_layer() const { return attention + experts * expert_mlp + router + norms; }
+  int64_t dense_layers() const { return layers - moe_layers; }
+  /** Parameters of a dense block and of a MoE block (all experts). */
+  int64_t dense_layer() const { return attention + expert_mlp + norms; }
+  int64_t moe_layer() const { return attention + experts * expert_mlp + router + norms; }
+  /** Parameters of the largest block: a MoE block's when the model has any. */
+  int64_t per_layer() const { return moe_layers > 0 ? moe_layer() : dense_layer(); }
+  /** Parameters of all blocks together. */
+  int64_t blocks() const { return dense_layers() * dense_layer() + moe_layers * moe_layer(); }
   /** Every parameter of the model. */
-  int64_t total() const { return embedding + head + final_norm + layers * per_layer(); }
-  /** Parameters one token passes through (MoE: top_k of the experts). */
+  int64_t total() const { return embedding + head + final_norm + blocks(); }
+  /** Parameters one token passes through (MoE blocks: the router and top_k of the experts). */
   int64_t active() const {
-    return embedding + head + final_norm +
-           layers * (attention + top_k * expert_mlp + router + norms);
+    return embedding + head + final_norm + layers * (attention + norms) +
+           dense_layers() * expert_mlp + moe_layers * (top_k * expert_mlp + router);
   }
-  /** Weights one token is multiplied by (MoE: top_k experts): every block matrix, the router and
-   *  the output head (a tied head is the embedding, counted once). Each costs 2 FLOPs forward and
-   *  4 backward per token, so 6x this is the dense part of the model FLOPs (flops_per_token). The
-   *  embedding lookups, biases and norms cost O(1) per parameter, not 6, and are left out. */
+  /** Weights one token is multiplied by (MoE blocks: the router and top_k experts): every block
+   *  matrix and the output head (a tied head is the embedding, counted once). Each costs 2 FLOPs
+   *  forward and 4 backward per token, so 6x this is the dense part of the model FLOPs
+   *  (flops_per_token): for a MoE model the ACTIVE FLOPs, whatever E. The embedding lookups,
+   *  biases and norms cost O(1) per parameter, not 6, and are left out. */
   int64_t matmul_active() const {
-    return layers * (attention_matmul + top_k * expert_mlp_matmul + router) + head_matmul;
+    return layers * attention_matmul + dense_layers() * expert_mlp_matmul +
+           moe_layers * (top_k * expert_mlp_matmul + router) + head_matmul;
   }
 };
 

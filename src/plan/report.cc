@@ -121,10 +121,19 @@ json plan_report(const PlanInputs& in, int top) {
   const Layout& l = chosen.layout;
 
   json r;
-  r["model"] = {{"name", m.name},   {"layers", m.layers},     {"d_model", m.d_model},
-                {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
-                {"vocab", m.vocab}, {"seq", m.seq},           {"experts", m.experts},
-                {"top_k", m.top_k}, {"params", pc.total()},   {"active_params", pc.active()}};
+  r["model"] = {{"name", m.name},
+                {"layers", m.layers},
+                {"d_model", m.d_model},
+                {"heads", m.heads},
+                {"kv_heads", m.kv_heads},
+                {"ffn", m.ffn},
+                {"vocab", m.vocab},
+                {"seq", m.seq},
+                {"experts", m.experts},
+                {"top_k", m.top_k},
+                {"params", pc.total()},
+                {"active_params", pc.active()},
+                {"moe_layers", pc.moe_layers}};
   r["cluster"] = {{"name", c.name},
                   {"gpus", c.gpus},
                   {"gpus_per_node", c.gpus_per_node},
@@ -209,6 +218,32 @@ json plan_report(const PlanInputs& in, int top) {
                   {"bytes_per_step", bytes},
                   {"bubble", step.bubble},
                   {"summary", run_summary(run)}};
+      if (is_moe(m)) {
+        // The experts this rank holds and what they cost it: their state, the all-to-all rows per
+        // step (and the part that leaves the rank), and that exchange's time on this cluster.
+        const RunMemory& e = run.experts;
+        double a2a = 0, sent = 0, seconds = 0;
+        for (const GroupTraffic& g : traffic) {
+          if (g.dim == "ep") a2a = g.buffer_bytes(), sent = g.bytes();
+        }
+        for (const DimComm& d : step.comm) {
+          if (d.dim == "ep") seconds = d.seconds;
+        }
+        const RunShape shape = run_shape(m, t, l, *in.tetra_run);
+        r["run"]["moe"] = {{"experts", m.experts},
+                           {"experts_per_rank", m.experts / l.ep},
+                           {"moe_blocks_per_rank", shape.local_moe_layers()},
+                           {"top_k", m.top_k},
+                           {"expert_memory_per_rank", e.total()},
+                           {"expert_memory",
+                            {{"params", e.params},
+                             {"grads", e.grads},
+                             {"optimizer", e.optimizer},
+                             {"comm", e.comm}}},
+                           {"a2a_bytes_per_step", a2a},
+                           {"ep_sent_bytes_per_step", sent},
+                           {"ep_seconds", seconds}};
+      }
       if (l.pp > 1) {
         r["run"]["note"] =
             "memory is pipeline rank 0's: the first stage, with the micro-batches its program "
@@ -335,6 +370,19 @@ std::string format_report(const json& r, bool explain) {
     }
     line(fmt::format("  its step (as its end-of-run plan-vs-measured lines predict it): {}{}",
                      hs(run["step_seconds"]), bytes));
+    if (run.contains("moe")) {
+      const json& e = run["moe"];
+      const json& em = e["expert_memory"];
+      line(fmt::format(
+          "  mixture of experts: {} of {} experts per rank in each of its {} MoE block(s), top-{}; "
+          "expert state {} per rank (params {}, grads {}, optimizer {}, ZeRO workspaces {}); "
+          "all-to-all {} per step and rank ({} of it to other ranks), EP {} a step, exposed",
+          e["experts_per_rank"].get<int64_t>(), e["experts"].get<int64_t>(),
+          e["moe_blocks_per_rank"].get<int64_t>(), e["top_k"].get<int64_t>(),
+          hb(e["expert_memory_per_rank"]), hb(em["params"]), hb(em["grads"]), hb(em["optimizer"]),
+          hb(em["comm"]), hb(e["a2a_bytes_per_step"]), hb(e["ep_sent_bytes_per_step"]),
+          hs(e["ep_seconds"])));
+    }
   }
 
   const json& mem = r["memory"];

@@ -1,12 +1,33 @@
 #include "plan/run_memory.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tetra::plan {
 
 namespace {
 
 int64_t align(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Rows of one expert's product are padded to a multiple of this (model/moe.h, kMoeRowAlign).
+constexpr int64_t kMoeRowAlign = 32;
+
+// The chunks run_memory prices: the shape's, or the whole model with one micro-batch in flight.
+std::vector<RunShape::Chunk> chunks_of(const RunShape& s) {
+  return s.chunks.empty() ? std::vector<RunShape::Chunk>{{s.layers, 1, 0}} : s.chunks;
+}
+
+// ZeRO workspaces one class of `units` interchangeable units holds at once (parallel/
+// data_parallel.cc, DataParallel::workspace_bound): gradients (stages 2, 3) of two units, one
+// produced while the previous one reduces; parameters (stage 3) of the unit computed and the
+// zero.prefetch gathers ahead, or every unit of the class and one more without resharding.
+double workspace_bound(const RunShape& s, double units) {
+  if (s.zero < 2 || units <= 0) return 0;
+  const double grads = std::min(2.0, units);
+  if (s.zero == 2) return grads;
+  if (!s.reshard_after_forward) return units + 1;
+  return std::min(1.0 + double(s.prefetch), units) + grads;
+}
 
 }  // namespace
 
@@ -17,21 +38,70 @@ int64_t RunShape::local_layers() const {
   return n;
 }
 
+bool RunShape::is_moe(int64_t layer) const {
+  const int64_t every = std::max<int64_t>(1, moe_every);
+  return experts > 0 && layer % every == every - 1;
+}
+
+int64_t RunShape::local_moe_layers() const {
+  int64_t n = 0;
+  for (const Chunk& c : chunks_of(*this)) {
+    for (int64_t l = c.first; l < c.first + c.layers; ++l) n += is_moe(l) ? 1 : 0;
+  }
+  return n;
+}
+
+MoeRows moe_rows(const RunShape& s) {
+  // model/moe.cc, MoeShape::of: an expert takes each token at most once and, with a capacity,
+  // at most `cap` routes of each of the ep·B sequences that meet at it; this rank's E/ep experts
+  // take at most every route of the ep group. The capacity is model/moe_routing.cc's
+  // moe_capacity, ceil(cf·T·k/E) in double as there.
+  MoeRows r;
+  if (s.experts <= 0) return r;
+  const int64_t B = s.micro_batch, T = s.seq, k = s.top_k, E = s.experts;
+  const int64_t ep = std::max<int64_t>(1, s.ep), El = E / ep, N = B * T;
+  const int64_t per_rank =
+      s.capacity_factor > 0.0
+          ? std::min(int64_t(std::ceil(s.capacity_factor * double(T) * double(k) / double(E))) * B,
+                     N)
+          : N;
+  const int64_t routed = std::min(El * per_rank * ep, N * k * ep);
+  r.tokens = double(N);
+  r.expert_rows = double(routed + El * (kMoeRowAlign - 1));
+  if (ep > 1) {
+    r.send_rows = double(N * k);
+    r.recv_rows = double(routed);
+  }
+  return r;
+}
+
 FlatLayout flat_layout(const RunShape& s) {
-  const int64_t C = s.d_model, unit = 16 * std::max<int64_t>(1, s.dp), tp = s.tp;
+  const int64_t C = s.d_model, tp = s.tp;
+  const int64_t unit = 16 * std::max<int64_t>(1, s.dp), expert_unit = 16 * s.edp();
   // A block: mlp.c_proj (w, b), mlp.c_fc (w, b), ln_2 (w, b), attn.c_proj (w, b), attn.c_attn
   // (w, b), ln_1 (w, b); a tensor-parallel rank holds 1/tp of the matrices and of the column-
-  // parallel biases.
-  const int64_t tensors[] = {C * 4 * C / tp, C, 4 * C * C / tp, 4 * C / tp, C, C,
-                             C * C / tp,     C, 3 * C * C / tp, 3 * C / tp, C, C};
-  int64_t block = 0;
-  for (int64_t n : tensors) block += align(n, 16);
+  // parallel biases. A MoE block has the router (E, C), whole on every tp rank, in place of the
+  // MLP (model/block.cc).
+  const int64_t attention[] = {C, C, C * C / tp, C, 3 * C * C / tp, 3 * C / tp, C, C};
+  const int64_t mlp[] = {C * 4 * C / tp, C, 4 * C * C / tp, 4 * C / tp};
+  int64_t block = 0, moe_block = align(s.experts * C, 16);
+  for (int64_t n : attention) block += align(n, 16);
+  moe_block += block;
+  for (int64_t n : mlp) block += align(n, 16);
+  // An expert unit: this rank's E/ep experts, each c_proj (w, b) and c_fc (w, b) of the dense
+  // MLP's shape, whole (model/moe.cc, register_experts).
+  const int64_t expert =
+      align(C * 4 * C, 16) + align(C, 16) + align(4 * C * C, 16) + align(4 * C, 16);
   // The root: wpe, wte (this rank's padded rows), ln_f (w, b); on a pipeline's end stages wte is
   // a unit of its own next to the root (wpe) or the head (ln_f).
   const int64_t wpe = align(s.max_seq * C, 16), wte = align(s.padded_vocab / tp * C, 16);
   const int64_t ln_f = 2 * align(C, 16);
   FlatLayout f;
   f.block = double(align(block, unit));
+  if (s.experts > 0) {
+    f.moe_block = double(align(moe_block, unit));
+    f.experts = double(align(s.experts / std::max<int64_t>(1, s.ep) * expert, expert_unit));
+  }
   if (s.embedding && s.head) {
     f.ends = {double(align(wpe + wte + ln_f, unit))};
   } else if (s.embedding) {
@@ -40,83 +110,152 @@ FlatLayout flat_layout(const RunShape& s) {
     f.ends = {double(align(wte, unit)), double(align(ln_f, unit))};
   }
   for (double e : f.ends) f.root += e;
-  f.total = double(s.local_layers()) * f.block + f.root;
+  // The store's order (model/gpt.cc): a head without the embedding first (wte, head), the chunks
+  // from last to first with their blocks from last to first, each MoE block's experts before it,
+  // then the embedding (wte and the root, or the whole root).
+  const bool head_alone = s.head && !s.embedding;
+  if (head_alone) {
+    for (double e : f.ends) f.units.push_back({e, false, false});
+  }
+  const std::vector<RunShape::Chunk> chunks = chunks_of(s);
+  for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
+    for (int64_t l = c->first + c->layers - 1; l >= c->first; --l) {
+      if (s.is_moe(l)) {
+        f.units.push_back({f.experts, false, true});
+        f.units.push_back({f.moe_block, true, false});
+      } else {
+        f.units.push_back({f.block, true, false});
+      }
+    }
+  }
+  if (s.embedding) {
+    for (double e : f.ends) f.units.push_back({e, false, false});
+  }
+  const double N = double(std::max<int64_t>(1, s.dp)), edp = double(s.edp());
+  for (const FlatUnit& u : f.units) {
+    f.total += u.elements;
+    if (u.expert) f.expert_total += u.elements;
+    f.shard += u.elements / (u.expert ? edp : N);
+  }
   return f;
 }
 
 RunMemory run_memory(const RunShape& s) {
   const double B = double(s.micro_batch), T = double(s.seq), C = double(s.d_model);
-  const double NH = double(s.heads), N = double(std::max<int64_t>(1, s.dp));
+  const double NH = double(s.heads);
   const double tp = double(s.tp), BT = B * T, BTC = BT * C;
   // Attention's saved state and backward scratch per layer (RunShape::flash_attention).
   const double att = B * NH / tp * T * (s.flash_attention ? 1.0 : T);
   const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
   constexpr double f32 = 4.0;
   const FlatLayout flat = flat_layout(s);
+  const bool moe = s.experts > 0;
+  const MoeRows mr = moe_rows(s);
+  const double E = double(s.experts), k = double(s.top_k), H = 4 * C;  // experts are whole
+  const double N = mr.tokens, R = mr.expert_rows, send = mr.send_rows, recv = mr.recv_rows;
 
   RunMemory m;
-  m.params = f32 * (s.zero >= 3 ? flat.total / N : flat.total);
-  m.grads = f32 * (s.zero >= 2 ? flat.total / N : flat.total);
-  m.optimizer = 2 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);  // AdamW m and v
+  m.params = f32 * (s.zero >= 3 ? flat.shard : flat.total);
+  m.grads = f32 * (s.zero >= 2 ? flat.shard : flat.total);
+  m.optimizer = 2 * f32 * (s.zero >= 1 ? flat.shard : flat.total);  // AdamW m and v
 
-  // What a block saves for backward: ln_1 and ln_2 outputs (whole) with their means and rstds,
-  // qkv, the attention output, the residual after attention, the MLP's input and GELU output, and
-  // attention's saved state unless it is recomputed. Tensor parallelism splits the column-
-  // parallel ones; sequence parallelism the residual and the statistics.
-  auto block_saves = [&](bool with_att) {
-    return 2 * BTC + 4 * rows + rows * C + 4 * BTC / tp + 8 * BTC / tp + (with_att ? att : 0.0);
+  // What a block saves for backward (model/block.cc, BlockActs): ln_1 and ln_2 outputs (whole)
+  // with their means and rstds, qkv, the attention output, the residual after attention, and
+  // attention's saved state unless it is recomputed; then a dense block's MLP input and GELU
+  // output, or a MoE block's (model/moe.cc, MoeActs) router logits (N,E) and gates (N,k), its
+  // experts' rows in and out (R,C) and hidden activations before and after GELU (R,4C), and under
+  // expert parallelism the rows back from the experts (send_rows,C). Tensor parallelism splits
+  // the column-parallel ones; sequence parallelism the residual and the statistics.
+  const double moe_acts = N * E + N * k + R * (2 * C + 2 * H) + send * C;
+  auto block_saves = [&](bool with_att, bool moe_block) {
+    return 2 * BTC + 4 * rows + rows * C + 4 * BTC / tp + (with_att ? att : 0.0) +
+           (moe_block ? moe_acts : 8 * BTC / tp);
   };
+  // A MoE block's routing kept from forward to backward (MoeRoute): its int32 index vectors, a
+  // route's row (N,k), the row each expert row gathers (R) and under expert parallelism the
+  // received and sent rows' (recv_rows + send_rows), 4 bytes each like an f32 element.
+  const double route = moe ? N * k + R + recv + send : 0.0;
   // ln_f (whole) and its statistics, this rank's logits, losses.
   const double head = s.head ? BTC + 2 * rows + BT * double(s.padded_vocab) / tp + BT : 0.0;
   // Per chunk and micro-batch in flight: the residual stream at every block boundary, and what
-  // each block keeps.
-  const double kept =
-      s.recompute == Recompute::full ? 0.0 : block_saves(s.recompute == Recompute::none);
+  // each block keeps (with each MoE block's routing).
+  const bool keep = s.recompute != Recompute::full;
+  const bool with_att = s.recompute == Recompute::none;
   double held = 0;
-  const std::vector<RunShape::Chunk> chunks =
-      s.chunks.empty() ? std::vector<RunShape::Chunk>{{s.layers, 1}} : s.chunks;
-  for (const RunShape::Chunk& c : chunks) {
-    const double n = double(c.layers);
-    held += double(c.slots) * ((n + 1) * rows * C + n * kept);
+  for (const RunShape::Chunk& c : chunks_of(s)) {
+    double kept = 0;
+    for (int64_t l = c.first; keep && l < c.first + c.layers; ++l) {
+      kept += s.is_moe(l) ? block_saves(with_att, true) + route : block_saves(with_att, false);
+    }
+    held += double(c.slots) * ((double(c.layers) + 1) * rows * C + kept);
   }
   m.activations = f32 * (held + head);
 
   // Backward's residual gradient and scratch (dln, dqkv, attention's scratch and a recomputed
-  // saved state, datty, dfch; under
-  // sequence parallelism gathered rows and one block's LayerNorm gradients), and under full
-  // recomputation one block's activations with its output.
+  // saved state, datty, dfch; under sequence parallelism gathered rows and one block's LayerNorm
+  // gradients; in a model with MoE blocks their shared MoeScratch: dlogits (N,E), dgate (N,k), the
+  // received, sent and expert rows' gradients and the experts' hidden gradient (R,4C)), and under
+  // full recomputation one block's activations (a dense or a MoE block's, whichever is larger:
+  // the two are views of one buffer) with its output, and a MoE model's routing for it.
+  const double moe_scratch = moe ? N * E + N * k + (recv + send + R) * C + R * H : 0.0;
   const double scratch = BTC + 3 * BTC / tp + 2 * att + BTC / tp + 4 * BTC / tp +
-                         (s.sequence_parallel ? BTC + 4 * C : 0.0);
-  const double rerun = s.recompute == Recompute::full ? block_saves(false) + rows * C : 0.0;
+                         (s.sequence_parallel ? BTC + 4 * C : 0.0) + moe_scratch;
+  const double rerun =
+      s.recompute == Recompute::full
+          ? std::max(block_saves(false, false), moe ? block_saves(false, true) : 0.0) + rows * C +
+                route
+          : 0.0;
   m.temporaries = f32 * (rows * C + scratch + rerun);
   // A checkpoint's snapshot: parameters and both moments of what this rank writes (all of them
   // on data-parallel rank 0 without ZeRO, its shard with ZeRO; padding is not written).
-  if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.total / N : flat.total);
+  if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.shard : flat.total);
   // Mixed precision: the bf16 copies of the largest product's operands (model/gpt.cc), an MLP
-  // product's or the head's backward with the (BT,Vp/tp) logit gradient, or attention's q, k and
-  // v (or v and dy) with its probabilities on the CPU backend (its attention kernel).
+  // product's or the head's backward with the (BT,Vp/tp) logit gradient, a MoE block's expert
+  // product over all its R rows with a (4C,C) weight, or attention's q, k and v (or v and dy)
+  // with its probabilities on the CPU backend (its attention kernel). gpt.cc reserves 32 elements
+  // more for the operands' alignment, 64 bytes this ledger leaves out (tests/train/memory_test.cc
+  // pins the copies' formula).
   if (s.bf16) {
-    const double H = 4 * C / tp, V = double(s.padded_vocab) / tp;
+    const double Hl = 4 * C / tp, V = double(s.padded_vocab) / tp;
     const double attention = s.flash_attention ? 0.0 : 3 * BTC / tp + att;
-    m.temporaries +=
-        2.0 * std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C, attention});
+    const double experts = moe ? R * H + std::max(H, R) * C : 0.0;
+    m.temporaries += 2.0 * std::max({BT * Hl + std::max(Hl, BT) * C, BT * V + std::max(BT, V) * C,
+                                     experts, attention});
   }
 
-  // ZeRO workspaces (parallel/data_parallel.h): gradients of the root and of two blocks at once;
-  // under stage 3 also parameters of the root and of the computed block plus those prefetched,
-  // or of every block when they stay gathered between forward and backward.
-  const double blocks = double(s.local_layers());
-  if (s.zero == 2) m.comm = f32 * (flat.root + std::min(2.0, blocks) * flat.block);
-  if (s.zero == 3) {
-    const double grad_blocks = std::min(2.0, blocks);
-    const double param_blocks = s.reshard_after_forward
-                                    ? std::min(1.0 + double(s.prefetch), blocks) + grad_blocks
-                                    : blocks + 1;
-    m.comm = f32 * (2 * flat.root + (blocks > 0 ? param_blocks : 0.0) * flat.block);
+  // ZeRO workspaces (parallel/data_parallel.cc, reserve_workspaces): each end unit (the root, or a
+  // pipeline stage's wte and root or head) alone, its gradient under stages 2 and 3 and its
+  // parameters under 3; the blocks ("h.N", at the largest block's size) and the expert units
+  // ("h.N.experts") each a class of workspace_bound workspaces.
+  const double blocks = double(s.local_layers()), expert_units = double(s.local_moe_layers());
+  double block_size = 0;
+  for (const FlatUnit& u : flat.units) {
+    if (u.block) block_size = std::max(block_size, u.elements);
   }
-  // dp.reduce_dtype=bf16: a bf16 staging buffer of the flat gradient (stages 0, 1) or of every
-  // workspace (2, 3).
-  if (s.reduce_bf16 && N > 1) m.comm += s.zero < 2 ? 2.0 * flat.total : m.comm / 2;
+  const double ends = s.zero == 3 ? 2.0 : s.zero == 2 ? 1.0 : 0.0;
+  const double dense_ws = ends * flat.root + workspace_bound(s, blocks) * block_size;
+  const double expert_ws = workspace_bound(s, expert_units) * flat.experts;
+  m.comm = f32 * (dense_ws + expert_ws);
+  // dp.reduce_dtype=bf16: a bf16 staging buffer of the flat gradient (stages 0, 1) or of each
+  // workspace whose reductions communicate (2, 3: the dense ones over dp > 1 ranks, the experts'
+  // over edp > 1).
+  if (s.reduce_bf16 && s.dp > 1) {
+    m.comm += s.zero < 2 ? 2.0 * flat.total : 2.0 * dense_ws + (s.edp() > 1 ? 2.0 * expert_ws : 0);
+  }
+  return m;
+}
+
+RunMemory expert_memory(const RunShape& s) {
+  RunMemory m;
+  if (s.experts <= 0) return m;
+  constexpr double f32 = 4.0;
+  const FlatLayout flat = flat_layout(s);
+  const double shard = flat.expert_total / double(s.edp());
+  m.params = f32 * (s.zero >= 3 ? shard : flat.expert_total);
+  m.grads = f32 * (s.zero >= 2 ? shard : flat.expert_total);
+  m.optimizer = 2 * f32 * (s.zero >= 1 ? shard : flat.expert_total);
+  const double ws = workspace_bound(s, double(s.local_moe_layers())) * flat.experts;
+  m.comm = f32 * ws * (s.reduce_bf16 && s.dp > 1 && s.zero >= 2 && s.edp() > 1 ? 1.5 : 1.0);
   return m;
 }
 

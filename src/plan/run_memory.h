@@ -1,10 +1,12 @@
 // The memory ledger of a tetra training run, by the trainer's own categories: what `tetra train`
-// allocates per rank for a GPT-2 model, micro-batch, recomputation and ZeRO layout (f32 state;
-// under mixed precision also the bf16 operand copies). The trainer prints it next to what it
+// allocates per rank for a GPT-2 model (dense, or with MoE blocks and expert parallelism),
+// micro-batch, recomputation and ZeRO layout (f32 state; under mixed precision also the bf16
+// operand copies). The trainer prints it next to what it
 // measures, and `tetra plan` reports it for the layout it plans; tests hold the two within 5% of
 // each other (docs/training.md, "Memory").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -30,18 +32,43 @@ struct RunShape {
   // (B·NH·T² per layer) and their gradient as scratch; a flash kernel (run.device = cuda) keeps
   // the row log-sum-exp (B·NH·T) and as much scratch, and takes no bf16 copies.
   bool flash_attention = false;
-  // This rank's part of the model: its chunks (layers, and the micro-batches the pipeline program
-  // keeps in flight there), and whether it holds the embedding (first stage) or the head (last).
-  // No chunks: the whole model with one micro-batch in flight.
+  // Mixture of experts (docs/moe.md): block l is a MoE block when experts > 0 and l % moe_every
+  // == moe_every - 1. Its MLP is a router (E, C) in the block's unit and E MLPs of the dense MLP's
+  // shape in a unit of their own ("h.l.experts", whole under tensor parallelism), E/ep of them on
+  // this rank; ZeRO shards and reduces the expert units over the edp group of dp/ep ranks. Each
+  // token goes to top_k experts; an expert takes at most ceil(capacity_factor·T·k/E) routes of a
+  // sequence (0: no capacity).
+  int64_t experts = 0, top_k = 1, moe_every = 1, ep = 1;
+  double capacity_factor = 0;
+  // This rank's part of the model: its chunks (layers from `first`, and the micro-batches the
+  // pipeline program keeps in flight there), and whether it holds the embedding (first stage) or
+  // the head (last). No chunks: the whole model with one micro-batch in flight.
   struct Chunk {
     int64_t layers = 0, slots = 1;
+    int64_t first = 0;
   };
   std::vector<Chunk> chunks;
   bool embedding = true, head = true;
   int64_t pp_rank = 0;
   /** Blocks this rank holds. */
   int64_t local_layers() const;
+  /** Whether block `layer` is a MoE block, and how many of this rank's blocks are. */
+  bool is_moe(int64_t layer) const;
+  int64_t local_moe_layers() const;
+  /** The ranks a unit is sharded over: dp for dense units, dp/ep (edp) for expert units. */
+  int64_t edp() const { return std::max<int64_t>(1, dp / std::max<int64_t>(1, ep)); }
 };
+
+/** One MoE block's buffers for a micro-batch (B,T) on this rank: the bounds model/moe.cc's
+ *  MoeShape::of reserves, whatever the routing does (reimplemented here: plan/ sits below
+ *  model/). Rows of C elements (or 4C for the experts' hidden activations). */
+struct MoeRows {
+  double tokens = 0;       // N = B·T: every tp rank routes all of them
+  double expert_rows = 0;  // R: the experts' products' rows, each local expert's padded to 32
+  double send_rows = 0;    // ep > 1: the N·k routes this rank sends
+  double recv_rows = 0;    // ep > 1: the rows this rank's experts can receive
+};
+MoeRows moe_rows(const RunShape& s);
 
 /** Bytes per rank by category; the names are the trainer's (core/memory.h). */
 struct RunMemory {
@@ -49,17 +76,37 @@ struct RunMemory {
   double total() const { return params + grads + optimizer + activations + comm + temporaries; }
 };
 
-/** Parameter elements of the flat layout: a block per unit and the embeddings with ln_f as the
- *  last, each tensor aligned to 16 elements and each unit padded to a multiple of 16 * dp. A
- *  pipeline stage holds its blocks and, on the first stage, wte and the root (wpe) as two units,
- *  on the last a copy of wte and the head (ln_f) as two units (model/gpt.cc). */
+/** One unit of the flat layout (core/param_store.h), padded to 16 x the ranks of its group. */
+struct FlatUnit {
+  double elements = 0;
+  bool block = false;   // "h.N": a block (dense, or a MoE block's attention, norms and router)
+  bool expert = false;  // "h.N.experts": sharded and reduced over the edp group
+};
+
+/** Parameter elements of the flat layout: a block per unit (a MoE block's experts a unit of their
+ *  own just before it) and the embeddings with ln_f as the last, each tensor aligned to 16
+ *  elements and each unit padded to a multiple of 16 x its group's ranks (dp; dp/ep for expert
+ *  units). A pipeline stage holds its blocks and, on the first stage, wte and the root (wpe) as
+ *  two units, on the last a copy of wte and the head (ln_f) as two units (model/gpt.cc). */
 struct FlatLayout {
-  double block = 0, root = 0;  // padded elements of one block unit and of the other units
-  std::vector<double> ends;    // the other units one by one: the root, or wte and the root or head
-  double total = 0;
+  double block = 0;             // padded elements of one dense block unit
+  double moe_block = 0;         // of one MoE block's unit (attention, norms and the router)
+  double experts = 0;           // of one MoE block's expert unit (this rank's E/ep experts)
+  double root = 0;              // of the other units together
+  std::vector<double> ends;     // the other units one by one: the root, or wte and the root or head
+  std::vector<FlatUnit> units;  // every unit of this rank, in the store's (backward) order
+  double total = 0;             // every unit
+  double expert_total = 0;      // the expert units
+  /** Elements of this rank's ZeRO shard of every unit: a dense unit's 1/dp, an expert unit's
+   *  1/edp. */
+  double shard = 0;
 };
 FlatLayout flat_layout(const RunShape& s);
 
 RunMemory run_memory(const RunShape& s);
+
+/** The part of run_memory(s) that is the expert units' (their parameters, gradients, AdamW state
+ *  and ZeRO workspaces): a MoE run's expert memory per rank. */
+RunMemory expert_memory(const RunShape& s);
 
 }  // namespace tetra::plan

@@ -34,6 +34,13 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.bf16 = t.precision == Precision::Bf16Mixed;
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
+  if (is_moe(m)) {
+    s.experts = m.experts;
+    s.top_k = m.top_k;
+    s.moe_every = std::max<int64_t>(1, m.moe_every);
+    s.ep = l.ep;
+    s.capacity_factor = m.capacity_factor;
+  }
   // The chunks of this pipeline rank's program and the micro-batches each keeps in flight (GPipe
   // keeps all of them, even on one stage).
   if (l.pp > 1 || l.schedule == Schedule::gpipe) {
@@ -42,8 +49,9 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
         pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
     const std::vector<int> slots = pipeline::peak_inflight_per_chunk(sched, int(pp_rank));
     for (int c = 0; c < sched.v; ++c) {
-      s.chunks.push_back(
-          {stage_layers(l, m.layers, sched.stage(int(pp_rank), c)), int64_t(slots[size_t(c)])});
+      const int stage = sched.stage(int(pp_rank), c);
+      s.chunks.push_back({stage_layers(l, m.layers, stage), int64_t(slots[size_t(c)]),
+                          stage_first_layer(l, m.layers, stage)});
     }
     s.embedding = pp_rank == 0;
     s.head = pp_rank == l.pp - 1;
@@ -55,7 +63,8 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
 double GroupTraffic::bytes() const {
   double b = 0;
   for (const TrafficOp& op : ops) {
-    const double share = double(group - 1) / double(group);
+    const int64_t n = op.group > 0 ? op.group : group;
+    const double share = double(n - 1) / double(n);
     const double per = op.kind == Collective::all_reduce ? 2.0 * share * op.buffer
                        : op.kind == Collective::send     ? op.buffer
                                                          : share * op.buffer;
@@ -70,33 +79,51 @@ double GroupTraffic::calls() const {
   return n;
 }
 
+double GroupTraffic::buffer_bytes() const {
+  double b = 0;
+  for (const TrafficOp& op : ops) b += op.count * op.buffer;
+  return b;
+}
+
 std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double bucket_bytes) {
   std::vector<GroupTraffic> out;
   constexpr double f32 = 4.0;
   const double mb = double(l.microbatches);
-  const double L = double(s.local_layers());
+  const double L = double(s.local_layers()), moe = double(s.local_moe_layers());
   const FlatLayout flat = flat_layout(s);
   if (l.dp > 1) {
-    // parallel/data_parallel.cc: stage 0 all-reduces the flat gradient in buckets; the others
-    // work unit by unit, reduce-scattering (in bf16 with dp.reduce_dtype=bf16) and all-gathering
-    // f32 parameters.
+    // parallel/data_parallel.cc: stage 0 all-reduces the flat gradient in buckets, cut where the
+    // units' group changes; the others work unit by unit, reduce-scattering (in bf16 with
+    // dp.reduce_dtype=bf16) and all-gathering f32 parameters. Dense units run over the dp group,
+    // expert units over their edp group (dp/ep ranks; with one rank, a local copy: nothing sent).
     GroupTraffic g{"dp", l.dp, {}};
     const double red = s.reduce_bf16 ? 2.0 : f32;
-    std::vector<double> units(size_t(s.local_layers()), flat.block);
-    for (double e : flat.ends) units.push_back(e);
+    const int64_t edp = s.edp();
+    auto group_of = [&](const FlatUnit& u) { return u.expert ? edp : l.dp; };
+    auto op = [&](Collective kind, double buffer, double count, int64_t group) {
+      if (group > 1 && count > 0) g.ops.push_back({kind, buffer, count, group == l.dp ? 0 : group});
+    };
     auto per_unit = [&](Collective kind, double bytes_per_elem, double times,
                         bool ends_once = false) {
-      for (size_t u = 0; u < units.size(); ++u) {
-        const bool end = u >= size_t(s.local_layers());
-        g.ops.push_back({kind, units[u] * bytes_per_elem, end && ends_once ? mb : times});
+      for (const FlatUnit& u : flat.units) {
+        const bool end = !u.block && !u.expert;
+        op(kind, u.elements * bytes_per_elem, end && ends_once ? mb : times, group_of(u));
       }
     };
     if (l.zero == 0) {
       const double bucket = std::max(1.0, std::floor(bucket_bytes / f32));
-      const double full = std::floor(flat.total / bucket);
-      const double rest = flat.total - full * bucket;
-      if (full > 0) g.ops.push_back({Collective::all_reduce, bucket * red, full});
-      if (rest > 0) g.ops.push_back({Collective::all_reduce, rest * red, 1});
+      // Each run of consecutive units of one group in buckets of its own.
+      for (size_t u = 0, start = 0; u < flat.units.size(); ++u) {
+        if (u + 1 < flat.units.size() && flat.units[u + 1].expert == flat.units[u].expert) {
+          continue;
+        }
+        double run = 0;
+        for (size_t v = start; v <= u; ++v) run += flat.units[v].elements;
+        const double full = std::floor(run / bucket), rest = run - full * bucket;
+        op(Collective::all_reduce, bucket * red, full, group_of(flat.units[u]));
+        op(Collective::all_reduce, rest * red, rest > 0 ? 1 : 0, group_of(flat.units[u]));
+        start = u + 1;
+      }
     } else if (l.zero <= 2) {
       per_unit(Collective::reduce_scatter, red, l.zero == 2 ? mb : 1.0);
       per_unit(Collective::all_gather, f32, 1.0);
@@ -107,24 +134,28 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
       per_unit(Collective::all_gather, f32, gathers * mb, s.head && !s.embedding);
       per_unit(Collective::reduce_scatter, red, mb);
     }
-    out.push_back(std::move(g));
+    if (!g.ops.empty()) out.push_back(std::move(g));
   }
   if (l.tp > 1) {
     // parallel/tp_layers.cc, per micro-batch. A block's forward: ln_1 and ln_2 (all-gathered
     // under sequence parallelism) and both row-parallel products (reduce-scattered, or all-reduced
     // without it); backward: both LayerNorms' input gradients (reduce-scatter or all-reduce), both
-    // row-parallel gradients gathered (sequence parallel) and the LayerNorm weights' gradients.
+    // row-parallel gradients gathered (sequence parallel) and the LayerNorm weights' gradients. A
+    // MoE block's MLP is whole and computed alike on every tp rank (model/block.cc): its forward
+    // has no row-parallel product to reduce, its backward gathers the output's gradient in place
+    // of the MLP's row-parallel one.
     GroupTraffic g{"tp", l.tp, {}};
     const double BT = double(s.micro_batch * s.seq), BTC = BT * double(s.d_model) * f32;
     const double C = double(s.d_model) * f32;
     const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
+    const double reductions = mb * (L * (2 * forwards + 2) - moe * forwards);
     const bool sp = s.sequence_parallel;
     if (sp) {
       g.ops.push_back({Collective::all_gather, BTC, mb * L * (2 * forwards + 2)});
-      g.ops.push_back({Collective::reduce_scatter, BTC, mb * L * (2 * forwards + 2)});
+      g.ops.push_back({Collective::reduce_scatter, BTC, reductions});
       g.ops.push_back({Collective::all_reduce, 4 * C, mb * L});
     } else {
-      g.ops.push_back({Collective::all_reduce, BTC, mb * L * (2 * forwards + 2)});
+      g.ops.push_back({Collective::all_reduce, BTC, reductions});
     }
     if (s.embedding) {
       // The vocabulary-parallel lookup: summed (reduce-scattered) forward, gathered backward.
@@ -164,6 +195,18 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     g.ops.push_back({Collective::send, boundary, mb * sends});
     out.push_back(std::move(g));
   }
+  if (s.ep > 1 && moe > 0) {
+    // parallel/expert_parallel.cc: each MoE block's forward dispatches its routes' rows to the
+    // experts' ranks and combines them back, its backward sends their gradients both ways, and a
+    // recomputed forward exchanges again: all-to-all(v)s of the rows this rank puts in, N·k rows
+    // of C floats each when nothing is dropped (the trainer's a2a_bytes; the ring model's sent
+    // bytes are the (ep-1)/ep of them that leave the rank).
+    GroupTraffic g{"ep", s.ep, {}};
+    const double exchanges = s.recompute == Recompute::full ? 6.0 : 4.0;
+    const double rows = double(s.micro_batch * s.seq * s.top_k);
+    g.ops.push_back({Collective::all_to_all, rows * double(s.d_model) * f32, mb * moe * exchanges});
+    out.push_back(std::move(g));
+  }
   return out;
 }
 
@@ -174,24 +217,32 @@ std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const La
     DimComm d;
     d.dim = g.dim;
     d.group = g.group;
-    const int64_t stride = g.dim == "tp" ? 1 : g.dim == "dp" ? l.tp : l.tp * l.dp;
+    // Ranks are ordered tp fastest, then dp, then pp; an ep group is consecutive dp ranks and an
+    // edp group (ZeRO's expert units) dp ranks ep apart.
+    const int64_t stride = g.dim == "tp" ? 1 : g.dim == "dp" || g.dim == "ep" ? l.tp : l.tp * l.dp;
     d.placement = place_group(stride, g.group, c.gpus_per_node);
     d.intra_node = d.placement.nodes == 1;
     d.bytes = g.bytes();
     d.calls = int64_t(std::llround(g.calls()));
     const GroupPlacement pair = place_group(stride, 2, c.gpus_per_node);
     for (const TrafficOp& op : g.ops) {
-      d.seconds +=
-          op.count * collective_seconds(op.kind, op.buffer,
-                                        op.kind == Collective::send ? pair : d.placement, c);
+      const GroupPlacement where = op.kind == Collective::send ? pair
+                                   : op.group > 0
+                                       ? place_group(l.tp * l.ep, op.group, c.gpus_per_node)
+                                       : d.placement;
+      d.seconds += op.count * collective_seconds(op.kind, op.buffer, where, c);
     }
     d.what = g.dim == "dp"   ? "tetra's ZeRO collectives (parallel/data_parallel.cc)"
              : g.dim == "tp" ? "tetra's tensor-parallel collectives (parallel/tp_layers.cc)"
+             : g.dim == "ep" ? "tetra's expert-parallel all-to-all of rows, 4 per MoE block and "
+                               "micro-batch (6 with full recomputation) (parallel/"
+                               "expert_parallel.cc)"
                              : "tetra's pipeline sends (pipeline/executor.cc)";
-    d.algorithm = g.dim == "pp" ? "p2p" : "ring";
+    d.algorithm = g.dim == "pp" ? "p2p" : g.dim == "ep" ? "all-to-all" : "ring";
     if (g.dim == "dp" && d.seconds > 0) {
       // Reductions run behind the last micro-batch's backward, as far as the cluster lets
-      // collectives overlap compute at all (the cpu cluster's ranks: not).
+      // collectives overlap compute at all (the cpu cluster's ranks: not). The experts' exchanges
+      // are on the critical path: their rows must arrive before the experts compute.
       d.overlap = c.comm_overlap * std::min(1.0, 2.0 / 3.0 * microbatch_seconds / d.seconds);
     }
     out.push_back(d);
@@ -206,7 +257,9 @@ RunPrediction predict_run(const ModelSpec& m, const TrainingSpec& t, const Layou
   // Model FLOPs, whatever the recomputation: MFU counts the work the model needs, not the work a
   // memory-saving schedule adds.
   p.flops_per_token = flops_per_token(m, t.recompute).model();
-  p.memory = run_memory(run_shape(m, t, l, o));
+  const RunShape s = run_shape(m, t, l, o);
+  p.memory = run_memory(s);
+  p.experts = expert_memory(s);
   return p;
 }
 

@@ -25,7 +25,8 @@ struct RunOptions {
 };
 
 /** The per-rank shape of a tetra run of GPT-2 model `m` (m.positions rows of wpe, the vocabulary
- *  padded to m.vocab_multiple x tp) under `t` and layout `l`, for run_memory: on pipeline rank
+ *  padded to m.vocab_multiple x tp; MoE blocks as m's pattern, E/l.ep experts each on this rank)
+ *  under `t` and layout `l`, for run_memory: on pipeline rank
  *  `pp_rank` (0, the first stage, is the rank whose metrics the trainer records), its chunks with
  *  the micro-batches its program keeps in flight (pipeline/schedule.h), as RunLayout::model_part
  *  builds them. */
@@ -33,21 +34,29 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l,
                    const RunOptions& o = {}, int64_t pp_rank = 0);
 
 /** `count` collectives of one kind over a `buffer` of bytes (a reduce-scatter's input, an
- *  all-gather's output) per optimizer step. */
+ *  all-gather's output, the rows one rank puts into an all-to-all) per optimizer step, over the
+ *  group's ranks or, when `group` > 0, over that many (ZeRO's expert units: the edp group, dp
+ *  ranks tp·ep apart). */
 struct TrafficOp {
   Collective kind = Collective::all_reduce;
   double buffer = 0;
   double count = 0;
+  int64_t group = 0;
 };
 /** One group's traffic per step and rank, as the trainer counts it (comm::Work::sent_bytes: the
- *  ring model's bytes): "dp" (parallel/data_parallel.cc), "tp" (parallel/tp_layers.cc), "pp"
- *  (pipeline/executor.cc). */
+ *  ring model's bytes): "dp" (parallel/data_parallel.cc, expert units over their edp group), "tp"
+ *  (parallel/tp_layers.cc), "pp" (pipeline/executor.cc), "ep" (parallel/expert_parallel.cc: the
+ *  MoE blocks' all-to-alls, of which (ep-1)/ep of the rows leave the rank). */
 struct GroupTraffic {
   std::string dim;
   int64_t group = 1;
   std::vector<TrafficOp> ops;
+  /** Bytes sent to other ranks (the ring model's). */
   double bytes() const;
   double calls() const;
+  /** The buffers' bytes: for "ep" the rows this rank puts into its all-to-alls, itself among the
+   *  destinations (EpCounters::row_bytes, the a2a_bytes of metrics.jsonl). */
+  double buffer_bytes() const;
 };
 /** What `s`'s rank sends per optimizer step in each of its groups under layout `l`. The tied
  *  embedding's all-reduce between the first and the last stage, the loss and the gradient norm
@@ -55,15 +64,17 @@ struct GroupTraffic {
 std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double bucket_bytes);
 
 /** The traffic as the planner's communication per dimension on cluster `c`: each collective's
- *  time there (collective_seconds), overlapped as far as c.comm_overlap lets it. */
+ *  time there (collective_seconds), dp's overlapped as far as c.comm_overlap lets it; tp's and
+ *  ep's all-to-alls exposed (the critical path). */
 std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const Layout& l,
                               const ClusterSpec& c, double microbatch_seconds);
 
 /** The planner's three numbers for a tetra run. */
 struct RunPrediction {
-  int64_t params = 0;          // count_params(m).total()
-  double flops_per_token = 0;  // flops_per_token(m, ...).model(): the MFU numerator
+  int64_t params = 0;          // count_params(m).total(): every expert
+  double flops_per_token = 0;  // flops_per_token(m, ...).model(): the MFU numerator (MoE: active)
   RunMemory memory;            // run_memory(run_shape(...)), bytes per rank
+  RunMemory experts;           // expert_memory(run_shape(...)): the expert units' part of it
 };
 RunPrediction predict_run(const ModelSpec& m, const TrainingSpec& t, const Layout& l,
                           const RunOptions& o = {});

@@ -49,6 +49,13 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   // GptConfig keeps the padded vocabulary, not model.vocab_multiple; padded / tp as the multiple
   // pads the vocabulary to exactly it (vocab <= padded), and run_shape multiplies it by tp again.
   m.vocab_multiple = g.padded_vocab / g.tp;
+  // Mixture of experts (docs/moe.md): block l is MoE when l % moe_every == moe_every - 1.
+  if (g.moe.experts > 0) {
+    m.experts = g.moe.experts;
+    m.top_k = g.moe.top_k;
+    m.moe_every = g.moe.every;
+    m.capacity_factor = g.moe.capacity_factor;
+  }
 
   plan::TrainingSpec& t = p.training;
   t.micro_batch = o.micro_batch;
@@ -68,7 +75,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   k.tp = g.tp;
   k.pp = o.mesh.pp;
   k.dp = dp;
-  k.ep = 1;  // the trainer runs no expert parallelism
+  k.ep = g.moe.experts > 0 ? g.moe.ep : 1;  // expert parallelism borrows dp's ranks
   k.zero = o.zero.stage;
   k.schedule = o.pp_kind;
   k.v = o.pp_kind == pipeline::Kind::interleaved ? o.pp_chunks : 1;
@@ -138,8 +145,8 @@ const std::map<std::string, std::string>& planner_only_keys() {
       {"model.arch", "tetra train runs GPT-2 (LayerNorm, GELU, tied embeddings)"},
       {"model.kv_heads", "tetra train runs multi-head attention (kv heads = model.n_head)"},
       {"model.ffn", "tetra train's MLP is 4 x model.d_model wide"},
-      {"model.experts", "tetra train runs dense models"},
-      {"model.top_k", "tetra train runs dense models"},
+      {"model.experts", "a training config sets its experts as model.moe_experts"},
+      {"model.top_k", "a training config sets its experts per token as model.moe_top_k"},
       {"training.tokens", "a run's tokens are train.steps x the global batch; set train.steps"},
       {"training.global_batch",
        "a run's global batch is train.micro_batch x train.seq_len x train.grad_accum x dp; set "
@@ -344,10 +351,6 @@ TrainingPlan plan_training_config(const std::string& config_path,
   TrainOptions& o = out.options;
   o = TrainOptions::from(train);
   o.model.bf16 = bf16;
-  TETRA_CHECK(o.mesh.ep == 1,
-              "[plan] parallel.ep={}: tetra train runs data, tensor and pipeline parallelism; set "
-              "parallel.ep to 1",
-              o.mesh.ep);
 
   const Config all = Config::load(schema, config_path, overrides);
   const int model_parallel = o.mesh.tp * o.mesh.pp;

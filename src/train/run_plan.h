@@ -20,9 +20,11 @@ namespace tetra {
 
 /** The run that TrainOptions describe on a number of ranks, in the planner's terms. */
 struct RunPlan {
-  plan::ModelSpec model;                // GPT-2 style; seq = train.seq_len, positions = max_seq
+  // GPT-2 style; seq = train.seq_len, positions = max_seq; experts, top_k, moe_every and
+  // capacity_factor from model.moe_experts, moe_top_k, moe_every and moe.capacity_factor.
+  plan::ModelSpec model;
   plan::TrainingSpec training;          // tokens = train.steps x the global batch
-  plan::LayoutConstraints constraints;  // every dimension given: tp, pp, dp, ZeRO, schedule, split
+  plan::LayoutConstraints constraints;  // all given: tp, pp, dp, ep, ZeRO, schedule, split
   plan::Layout layout;                  // plan::layout_from_constraints of the above
   plan::RunOptions options;             // sequence parallelism, checkpoint snapshot, bf16 reduce
   plan::RunShape shape;                 // plan::run_shape: the per-rank shape run_memory prices

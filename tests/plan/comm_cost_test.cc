@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "plan/presets.h"
+#include "plan/tetra_run.h"
 
 namespace tetra::plan {
 namespace {
@@ -172,6 +173,81 @@ TEST(Collectives, StragglerTaxIsTheExpectedMaximum) {
   EXPECT_NEAR(straggler_fraction(2, 1.0), 0.56, 0.03);  // E[max of 2] = 1/sqrt(pi)
   EXPECT_NEAR(straggler_fraction(8192, 0.01), 0.038, 0.002);
   EXPECT_LT(straggler_fraction(512, 0.01), straggler_fraction(8192, 0.01));
+}
+
+}  // namespace
+}  // namespace tetra::plan
+
+namespace tetra::plan {
+namespace {
+
+const GroupTraffic* group(const std::vector<GroupTraffic>& traffic, const std::string& dim) {
+  for (const GroupTraffic& g : traffic) {
+    if (g.dim == dim) return &g;
+  }
+  return nullptr;
+}
+
+// A tetra MoE run's traffic as its trainer counts it: per MoE block and micro-batch 4 all-to-alls
+// (dispatch and combine, forward and backward; 6 with full recomputation) of the N·k rows of C
+// floats a rank puts in (parallel/expert_parallel.cc's row_bytes), of which (ep-1)/ep leave it;
+// ZeRO's collectives on expert units over their edp group of dp/ep ranks, none when that is one
+// rank; and a MoE block's MLP, whole on every tp rank, without the MLP's tp reductions.
+TEST(RunTraffic, MoeRunsExchangeRowsAndReduceExpertsOverTheirGroup) {
+  ModelSpec m;
+  m.name = "moe";
+  m.gpt2_style = true;
+  m.layers = 4, m.d_model = 64, m.heads = m.kv_heads = 4, m.ffn = 256, m.vocab = 64, m.seq = 32;
+  m.experts = 4, m.top_k = 2, m.moe_every = 2;  // blocks 1 and 3
+  TrainingSpec t;
+  t.precision = Precision::Fp32;
+  Layout l{1, 1, 2, 2, 1, Schedule::one_f_one_b, 1, 2, 3, {}, Recompute::none};
+  const RunShape s = run_shape(m, t, l);
+  EXPECT_EQ(s.local_moe_layers(), 2);
+  const double rows = 2 * 32 * 2, row_bytes = rows * 64 * 4;
+  std::vector<GroupTraffic> traffic = run_traffic(s, l, 1e9);
+  const GroupTraffic* ep = group(traffic, "ep");
+  ASSERT_NE(ep, nullptr);
+  EXPECT_EQ(ep->group, 2);
+  EXPECT_DOUBLE_EQ(ep->calls(), 3 * 2 * 4);
+  EXPECT_DOUBLE_EQ(ep->buffer_bytes(), 3 * 2 * 4 * row_bytes);
+  EXPECT_DOUBLE_EQ(ep->bytes(), ep->buffer_bytes() / 2);
+  // ep = dp: every expert unit's edp group is its rank alone; the dense units reduce over dp.
+  const FlatLayout f = flat_layout(s);
+  const GroupTraffic* dp = group(traffic, "dp");
+  ASSERT_NE(dp, nullptr);
+  EXPECT_DOUBLE_EQ(dp->bytes(), 0.5 * (4 + 4) * (f.total - f.expert_total));
+  // dp = 4: the expert units' reduce-scatters and gathers run over edp groups of 2.
+  Layout wide = l;
+  wide.dp = 4;
+  const RunShape w = run_shape(m, t, wide);
+  const FlatLayout fw = flat_layout(w);
+  traffic = run_traffic(w, wide, 1e9);
+  EXPECT_DOUBLE_EQ(group(traffic, "dp")->bytes(),
+                   0.75 * 8 * (fw.total - fw.expert_total) + 0.5 * 8 * fw.expert_total);
+  // Full recomputation exchanges the forward's rows again.
+  Layout full = l;
+  full.recompute = Recompute::full;
+  traffic = run_traffic(run_shape(m, t, full), full, 1e9);
+  EXPECT_DOUBLE_EQ(group(traffic, "ep")->buffer_bytes(), 3 * 2 * 6 * row_bytes);
+  // Tensor parallelism: a dense block all-reduces twice forward and twice backward, a MoE block
+  // once forward (attention's projection) and twice backward.
+  Layout tp{2, 1, 1, 1, 0, Schedule::one_f_one_b, 1, 2, 3, {}, Recompute::none};
+  traffic = run_traffic(run_shape(m, t, tp), tp, 1e9);
+  const double btc = 2 * 32 * 64 * 4;
+  // Blocks, the embedding's lookup, ln_f, the cross-entropy's maxima and sums.
+  EXPECT_DOUBLE_EQ(group(traffic, "tp")->bytes(),
+                   3 * (2 * 4 + 2 * 3 + 1 + 1) * btc + 3 * (2 * 32 * 4 + 2 * 2 * 32 * 4));
+  // Priced: the all-to-alls exposed, on the link of the ep group.
+  ClusterSpec c = cluster_preset("h100");
+  c.gpus = 2;
+  const std::vector<DimComm> comm = run_comm(run_traffic(s, l, 1e9), l, c, 0.1);
+  for (const DimComm& d : comm) {
+    if (d.dim != "ep") continue;
+    EXPECT_GT(d.seconds, 0);
+    EXPECT_EQ(d.overlap, 0);
+    EXPECT_EQ(d.algorithm, "all-to-all");
+  }
 }
 
 }  // namespace

@@ -100,6 +100,30 @@ TEST(Ledger, ModelFlopsOfGpt2AreTheMatmulWeightsPlusAttention) {
                    flops_per_token(m, Recompute::none).model());
 }
 
+// MFU counts a MoE model's ACTIVE FLOPs: 6 per weight a token is multiplied by, the router and
+// top_k experts of each MoE block. More experts add only their router's columns; another expert
+// per token adds its MLP's matrices.
+TEST(Ledger, MoeModelFlopsScaleWithTopKNotExperts) {
+  ModelSpec m = model_preset("gpt2-124m");
+  m.moe_every = 2;  // 6 MoE blocks of 12
+  m.experts = 8;
+  m.top_k = 2;
+  const double C = 768, moe = 6;
+  auto flops = [](const ModelSpec& x) { return flops_per_token(x, Recompute::none).model(); };
+  const double dense = flops(model_preset("gpt2-124m"));
+  EXPECT_DOUBLE_EQ(flops(m) - dense, 6 * moe * (8 * C * C + 8 * C));
+  ModelSpec wide = m;
+  wide.experts = 64;
+  EXPECT_DOUBLE_EQ(flops(wide) - flops(m), 6 * moe * (64 - 8) * C);
+  ModelSpec switch_k1 = m;
+  switch_k1.top_k = 1;
+  EXPECT_DOUBLE_EQ(flops(m) - flops(switch_k1), 6 * moe * 8 * C * C);
+  // One expert and one route per token: the dense FLOPs and one router column per MoE block.
+  ModelSpec one = m;
+  one.experts = one.top_k = 1;
+  EXPECT_DOUBLE_EQ(flops(one) - dense, 6 * moe * C);
+}
+
 TEST(Ledger, ActivationsMatchKorthikantiForGpt) {
   // GPT (ffn = 4C, multi-head): 34*C + 5*NH*T bytes per token per layer, /t with SP.
   ModelSpec m = model_preset("gpt3-175b");
@@ -153,6 +177,93 @@ TEST(RunMemory, FlashAttentionKeepsNoTByTMatrix) {
   // Selective recomputation drops the saved state on both.
   s.recompute = flash.recompute = Recompute::selective;
   EXPECT_DOUBLE_EQ(run_memory(s).activations, run_memory(flash).activations);
+}
+
+// A MoE block's buffers are the trainer's bounds (model/moe.cc, MoeShape::of): its local experts
+// take at most ceil(cf·T·k/E) routes of each sequence that meets them, and no more than every
+// route; each expert's rows are padded to 32. Under expert parallelism a rank sends its N·k routes
+// and its E/ep experts receive from every rank of the group.
+TEST(RunMemory, MoeRowsAreTheTrainersBounds) {
+  RunShape s;
+  s.micro_batch = 2, s.seq = 32, s.experts = 4, s.top_k = 2, s.capacity_factor = 1.25;
+  // cap = ceil(1.25·32·2/4) = 20 routes per sequence, 40 of the micro-batch's per expert: 160 >
+  // the 128 routes there are.
+  MoeRows r = moe_rows(s);
+  EXPECT_EQ(r.tokens, 64);
+  EXPECT_EQ(r.expert_rows, 128 + 4 * 31);
+  EXPECT_EQ(r.send_rows + r.recv_rows, 0);
+  s.capacity_factor = 0.5;  // cap = 8: 16 rows per expert
+  EXPECT_EQ(moe_rows(s).expert_rows, 64 + 4 * 31);
+  s.capacity_factor = 0;  // no capacity: every route
+  EXPECT_EQ(moe_rows(s).expert_rows, 128 + 4 * 31);
+  s.capacity_factor = 0.5;
+  s.ep = s.dp = 2;  // two experts here, 16 rows each from either rank's micro-batch
+  r = moe_rows(s);
+  EXPECT_EQ(r.expert_rows, 64 + 2 * 31);
+  EXPECT_EQ(r.send_rows, 128);
+  EXPECT_EQ(r.recv_rows, 64);
+}
+
+// What a MoE block keeps instead of the dense MLP's input and GELU output (model/moe.cc,
+// MoeActs): logits (N,E), gates (N,k), the experts' rows in and out (R,C) and hidden activations
+// (R,4C), with its routing's int32 index vectors (N·k + R); backward's shared MoeScratch; the
+// flat layout's router in the block's unit and the experts in a unit of their own.
+TEST(RunMemory, MoeBlocksKeepTheirRowsAndRouting) {
+  RunShape dense;
+  dense.vocab = dense.padded_vocab = 64, dense.layers = 4, dense.d_model = 64, dense.heads = 4;
+  dense.max_seq = 32, dense.micro_batch = 2, dense.seq = 32;
+  RunShape s = dense;
+  s.experts = 4, s.top_k = 2, s.moe_every = 2;  // blocks 1 and 3
+  EXPECT_EQ(s.local_moe_layers(), 2);
+  const double N = 64, C = 64, E = 4, k = 2, R = N * k + E * 31, f32 = 4;
+  const RunMemory d = run_memory(dense), m = run_memory(s);
+  const double acts = N * E + N * k + R * (2 * C + 8 * C) + (N * k + R);
+  EXPECT_DOUBLE_EQ(m.activations - d.activations, f32 * 2 * (acts - 8 * N * C));
+  EXPECT_DOUBLE_EQ(m.temporaries - d.temporaries, f32 * (N * E + N * k + R * C + R * 4 * C));
+  const FlatLayout f = flat_layout(s);
+  const double expert = 2 * 4 * C * C + 5 * C;
+  EXPECT_EQ(f.experts, E * expert);
+  EXPECT_EQ(f.moe_block, f.block - (2 * 4 * C * C + 5 * C) + E * C);
+  EXPECT_EQ(f.total, flat_layout(dense).total + 2 * (E * expert + E * C - expert));
+  EXPECT_DOUBLE_EQ(m.params, f32 * f.total);
+  EXPECT_DOUBLE_EQ(m.optimizer, 2 * m.params);
+  // Full recomputation keeps no block, and reruns the larger of a dense and a MoE block (one
+  // buffer, either view) with a MoE block's routing.
+  s.recompute = dense.recompute = Recompute::full;
+  EXPECT_DOUBLE_EQ(run_memory(s).temporaries - run_memory(dense).temporaries,
+                   f32 * ((N * E + N * k + R * C + R * 4 * C) + acts - 8 * N * C));
+}
+
+// Expert units are sharded over the expert-data-parallel group (dp/ep ranks), each padded to 16
+// times its size; dense units over dp. ZeRO's workspaces hold each class apart: the blocks' at
+// the largest block's size, the expert units' at theirs, each by the stage's bound.
+TEST(RunMemory, ExpertUnitsAreShardedOverTheExpertDataParallelGroup) {
+  RunShape s;
+  s.vocab = s.padded_vocab = 64, s.layers = 4, s.d_model = 64, s.heads = 4;
+  s.max_seq = 32, s.micro_batch = 2, s.seq = 32;
+  s.experts = 4, s.top_k = 2, s.moe_every = 2, s.ep = 2, s.dp = 4, s.zero = 3;
+  EXPECT_EQ(s.edp(), 2);
+  const FlatLayout f = flat_layout(s);
+  const double expert = 2 * 4 * 64 * 64 + 5 * 64, f32 = 4;
+  EXPECT_EQ(f.experts, 2 * expert);  // this rank's two experts, a multiple of 16 x 2 already
+  EXPECT_EQ(f.expert_total, 2 * f.experts);
+  EXPECT_DOUBLE_EQ(f.shard, (f.total - f.expert_total) / 4 + f.expert_total / 2);
+  const RunMemory m = run_memory(s);
+  EXPECT_DOUBLE_EQ(m.params, f32 * f.shard);
+  // Stage 3 with one prefetch: the root twice, 1 + 1 + 2 blocks (dense, the larger) and 2 + 2
+  // expert units (there are two).
+  EXPECT_DOUBLE_EQ(m.comm, f32 * (2 * f.root + 4 * f.block + 4 * f.experts));
+  EXPECT_DOUBLE_EQ(expert_memory(s).comm, f32 * 4 * f.experts);
+  EXPECT_DOUBLE_EQ(expert_memory(s).params, f32 * f.expert_total / 2);
+  s.zero = 2;
+  EXPECT_DOUBLE_EQ(run_memory(s).comm, f32 * (f.root + 2 * f.block + 2 * f.experts));
+  // With bf16 reductions each workspace whose group communicates has a bf16 staging buffer: all
+  // of them over edp = 2, the dense ones only when ep = dp leaves the experts' group one rank.
+  s.reduce_bf16 = true;
+  EXPECT_DOUBLE_EQ(run_memory(s).comm, 1.5 * f32 * (f.root + 2 * f.block + 2 * f.experts));
+  s.ep = 4;
+  const FlatLayout g = flat_layout(s);
+  EXPECT_DOUBLE_EQ(run_memory(s).comm, f32 * (1.5 * (g.root + 2 * g.block) + 2 * g.experts));
 }
 
 }  // namespace

@@ -347,6 +347,44 @@ TEST(PlanCli, TrainingConfigIsPlannedAsItsRun) {
   EXPECT_TRUE(has(help, "--model.layers = --model.n_layer")) << help.out;
 }
 
+// A mixture-of-experts training config (4 experts, top-2, ep 2 over dp 2) is planned with its
+// experts: the parameters count every expert, the FLOPs the active ones, and the run section says
+// what the experts cost each rank, the all-to-all rows per step and the EP time.
+TEST(PlanCli, MixtureOfExpertsRunShowsItsExperts) {
+  const std::string args =
+      "--config configs/tiny.toml --model.moe_experts=4 --parallel.ep=2 --train.micro_batch=2 "
+      "--cluster.gpus=2";
+  const CliResult r = tetra_plan(args + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const int64_t C = 128, L = 4, V = 512, T = 128, mlp = 8 * C * C + 5 * C;
+  const int64_t dense = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  EXPECT_EQ(j["run"]["params"].get<int64_t>(), dense + L * (3 * mlp + 4 * C));
+  EXPECT_EQ(j["run"]["flops_per_token"].get<double>(),
+            6.0 * double(L * (12 * C * C + 8 * C * C + 4 * C) + V * C) + 12.0 * double(L * C * T));
+  const auto& moe = j["run"]["moe"];
+  EXPECT_EQ(moe["experts_per_rank"], 2);
+  EXPECT_EQ(moe["moe_blocks_per_rank"], 4);
+  // 4 blocks x 4 exchanges of 2 x 128 tokens x 2 routes x 128 floats, half of it to the other
+  // rank.
+  EXPECT_EQ(moe["a2a_bytes_per_step"].get<double>(), 4 * 4 * (2 * 128 * 2) * 128 * 4.0);
+  EXPECT_EQ(moe["ep_sent_bytes_per_step"].get<double>(),
+            moe["a2a_bytes_per_step"].get<double>() / 2);
+  EXPECT_EQ(j["run"]["bytes_per_step"]["ep"], moe["ep_sent_bytes_per_step"]);
+  EXPECT_GT(moe["ep_seconds"].get<double>(), 0);
+  // The experts' state: half of every block's experts, unsharded without ZeRO.
+  EXPECT_EQ(moe["expert_memory"]["params"].get<double>(), 4.0 * L * 2 * mlp);
+  EXPECT_EQ(moe["expert_memory_per_rank"].get<double>(), 4 * 4.0 * L * 2 * mlp);
+
+  const CliResult table = tetra_plan(args);
+  ASSERT_EQ(table.code, 0) << table.out;
+  EXPECT_TRUE(
+      has(table, "mixture of experts: 2 of 4 experts per rank in each of its 4 MoE block(s)"))
+      << table.out;
+  EXPECT_TRUE(has(table, "all-to-all 4.19 MB per step and rank (2.1 MB of it to other ranks)"))
+      << table.out;
+}
+
 // docs/plan.md's key table is the schema's (see the same test for docs/training.md).
 TEST(PlanDocs, KeyTableMatchesTheSchema) {
   std::ifstream in(std::string(TETRA_SOURCE_DIR) + "/docs/plan.md");

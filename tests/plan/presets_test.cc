@@ -45,6 +45,38 @@ TEST(Presets, Gpt2SmallAsTetraTrainsItHas124439808Parameters) {
   EXPECT_EQ(count_params(m).total(), 124439808 - (1024 - 256) * 768);
 }
 
+// A MoE block holds a router (E, C, no bias) and E MLPs of the dense MLP's shape in place of the
+// MLP (docs/moe.md), only every moe_every-th block: with E = 1 and k = 1 the count is the dense
+// one plus one router per MoE block; with E experts a MoE block adds E - 1 MLPs and the router,
+// of which a token passes through k MLPs.
+TEST(Presets, MoeBlocksHoldTheRouterAndEveryExpert) {
+  const ModelSpec dense = model_preset("gpt2-124m");
+  ModelSpec one = dense;
+  one.moe_every = 2;  // blocks 1, 3, ..., 11
+  const ParamCounts d = count_params(dense), o = count_params(one);
+  const int64_t C = 768, mlp = 2 * C * 4 * C + 4 * C + C;
+  EXPECT_EQ(d.moe_layers, 0);
+  EXPECT_EQ(o.moe_layers, 6);
+  EXPECT_TRUE(is_moe_layer(one, 1) && is_moe_layer(one, 11) && !is_moe_layer(one, 0));
+  EXPECT_EQ(o.total(), d.total() + 6 * C);
+  EXPECT_EQ(o.active(), d.active() + 6 * C);
+  EXPECT_EQ(o.matmul_active(), d.matmul_active() + 6 * C);
+
+  ModelSpec moe = one;
+  moe.experts = 8;
+  moe.top_k = 2;
+  const ParamCounts p = count_params(moe);
+  EXPECT_EQ(p.total(), d.total() + 6 * (7 * mlp + 8 * C));
+  EXPECT_EQ(p.active(), d.active() + 6 * (mlp + 8 * C));
+  EXPECT_EQ(p.matmul_active(), d.matmul_active() + 6 * (2 * C * 4 * C + 8 * C));
+  // Every block a MoE block: the dense MLP is nowhere.
+  moe.moe_every = 1;
+  EXPECT_EQ(count_params(moe).total(), d.total() + 12 * (7 * mlp + 8 * C));
+  // The presets' MoE (moe_every 0, experts > 1) has every block a MoE block.
+  const ModelSpec mixtral = model_preset("mixtral-8x7b");
+  EXPECT_EQ(count_params(mixtral).moe_layers, mixtral.layers);
+}
+
 TEST(Presets, UnknownPresetsAreRefused) {
   try {
     model_preset("llama3-7b");

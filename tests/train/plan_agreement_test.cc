@@ -89,5 +89,16 @@ TEST_F(PlanAgreement, OneProcess) { expect_agreement(1, ""); }
 // parallel.dp = 0 on two ranks: dp = 2, ZeRO-1 sharding the optimizer state over them.
 TEST_F(PlanAgreement, TwoDataParallelRanksWithZero) { expect_agreement(2, " --zero.stage=1"); }
 
+// A mixture-of-experts run, 4 experts top-2 in every other block: every expert's parameters, the
+// active FLOPs (the router and 2 experts per MoE block), the MoE blocks' buffers.
+TEST_F(PlanAgreement, MixtureOfExperts) {
+  expect_agreement(1, " --model.moe_experts=4 --model.moe_every=2");
+}
+
+// Expert parallelism, ep 2 over dp 2: each rank holds half of every MoE block's experts.
+TEST_F(PlanAgreement, ExpertParallelOverTwoDataParallelRanks) {
+  expect_agreement(2, " --model.moe_experts=4 --parallel.ep=2");
+}
+
 }  // namespace
 }  // namespace tetra
