@@ -17,13 +17,7 @@ namespace tetra {
 namespace {
 
 using testing::TestModel;
-
-std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(gen() % uint32_t(V));
-  return t;
-}
+using testing::tokens;
 
 class KvCache : public ::testing::TestWithParam<GptConfig> {};
 

@@ -21,13 +21,7 @@ namespace tetra {
 namespace {
 
 using testing::TestModel;
-
-std::vector<int32_t> tokens(int n, int V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(gen() % uint32_t(V));
-  return t;
-}
+using testing::tokens;
 
 MoeConfig moe(int E, int k, double cf, int every = 1, double aux = 0.1, double z = 0.01) {
   MoeConfig m;
@@ -187,29 +181,11 @@ TEST(Moe, WholeModelGradientMatchesFiniteDifferences) {
     m.store.grads().zero();
     m.model.forward_backward(in.data(), tg.data(), 1.0f);
     EXPECT_EQ(dropped(m) > 0, gc.drops) << gc.name;
-    const double eps = 1e-6;
-    double worst = 0;
-    for (TensorId id = 0; id < TensorId(m.store.tensors().size()); ++id) {
-      double* d = m.store.param(id);
-      const double* g = m.store.grad(id);
-      const int64_t n = m.real_elements(id);
-      double max_diff = 0, max_ref = 1e-12;
-      for (int64_t s = 0; s < std::min<int64_t>(n, 6); ++s) {
-        const int64_t i = (s * 7919) % n;
-        const double saved = d[i];
-        d[i] = saved + eps;
-        const double up = objective(m, in, tg);
-        d[i] = saved - eps;
-        const double down = objective(m, in, tg);
-        d[i] = saved;
-        const double numeric = (up - down) / (2 * eps);
-        max_diff = std::max(max_diff, std::abs(numeric - g[i]));
-        max_ref = std::max(max_ref, std::abs(numeric));
-      }
-      const double rel = max_diff / max_ref;
-      worst = std::max(worst, rel);
-      EXPECT_LT(rel, 1e-6) << gc.name << ": " << m.store.tensor(id).spec.name;
-    }
+    const double worst = testing::finite_difference_error(
+        m, [&] { return objective(m, in, tg); }, 1e-6, 6,
+        [&](const std::string& name, double rel) {
+          EXPECT_LT(rel, 1e-6) << gc.name << ": " << name;
+        });
     RecordProperty(std::string("max_relative_error ") + gc.name, std::to_string(worst));
   }
 }
