@@ -7,8 +7,8 @@
   balance     the load-balancing loss at work: max/mean tokens per expert over the steps of the
               same MoE run (tiny shape, Brown corpus) with moe.aux_loss_coeff=0.01 and 0.
   brown       the demo's model (configs/brown.toml) against a MoE model of the same active
-              parameters per token (top-1 of 8 experts in every block): validation loss at equal
-              steps. Needs the Brown corpus prepared (scripts/demo.sh does it).
+              parameters per token (top-1 of 8 experts in every other block, dropless):
+              validation loss at equal steps. Needs the Brown corpus prepared (scripts/demo.sh).
 
 Usage: /usr/bin/python3 bench/moe_bench.py --tetra build/tetra [--experiment all|throughput|
        balance|brown] [--steps N] [--workdir DIR]
@@ -117,20 +117,23 @@ def brown(tetra, work, steps):
         print("\n== brown: skipped, the corpus is not prepared (run scripts/demo.sh once)")
         return None
     base = ["--config", "configs/brown.toml", f"--train.steps={steps}",
-            f"--eval.every={steps}", "--eval.batches=16", "--save.final="]
+            f"--eval.every={max(1, steps // 4)}", "--eval.batches=16", "--save.final=",
+            "--run.threads=1"]
+    # Equal active parameters per token: one expert of the dense MLP's shape per token, in every
+    # other block (Switch and GShard's layout), without capacity (dropless).
+    moe = ["--model.moe_experts=8", "--model.moe_top_k=1", "--model.moe_every=2",
+           "--moe.capacity_factor=0"]
     results = {}
-    for name, extra in (("dense", []),
-                        ("moe top-1 of 8, every block",
-                         ["--model.moe_experts=8", "--model.moe_top_k=1"])):
+    for name, extra in (("dense", []), ("moe top-1 of 8, every 2nd block", moe)):
         recs = train(tetra, f"{work}/brown_{name.split()[0]}", base + extra)
-        val = [r["val_loss"] for r in recs if "val_loss" in r]
-        results[name] = {"val_loss": val[-1], "loss": recs[-1]["loss"],
+        results[name] = {"val_loss": [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r],
+                         "loss": recs[-1]["loss"],
                          "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs[5:])}
-    print(f"\n== brown: configs/brown.toml shape, {steps} steps, one rank; equal active parameters"
-          " per token (top-1 expert of the dense MLP's shape)")
+    print(f"\n== brown: configs/brown.toml shape, {steps} steps, one rank x 1 thread; equal active"
+          " parameters per token; validation loss at each evaluation")
     for name, r in results.items():
-        print(f"{name:<30} val loss {r['val_loss']:.4f}  train loss {r['loss']:.4f}"
-              f"  {r['tokens_per_s']:.0f} tok/s")
+        curve = "  ".join(f"{s}: {v:.4f}" for s, v in r["val_loss"])
+        print(f"{name:<32} {curve}   ({r['tokens_per_s']:.0f} tok/s)")
     return results
 
 
@@ -153,7 +156,7 @@ def main():
     if a.experiment in ("all", "balance"):
         out["balance"] = balance(a.tetra, work, a.steps or 500)
     if a.experiment in ("all", "brown"):
-        out["brown"] = brown(a.tetra, work, a.steps or 600)
+        out["brown"] = brown(a.tetra, work, a.steps or 1200)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

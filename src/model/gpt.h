@@ -121,7 +121,6 @@ class GptT {
   }
   /** Clears every MoE block's routing statistics (a step begins). */
   void reset_moe_stats();
-  parallel::ExpertParallel& ep() { return *ep_; }
   size_t activation_bytes() const { return acts_mem_.bytes(); }
   size_t temporary_bytes() const { return tmp_mem_.bytes(); }
 

@@ -71,7 +71,6 @@ struct MoeRoute {
   int64_t x_rows = 0, send_total = 0, recv_total = 0;
   Buffer<int32_t> index;
   int32_t *pos = nullptr, *x_src = nullptr, *back = nullptr, *send_token = nullptr;
-  MoeRoute() = default;
   MoeRoute(const MoeShape& s, Device& device, MemTag tag);
 };
 

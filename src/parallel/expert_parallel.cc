@@ -53,8 +53,6 @@ void ExpertParallel::exchange_rows(const F* in, const std::vector<int64_t>& send
     fail("[ep] internal: the f64 model runs without expert parallelism");
   } else {
     const ProfileScope scope(ProfKind::comm, "ep rows all-to-all");
-    ++counters_.exchanges;
-    counters_.sent_bytes += double(sent - send_rows[size_t(rank_)]) * C * sizeof(F);
     Stopwatch sw;
     group_
         .all_to_allv(std::span<const float>(in, size_t(sent) * size_t(C)), send_counts,

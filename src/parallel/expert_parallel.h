@@ -14,10 +14,8 @@
 namespace tetra::parallel {
 
 struct EpCounters {
-  int64_t exchanges = 0;    // all-to-all(v) of rows
-  double row_bytes = 0.0;   // bytes of the rows this rank put into them, its own share included
-  double sent_bytes = 0.0;  // of which went to other ranks
-  double wait_ms = 0.0;     // time the compute thread waited for them, count exchanges included
+  double row_bytes = 0.0;  // bytes of the rows this rank put into its all-to-alls, its own included
+  double wait_ms = 0.0;    // time the compute thread waited for them, count exchanges included
 };
 
 class ExpertParallel {

@@ -29,15 +29,13 @@ class MoeReport {
   /** The per-block table over the run so far (rank 0 prints it). */
   std::string summary() const;
 
-  /** Bytes this rank's all-to-alls move per step when nothing is dropped (the seed's tokens · k
-   *  · C · 4 · 2 per block and micro-batch, forward and backward), averaged over the ranks. */
-  double predicted_bytes() const { return predicted_bytes_; }
-
  private:
   const GptConfig& config_;
   RunLayout& layout_;
   Gpt& model_;
   std::vector<int> layers_;  // the MoE blocks, by layer index
+  // Bytes this rank's all-to-alls move per step when nothing is dropped (the seed's tokens · k ·
+  // C · 4 · 2 per block and micro-batch, forward and backward), averaged over the ranks.
   double predicted_bytes_ = 0.0;
   // Over the run: per block, routes, drops, the sum of steps' load max/mean and of aux; steps.
   struct Totals {
