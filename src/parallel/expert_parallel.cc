@@ -54,11 +54,12 @@ void ExpertParallel::exchange_rows(const F* in, const std::vector<int64_t>& send
   } else {
     const ProfileScope scope(ProfKind::comm, "ep rows all-to-all");
     Stopwatch sw;
-    group_
-        .all_to_allv(std::span<const float>(in, size_t(sent) * size_t(C)), send_counts,
-                     std::span<float>(out, size_t(received) * size_t(C)), recv_counts)
-        .wait();
+    const comm::Work w =
+        group_.all_to_allv(std::span<const float>(in, size_t(sent) * size_t(C)), send_counts,
+                           std::span<float>(out, size_t(received) * size_t(C)), recv_counts);
+    w.wait();
     counters_.wait_ms += sw.elapsed_ms();
+    counters_.sent_bytes += w.sent_bytes();
   }
 }
 

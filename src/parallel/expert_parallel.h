@@ -15,7 +15,8 @@ namespace tetra::parallel {
 
 struct EpCounters {
   double row_bytes = 0.0;  // bytes of the rows this rank put into its all-to-alls, its own included
-  double wait_ms = 0.0;    // time the compute thread waited for them, count exchanges included
+  double sent_bytes = 0.0;  // of the rows' exchanges, the ring model's (comm::Work::sent_bytes)
+  double wait_ms = 0.0;     // time the compute thread waited for them, count exchanges included
 };
 
 class ExpertParallel {

@@ -219,6 +219,14 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
   dp_bytes_ = comm.sent_bytes;
   tp_bytes_ = tpc.sent_bytes;
   pp_bytes_ = pipe.sent_bytes;
+  // The expert exchanges move different bytes on each rank (its routes, and the rows its experts
+  // took): the planner's figure is their mean over the ranks. Collective.
+  ep_bytes_ = layout_.ep().counters().sent_bytes;
+  if (opt_.model.moe.ep > 1) {
+    float sum = float(ep_bytes_);
+    layout_.world().all_reduce(std::span<float>(&sum, 1), comm::ReduceOp::sum).wait();
+    ep_bytes_ = double(sum) / layout_.world_size();
+  }
   const double mfu =
       plan_.prediction.flops_per_token * tps / (peak_gflops_ * 1e9 * layout_.world_size());
   last_mfu_ = mfu;
@@ -407,9 +415,9 @@ void Reporter::plan_vs_measured() {
   log_info(
       "[plan]   memory/rank   predicted {:>10.2f} MiB measured {:>10.2f} MiB (peak)    {:+.1f}%",
       planned_memory / double(1 << 20), memory / double(1 << 20), pct(planned_memory, memory));
-  const double measured_bytes[] = {dp_bytes_, tp_bytes_, pp_bytes_};
-  const char* const groups[] = {"dp", "tp", "pp"};
-  for (int g = 0; g < 3; ++g) {
+  const double measured_bytes[] = {dp_bytes_, tp_bytes_, pp_bytes_, ep_bytes_};
+  const char* const groups[] = {"dp", "tp", "pp", "ep"};
+  for (int g = 0; g < 4; ++g) {
     double planned = 0;
     bool present = false;
     for (const plan::GroupTraffic& t : plan_.traffic) {

@@ -100,7 +100,7 @@ class Reporter {
   // What plan_vs_measured compares: each step's time, bubble and data wait, and the last step's
   // bytes per group.
   std::vector<double> step_s_, bubbles_, data_wait_s_;
-  double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0;
+  double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0, ep_bytes_ = 0;
   bool mfu_warned_ = false, tty_ = false;
   double last_mfu_ = 0.0, last_tps_ = 0.0;
   Stopwatch clock_;

@@ -143,6 +143,12 @@ TEST_F(MoeTrain, AllToAllBytesAreTheSeedsFormula) {
   MoeRun r = train(2, 2, 4, "bytes", "--parallel.ep=2 --moe.capacity_factor=0");
   ASSERT_EQ(r.run.code, 0) << r.run.output;
   const double formula = 4.0 * 16 * 2 * 24 * 4 * 2 /*blocks*/ * 4 /*exchanges*/;
+  // The run's plan-vs-measured lines hold the ep group's ring-model bytes to the planner's.
+  const size_t line = r.run.output.find("[plan]   ep bytes/step");
+  ASSERT_NE(line, std::string::npos) << r.run.output;
+  EXPECT_NE(r.run.output.substr(line, r.run.output.find('\n', line) - line).find("exact"),
+            std::string::npos)
+      << r.run.output;
   for (const auto& m : r.metrics) {
     EXPECT_EQ(double(m["a2a_bytes"]), formula);
     EXPECT_EQ(double(m["a2a_bytes_predicted"]), formula);
