@@ -18,6 +18,7 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 MoeShape MoeShape::of(const GptConfig& c, int B, int T, bool capacity) {
   MoeShape s;
+  if (c.moe.experts == 0) return s;  // a dense model: no MoE buffers
   s.N = int64_t(B) * T;
   s.k = c.moe.top_k;
   s.E = c.moe.experts;

@@ -45,7 +45,7 @@ struct MoeShape {
   int64_t send_rows = 0;    // ep > 1: rows this rank sends to the experts (its kept routes)
   int64_t recv_rows = 0;    // ep > 1: rows this rank's experts receive
   int64_t expert_rows = 0;  // rows of the experts' products, each expert's padded
-  /** `capacity` false: generation, which routes without capacity. */
+  /** `capacity` false: generation, which routes without capacity. All zero for a dense model. */
   static MoeShape of(const GptConfig& c, int B, int T, bool capacity = true);
 };
 

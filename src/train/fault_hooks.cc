@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -21,6 +23,10 @@ FaultInjection::FaultInjection(const TrainOptions& options, int rank, UnitHooks&
 void FaultInjection::begin_step(int64_t step) {
   nan_ = step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank;
   fail_ = step == opt_.fail_step && rank_ == opt_.fail_rank;
+  // A straggler: this rank computes slower than its peers by a fixed delay every step.
+  if (opt_.slow_ms > 0 && rank_ == opt_.fault_rank) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt_.slow_ms));
+  }
 }
 
 void FaultInjection::after_backward(int unit) {

@@ -18,7 +18,8 @@ class FaultInjection final : public UnitHooks {
  public:
   FaultInjection(const TrainOptions& options, int rank, UnitHooks& inner, ParamStore& store);
 
-  /** Arms this step's injections (debug.nan_grad_step, debug.fail_step on their ranks). */
+  /** Arms this step's injections (debug.nan_grad_step, debug.fail_step on their ranks) and,
+   *  with debug.slow_ms, sleeps that long on debug.fault_rank. */
   void begin_step(int64_t step);
   /** After the step: dies by SIGKILL (debug.kill_step) or stops making progress
    *  (debug.hang_step) on debug.fault_rank. */

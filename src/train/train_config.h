@@ -13,6 +13,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "pipeline/schedule.h"
+#include "train/health_options.h"
 
 namespace tetra {
 
@@ -72,6 +73,8 @@ struct TrainOptions {
   int pp_chunks = 1;         // v: model chunks per pipeline rank
   pipeline::Split pp_split;  // layers per virtual stage (mesh.pp * pp_chunks)
   bool trace = false;        // run.trace: a Chrome trace of every step per rank
+  HealthOptions health;      // per-rank telemetry and stragglers (health.*)
+  double slow_ms = 0;        // debug.slow_ms: fault_rank sleeps this long in every step
 
   /** Reads and validates every option; errors say which key to change. */
   static TrainOptions from(const Config& c);

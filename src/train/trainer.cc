@@ -124,6 +124,7 @@ void Trainer::setup(const std::string& config_toml) {
   report_->measure_peak(threads);
   ckpt_->start(start_step_, ledger_);
   heartbeat_ = std::make_unique<Heartbeat>(layout_->rank());
+  health_ = std::make_unique<HealthMonitor>(opt_.health, *layout_);
   heartbeat_->beat(start_step_, ckpt_->newest_step());
 }
 
@@ -186,6 +187,16 @@ TrainResult Trainer::train() {
         report_->step_record(step, lr, update, updater_->skips().total, step_clock.elapsed_s(),
                              data_->last_wait_ms(), *zero_, pipe, step_start_s);
     moe_report_->add_to(rec);
+    // This rank's step for the per-rank telemetry: compute is what it did not spend waiting for
+    // data, its groups' collectives or pipeline transfers.
+    RankStep rank_step;
+    rank_step.step_ms = rec["step_ms"].get<double>();
+    rank_step.data_ms = rec["data_wait_ms"].get<double>();
+    rank_step.comm_ms =
+        rec["comm_ms"].get<double>() + layout_->ep().counters().wait_ms + 1e3 * pipe.p2p_wait_s;
+    rank_step.compute_ms = std::max(0.0, rank_step.step_ms - rank_step.data_ms - rank_step.comm_ms);
+    rank_step.grad_sq = update.local_sq;
+    health_->step(step, rank_step, rec);
     const bool last = step == opt_.steps;
     if (data_->has_validation() && (last || (opt_.eval_every > 0 && step % opt_.eval_every == 0))) {
       result.final_val_loss = evaluate();

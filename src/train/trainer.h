@@ -25,6 +25,7 @@
 #include "pipeline/executor.h"
 #include "train/checkpointer.h"
 #include "train/fault_hooks.h"
+#include "train/health.h"
 #include "train/model_stage.h"
 #include "train/moe_report.h"
 #include "train/report.h"
@@ -74,6 +75,7 @@ class Trainer {
   std::unique_ptr<Checkpointer> ckpt_;
   std::unique_ptr<Reporter> report_;
   std::unique_ptr<MoeReport> moe_report_;
+  std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<Heartbeat> heartbeat_;
   int64_t start_step_ = 0;  // steps done before this process started (a resume)
 };

@@ -57,6 +57,7 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   // every rank of a tp group, 0 off the last pipeline stage), the squared gradient norm and a
   // count of ranks that saw a non-finite value, so that every rank takes the same decision.
   const double local_sq = local_sum_squares();
+  r.local_sq = local_sq;
   double norm_sq = local_sq;
   bool nonfinite = !std::isfinite(local_sq) || !std::isfinite(r.loss);
   const int world = layout_.world_size();

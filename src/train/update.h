@@ -19,6 +19,7 @@ namespace tetra {
 /** What one step's update did. */
 struct UpdateResult {
   double loss = 0.0, grad_norm = 0.0;
+  double local_sq = 0.0;  // this rank's contribution to the squared norm
   bool skipped = false;
 };
 

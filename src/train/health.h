@@ -1,0 +1,49 @@
+// Per-rank step telemetry and straggler detection (seed 000: a synchronous job runs at its
+// slowest rank's pace, "ストラグラー: ワーカーに対するmax()"). Every rank measures its steps;
+// every health.telemetry_every steps one all-gather of a few numbers per rank brings the window's
+// per-rank means to every rank, which are written to metrics.jsonl (rank 0) as per-rank arrays
+// with their p50, p99 and max and the slowest rank and host. A rank whose compute time (its step
+// less the time it waited for data, collectives and pipeline transfers) exceeds the median over
+// the ranks by health.straggler_factor is a straggler: named with its host in the log and the
+// metrics, and with health.on_straggler=stop the run stops (exit 2) so that a launcher can be
+// restarted without that host. docs/health.md.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "train/health_options.h"
+#include "train/run_layout.h"
+
+namespace tetra {
+
+/** What one rank measured in one step, in milliseconds. */
+struct RankStep {
+  double step_ms = 0, compute_ms = 0, comm_ms = 0, data_ms = 0;
+  double grad_sq = 0;  // this rank's contribution to the squared gradient norm
+};
+
+class HealthMonitor {
+ public:
+  HealthMonitor(const HealthOptions& options, const RunLayout& layout);
+
+  /** Adds this rank's step; at the end of a window gathers every rank's means (collective) and
+   *  adds the per-rank arrays, their summary and any stragglers to `rec`. Throws tetra::Error
+   *  naming the stragglers under on_straggler=stop. */
+  void step(int64_t step, const RankStep& s, nlohmann::json& rec);
+
+  /** The ranks named stragglers so far (rank 0's view, every rank alike). */
+  const std::vector<int>& stragglers() const { return stragglers_; }
+
+ private:
+  HealthOptions opt_;
+  const RunLayout& layout_;
+  std::vector<std::string> hosts_;
+  RankStep sum_;
+  int64_t steps_ = 0, first_ = 0;
+  std::vector<int> stragglers_;
+};
+
+}  // namespace tetra
