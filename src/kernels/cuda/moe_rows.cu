@@ -42,8 +42,8 @@ __global__ void moe_combine_kernel(float* out, const float* in, const int32_t* p
 
 // One warp per (token, choice): din's row and the gate's dot product.
 __global__ void moe_combine_backward_kernel(float* din, float* dgate, const float* dout,
-                                            const float* in, const int32_t* pos,
-                                            const float* gate, int64_t N, int k, int C) {
+                                            const float* in, const int32_t* pos, const float* gate,
+                                            int64_t N, int k, int C) {
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   const int lane = int(threadIdx.x) % kWarp;
   for (int64_t w = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp; w < N * k;
@@ -71,16 +71,16 @@ __global__ void moe_combine_backward_kernel(float* din, float* dgate, const floa
 
 void gather_rows(float* out, const float* in, const int32_t* idx, int64_t rows, int C) {
   if (rows <= 0 || C <= 0) return;
-  gather_rows_kernel<<<grid_for(rows * C, kThreads), kThreads, 0, compute_stream()>>>(
-      out, in, idx, rows, C);
+  gather_rows_kernel<<<grid_for(rows * C, kThreads), kThreads, 0, compute_stream()>>>(out, in, idx,
+                                                                                      rows, C);
   check_launch("gather_rows");
 }
 
 void moe_combine(float* out, const float* in, const int32_t* pos, const float* gate, int64_t N,
                  int k, int C) {
   if (N <= 0 || C <= 0) return;
-  moe_combine_kernel<<<grid_for(N * C, kThreads), kThreads, 0, compute_stream()>>>(
-      out, in, pos, gate, N, k, C);
+  moe_combine_kernel<<<grid_for(N * C, kThreads), kThreads, 0, compute_stream()>>>(out, in, pos,
+                                                                                   gate, N, k, C);
   check_launch("moe_combine");
 }
 
