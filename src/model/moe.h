@@ -8,7 +8,7 @@
 //
 // An expert's rows are padded to a multiple of kMoeRowAlign (zero rows, whose gradients are zero)
 // so that its products take few distinct shapes: the CPU backend measures the fastest library per
-// product shape once (kernels/cpu/matmul_choice.h).
+// product shape once (docs/performance.md).
 //
 // Under tensor parallelism the experts are whole on every rank of a tp group (the seed's advice:
 // expert-tensor parallelism is not built) and each tp rank routes every token of the micro-batch
