@@ -77,10 +77,16 @@ constexpr DType dtype_of() {
   return sizeof(T) == 8 ? DType::f64 : DType::f32;
 }
 
-/** Causal multi-head self-attention over a fused qkv buffer (B,T,3C) laid out [q | k | v], each
- *  (NH, hs) with hs = C/NH. C and NH are this rank's (C/tp, NH/tp under tensor parallelism). */
+/** Causal self-attention over a fused qkv buffer (B,T,W) laid out [q | k | v]: q is (NH, hs) with
+ *  hs = C/NH, k and v are (KVH, hs) each, W = C + 2·KVH·hs. Grouped-query attention (KVH < NH,
+ *  KVH dividing NH): query head h reads key/value head h / (NH/KVH). KVH = 0 means NH (multi-head
+ *  attention, W = 3C). C, NH and KVH are this rank's (divided by tp under tensor parallelism). */
 struct AttentionShape {
-  int B = 0, T = 0, C = 0, NH = 0;
+  int B = 0, T = 0, C = 0, NH = 0, KVH = 0;
+  int kv_heads() const { return KVH > 0 ? KVH : NH; }
+  int head_size() const { return C / NH; }
+  int kv_width() const { return kv_heads() * head_size(); }  // columns of k (and of v)
+  int64_t width() const { return int64_t(C) + 2 * int64_t(kv_width()); }  // W: a row of qkv
 };
 
 /** A contiguous run [offset, offset + count) of a flat buffer. */
@@ -134,6 +140,22 @@ class Kernels {
                                   const F* weight, const F* mean, const F* rstd, int64_t N,
                                   int C) = 0;
 
+  // ---- RMSNorm over the channel dimension (Llama) ---------------------------------------------
+  /** out (N,C) = inp · rstd · weight with rstd (N) = 1/sqrt(mean over C of inp² + eps), saved for
+   *  backward; inp (N,C), weight (C). */
+  virtual void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* weight, int64_t N, int C,
+                               double eps) = 0;
+  /** dinp (N,C) and dweight (C) accumulate. */
+  virtual void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
+                                const F* rstd, int64_t N, int C) = 0;
+
+  // ---- rotary position embedding (Llama; Hugging Face's rotate_half convention) ---------------
+  /** Rotates, in place, the q and k heads of qkv (B,T,W) (AttentionShape): in each head the pairs
+   *  (i, i + hs/2), i < hs/2, of the token at position pos0 + t turn by the angle
+   *  (pos0 + t) · theta^(-2i/hs), computed in double. `inverse` turns by the opposite angle: the
+   *  backward of the rotation, applied to dqkv. v is untouched; hs must be even. */
+  virtual void rope(F* qkv, const AttentionShape& s, int pos0, double theta, bool inverse) = 0;
+
   // ---- causal self-attention ------------------------------------------------------------------
   /** Elements forward keeps for backward per micro-batch ("saved"): the CPU's probabilities
    *  (B,NH,T,T), a flash kernel's row log-sum-exp (B,NH,T). */
@@ -142,25 +164,31 @@ class Kernels {
   virtual size_t attention_scratch_elements(const AttentionShape& s) const = 0;
   /** bf16 elements a mixed-precision call takes from its Bf16Operands. */
   virtual size_t attention_bf16_elements(const AttentionShape& s) const = 0;
-  /** out (B,T,C) = softmax(q·k^T / sqrt(hs), causal) · v; `saved` receives what backward reads. */
+  /** out (B,T,C) = softmax(q·k^T / sqrt(hs), causal) · v over qkv (B,T,W); `saved` receives what
+   *  backward reads. */
   virtual void attention_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
                                  Bf16Operands* bf16) = 0;
   /** `saved` alone, as attention_forward leaves it (selective recomputation, in backward). */
   virtual void attention_recompute(F* saved, const F* qkv, const AttentionShape& s,
                                    Bf16Operands* bf16) = 0;
-  /** dqkv (B,T,3C) overwritten from dout (B,T,C); out is forward's output, saved its state;
+  /** dqkv (B,T,W) overwritten from dout (B,T,C); out is forward's output, saved its state;
    *  scratch is attention_scratch_elements long. */
   virtual void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* out,
                                   const F* saved, const AttentionShape& s, Bf16Operands* bf16) = 0;
   /** Scratch elements of attention_decode for B sequences of up to maxT positions. */
   virtual size_t attention_decode_scratch_elements(int B, int NH, int maxT) const = 0;
-  /** Generation: the keys and values of the s.T new positions pos0.. of qkv (B,T,3C) are written
-   *  into kcache and vcache (B,maxT,C); each new query attends to cached positions 0..its own.
-   *  out (B,T,C). */
+  /** Generation: the keys and values of the s.T new positions pos0.. of qkv (B,T,W) are written
+   *  into kcache and vcache (B,maxT,KVH·hs): the cache holds only the key/value heads; each new
+   *  query attends to cached positions 0..its own. out (B,T,C). */
   virtual void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scratch, int pos0,
                                 const AttentionShape& s, int maxT) = 0;
 
   // ---- element-wise (GELU is the tanh form, GPT-2's gelu_new) ---------------------------------
+  /** SwiGLU (Llama's MLP): out (N) = silu(gate) · up, silu(x) = x · sigmoid(x). */
+  virtual void swiglu_forward(F* out, const F* gate, const F* up, int64_t N) = 0;
+  /** dgate (N) and dup (N) overwritten from dout (N); dgate may alias dout. */
+  virtual void swiglu_backward(F* dgate, F* dup, const F* dout, const F* gate, const F* up,
+                               int64_t N) = 0;
   /** out (N) = gelu(inp (N)). */
   virtual void gelu_forward(F* out, const F* inp, int64_t N) = 0;
   /** dinp (N) = gelu'(inp) * dout (overwrites; dinp may alias dout). */

@@ -56,10 +56,83 @@ GptConfig GptConfig::make(int vocab_size, int n_layer, int n_head, int d_model, 
   c.n_head = n_head;
   c.d_model = d_model;
   c.max_seq = max_seq;
+  c.n_kv_head = n_head;
+  c.ffn = 4 * d_model;
   return c;
 }
 
+namespace {
+
+// The divisors of n, for "use one of {…}" suggestions.
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+}  // namespace
+
+void GptConfig::set_llama(const LlamaShape& l) {
+  const int kvh = l.n_kv_head == 0 ? n_head : l.n_kv_head;
+  TETRA_CHECK(kvh > 0, "[model] model.n_kv_head must be positive, or 0 for n_head (got {})",
+              l.n_kv_head);
+  if (n_head % kvh != 0) {
+    fail(
+        "[model] model.n_kv_head={} does not divide model.n_head={}: grouped-query attention "
+        "shares each key/value head among n_head/n_kv_head query heads; use n_kv_head in {{{}}}",
+        kvh, n_head, fmt::join(divisors(n_head), ", "));
+  }
+  TETRA_CHECK(head_size() % 2 == 0,
+              "[model] rotary embeddings turn pairs of channels, so the head size d_model/n_head "
+              "= {}/{} = {} must be even; change model.d_model or model.n_head",
+              d_model, n_head, head_size());
+  if (kvh % tp != 0) {
+    std::vector<int> valid;
+    for (int t : divisors(kvh)) {
+      if (n_head % t == 0) valid.push_back(t);
+    }
+    fail(
+        "[model] parallel.tp={} does not divide model.n_kv_head={}: tensor parallelism gives each "
+        "rank whole key/value heads with their query heads; use parallel.tp in {{{}}}",
+        tp, kvh, fmt::join(valid, ", "));
+  }
+  const int width = l.ffn > 0 ? l.ffn : (8 * d_model / 3 + 63) / 64 * 64;
+  TETRA_CHECK(l.ffn >= 0, "[model] model.ffn must be positive, or 0 for 8*d_model/3 (got {})",
+              l.ffn);
+  if (width % tp != 0) {
+    fail(
+        "[model] parallel.tp={} does not divide the SwiGLU width model.ffn={}: each rank holds "
+        "ffn/tp channels; use an ffn that is a multiple of {}",
+        tp, width, tp);
+  }
+  TETRA_CHECK(l.rope_theta > 0 && std::isfinite(l.rope_theta),
+              "[model] model.rope_theta must be a positive number (got {}; Llama 2 uses 10000, "
+              "Llama 3 500000)",
+              l.rope_theta);
+  TETRA_CHECK(l.norm_eps > 0 && l.norm_eps < 1,
+              "[model] model.norm_eps must be in (0, 1) (got {}; Llama uses 1e-5 or 1e-6)",
+              l.norm_eps);
+  TETRA_CHECK(moe.experts == 0,
+              "[model] model.arch=llama with model.moe_experts={}: MoE blocks have GELU experts "
+              "(GPT-2 style); use model.arch=gpt2 for a mixture of experts, or "
+              "model.moe_experts=0",
+              moe.experts);
+  arch = Arch::llama;
+  n_kv_head = kvh;
+  ffn = width;
+  rope_theta = l.rope_theta;
+  norm_eps = l.norm_eps;
+  tie_embeddings = l.tie_embeddings;
+}
+
 void GptConfig::set_moe(const MoeConfig& m) {
+  TETRA_CHECK(m.experts == 0 || !llama(),
+              "[model] model.moe_experts={} on model.arch=llama: MoE blocks have GELU experts "
+              "(GPT-2 style); use model.arch=gpt2 for a mixture of experts, or "
+              "model.moe_experts=0",
+              m.experts);
   if (m.experts == 0) {
     TETRA_CHECK(m.ep == 1,
                 "[model] parallel.ep={} spreads experts, but model.moe_experts=0 makes a dense "
@@ -106,8 +179,13 @@ void GptConfig::set_moe(const MoeConfig& m) {
 }
 
 std::string GptConfig::describe() const {
-  std::string s = fmt::format("GPT-2: L={} C={} NH={} V={} (padded {}) maxT={}", n_layer, d_model,
-                              n_head, vocab_size, padded_vocab, max_seq);
+  std::string s = fmt::format("{}: L={} C={} NH={} V={} (padded {}) maxT={}",
+                              llama() ? "Llama" : "GPT-2", n_layer, d_model, n_head, vocab_size,
+                              padded_vocab, max_seq);
+  if (llama()) {
+    s += fmt::format(" KVH={} ffn={} theta={:g} eps={:g} {}", n_kv_head, ffn, rope_theta, norm_eps,
+                     tie_embeddings ? "tied" : "untied");
+  }
   if (moe.experts > 0) {
     s += fmt::format(" MoE: E={} top-{} every {} (cf {:g})", moe.experts, moe.top_k, moe.every,
                      moe.capacity_factor);
