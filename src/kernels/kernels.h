@@ -224,7 +224,7 @@ class Kernels {
    *  (Vl <= 0: every row, v0 = 0); a token outside them contributes zero. wpe may be null. */
   virtual void embedding_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B,
                                  int T, int C, int pos0, int v0, int Vl) = 0;
-  /** dwte (rows as above) and dwpe (T,C) accumulate dout (B,T,C). */
+  /** dwte (rows as above) and dwpe (T,C) accumulate dout (B,T,C); dwpe may be null. */
   virtual void embedding_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B,
                                   int T, int C, int v0, int Vl) = 0;
   /** out (rows,C) += wpe[(first_row + i) mod T] for row i: positions of rows [first_row,

@@ -39,8 +39,10 @@ void embedding_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, 
     for (int b = 0; b < B; ++b) {
       for (int t = 0; t < T; ++t) {
         const F* d = dout + (int64_t(b) * T + t) * C;
-        F* p = dwpe + int64_t(t) * C;
-        for (int c = c0; c < c1; ++c) p[c] += d[c];
+        if (dwpe) {
+          F* p = dwpe + int64_t(t) * C;
+          for (int c = c0; c < c1; ++c) p[c] += d[c];
+        }
         const int row = tokens[b * T + t] - v0;
         if (Vl > 0 && (row < 0 || row >= Vl)) continue;
         F* e = dwte + int64_t(row) * C;
