@@ -85,7 +85,7 @@ struct AttentionShape {
   int B = 0, T = 0, C = 0, NH = 0, KVH = 0;
   int kv_heads() const { return KVH > 0 ? KVH : NH; }
   int head_size() const { return C / NH; }
-  int kv_width() const { return kv_heads() * head_size(); }  // columns of k (and of v)
+  int kv_width() const { return kv_heads() * head_size(); }               // columns of k (and of v)
   int64_t width() const { return int64_t(C) + 2 * int64_t(kv_width()); }  // W: a row of qkv
 };
 

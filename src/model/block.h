@@ -1,12 +1,17 @@
-// One GPT-2 transformer block as a module: pre-LayerNorm causal self-attention and a GELU MLP,
-// each added to the residual stream. The block registers its twelve tensors with the parameter
-// store under their global Hugging Face names and is made of tensor-parallel layers
+// One transformer block as a module: pre-norm causal self-attention and an MLP, each added to the
+// residual stream. A GPT-2 block has LayerNorms, a fused c_attn with biases and a GELU MLP; a
+// Llama block (docs/llama.md) RMSNorms, q_proj, k_proj and v_proj writing one fused qkv
+// activation that rotary embeddings turn in place, grouped-query attention and a SwiGLU MLP
+// (gate_proj and up_proj, then down_proj), with no biases. The block registers its tensors with
+// the parameter store under their global Hugging Face names and is made of tensor-parallel layers
 // (parallel/tp_layers.h) that read them back by id at every call, so the same code runs whether
 // the store holds the weights permanently or a ZeRO-3 layer gathers them just in time. One forward
 // serves training (saving what backward needs) and generation (attending over a key/value cache).
-// Under tensor parallelism the block holds its rank's heads and MLP channels: c_attn and c_fc are
-// column-parallel, both c_proj row-parallel, so attention and the MLP each cost one all-reduce
-// forward and one backward. Buffers below hold this rank's part where the comments say local.
+// Under tensor parallelism the block holds its rank's heads and MLP channels: the products into
+// q, k, v and the MLP's hidden channels are column-parallel (q, k and v by key/value-head groups,
+// so a rank holds whole groups), the output projections row-parallel, so attention and the MLP
+// each cost one all-reduce forward and one backward. Buffers below hold this rank's part where
+// the comments say local.
 #pragma once
 
 #include <cstddef>
@@ -32,16 +37,19 @@ struct AttentionSizes {
 };
 
 /** What one micro-batch's forward through a block leaves for backward. Pointers into memory the
- *  model owns; attn (attention's saved state) is null when it is recomputed. qkv (B,T,3C/tp),
- *  atty (B,T,C/tp), fch and fch_gelu (B,T,4C/tp) are local; ln1 and ln2 (B,T,C) whole; residual2
- *  (B,T,C) and the LayerNorm statistics (B,T) hold this rank's B·T/tp rows under sequence
- *  parallelism. A MoE block has `moe` and a `route` (which the model owns) instead of fch and
- *  fch_gelu. */
+ *  model owns; attn (attention's saved state) is null when it is recomputed. qkv (B,T,W) (W =
+ *  config.local_qkv_width(); after the rotary embedding in a Llama block), atty (B,T,C/tp), fch,
+ *  fch_up and fch_gelu (B,T,ffn/tp) are local; ln1 and ln2 (B,T,C) whole; residual2 (B,T,C) and
+ *  the norms' statistics (B,T) hold this rank's B·T/tp rows under sequence parallelism. fch is
+ *  GPT-2's pre-GELU or Llama's gate, fch_up Llama's up (null in GPT-2), fch_gelu the activation
+ *  (GELU, or SwiGLU) that the output projection reads; the means are a LayerNorm's only (null in
+ *  Llama). A MoE block has `moe` and a `route` (which the model owns) instead of the fch buffers.
+ */
 template <typename F>
 struct BlockActs {
-  F *ln1, *ln1_mean, *ln1_rstd, *qkv, *attn, *atty;
-  F *residual2, *ln2, *ln2_mean, *ln2_rstd;
-  F *fch = nullptr, *fch_gelu = nullptr;
+  F *ln1, *ln1_mean = nullptr, *ln1_rstd, *qkv, *attn, *atty;
+  F *residual2, *ln2, *ln2_mean = nullptr, *ln2_rstd;
+  F *fch = nullptr, *fch_up = nullptr, *fch_gelu = nullptr;
   MoeActs<F> moe;
   MoeRoute* route = nullptr;
 
@@ -54,13 +62,13 @@ struct BlockActs {
                          const MoeShape* moe = nullptr);
 };
 
-/** Backward scratch shared by every block: (B,T,C), (B,T,3C/tp), attention's backward scratch and
- *  a recomputed saved state, (B,T,C/tp), (B,T,4C/tp). */
+/** Backward scratch shared by every block: (B,T,C), (B,T,W), attention's backward scratch and a
+ *  recomputed saved state, (B,T,C/tp), (B,T,ffn/tp) and in a Llama model dup (B,T,ffn/tp). */
 template <typename F>
 struct BlockScratch {
-  F *dln, *dqkv, *attn_scratch, *attn_saved, *datty, *dfch;
+  F *dln, *dqkv, *attn_scratch, *attn_saved, *datty, *dfch, *dup = nullptr;
   // Sequence parallelism only (else null): (B,T,C) for gathered gradients and the row-parallel
-  // partial sums of forward, and (4,C) for one micro-batch's LayerNorm gradients.
+  // partial sums of forward, and (4,C) (Llama: (2,C)) for one micro-batch's norm gradients.
   F *full = nullptr, *norm_grads = nullptr;
   MoeScratch<F> moe;  // a model with MoE blocks only
   static size_t elements(const GptConfig& c, int B, int T, const AttentionSizes& a);
@@ -70,7 +78,7 @@ struct BlockScratch {
 /** What a block's forward is for (a MoE block's routing statistics and capacity follow it). */
 using BlockPass = MoePass;
 
-/** Keys and values of every position fed so far, for generation: each (B,maxT,C/tp). */
+/** Keys and values of every position fed so far, for generation: each (B,maxT,KVH·hs/tp). */
 template <typename F>
 struct KvCache {
   F *keys = nullptr, *values = nullptr, *scratch = nullptr;  // scratch: the decode kernel's
@@ -79,8 +87,9 @@ struct KvCache {
 template <typename F>
 class BlockT {
  public:
-  /** Registers "transformer.h.<layer>.*" (this rank's slices of them) in env.store, inside the
-   *  unit the caller opened, in the order backward produces their gradients. config.tp ==
+  /** Registers "transformer.h.<layer>.*" (Llama: "model.layers.<layer>.*"; this rank's slices of
+   *  them) in env.store, inside the unit the caller opened, in the order backward produces their
+   *  gradients. config.tp ==
    *  env.tp.size(). A MoE block (config.is_moe(layer)) registers its router here and takes the
    *  ids of its experts, which the caller registered in a unit of their own, and their
    *  expert-parallel group. */
@@ -109,24 +118,28 @@ class BlockT {
   void set_moe_scratch(const MoeScratch<F>& s) { moe_scratch_ = s; }
 
  private:
-  // The block's tensors, registered before the layers that use them are built.
+  // The block's tensors, registered before the layers that use them are built. GPT-2: c_attn is
+  // qkvw, c_fc fcw; Llama: q_proj is qkvw, gate_proj fcw, up_proj upw, the projections' outputs
+  // attprojw (o_proj) and fcprojw (down_proj), and every bias -1.
   struct Ids {
-    TensorId fcprojw = -1, fcprojb = -1, fcw = -1, fcb = -1, router = -1;  // dense or MoE
-    TensorId ln2w, ln2b, attprojw, attprojb, qkvw, qkvb, ln1w, ln1b;
+    TensorId fcprojw = -1, fcprojb = -1, fcw = -1, fcb = -1, upw = -1, router = -1;
+    TensorId ln2w, ln2b = -1, attprojw, attprojb = -1, qkvw, qkvb = -1, kw = -1, vw = -1, ln1w,
+                   ln1b = -1;
   };
   static Ids register_tensors(const GptConfig& c, int layer, const parallel::LayerEnv<F>& env);
+  static Ids register_llama(const GptConfig& c, int layer, const parallel::LayerEnv<F>& env);
   void moe_forward(F* y, const BlockActs<F>& a, int B, int T, F* tmp, BlockPass pass);
   void moe_backward(F* dln, const F* dres, const BlockActs<F>& a, const BlockScratch<F>& s, int B,
                     int T, float loss_scale);
-  AttentionShape attention_shape(int B, int T) const;
 
   const GptConfig& c_;
   parallel::LayerEnv<F> env_;
   int layer_;
   Ids ids_;
-  parallel::ParallelLayerNorm<F> ln1_, ln2_;
-  parallel::ColumnParallelLinear<F> c_attn_, c_fc_;
+  parallel::ParallelNorm<F> ln1_, ln2_;
+  parallel::ColumnParallelLinear<F> c_attn_, c_fc_;  // Llama: q_proj, gate_proj
   parallel::RowParallelLinear<F> attn_proj_, mlp_proj_;
+  std::unique_ptr<parallel::ColumnParallelLinear<F>> k_proj_, v_proj_, up_proj_;  // Llama only
   parallel::NormGradSum<F> norm_grads_;
   std::unique_ptr<MoeMlp<F>> moe_;
   MoeScratch<F> moe_scratch_;

@@ -19,14 +19,14 @@ ParamSpec wpe_spec(const GptConfig& config) {
 
 template <typename F>
 EmbeddingT<F>::EmbeddingT(const GptConfig& config, const parallel::LayerEnv<F>& env, TensorId wte)
-    : wpe_(env.store.add(wpe_spec(config))),
+    : wpe_(config.llama() ? -1 : env.store.add(wpe_spec(config))),
       wte_(wte >= 0 ? wte : env.store.add(wte_spec(config, env.tp))),
       lookup_(env, wte_, wpe_, config.d_model, config.local_vocab()) {}
 
 template <typename F>
 ParamSpec EmbeddingT<F>::wte_spec(const GptConfig& config, const parallel::TensorParallel& tp) {
   ParamSpec wte;
-  wte.name = "transformer.wte.weight";
+  wte.name = config.llama() ? "model.embed_tokens.weight" : "transformer.wte.weight";
   wte.shape = {config.padded_vocab, config.d_model};
   wte.decay = true;
   wte.init = {ParamInit::Kind::normal, 0.02f, config.vocab_size};

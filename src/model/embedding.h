@@ -1,6 +1,7 @@
 // The token and position embedding as a module: wte (Vp,C), whose rows past the real vocabulary
-// are padding (never drawn, absent from files), and wpe (maxT,C). wte is also the tied LM head's
-// weight (model/head.h reads it by id). Under tensor parallelism wte is vocabulary-parallel
+// are padding (never drawn, absent from files), and in GPT-2 wpe (maxT,C) (a Llama model has no
+// learned positions: its blocks rotate q and k). wte is also a tied LM head's weight
+// (model/head.h reads it by id). Under tensor parallelism wte is vocabulary-parallel
 // (parallel/tp_layers.h): a rank holds rows [r·Vp/tp, (r+1)·Vp/tp), looks up the tokens that fall
 // in them and the lookups are summed over the group; wpe is whole and added once.
 #pragma once
@@ -16,8 +17,9 @@ namespace tetra {
 template <typename F>
 class EmbeddingT {
  public:
-  /** Registers wpe then wte inside the caller's open unit (wte's gradient is finished last), or
-   *  wpe only when the caller registered wte (`wte` >= 0; wte_spec) in a unit of its own. */
+  /** Registers wpe (GPT-2) then wte inside the caller's open unit (wte's gradient is finished
+   *  last), or wpe only when the caller registered wte (`wte` >= 0; wte_spec) in a unit of its
+   *  own. */
   EmbeddingT(const GptConfig& config, const parallel::LayerEnv<F>& env, TensorId wte = -1);
 
   // out (B,T,C) = wte[tokens] + wpe[pos0 + t]; tokens is (B,T) on the device. Under sequence

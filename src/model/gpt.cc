@@ -69,10 +69,9 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
     // A MoE block's expert products read up to all its expert rows R with a (4C,C) weight.
     const size_t R = config.moe.experts > 0 ? size_t(MoeShape::of(config, B, T).expert_rows) : 0;
-    const size_t elements =
-        std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
-                  R * 4 * C + std::max(4 * C, R) * C,
-                  k_.attention_bf16_elements({B, T, config.local_width(), config.local_heads()})});
+    const size_t elements = std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
+                                      R * 4 * C + std::max(4 * C, R) * C,
+                                      k_.attention_bf16_elements(config.attention(B, T))});
     bf16_ = std::make_unique<Bf16Operands>(device, elements + 32,
                                            MemTag{ledger, MemCategory::temporaries});
   }
@@ -87,10 +86,13 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   block_unit_.assign(size_t(L), -1);
   expert_unit_.assign(size_t(L), -1);
   const bool head_alone = part_.head && !part_.embedding;
+  const bool tied = config.tie_embeddings;
   if (head_alone) {
-    wte_unit_ = store.begin_unit("wte");
-    wte_copy_ = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
-    store.end_unit();
+    if (tied) {
+      wte_unit_ = store.begin_unit("wte");
+      wte_copy_ = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
+      store.end_unit();
+    }
     head_unit_ = store.begin_unit("head");
     head_ = std::make_unique<HeadT<F>>(config_, env, wte_copy_);
     store.end_unit();
@@ -111,7 +113,8 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   }
   if (part_.embedding) {
     TensorId wte = -1;
-    if (!part_.head) {
+    // GPT-2's root holds wpe; a Llama model's would hold nothing but wte, which is then the root.
+    if (!part_.head && !config.llama()) {
       wte_unit_ = store.begin_unit("wte");
       wte = store.add(EmbeddingT<F>::wte_spec(config_, *tp_));
       store.end_unit();
@@ -120,7 +123,7 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     embedding_ = std::make_unique<EmbeddingT<F>>(config_, env, wte);
     if (part_.head) {
       head_unit_ = root_unit_;
-      head_ = std::make_unique<HeadT<F>>(config_, env, embedding_->wte());
+      head_ = std::make_unique<HeadT<F>>(config_, env, tied ? embedding_->wte() : -1);
     }
     store.end_unit();
   }
@@ -423,7 +426,7 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   TETRA_CHECK(B > 0, "[generate] batch must be positive (got {})", B);
   const GptConfig& c = config_;
   const size_t C = size_t(c.d_model), maxT = size_t(c.max_seq), L = size_t(c.n_layer);
-  const size_t kv = size_t(B) * maxT * size_t(c.local_width());
+  const size_t kv = size_t(B) * maxT * size_t(c.local_kv_width());
   const size_t scratch = k_.attention_decode_scratch_elements(B, c.local_heads(), c.max_seq);
   auto st = std::make_unique<DecodeState>();
   st->B = B;

@@ -1,14 +1,15 @@
-// GPT-2 (as Hugging Face's GPT2LMHeadModel) composed of modules — an embedding, L blocks and a
-// head tied to the embedding — over a parameter store that lives outside the model. Each block
-// is one unit of the store, and the embedding with ln_f is the last ("root") unit, so units run
+// A GPT-2 or Llama model (as Hugging Face's GPT2LMHeadModel or LlamaForCausalLM) composed of
+// modules — an embedding, L blocks and a head, tied to the embedding or (Llama) not — over a
+// parameter store that lives outside the model. Each block is one unit of the store, and the
+// embedding with the final norm is the last ("root") unit, so units run
 // in the order backward finishes them. Around every module the model tells the store's hooks
 // (ZeRO) what it is about to use and what it has finished, so parameters can be gathered just in
 // time and gradients reduced as soon as they are final. Under tensor parallelism every module holds
 // its rank's slices (config.tp ways, over the group it is given) and the residual stream stays
 // whole on every rank of the group. Under pipeline parallelism the model is the part a pipeline
 // rank holds (GptPart): chunks of consecutive layers, the embedding on the first virtual stage,
-// ln_f and the head with a copy of the tied wte on the last, each chunk keeping the activations
-// of the micro-batches it has in flight.
+// the final norm and the head (with a copy of a tied wte) on the last, each chunk keeping the
+// activations of the micro-batches it has in flight.
 #pragma once
 
 #include <cstdint>
@@ -88,8 +89,12 @@ class GptT {
   /** The head's copy of the tied wte on a part with the head but not the embedding; -1 otherwise.
    */
   TensorId tied_wte_copy() const { return wte_copy_; }
-  /** The wte this part holds: the embedding's, or the head's copy of it; -1 if neither. */
-  TensorId tied_wte() const { return embedding_ ? embedding_->wte() : wte_copy_; }
+  /** The tied wte this part holds: the embedding's, or the head's copy of it; -1 if neither or
+   *  the head is untied. */
+  TensorId tied_wte() const {
+    if (!config_.tie_embeddings) return -1;
+    return embedding_ ? embedding_->wte() : wte_copy_;
+  }
   // Forward only: the mean loss (evaluation).
   double forward_loss(const int32_t* inputs, const int32_t* targets);
   // Forward only: the logits (B,T,Vp/tp) (this rank's vocabulary columns, device memory), valid

@@ -179,9 +179,9 @@ void GptConfig::set_moe(const MoeConfig& m) {
 }
 
 std::string GptConfig::describe() const {
-  std::string s = fmt::format("{}: L={} C={} NH={} V={} (padded {}) maxT={}",
-                              llama() ? "Llama" : "GPT-2", n_layer, d_model, n_head, vocab_size,
-                              padded_vocab, max_seq);
+  std::string s =
+      fmt::format("{}: L={} C={} NH={} V={} (padded {}) maxT={}", llama() ? "Llama" : "GPT-2",
+                  n_layer, d_model, n_head, vocab_size, padded_vocab, max_seq);
   if (llama()) {
     s += fmt::format(" KVH={} ffn={} theta={:g} eps={:g} {}", n_kv_head, ffn, rope_theta, norm_eps,
                      tie_embeddings ? "tied" : "untied");

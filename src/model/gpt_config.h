@@ -28,11 +28,11 @@ enum class Arch { gpt2, llama };
 
 /** What a Llama model adds to the common shape (GptConfig::set_llama checks it). */
 struct LlamaShape {
-  int n_kv_head = 0;           // key/value heads; 0: n_head (multi-head attention)
-  int ffn = 0;                 // SwiGLU width; 0: 8C/3 rounded up to a multiple of 64
-  double rope_theta = 10000;   // rotary base
-  double norm_eps = 1e-5;      // RMSNorm's epsilon
-  bool tie_embeddings = false; // the head reads the embedding's matrix
+  int n_kv_head = 0;            // key/value heads; 0: n_head (multi-head attention)
+  int ffn = 0;                  // SwiGLU width; 0: 8C/3 rounded up to a multiple of 64
+  double rope_theta = 10000;    // rotary base
+  double norm_eps = 1e-5;       // RMSNorm's epsilon
+  bool tie_embeddings = false;  // the head reads the embedding's matrix
 };
 
 struct GptConfig {
@@ -43,11 +43,11 @@ struct GptConfig {
   int d_model = 0;       // C
   int max_seq = 0;       // maxT: rows of wpe; the longest sequence RoPE is asked for
   Arch arch = Arch::gpt2;
-  int n_kv_head = 0;            // KVH: key/value heads (n_head for GPT-2)
-  int ffn = 0;                  // MLP width (4C for GPT-2)
-  double rope_theta = 10000;    // Llama
-  double norm_eps = 1e-5;       // the norms' epsilon (GPT-2's LayerNorm: 1e-5)
-  bool tie_embeddings = true;   // false: a separate lm_head (Llama only)
+  int n_kv_head = 0;           // KVH: key/value heads (n_head for GPT-2)
+  int ffn = 0;                 // MLP width (4C for GPT-2)
+  double rope_theta = 10000;   // Llama
+  double norm_eps = 1e-5;      // the norms' epsilon (GPT-2's LayerNorm: 1e-5)
+  bool tie_embeddings = true;  // false: a separate lm_head (Llama only)
   // How the model is split over a tensor-parallel group (1: whole): each rank holds NH/tp query
   // and KVH/tp key/value heads, ffn/tp MLP channels and Vp/tp vocabulary rows; Vp is padded to a
   // multiple of tp·vocab_multiple.

@@ -1,13 +1,17 @@
 #include "model/head.h"
 
 #include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "model/embedding.h"
 
 namespace tetra {
 
 template <typename F>
 size_t HeadActs<F>::elements(const GptConfig& c, int B, int T) {
   const size_t BT = size_t(B) * T, N = size_t(c.local_rows(B, T));
-  return BT * size_t(c.d_model) + N * 2 + BT * size_t(c.local_vocab()) + BT;
+  return BT * size_t(c.d_model) + N * (c.llama() ? 1 : 2) + BT * size_t(c.local_vocab()) + BT;
 }
 
 template <typename F>
@@ -16,34 +20,52 @@ HeadActs<F> HeadActs<F>::carve(F* p, const GptConfig& c, int B, int T) {
   auto take = [&](size_t n) { return std::exchange(p, p + n); };
   HeadActs a;
   a.lnf = take(BT * size_t(c.d_model));
-  a.lnf_mean = take(N);
+  if (!c.llama()) a.lnf_mean = take(N);
   a.lnf_rstd = take(N);
   a.logits = take(BT * size_t(c.local_vocab()));
   a.losses = take(BT);
   return a;
 }
 
+namespace {
+
+// An untied head's lm_head.weight (Vp, C): the embedding's shape, vocabulary slice and padding.
+ParamSpec lm_head_spec(const GptConfig& config, const parallel::TensorParallel& tp) {
+  ParamSpec w = EmbeddingT<float>::wte_spec(config, tp);
+  w.name = "lm_head.weight";
+  return w;
+}
+
+}  // namespace
+
 template <typename F>
 HeadT<F>::HeadT(const GptConfig& config, const parallel::LayerEnv<F>& env, TensorId wte)
     : c_(config),
       env_(env),
+      lm_head_w_(config.tie_embeddings ? wte : env.store.add(lm_head_spec(config, env.tp))),
       lnfw_([&] {
         ParamSpec w;
-        w.name = "transformer.ln_f.weight";
+        w.name = config.llama() ? "model.norm.weight" : "transformer.ln_f.weight";
         w.shape = {config.d_model};
         w.init.kind = ParamInit::Kind::ones;
         return env.store.add(std::move(w));
       }()),
       lnfb_([&] {
+        if (config.llama()) return TensorId(-1);
         ParamSpec b;
         b.name = "transformer.ln_f.bias";
         b.shape = {config.d_model};
         return env.store.add(std::move(b));
       }()),
-      ln_f_(env, lnfw_, lnfb_, config.d_model),
-      lm_head_(env, "lm_head", wte, -1, config.d_model, config.local_vocab()),
+      ln_f_(env, lnfw_, lnfb_, config.d_model, config.norm_eps),
+      lm_head_(env, "lm_head", lm_head_w_, -1, config.d_model, config.local_vocab()),
       xent_(env.tp, config.vocab_size, config.local_vocab()),
-      norm_grads_(env, {lnfw_, lnfb_}, config.d_model) {}
+      norm_grads_(env,
+                  lnfb_ >= 0 ? std::vector<TensorId>{lnfw_, lnfb_} : std::vector<TensorId>{lnfw_},
+                  config.d_model) {
+  TETRA_CHECK(config.tie_embeddings == (wte >= 0), "[model] internal: a {} head given wte id {}",
+              config.tie_embeddings ? "tied" : "untied", wte);
+}
 
 template <typename F>
 void HeadT<F>::forward(const F* x, const HeadActs<F>& a, int B, int T) {

@@ -1,8 +1,9 @@
-// The language-model head as a module: the final LayerNorm and the logits through the tied
-// embedding matrix, with the fused softmax cross-entropy. It registers ln_f and reads wte, which
-// the embedding owns, by id. Under tensor parallelism the head is a column-parallel product over
-// the embedding's vocabulary slice: each rank computes its (B,T,Vp/tp) block of logits and the
-// loss is vocabulary-parallel, so no rank holds whole rows of logits.
+// The language-model head as a module: the final norm (GPT-2's ln_f LayerNorm, Llama's model.norm
+// RMSNorm) and the logits through the tied embedding matrix or an untied lm_head, with the fused
+// softmax cross-entropy. It registers the norm (and an untied lm_head.weight) and reads a tied
+// wte, which the embedding owns, by id. Under tensor parallelism the head is a column-parallel
+// product over the embedding's vocabulary slice: each rank computes its (B,T,Vp/tp) block of logits
+// and the loss is vocabulary-parallel, so no rank holds whole rows of logits.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +14,12 @@
 
 namespace tetra {
 
-/** What the head's forward leaves for its backward: lnf (B,T,C), its mean and rstd (B,T; this
- *  rank's B·T/tp rows under sequence parallelism), the logits (B,T,Vp/tp) (overwritten by their
- *  gradient in backward) and per-token losses (B,T). */
+/** What the head's forward leaves for its backward: lnf (B,T,C), its mean (LayerNorm only; else
+ *  null) and rstd (B,T; this rank's B·T/tp rows under sequence parallelism), the logits (B,T,Vp/tp)
+ * (overwritten by their gradient in backward) and per-token losses (B,T). */
 template <typename F>
 struct HeadActs {
-  F *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+  F *lnf, *lnf_mean = nullptr, *lnf_rstd, *logits, *losses;
   static size_t elements(const GptConfig& c, int B, int T);
   static HeadActs carve(F* p, const GptConfig& c, int B, int T);
 };
@@ -26,7 +27,8 @@ struct HeadActs {
 template <typename F>
 class HeadT {
  public:
-  /** Registers ln_f inside the caller's open unit; `wte` is the tied embedding's id. */
+  /** Registers an untied lm_head.weight (config.tie_embeddings false; `wte` -1) and the final
+   *  norm inside the caller's open unit; `wte` is the tied embedding's id otherwise. */
   HeadT(const GptConfig& config, const parallel::LayerEnv<F>& env, TensorId wte);
 
   // x (B,T,C) (this rank's rows under sequence parallelism) -> logits (B,T,Vp/tp) in a.logits:
@@ -43,8 +45,8 @@ class HeadT {
  private:
   const GptConfig& c_;
   parallel::LayerEnv<F> env_;
-  TensorId lnfw_, lnfb_;
-  parallel::ParallelLayerNorm<F> ln_f_;
+  TensorId lm_head_w_, lnfw_, lnfb_;
+  parallel::ParallelNorm<F> ln_f_;
   parallel::ColumnParallelLinear<F> lm_head_;
   parallel::VocabParallelCrossEntropy<F> xent_;
   parallel::NormGradSum<F> norm_grads_;

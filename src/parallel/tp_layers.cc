@@ -37,27 +37,31 @@ void NormGradSum<F>::finish() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ParallelLayerNorm
+// ParallelNorm
 
 template <typename F>
-ParallelLayerNorm<F>::ParallelLayerNorm(const LayerEnv<F>& env, TensorId weight, TensorId bias,
-                                        int C)
-    : env_(env), w_(weight), b_(bias), C_(C) {}
+ParallelNorm<F>::ParallelNorm(const LayerEnv<F>& env, TensorId weight, TensorId bias, int C,
+                              double rms_eps)
+    : env_(env), w_(weight), b_(bias), C_(C), rms_eps_(rms_eps) {}
 
 template <typename F>
-void ParallelLayerNorm<F>::forward(F* out, F* mean, F* rstd, const F* x, int64_t BT) {
+void ParallelNorm<F>::forward(F* out, F* mean, F* rstd, const F* x, int64_t BT) {
   TensorParallel& tp = env_.tp;
   const bool sp = tp.sequence_parallel();
   const int64_t N = sp ? BT / tp.size() : BT;
   F* mine = out + (sp ? tp.rank() * N * C_ : 0);
-  env_.kernels().layernorm_forward(mine, mean, rstd, x, env_.store.param(w_), env_.store.param(b_),
-                                   N, C_);
+  if (b_ < 0) {
+    env_.kernels().rmsnorm_forward(mine, rstd, x, env_.store.param(w_), N, C_, rms_eps_);
+  } else {
+    env_.kernels().layernorm_forward(mine, mean, rstd, x, env_.store.param(w_),
+                                     env_.store.param(b_), N, C_);
+  }
   if (sp) tp.all_gather(mine, out, size_t(N) * C_);
 }
 
 template <typename F>
-void ParallelLayerNorm<F>::backward(F* dx, F* dout, const F* x, const F* mean, const F* rstd,
-                                    int64_t BT, F* tmp, NormGradSum<F>& grads, size_t wi) {
+void ParallelNorm<F>::backward(F* dx, F* dout, const F* x, const F* mean, const F* rstd, int64_t BT,
+                               F* tmp, NormGradSum<F>& grads, size_t wi) {
   TensorParallel& tp = env_.tp;
   const bool sp = tp.sequence_parallel();
   const int64_t N = sp ? BT / tp.size() : BT;
@@ -69,8 +73,13 @@ void ParallelLayerNorm<F>::backward(F* dx, F* dout, const F* x, const F* mean, c
   } else {
     tp.all_reduce(dout, size_t(BT) * C_);
   }
-  env_.kernels().layernorm_backward(dx, grads.grad(wi), grads.grad(wi + 1), reduced, x,
-                                    env_.store.param(w_), mean, rstd, N, C_);
+  if (b_ < 0) {
+    env_.kernels().rmsnorm_backward(dx, grads.grad(wi), reduced, x, env_.store.param(w_), rstd, N,
+                                    C_);
+  } else {
+    env_.kernels().layernorm_backward(dx, grads.grad(wi), grads.grad(wi + 1), reduced, x,
+                                      env_.store.param(w_), mean, rstd, N, C_);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -90,14 +99,44 @@ ParallelLinear<F>::ParallelLinear(const LayerEnv<F>& env, const std::string& nam
 
 template <typename F>
 ColumnParallelLinear<F>::ColumnParallelLinear(const LayerEnv<F>& env, std::string name, TensorId w,
-                                              TensorId b, int K, int N)
-    : ParallelLinear<F>(env, name, w, b, K, N) {}
+                                              TensorId b, int K, int N, int64_t ld)
+    : ParallelLinear<F>(env, name, w, b, K, N), ld_(ld > 0 ? ld : N) {}
+
+namespace {
+
+// The products of a column-parallel layer whose output y (M,N) has row stride ld: the operands
+// are strided views, so q, k and v go straight into (and come straight out of) one fused buffer.
+template <typename F>
+MatmulArgs strided(F* c, int64_t ldc, int64_t M, int64_t N, int64_t K, bool accumulate,
+                   const char* role, Bf16Operands* bf16) {
+  MatmulArgs x;
+  x.role = role;
+  x.bf16 = bf16;
+  x.M = M, x.N = N, x.K = K;
+  x.a.dtype = x.b.dtype = dtype_of<F>();
+  x.c = c;
+  x.c_strides = {M * ldc, M * ldc, ldc, 1};
+  x.accumulate = accumulate;
+  return x;
+}
+
+}  // namespace
 
 template <typename F>
 void ColumnParallelLinear<F>::forward(F* y, const F* x, int64_t BT) {
   ParamStoreT<F>& s = env_.store;
-  matmul_nt(env_.kernels(), y, x, s.param(w_), b_ >= 0 ? s.param(b_) : nullptr, BT, N_, K_,
-            /*accumulate=*/false, forward_role_.c_str(), env_.bf16);
+  const F* bias = b_ >= 0 ? s.param(b_) : nullptr;
+  if (ld_ == N_) {
+    matmul_nt(env_.kernels(), y, x, s.param(w_), bias, BT, N_, K_, /*accumulate=*/false,
+              forward_role_.c_str(), env_.bf16);
+    return;
+  }
+  // y (BT, N; ld) = x (BT, K) · W^T, W (N, K)
+  MatmulArgs m = strided(y, ld_, BT, N_, K_, false, forward_role_.c_str(), env_.bf16);
+  m.a.data = x, m.a.strides = {BT * K_, BT * K_, K_, 1};
+  m.b.data = s.param(w_), m.b.strides = {N_ * K_, N_ * K_, 1, K_};
+  m.bias = bias;
+  env_.kernels().matmul(m);
 }
 
 template <typename F>
@@ -108,13 +147,28 @@ void ColumnParallelLinear<F>::forward_gelu(F* y, F* pre, const F* x, int64_t BT)
 }
 
 template <typename F>
-void ColumnParallelLinear<F>::backward(F* dx, const F* dy, const F* x, int64_t BT) {
+void ColumnParallelLinear<F>::backward(F* dx, const F* dy, const F* x, int64_t BT,
+                                       bool accumulate) {
   ParamStoreT<F>& s = env_.store;
   Kernels<F>& k = env_.kernels();
-  matmul_tn(k, s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(), env_.bf16);
-  if (b_ >= 0) k.bias_backward(s.grad(b_), dy, BT, N_);
-  matmul_nn(k, dx, dy, s.param(w_), BT, K_, N_, /*accumulate=*/false, input_role_.c_str(),
-            env_.bf16);
+  if (ld_ == N_) {
+    matmul_tn(k, s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(),
+              env_.bf16);
+    if (b_ >= 0) k.bias_backward(s.grad(b_), dy, BT, N_);
+    matmul_nn(k, dx, dy, s.param(w_), BT, K_, N_, accumulate, input_role_.c_str(), env_.bf16);
+    return;
+  }
+  TETRA_CHECK(b_ < 0, "[model] internal: a strided column-parallel layer with a bias");
+  // dW (N, K) += dy^T (N, BT; dy's row stride ld) · x (BT, K)
+  MatmulArgs w = strided(s.grad(w_), K_, N_, K_, BT, true, weight_role_.c_str(), env_.bf16);
+  w.a.data = dy, w.a.strides = {N_ * ld_, N_ * ld_, 1, ld_};
+  w.b.data = x, w.b.strides = {BT * K_, BT * K_, K_, 1};
+  k.matmul(w);
+  // dx (BT, K) = dy (BT, N; ld) · W (N, K)
+  MatmulArgs d = strided(dx, K_, BT, K_, N_, accumulate, input_role_.c_str(), env_.bf16);
+  d.a.data = dy, d.a.strides = {BT * ld_, BT * ld_, ld_, 1};
+  d.b.data = s.param(w_), d.b.strides = {N_ * K_, N_ * K_, K_, 1};
+  k.matmul(d);
 }
 
 template <typename F>
@@ -145,7 +199,11 @@ void RowParallelLinear<F>::forward(F* y, const F* residual, const F* x, int64_t 
     matmul_nt<F>(k, tmp, x, s.param(w_), nullptr, BT, N_, K_, /*accumulate=*/false,
                  forward_role_.c_str(), env_.bf16);
     tp.reduce_scatter(tmp, y, size_t(rows) * N_);
-    k.residual_bias_add(y, residual, s.param(b_), rows, N_);
+    if (b_ >= 0) {
+      k.residual_bias_add(y, residual, s.param(b_), rows, N_);
+    } else {
+      k.add(y, residual, size_t(rows) * N_);
+    }
     return;
   }
   const bool first = tp.rank() == 0;
@@ -154,8 +212,8 @@ void RowParallelLinear<F>::forward(F* y, const F* residual, const F* x, int64_t 
   } else {
     k.zero(y, size_t(BT) * N_);
   }
-  matmul_nt(k, y, x, s.param(w_), first ? s.param(b_) : nullptr, BT, N_, K_, /*accumulate=*/true,
-            forward_role_.c_str(), env_.bf16);
+  matmul_nt(k, y, x, s.param(w_), first && b_ >= 0 ? s.param(b_) : nullptr, BT, N_, K_,
+            /*accumulate=*/true, forward_role_.c_str(), env_.bf16);
   tp.all_reduce(y, size_t(BT) * N_);
 }
 
@@ -172,7 +230,7 @@ void RowParallelLinear<F>::backward(F* dx, const F* dy, const F* x, int64_t BT, 
     dy = tmp;
   }
   matmul_tn(k, s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(), env_.bf16);
-  k.bias_backward(s.grad(b_), dy, BT, N_);
+  if (b_ >= 0) k.bias_backward(s.grad(b_), dy, BT, N_);
   matmul_nn(k, dx, dy, s.param(w_), BT, K_, N_, /*accumulate=*/false, input_role_.c_str(),
             env_.bf16);
 }
@@ -191,15 +249,16 @@ void VocabParallelEmbedding<F>::forward(F* out, const int32_t* tokens, int B, in
   TensorParallel& tp = env_.tp;
   ParamStoreT<F>& s = env_.store;
   Kernels<F>& k = env_.kernels();
+  const F* wpe = wpe_ >= 0 ? s.param(wpe_) : nullptr;
   if (tp.size() == 1) {
-    k.embedding_forward(out, tokens, s.param(wte_), s.param(wpe_), B, T, C_, pos0, 0, 0);
+    k.embedding_forward(out, tokens, s.param(wte_), wpe, B, T, C_, pos0, 0, 0);
     return;
   }
   const size_t BTC = size_t(B) * T * C_;
   const int v0 = tp.rank() * Vl_;
   if (!tp.sequence_parallel()) {  // wpe once, then the sum of every rank's lookups
-    k.embedding_forward(out, tokens, s.param(wte_), tp.rank() == 0 ? s.param(wpe_) : nullptr, B, T,
-                        C_, pos0, v0, Vl_);
+    k.embedding_forward(out, tokens, s.param(wte_), tp.rank() == 0 ? wpe : nullptr, B, T, C_, pos0,
+                        v0, Vl_);
     tp.all_reduce(out, BTC);
     return;
   }
@@ -209,7 +268,7 @@ void VocabParallelEmbedding<F>::forward(F* out, const int32_t* tokens, int B, in
   tp.reduce_scatter(tmp, out, n);
   // This rank's rows are rows [rank·N, (rank+1)·N) of (B·T): positions (row mod T).
   const int64_t N = int64_t(n) / C_;
-  k.add_positions(out, s.param(wpe_), tp.rank() * N, N, T, C_);
+  if (wpe) k.add_positions(out, wpe, tp.rank() * N, N, T, C_);
 }
 
 template <typename F>
@@ -223,8 +282,8 @@ void VocabParallelEmbedding<F>::backward(const F* dout, const int32_t* tokens, i
     dout = tmp;
   }
   const int Vl = tp.size() == 1 ? 0 : Vl_;
-  env_.kernels().embedding_backward(s.grad(wte_), s.grad(wpe_), dout, tokens, B, T, C_,
-                                    tp.rank() * Vl, Vl);
+  env_.kernels().embedding_backward(s.grad(wte_), wpe_ >= 0 ? s.grad(wpe_) : nullptr, dout, tokens,
+                                    B, T, C_, tp.rank() * Vl, Vl);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -247,8 +306,8 @@ double VocabParallelCrossEntropy<F>::operator()(F* losses, F* logits, const int3
 
 template class NormGradSum<float>;
 template class NormGradSum<double>;
-template class ParallelLayerNorm<float>;
-template class ParallelLayerNorm<double>;
+template class ParallelNorm<float>;
+template class ParallelNorm<double>;
 template class ParallelLinear<float>;
 template class ParallelLinear<double>;
 template class ColumnParallelLinear<float>;

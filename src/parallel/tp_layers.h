@@ -3,18 +3,19 @@
 // slices of them), the tensor-parallel group and the backend's kernels. They are where the
 // conjugate operators f and g of parallel/tensor_parallel.h live:
 //
-//   ParallelLayerNorm     a LayerNorm over this rank's token rows (all of them without sequence
-//                         parallelism) whose output is gathered for the column-parallel product
-//                         after it (f forward under SP); its backward reduces the partial input
-//                         gradient those products return (f backward: all-reduce, or
-//                         reduce-scatter under SP).
-//   ColumnParallelLinear  y (BT, N/tp) = x (BT, K) · W_r^T + b_r: W split by output rows.
+//   ParallelNorm          a LayerNorm (GPT-2) or RMSNorm (Llama) over this rank's token rows
+//                         (all of them without sequence parallelism) whose output is gathered for
+//                         the column-parallel products after it (f forward under SP); its backward
+//                         reduces the partial input gradient those products return (f backward:
+//                         all-reduce, or reduce-scatter under SP).
+//   ColumnParallelLinear  y (BT, N/tp) = x (BT, K) · W_r^T + b_r: W split by output rows; y may be
+//                         columns of a wider activation (Llama's q, k and v into one qkv).
 //   RowParallelLinear     y = residual + Σ_r x_r (BT, K/tp) · W_r^T + b: W split by input columns,
 //                         the partial products summed over the group (g: all-reduce, or
 //                         reduce-scatter into this rank's rows under SP).
 //   VocabParallelEmbedding  wte split by vocabulary rows; lookups summed over the group (g).
 //   VocabParallelCrossEntropy  the loss over logits split by vocabulary columns.
-//   NormGradSum           under SP, the LayerNorms' weight and bias gradients of one micro-batch
+//   NormGradSum           under SP, the norms' weight (and bias) gradients of one micro-batch
 //                         summed over the group in a single all-reduce.
 //
 // With one rank every operator is a no-op or a copy, so the same layers run unsplit models.
@@ -65,16 +66,19 @@ class NormGradSum {
 };
 
 template <typename F>
-class ParallelLayerNorm {
+class ParallelNorm {
  public:
-  ParallelLayerNorm(const LayerEnv<F>& env, TensorId weight, TensorId bias, int C);
-  /** LayerNorm of x, this rank's N rows (N = BT, or BT/tp under sequence parallelism), into its
-   *  rows of out (BT,C), then gathered so that every rank holds all BT rows. mean and rstd (N). */
+  /** A LayerNorm (eps kLayerNormEps) with a bias; an RMSNorm with epsilon `rms_eps` when `bias`
+   *  is -1. */
+  ParallelNorm(const LayerEnv<F>& env, TensorId weight, TensorId bias, int C, double rms_eps = 0);
+  /** The norm of x, this rank's N rows (N = BT, or BT/tp under sequence parallelism), into its
+   *  rows of out (BT,C), then gathered so that every rank holds all BT rows. mean (a LayerNorm's
+   *  only) and rstd (N). */
   void forward(F* out, F* mean, F* rstd, const F* x, int64_t BT);
   /** dout (BT,C) is this rank's partial gradient of the output (from column-parallel products):
    *  summed over the group (in place without sequence parallelism; into `tmp`, this rank's N
-   *  rows, with it), then dx (N,C) accumulates the LayerNorm's input gradient and the weight and
-   *  bias gradients accumulate where `grads` says (tensors `wi` and `wi + 1` of it). */
+   *  rows, with it), then dx (N,C) accumulates the norm's input gradient and the weight (and a
+   *  LayerNorm's bias) gradients accumulate where `grads` says (tensors `wi` and `wi + 1`). */
   void backward(F* dx, F* dout, const F* x, const F* mean, const F* rstd, int64_t BT, F* tmp,
                 NormGradSum<F>& grads, size_t wi);
   TensorId weight() const { return w_; }
@@ -84,6 +88,7 @@ class ParallelLayerNorm {
   LayerEnv<F> env_;
   TensorId w_, b_;
   int C_;
+  double rms_eps_;
 };
 
 /** What both parallel linear layers hold: the weight (N, K) and bias ids of this rank's part, and
@@ -102,14 +107,16 @@ class ParallelLinear {
 template <typename F>
 class ColumnParallelLinear : ParallelLinear<F> {
  public:
-  /** y (BT, N) = x (BT, K) · W^T + b, W (N, K) this rank's rows of the weight, b (N) or -1. */
+  /** y (BT, N) = x (BT, K) · W^T + b, W (N, K) this rank's rows of the weight, b (N) or -1. y and
+   *  its gradient have row stride `ld` (0: N): N columns of a wider activation. */
   ColumnParallelLinear(const LayerEnv<F>& env, std::string name, TensorId w, TensorId b, int K,
-                       int N);
+                       int N, int64_t ld = 0);
   void forward(F* y, const F* x, int64_t BT);
   /** pre (BT,N) = x · W^T + b, y = gelu(pre): the MLP's first product. */
   void forward_gelu(F* y, F* pre, const F* x, int64_t BT);
-  /** From dy (BT,N): dW and db accumulate, dx (BT,K) = dy · W (this rank's partial sum). */
-  void backward(F* dx, const F* dy, const F* x, int64_t BT);
+  /** From dy (BT,N): dW and db accumulate, dx (BT,K) = dy · W (this rank's partial sum), or
+   *  dx += dy · W with `accumulate` (several products read the same x). */
+  void backward(F* dx, const F* dy, const F* x, int64_t BT, bool accumulate = false);
   /** After forward_gelu: dy (BT,N) is overwritten with the gradient of pre, then as backward. */
   void backward_gelu(F* dx, F* dy, const F* pre, const F* x, int64_t BT);
 
@@ -117,13 +124,14 @@ class ColumnParallelLinear : ParallelLinear<F> {
   using Base = ParallelLinear<F>;
   using Base::b_, Base::env_, Base::forward_role_, Base::input_role_, Base::K_, Base::N_, Base::w_,
       Base::weight_role_;
+  int64_t ld_;
 };
 
 template <typename F>
 class RowParallelLinear : ParallelLinear<F> {
  public:
   /** y (·, N) = residual + Σ_tp x (BT, K) · W^T + b, W (N, K) this rank's columns of the weight,
-   *  b (N) whole. */
+   *  b (N) whole, or -1 (none). */
   RowParallelLinear(const LayerEnv<F>& env, std::string name, TensorId w, TensorId b, int K, int N);
   /** Without sequence parallelism y and residual are (BT,N) on every rank (all-reduce; the
    *  residual and the bias are added on one rank only, so that the sum counts them once); with it
@@ -143,7 +151,7 @@ template <typename F>
 class VocabParallelEmbedding {
  public:
   /** wte (Vl, C) is this rank's vocabulary rows [rank·Vl, (rank+1)·Vl) (all rows with one rank);
-   *  wpe (maxT, C) is whole. */
+   *  wpe (maxT, C) is whole, or -1 (no learned positions). */
   VocabParallelEmbedding(const LayerEnv<F>& env, TensorId wte, TensorId wpe, int C, int Vl);
   /** out (B,T,C) = wte[tokens (B,T)] + wpe[pos0 + t]; under sequence parallelism out is this
    *  rank's B·T/tp rows and tmp (B,T,C) takes the lookups before their reduce-scatter. */

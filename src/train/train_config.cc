@@ -55,6 +55,23 @@ const std::vector<TrainKey>& train_keys() {
       {{"model.vocab_multiple", ValueKind::Int, "64", "pad the vocab to a multiple of this",
         "[1, 65536]"},
        {}},
+      {{"model.arch", ValueKind::String, "\"gpt2\"",
+        "block family: gpt2 (LayerNorm, GELU, learned positions, tied) or llama (RMSNorm, "
+        "SwiGLU, RoPE, grouped-query attention; docs/llama.md)",
+        "gpt2 | llama"},
+       {}},
+      {{"model.n_kv_head", ValueKind::Int, "0",
+        "llama: key/value heads (dividing n_head; 0: n_head)", "[0, 1024]"},
+       {}},
+      {{"model.ffn", ValueKind::Int, "0",
+        "llama: SwiGLU width (0: 8*d_model/3 rounded up to a multiple of 64)", "[0, 1048576]"},
+       {}},
+      {{"model.rope_theta", ValueKind::Float, "10000", "llama: rotary embedding base", "(0, 1e12]"},
+       {}},
+      {{"model.norm_eps", ValueKind::Float, "1e-5", "llama: RMSNorm epsilon", "(0, 1)"}, {}},
+      {{"model.tie_embeddings", ValueKind::Bool, "false",
+        "llama: the head reads the embedding matrix (GPT-2 always does)"},
+       {}},
       {{"model.moe_experts", ValueKind::Int, "0",
         "experts per mixture-of-experts block (0: a dense model; docs/moe.md)", "[0, 4096]"},
        {}},
@@ -332,6 +349,27 @@ GptConfig gpt_config_from(const Config& c, int tp, int ep) {
   m.z_loss_coeff = c.f("moe.z_loss_coeff");
   m.ep = ep;
   g.set_moe(m);
+  const std::string arch = c.s("model.arch");
+  if (arch == "llama") {
+    LlamaShape l;
+    l.n_kv_head = int(c.i("model.n_kv_head"));
+    l.ffn = int(c.i("model.ffn"));
+    l.rope_theta = c.f("model.rope_theta");
+    l.norm_eps = c.f("model.norm_eps");
+    l.tie_embeddings = c.b("model.tie_embeddings");
+    g.set_llama(l);
+    return g;
+  }
+  // GPT-2's shape is fixed by its family: refuse a Llama key rather than ignore it.
+  for (const char* key : {"model.n_kv_head", "model.ffn"}) {
+    TETRA_CHECK(c.i(key) == 0,
+                "[config] {}={} shapes a Llama model; set model.arch=llama, or drop {} (GPT-2 has "
+                "n_head key/value heads and a 4*d_model MLP)",
+                key, c.i(key), key);
+  }
+  TETRA_CHECK(c.f("model.rope_theta") == 10000.0 && c.f("model.norm_eps") == 1e-5,
+              "[config] model.rope_theta and model.norm_eps shape a Llama model (GPT-2 has learned "
+              "positions and LayerNorm eps 1e-5); set model.arch=llama or drop them");
   return g;
 }
 

@@ -31,7 +31,7 @@ Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& sto
 void Updater::reduce_gradients() {
   zero_.finish_gradients();
   const comm::Communicator& group = layout_.embedding();
-  if (!group.valid()) return;
+  if (!group.valid() || model_.tied_wte() < 0) return;  // no pipeline, or an untied head
   // The embedding's wte on the first stage and the head's copy on the last are one tensor (the
   // same tp slice, each a unit of its own, so every ZeRO stage shards them alike): after the
   // data-parallel reduction each holds the mean of its stage's contribution over the batch, and
