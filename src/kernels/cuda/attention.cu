@@ -1,6 +1,10 @@
 // Causal flash attention in f32 on the SIMT cores: no T×T matrix is ever stored. Forward keeps
 // the scaled row log-sum-exp (B,NH,T) for backward; backward recomputes the probabilities from it.
 //
+// Heads (Layout below): qkv rows are [q (NH·hs) | k (KVH·hs) | v (KVH·hs)], W columns; with
+// grouped-query attention (KVH < NH) the G = NH/KVH query heads gG .. gG + G - 1 share key/value
+// head g, so query head h reads kv head h / G. KVH == NH is multi-head attention (W = 3C).
+//
 // Tiling (all three kernels): a block of 256 threads owns one (batch, head) and a tile of 64 query
 // or key rows; q, k, v and dout tiles (64, hs) are staged in shared memory with an odd row stride
 // (hs | 1), so the 16 rows a warp reads at one head dimension fall in 16 different banks. Thread
@@ -16,8 +20,10 @@
 //
 // Backward (FlashAttention-2 with D = rowsum(dout * out); under mixed precision D = rowsum(P * dP),
 // see flash_backward_dvec_kernel), deterministic without atomics:
-// one kernel per key tile walks the query tiles from the diagonal down and accumulates dK and dV
-// in registers; a second kernel per query tile walks the key tiles and accumulates dQ. Each
+// one kernel per (key tile, kv head) walks, for each query head of the kv head's group in order,
+// the query tiles from the diagonal down, and accumulates dK and dV of the whole group in
+// registers (so grouped-query attention needs no atomics and no second reduction pass); a second
+// kernel per (query tile, query head) walks the key tiles of its kv head and accumulates dQ. Each
 // output element is summed by one thread in a fixed order, so results repeat bit for bit.
 //
 // Mixed precision (round_bf16): the operands of q·kᵀ, p·v, dout·vᵀ and pᵀ·dout are rounded to
@@ -39,6 +45,38 @@ constexpr int kDimSlots = kAttentionMaxHeadSize / 16;  // head dimensions per th
 constexpr int kPld = kTile + 1;  // row stride of the probability / score-gradient tile
 
 static_assert(kThreads == 16 * 16 && kTile == 4 * 16, "thread (tr, tc) covers 4 rows × 4 columns");
+
+// Where a head's columns lie in qkv (B,T,W) (and dqkv): offsets of row 0 of sequence b.
+struct Layout {
+  int T = 0, C = 0, NH = 0;
+  int hs = 0;       // head size C / NH
+  int group = 1;    // G: query heads per key/value head, NH / KVH
+  int64_t W = 0;    // columns of a row: C + 2·KVH·hs
+  int64_t kvw = 0;  // columns of k (and of v): KVH·hs
+
+  Layout(int T_, int C_, int NH_, int KVH)
+      : T(T_),
+        C(C_),
+        NH(NH_),
+        hs(C_ / NH_),
+        group(NH_ / KVH),
+        W(int64_t(C_) + 2 * int64_t(KVH) * (C_ / NH_)),
+        kvw(int64_t(KVH) * (C_ / NH_)) {}
+
+  __device__ __forceinline__ int64_t row0(int b) const { return int64_t(b) * T * W; }
+  /** Query head h. */
+  __device__ __forceinline__ int64_t q(int b, int h) const { return row0(b) + int64_t(h) * hs; }
+  /** Key head g (a kv head). */
+  __device__ __forceinline__ int64_t k(int b, int g) const { return row0(b) + C + int64_t(g) * hs; }
+  /** Value head g. */
+  __device__ __forceinline__ int64_t v(int b, int g) const { return k(b, g) + kvw; }
+  /** dout (B,T,C) and out: head h of sequence b, row 0. */
+  __device__ __forceinline__ int64_t o(int b, int h) const {
+    return int64_t(b) * T * C + int64_t(h) * hs;
+  }
+  /** The rows of (B,NH,T) statistics (lse, dvec) of sequence b, head h. */
+  __device__ __forceinline__ int64_t stat(int b, int h) const { return (int64_t(b) * NH + h) * T; }
+};
 
 // Rows [t0, t0 + 64) of a (T, hs) slice with row stride `stride` (src points at row 0, column 0)
 // into tile (64, ld); rows at or past T are zero. Columns past hs are never read.
@@ -78,11 +116,11 @@ size_t backward_q_smem(int hs) {
 
 // grid (query tiles, NH, B); query tiles in reverse so the longest (last) start first.
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH,
-                         float scale, bool round) {
+    flash_forward_kernel(float* out, float* lse, const float* qkv, const Layout lay, float scale,
+                         bool round) {
   extern __shared__ float smem[];
-  const int hs = C / NH, ld = hs | 1;
-  const int64_t C3 = 3 * int64_t(C);
+  const int T = lay.T, hs = lay.hs, ld = hs | 1;
+  const int64_t W = lay.W;
   float* Qs = smem;
   float* Ks = Qs + kTile * ld;
   float* Vs = Ks + kTile * ld;
@@ -90,10 +128,13 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, tr = tid >> 4, tc = tid & 15;
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kTile;
-  const float* base = qkv + int64_t(b) * T * C3 + h * hs;  // row 0 of this head's q
+  const int g = h / lay.group;
+  const float* qb = qkv + lay.q(b, h);  // row 0 of this head's q
+  const float* kb = qkv + lay.k(b, g);  // ... of its kv head's k and v
+  const float* vb = qkv + lay.v(b, g);
   const bool want_out = out != nullptr;
 
-  load_tile(Qs, ld, base, C3, q0, T, hs, round);
+  load_tile(Qs, ld, qb, W, q0, T, hs, round);
 
   float m[4], l[4], o[4][kDimSlots];
 #pragma unroll
@@ -107,8 +148,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q_end = min(q0 + kTile, T);
   for (int k0 = 0; k0 < q_end; k0 += kTile) {
     __syncthreads();  // the previous tile's readers are done with Ks, Vs and Ps
-    load_tile(Ks, ld, base + C, C3, k0, T, hs, round);
-    if (want_out) load_tile(Vs, ld, base + 2 * C, C3, k0, T, hs, round);
+    load_tile(Ks, ld, kb, W, k0, T, hs, round);
+    if (want_out) load_tile(Vs, ld, vb, W, k0, T, hs, round);
     __syncthreads();
 
     float s[4][4];
@@ -184,7 +225,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  const int64_t stat0 = (int64_t(b) * NH + h) * T;
+  const int64_t stat0 = lay.stat(b, h);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float l_row = half_warp_sum(l[i]);
@@ -192,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
     if (qi >= T) continue;
     if (tc == 0) lse[stat0 + qi] = m[i] + logf(l_row);
     if (want_out) {
-      float* y = out + (int64_t(b) * T + qi) * C + h * hs;
+      float* y = out + lay.o(b, h) + int64_t(qi) * lay.C;
       const float inv = 1.0f / l_row;
 #pragma unroll
       for (int jj = 0; jj < kDimSlots; ++jj) {
@@ -273,10 +314,10 @@ __device__ __forceinline__ void scores_and_dp(float (&s)[4][4], float (&dp)[4][4
 // half-warp of a row adds the 16 partial sums in a fixed butterfly.
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dvec_kernel(float* dvec, const float* dout, const float* qkv, const float* lse,
-                               int T, int C, int NH, float scale) {
+                               const Layout lay, float scale) {
   extern __shared__ float smem[];
-  const int hs = C / NH, ld = hs | 1;
-  const int64_t C3 = 3 * int64_t(C);
+  const int T = lay.T, C = lay.C, hs = lay.hs, ld = hs | 1;
+  const int64_t W = lay.W;
   float* Qs = smem;
   float* dOs = Qs + kTile * ld;
   float* Ks = dOs + kTile * ld;
@@ -284,24 +325,27 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, tr = tid >> 4, tc = tid & 15;
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kTile;
-  const float* base = qkv + int64_t(b) * T * C3 + h * hs;
-  const float* dy = dout + int64_t(b) * T * C + h * hs;
-  const int64_t stat0 = (int64_t(b) * NH + h) * T;
+  const int g = h / lay.group;
+  const float* qb = qkv + lay.q(b, h);
+  const float* kb = qkv + lay.k(b, g);
+  const float* vb = qkv + lay.v(b, g);
+  const float* dy = dout + lay.o(b, h);
+  const int64_t stat0 = lay.stat(b, h);
 
-  load_tile(Qs, ld, base, C3, q0, T, hs, true);
+  load_tile(Qs, ld, qb, W, q0, T, hs, true);
   load_tile(dOs, ld, dy, C, q0, T, hs, true);
-  float L[4], acc[4];
+  float lrow[4], acc[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + tr + 16 * i;
-    L[i] = qi < T ? lse[stat0 + qi] : 0.0f;
+    lrow[i] = qi < T ? lse[stat0 + qi] : 0.0f;
     acc[i] = 0.0f;
   }
   const int q_end = min(q0 + kTile, T);
   for (int k0 = 0; k0 < q_end; k0 += kTile) {
     __syncthreads();
-    load_tile(Ks, ld, base + C, C3, k0, T, hs, true);
-    load_tile(Vs, ld, base + 2 * C, C3, k0, T, hs, true);
+    load_tile(Ks, ld, kb, W, k0, T, hs, true);
+    load_tile(Vs, ld, vb, W, k0, T, hs, true);
     __syncthreads();
     float s[4][4], dp[4][4];
     scores_and_dp(s, dp, Qs, dOs, Ks, Vs, ld, hs, tr, tc, false, false);
@@ -312,7 +356,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < 4; ++j) {
         const int kj = k0 + tc + 16 * j;
         if (qi < T && kj <= qi) {
-          acc[i] = fmaf(expf(__fmul_rn(s[i][j], scale) - L[i]), dp[i][j], acc[i]);
+          acc[i] = fmaf(expf(__fmul_rn(s[i][j], scale) - lrow[i]), dp[i][j], acc[i]);
         }
       }
     }
@@ -325,14 +369,16 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dK and dV of one key tile: grid (key tiles, NH, B). Walks the query tiles from the key tile's
-// own (the first that can see its keys) to the end.
+// dK and dV of one key tile of one kv head: grid (key tiles, KVH, B). For each query head of the
+// kv head's group in order (G = NH/KVH; one with multi-head attention), walks the query tiles
+// from the key tile's own (the first that can see its keys) to the end, accumulating into the
+// same registers: the group's sum in a fixed order, written once.
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                             const float* dvec, int T, int C, int NH, float scale, bool round) {
+                             const float* dvec, const Layout lay, float scale, bool round) {
   extern __shared__ float smem[];
-  const int hs = C / NH, ld = hs | 1;
-  const int64_t C3 = 3 * int64_t(C);
+  const int T = lay.T, C = lay.C, hs = lay.hs, ld = hs | 1;
+  const int64_t W = lay.W;
   float* Ks = smem;
   float* Vs = Ks + kTile * ld;
   float* Qs = Vs + kTile * ld;
@@ -341,15 +387,12 @@ __global__ void __launch_bounds__(kThreads)
   float* Ls = Ps + kTile * kPld;
   float* Ds = Ls + kTile;
   const int tid = threadIdx.x, tr = tid >> 4, tc = tid & 15;
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int g = blockIdx.y, b = blockIdx.z;
   const int k0 = int(blockIdx.x) * kTile;
-  const float* base = qkv + int64_t(b) * T * C3 + h * hs;
-  const float* dy = dout + int64_t(b) * T * C + h * hs;
-  const int64_t stat0 = (int64_t(b) * NH + h) * T;
 
   // k and v only meet bf16 products; q stays f32 for dK and is rounded where q·kᵀ reads it.
-  load_tile(Ks, ld, base + C, C3, k0, T, hs, round);
-  load_tile(Vs, ld, base + 2 * C, C3, k0, T, hs, round);
+  load_tile(Ks, ld, qkv + lay.k(b, g), W, k0, T, hs, round);
+  load_tile(Vs, ld, qkv + lay.v(b, g), W, k0, T, hs, round);
 
   float dk[4][kDimSlots], dv[4][kDimSlots];  // key rows tr + 16i, dims tc + 16jj
 #pragma unroll
@@ -358,82 +401,88 @@ __global__ void __launch_bounds__(kThreads)
     for (int jj = 0; jj < kDimSlots; ++jj) dk[i][jj] = dv[i][jj] = 0.0f;
   }
 
-  for (int q0 = k0; q0 < T; q0 += kTile) {
-    __syncthreads();  // the previous query tile's readers are done
-    load_tile(Qs, ld, base, C3, q0, T, hs, false);
-    load_tile(dOs, ld, dy, C, q0, T, hs, round);
-    for (int r = tid; r < kTile; r += kThreads) {
-      const int t = q0 + r;
-      Ls[r] = t < T ? lse[stat0 + t] : 0.0f;
-      Ds[r] = t < T ? dvec[stat0 + t] : 0.0f;
-    }
-    __syncthreads();
-
-    // Scores (query rows tr + 16i, key columns tc + 16j) and dP = dout · vᵀ.
-    float s[4][4], dp[4][4];
-    scores_and_dp(s, dp, Qs, dOs, Ks, Vs, ld, hs, tr, tc, round, false);
-    // P = exp(s * scale - lse); dS = scale * P * (dP - D), as the CPU's softmax backward.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int qr = tr + 16 * i, qi = q0 + qr;
-      const float L = Ls[qr], Dv = Ds[qr];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int kj = k0 + tc + 16 * j;
-        float p = 0.0f, ds = 0.0f;
-        if (qi < T && kj <= qi) {
-          p = expf(__fmul_rn(s[i][j], scale) - L);
-          ds = __fmul_rn(scale, p) * (dp[i][j] - Dv);
-        }
-        s[i][j] = p;
-        dp[i][j] = ds;
+  const int h_end = (g + 1) * lay.group;
+  for (int h = g * lay.group; h < h_end; ++h) {
+    const float* qb = qkv + lay.q(b, h);
+    const float* dy = dout + lay.o(b, h);
+    const int64_t stat0 = lay.stat(b, h);
+    for (int q0 = k0; q0 < T; q0 += kTile) {
+      __syncthreads();  // the previous query tile's readers are done
+      load_tile(Qs, ld, qb, W, q0, T, hs, false);
+      load_tile(dOs, ld, dy, C, q0, T, hs, round);
+      for (int r = tid; r < kTile; r += kThreads) {
+        const int t = q0 + r;
+        Ls[r] = t < T ? lse[stat0 + t] : 0.0f;
+        Ds[r] = t < T ? dvec[stat0 + t] : 0.0f;
       }
-    }
+      __syncthreads();
 
-    // dV += Pᵀ · dout
+      // Scores (query rows tr + 16i, key columns tc + 16j) and dP = dout · vᵀ.
+      float s[4][4], dp[4][4];
+      scores_and_dp(s, dp, Qs, dOs, Ks, Vs, ld, hs, tr, tc, round, false);
+      // P = exp(s * scale - lse); dS = scale * P * (dP - D), as the CPU's softmax backward.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 4; ++i) {
+        const int qr = tr + 16 * i, qi = q0 + qr;
+        const float lse_r = Ls[qr], Dv = Ds[qr];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        Ps[(tr + 16 * i) * kPld + tc + 16 * j] = round ? round_to_bf16(s[i][j]) : s[i][j];
-      }
-    }
-    __syncthreads();
-    const int q_rows = min(kTile, T - q0);
-    for (int r = 0; r < q_rows; ++r) {
-      float pv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pv[i] = Ps[r * kPld + tr + 16 * i];
-#pragma unroll
-      for (int jj = 0; jj < kDimSlots; ++jj) {
-        const int d = tc + 16 * jj;
-        if (d < hs) {
-          const float g = dOs[r * ld + d];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dv[i][jj] = fmaf(pv[i], g, dv[i][jj]);
+        for (int j = 0; j < 4; ++j) {
+          const int kj = k0 + tc + 16 * j;
+          float p = 0.0f, ds = 0.0f;
+          if (qi < T && kj <= qi) {
+            p = expf(__fmul_rn(s[i][j], scale) - lse_r);
+            ds = __fmul_rn(scale, p) * (dp[i][j] - Dv);
+          }
+          s[i][j] = p;
+          dp[i][j] = ds;
         }
       }
-    }
-    __syncthreads();
 
-    // dK += dSᵀ · q (f32)
+      // dV += Pᵀ · dout
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) Ps[(tr + 16 * i) * kPld + tc + 16 * j] = dp[i][j];
-    }
-    __syncthreads();
-    for (int r = 0; r < q_rows; ++r) {
-      float dsv[4];
+        for (int j = 0; j < 4; ++j) {
+          Ps[(tr + 16 * i) * kPld + tc + 16 * j] = round ? round_to_bf16(s[i][j]) : s[i][j];
+        }
+      }
+      __syncthreads();
+      const int q_rows = min(kTile, T - q0);
+      for (int r = 0; r < q_rows; ++r) {
+        float pv[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) dsv[i] = Ps[r * kPld + tr + 16 * i];
+        for (int i = 0; i < 4; ++i) pv[i] = Ps[r * kPld + tr + 16 * i];
 #pragma unroll
-      for (int jj = 0; jj < kDimSlots; ++jj) {
-        const int d = tc + 16 * jj;
-        if (d < hs) {
-          const float q = Qs[r * ld + d];
+        for (int jj = 0; jj < kDimSlots; ++jj) {
+          const int d = tc + 16 * jj;
+          if (d < hs) {
+            const float go = dOs[r * ld + d];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) dk[i][jj] = fmaf(dsv[i], q, dk[i][jj]);
+            for (int i = 0; i < 4; ++i) dv[i][jj] = fmaf(pv[i], go, dv[i][jj]);
+          }
+        }
+      }
+      __syncthreads();
+
+      // dK += dSᵀ · q (f32)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) Ps[(tr + 16 * i) * kPld + tc + 16 * j] = dp[i][j];
+      }
+      __syncthreads();
+      for (int r = 0; r < q_rows; ++r) {
+        float dsv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dsv[i] = Ps[r * kPld + tr + 16 * i];
+#pragma unroll
+        for (int jj = 0; jj < kDimSlots; ++jj) {
+          const int d = tc + 16 * jj;
+          if (d < hs) {
+            const float q = Qs[r * ld + d];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dk[i][jj] = fmaf(dsv[i], q, dk[i][jj]);
+          }
         }
       }
     }
@@ -443,26 +492,27 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 4; ++i) {
     const int kj = k0 + tr + 16 * i;
     if (kj >= T) continue;
-    float* row = dqkv + (int64_t(b) * T + kj) * C3 + h * hs;
+    float* dk_row = dqkv + lay.k(b, g) + int64_t(kj) * W;
+    float* dv_row = dqkv + lay.v(b, g) + int64_t(kj) * W;
 #pragma unroll
     for (int jj = 0; jj < kDimSlots; ++jj) {
       const int d = tc + 16 * jj;
       if (d < hs) {
-        row[C + d] = dk[i][jj];
-        row[2 * C + d] = dv[i][jj];
+        dk_row[d] = dk[i][jj];
+        dv_row[d] = dv[i][jj];
       }
     }
   }
 }
 
-// dQ of one query tile: grid (query tiles, NH, B), reversed as in forward. Walks the key tiles up
-// to the diagonal.
+// dQ of one query tile: grid (query tiles, NH, B), reversed as in forward. Walks the key tiles of
+// the query head's kv head up to the diagonal.
 __global__ void __launch_bounds__(kThreads)
     flash_backward_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                            const float* dvec, int T, int C, int NH, float scale, bool round) {
+                            const float* dvec, const Layout lay, float scale, bool round) {
   extern __shared__ float smem[];
-  const int hs = C / NH, ld = hs | 1;
-  const int64_t C3 = 3 * int64_t(C);
+  const int T = lay.T, C = lay.C, hs = lay.hs, ld = hs | 1;
+  const int64_t W = lay.W;
   float* Qs = smem;
   float* dOs = Qs + kTile * ld;
   float* Ks = dOs + kTile * ld;
@@ -471,18 +521,20 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, tr = tid >> 4, tc = tid & 15;
   const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = int(gridDim.x - 1 - blockIdx.x) * kTile;
-  const float* base = qkv + int64_t(b) * T * C3 + h * hs;
-  const float* dy = dout + int64_t(b) * T * C + h * hs;
-  const int64_t stat0 = (int64_t(b) * NH + h) * T;
+  const int g = h / lay.group;
+  const float* kb = qkv + lay.k(b, g);
+  const float* vb = qkv + lay.v(b, g);
+  const float* dy = dout + lay.o(b, h);
+  const int64_t stat0 = lay.stat(b, h);
 
   // q only meets q·kᵀ here; k stays f32 for dQ and is rounded where q·kᵀ reads it.
-  load_tile(Qs, ld, base, C3, q0, T, hs, round);
+  load_tile(Qs, ld, qkv + lay.q(b, h), W, q0, T, hs, round);
   load_tile(dOs, ld, dy, C, q0, T, hs, round);
-  float L[4], Dv[4];
+  float lrow[4], Dv[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + tr + 16 * i;
-    L[i] = qi < T ? lse[stat0 + qi] : 0.0f;
+    lrow[i] = qi < T ? lse[stat0 + qi] : 0.0f;
     Dv[i] = qi < T ? dvec[stat0 + qi] : 0.0f;
   }
 
@@ -496,8 +548,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q_end = min(q0 + kTile, T);
   for (int k0 = 0; k0 < q_end; k0 += kTile) {
     __syncthreads();
-    load_tile(Ks, ld, base + C, C3, k0, T, hs, false);
-    load_tile(Vs, ld, base + 2 * C, C3, k0, T, hs, round);
+    load_tile(Ks, ld, kb, W, k0, T, hs, false);
+    load_tile(Vs, ld, vb, W, k0, T, hs, round);
     __syncthreads();
 
     float s[4][4], dp[4][4];
@@ -510,7 +562,7 @@ __global__ void __launch_bounds__(kThreads)
         const int kj = k0 + tc + 16 * j;
         float ds = 0.0f;
         if (qi < T && kj <= qi) {
-          const float p = expf(__fmul_rn(s[i][j], scale) - L[i]);
+          const float p = expf(__fmul_rn(s[i][j], scale) - lrow[i]);
           ds = __fmul_rn(scale, p) * (dp[i][j] - Dv[i]);
         }
         Ps[(tr + 16 * i) * kPld + tc + 16 * j] = ds;
@@ -540,7 +592,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 4; ++i) {
     const int qi = q0 + tr + 16 * i;
     if (qi >= T) continue;
-    float* row = dqkv + (int64_t(b) * T + qi) * C3 + h * hs;
+    float* row = dqkv + lay.q(b, h) + int64_t(qi) * W;
 #pragma unroll
     for (int jj = 0; jj < kDimSlots; ++jj) {
       const int d = tc + 16 * jj;
@@ -583,31 +635,34 @@ void check_smem(size_t bytes, const char* what) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                       bool round_bf16) {
+                       int KVH, bool round_bf16) {
   if (B <= 0 || T <= 0) return;
-  const int hs = C / NH;
+  const Layout layout(T, C, NH, KVH);
+  const int hs = layout.hs;
   const size_t smem = forward_smem(hs);
   check_smem(smem, "attention forward: shared memory for this head size");
   const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(NH), unsigned(B));
   const float scale = 1.0f / sqrtf(float(hs));
-  flash_forward_kernel<<<grid, kThreads, smem, compute_stream()>>>(out, lse, qkv, T, C, NH, scale,
+  flash_forward_kernel<<<grid, kThreads, smem, compute_stream()>>>(out, lse, qkv, layout, scale,
                                                                    round_bf16);
   check_launch(out ? "attention forward" : "attention recompute");
 }
 
 void attention_backward(float* dqkv, float* dvec, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int B, int T, int C, int NH,
+                        const float* out, const float* lse, int B, int T, int C, int NH, int KVH,
                         bool round_bf16) {
   if (B <= 0 || T <= 0) return;
   const cudaStream_t s = compute_stream();
-  const int hs = C / NH;
+  const Layout layout(T, C, NH, KVH);
+  const int hs = layout.hs;
   const float scale = 1.0f / sqrtf(float(hs));
-  const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(NH), unsigned(B));
+  const unsigned tiles = unsigned((T + kTile - 1) / kTile);
+  const dim3 grid(tiles, unsigned(NH), unsigned(B));      // per query head
+  const dim3 kv_grid(tiles, unsigned(KVH), unsigned(B));  // per kv head
   const size_t kv_smem = backward_kv_smem(hs), q_smem = backward_q_smem(hs);
   if (round_bf16) {
     check_smem(q_smem, "attention backward: shared memory for this head size");
-    flash_backward_dvec_kernel<<<grid, kThreads, q_smem, s>>>(dvec, dout, qkv, lse, T, C, NH,
-                                                              scale);
+    flash_backward_dvec_kernel<<<grid, kThreads, q_smem, s>>>(dvec, dout, qkv, lse, layout, scale);
     check_launch("attention backward (rowsum(P * dP))");
   } else {
     const int64_t rows = int64_t(B) * T * NH;
@@ -615,12 +670,12 @@ void attention_backward(float* dqkv, float* dvec, const float* dout, const float
     check_launch("attention backward (rowsum(dout * out))");
   }
   check_smem(kv_smem, "attention backward: shared memory for this head size");
-  flash_backward_kv_kernel<<<grid, kThreads, kv_smem, s>>>(dqkv, dout, qkv, lse, dvec, T, C, NH,
-                                                           scale, round_bf16);
+  flash_backward_kv_kernel<<<kv_grid, kThreads, kv_smem, s>>>(dqkv, dout, qkv, lse, dvec, layout,
+                                                              scale, round_bf16);
   check_launch("attention backward (dk, dv)");
   check_smem(q_smem, "attention backward: shared memory for this head size");
-  flash_backward_q_kernel<<<grid, kThreads, q_smem, s>>>(dqkv, dout, qkv, lse, dvec, T, C, NH,
-                                                         scale, round_bf16);
+  flash_backward_q_kernel<<<grid, kThreads, q_smem, s>>>(dqkv, dout, qkv, lse, dvec, layout, scale,
+                                                         round_bf16);
   check_launch("attention backward (dq)");
 }
 

@@ -57,15 +57,25 @@ class TableCache {
   std::list<Entry> entries_;
 };
 
-void check_attention(const AttentionShape& s) {
+// The heads of an AttentionShape: C a positive multiple of NH, KVH (0 = NH) dividing NH.
+void check_heads(const AttentionShape& s, const char* what) {
   TETRA_CHECK(s.B >= 0 && s.T >= 0 && s.C > 0 && s.NH > 0 && s.C % s.NH == 0,
-              "[cuda] attention: C={} must be a positive multiple of NH={} (B={}, T={})", s.C, s.NH,
+              "[cuda] {}: C={} must be a positive multiple of NH={} (B={}, T={})", what, s.C, s.NH,
               s.B, s.T);
+  TETRA_CHECK(s.KVH >= 0 && s.NH % s.kv_heads() == 0,
+              "[cuda] {}: KVH={} key/value heads must divide NH={} (0: NH)", what, s.KVH, s.NH);
+}
+
+void check_attention(const AttentionShape& s) {
+  check_heads(s, "attention");
   TETRA_CHECK(s.C / s.NH <= launch::kAttentionMaxHeadSize,
               "[cuda] attention: head size {} (C={} / NH={}) exceeds the flash kernels' {}; use "
               "more heads or run.device=cpu",
               s.C / s.NH, s.C, s.NH, launch::kAttentionMaxHeadSize);
 }
+
+// rope's cos and sin of a position, 8·hs/2 bytes of shared memory, stay within the default 48 KiB.
+constexpr int kRopeMaxHeadSize = 8192;
 
 class CudaKernels final : public Kernels<float> {
  public:
@@ -105,6 +115,38 @@ class CudaKernels final : public Kernels<float> {
     launch::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
 
+  // ---- RMSNorm ------------------------------------------------------------------------------
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                       int C, double eps) override {
+    TETRA_CHECK(C > 0, "[cuda] rmsnorm: C must be positive (got {})", C);
+    TETRA_CHECK(eps >= 0 && std::isfinite(eps), "[cuda] rmsnorm: eps must be finite and >= 0 ({})",
+                eps);
+    const KernelScope profile(ProfKind::layernorm, "rmsnorm forward");
+    launch::rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                        const float* weight, const float* rstd, int64_t N, int C) override {
+    TETRA_CHECK(C > 0, "[cuda] rmsnorm: C must be positive (got {})", C);
+    const KernelScope profile(ProfKind::layernorm, "rmsnorm backward");
+    launch::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+
+  // ---- rotary position embedding --------------------------------------------------------------
+  void rope(float* qkv, const AttentionShape& s, int pos0, double theta, bool inverse) override {
+    check_heads(s, "rope");
+    const int hs = s.head_size();
+    TETRA_CHECK(hs % 2 == 0, "[cuda] rope: the head size {} (C={} / NH={}) must be even", hs, s.C,
+                s.NH);
+    // The kernel keeps a position's hs/2 cos and sin in shared memory (48 KiB without opt-in).
+    TETRA_CHECK(hs <= kRopeMaxHeadSize, "[cuda] rope: head size {} exceeds the kernel's {}", hs,
+                kRopeMaxHeadSize);
+    TETRA_CHECK(theta > 0 && std::isfinite(theta), "[cuda] rope: theta must be positive ({})",
+                theta);
+    TETRA_CHECK(pos0 >= 0, "[cuda] rope: pos0 must be >= 0 (got {})", pos0);
+    const KernelScope profile(ProfKind::attention, inverse ? "rope inverse" : "rope");
+    launch::rope(qkv, s.B, s.T, s.C, s.NH, s.kv_heads(), pos0, theta, inverse);
+  }
+
   // ---- attention: flash kernels keep the row log-sum-exp (B,NH,T); backward's scratch holds
   // rowsum(dout * out) (B,NH,T). bf16 operands are rounded inside the kernels, so they take
   // nothing from Bf16Operands.
@@ -119,13 +161,14 @@ class CudaKernels final : public Kernels<float> {
                          Bf16Operands* bf16) override {
     check_attention(s);
     const KernelScope profile(ProfKind::attention, "flash forward");
-    launch::attention_forward(out, saved, qkv, s.B, s.T, s.C, s.NH, bf16 != nullptr);
+    launch::attention_forward(out, saved, qkv, s.B, s.T, s.C, s.NH, s.kv_heads(), bf16 != nullptr);
   }
   void attention_recompute(float* saved, const float* qkv, const AttentionShape& s,
                            Bf16Operands* bf16) override {
     check_attention(s);
     const KernelScope profile(ProfKind::attention, "flash recompute");
-    launch::attention_forward(nullptr, saved, qkv, s.B, s.T, s.C, s.NH, bf16 != nullptr);
+    launch::attention_forward(nullptr, saved, qkv, s.B, s.T, s.C, s.NH, s.kv_heads(),
+                              bf16 != nullptr);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* out, const float* saved, const AttentionShape& s,
@@ -133,7 +176,7 @@ class CudaKernels final : public Kernels<float> {
     check_attention(s);
     const KernelScope profile(ProfKind::attention, "flash backward");
     launch::attention_backward(dqkv, scratch, dout, qkv, out, saved, s.B, s.T, s.C, s.NH,
-                               bf16 != nullptr);
+                               s.kv_heads(), bf16 != nullptr);
   }
   size_t attention_decode_scratch_elements(int, int, int) const override {
     return 0;  // the decode kernel keeps its scores in shared memory
@@ -145,10 +188,20 @@ class CudaKernels final : public Kernels<float> {
                 "[cuda] attention decode: positions {}..{} exceed the cache's {}", pos0,
                 pos0 + s.T - 1, maxT);
     const KernelScope profile(ProfKind::attention, "decode");
-    launch::attention_decode(out, qkv, kcache, vcache, pos0, s.B, s.T, s.C, s.NH, maxT);
+    launch::attention_decode(out, qkv, kcache, vcache, pos0, s.B, s.T, s.C, s.NH, s.kv_heads(),
+                             maxT);
   }
 
   // ---- element-wise -------------------------------------------------------------------------
+  void swiglu_forward(float* out, const float* gate, const float* up, int64_t N) override {
+    const KernelScope profile(ProfKind::gelu, "swiglu forward");
+    launch::swiglu_forward(out, gate, up, N);
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int64_t N) override {
+    const KernelScope profile(ProfKind::gelu, "swiglu backward");
+    launch::swiglu_backward(dgate, dup, dout, gate, up, N);
+  }
   void gelu_forward(float* out, const float* inp, int64_t N) override {
     const KernelScope profile(ProfKind::gelu, "forward");
     launch::gelu_forward(out, inp, N);

@@ -1,5 +1,5 @@
-// Element-wise kernels (GELU, biases, residuals, casts, copies) and the column sums of the bias
-// gradients. The column sums are deterministic: each block sums a fixed chunk of rows for 32
+// Element-wise kernels (GELU, SwiGLU, biases, residuals, casts, copies) and the column sums of the
+// bias gradients. The column sums are deterministic: each block sums a fixed chunk of rows for 32
 // columns into a partial (threads in a fixed pattern, then a fixed-order sum over the block's row
 // lanes), and a second kernel adds the chunks' partials in chunk order. No float atomics.
 #include <cuda_runtime.h>
@@ -30,6 +30,10 @@ __device__ __forceinline__ float gelu_grad(float x) {
   const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
   return s + 2.0f * x * s * (1.0f - s) * du;
 }
+
+// SwiGLU's SiLU is x · sigmoid(x); sigmoid(x) = 1 / (1 + exp(-x)) saturates to 0 (exp overflows
+// to inf) and to 1, never NaN.
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __global__ void copy_rows_kernel(float* dst, int64_t dst_stride, const float* src,
                                  int64_t src_stride, int64_t rows, int64_t cols) {
@@ -119,6 +123,29 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dinp[i] = gelu_grad(inp[i]) * dout[i];
+  }
+}
+
+__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g * sigmoid(g) * up[i];
+  }
+}
+
+// dgate = dout · up · silu'(gate), silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x); dup = dout ·
+// silu(gate). dgate may alias dout: each element's dout is read before either output is written,
+// by the one thread that owns it.
+__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout,
+                                       const float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float dy = dout[i], g = gate[i], u = up[i];
+    const float s = sigmoid(g);
+    const float silu = g * s;
+    dgate[i] = dy * u * (s * (1.0f + g * (1.0f - s)));
+    dup[i] = dy * silu;
   }
 }
 
@@ -313,6 +340,20 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
   gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(dinp, inp, dout,
                                                                                  n);
   check_launch("gelu_backward");
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  if (n <= 0) return;
+  swiglu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(out, gate, up, n);
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n) {
+  if (n <= 0) return;
+  swiglu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(dgate, dup, dout,
+                                                                                   gate, up, n);
+  check_launch("swiglu_backward");
 }
 
 void bias_gelu_forward(float* out, float* fch, const float* bias, int64_t N, int OC) {

@@ -31,6 +31,11 @@ void add_bias_rows(float* c, int64_t ldc, const float* bias, int64_t M, int64_t 
 
 // ---- element-wise (elementwise.cu)
 // ---------------------------------------------------------------
+/** SwiGLU: out (n) = silu(gate) * up. */
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+/** dgate, dup (n) overwritten from dout (n); dgate may alias dout. */
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 void bias_gelu_forward(float* out, float* fch, const float* bias, int64_t N, int OC);
@@ -66,25 +71,43 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int C);
 
+// ---- RMSNorm (rmsnorm.cu)
+// -----------------------------------------------------------------------
+/** out (N,C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp²) + eps) saved for backward. */
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                     int C, double eps);
+/** dinp (N,C) and dweight (C) accumulate; dweight's column sums in a fixed order. */
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int C);
+
+// ---- rotary position embedding (rope.cu)
+// ---------------------------------------------------------
+/** In place on the NH q heads and KVH k heads of qkv (B,T,C + 2·KVH·hs), hs = C/NH even: pairs
+ *  (i, i + hs/2) of position pos0 + t turn by (pos0 + t)·theta^(-2i/hs) (angles, cos and sin in
+ *  double, then f32), by the opposite angle with `inverse`. */
+void rope(float* qkv, int B, int T, int C, int NH, int KVH, int pos0, double theta, bool inverse);
+
 // ---- attention (attention.cu)
 // ---------------------------------------------------------------------
 /** The largest head size the flash kernels take. */
 inline constexpr int kAttentionMaxHeadSize = 128;
-/** Causal flash attention over qkv (B,T,3C): out (B,T,C) (skipped when null) and the scaled row
- *  log-sum-exp lse (B,NH,T). `round_bf16` rounds q, k, v and the probabilities to bf16 before
- *  their products (mixed precision), accumulating in f32. */
+/** Causal flash attention over qkv (B,T,W), W = C + 2·KVH·hs: NH query heads, KVH key/value
+ *  heads (KVH divides NH; query head h reads kv head h / (NH/KVH)). out (B,T,C) (skipped when
+ *  null) and the scaled row log-sum-exp lse (B,NH,T). `round_bf16` rounds q, k, v and the
+ *  probabilities to bf16 before their products (mixed precision), accumulating in f32. */
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                       bool round_bf16);
-/** dqkv (B,T,3C) overwritten; dvec (B,NH,T) is scratch for rowsum(dout * out). Under
+                       int KVH, bool round_bf16);
+/** dqkv (B,T,W) overwritten; dvec (B,NH,T) is scratch for rowsum(dout * out). Under
  *  `round_bf16` the products q.k^T, dout.v^T and p^T.dout take bf16-rounded operands; dq and dk
- *  come from the f32 softmax gradient and f32 k and q. */
+ *  come from the f32 softmax gradient and f32 k and q. dk and dv of a kv head sum over its query
+ *  heads in a fixed order. */
 void attention_backward(float* dqkv, float* dvec, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int B, int T, int C, int NH,
+                        const float* out, const float* lse, int B, int T, int C, int NH, int KVH,
                         bool round_bf16);
-/** Writes the T new keys and values of qkv (B,T,3C) into kcache, vcache (B,maxT,C) at pos0.., then
- *  out (B,T,C) = each new query's attention over cached positions 0..pos0+t. */
+/** Writes the T new keys and values of qkv (B,T,W) into kcache, vcache (B,maxT,KVH·hs) at pos0..,
+ *  then out (B,T,C) = each new query's attention over cached positions 0..pos0+t. */
 void attention_decode(float* out, const float* qkv, float* kcache, float* vcache, int pos0, int B,
-                      int T, int C, int NH, int maxT);
+                      int T, int C, int NH, int KVH, int maxT);
 
 // ---- softmax + cross-entropy (loss.cu)
 // ------------------------------------------------------------
