@@ -23,6 +23,8 @@ const ConfigSchema& plan_schema() {
       {"model.seq", ValueKind::Int, "0", "training sequence length", "[0, 16777216]"},
       {"model.vocab_multiple", ValueKind::Int, "64",
        "tetra pads the vocabulary (wte rows) to a multiple of this", "[1, 65536]"},
+      {"model.tie_embeddings", ValueKind::Bool, "false",
+       "llama: the head reads the embedding matrix (no lm_head; gpt2 is always tied)"},
       {"model.experts", ValueKind::Int, "0", "MoE experts (0/1 = dense)", "[0, 1024]"},
       {"model.top_k", ValueKind::Int, "0", "experts per token", "[0, 1024]"},
       {"cluster.preset", ValueKind::String, "\"\"", "h100, h200, a100-80g or cpu"},
@@ -132,6 +134,7 @@ ModelSpec model_from(const Config& cfg) {
   take("model.experts", m.experts);
   take("model.top_k", m.top_k);
   m.vocab_multiple = cfg.i("model.vocab_multiple");
+  if (cfg.is_set("model.tie_embeddings")) m.tie_embeddings = cfg.b("model.tie_embeddings");
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   if (m.ffn == 0) m.ffn = 4 * m.d_model;
   if (m.experts == 0) m.experts = 1;

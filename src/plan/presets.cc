@@ -131,7 +131,7 @@ ParamCounts count_params(const ModelSpec& m) {
     p.final_norm = 2 * C;
   } else {
     p.embedding = m.vocab * C;
-    p.head = m.vocab * C;
+    p.head = m.tie_embeddings ? 0 : m.vocab * C;
     p.attention = p.attention_matmul;
     p.expert_mlp_matmul = 3 * C * m.ffn;
     p.expert_mlp = p.expert_mlp_matmul;

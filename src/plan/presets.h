@@ -9,7 +9,8 @@
 namespace tetra::plan {
 
 /** Transformer shape. gpt2_style: LayerNorm with bias, GELU MLP, learned positions, tied
- *  embeddings; otherwise Llama style: RMSNorm, SwiGLU MLP, rotary positions, untied head. */
+ *  embeddings; otherwise Llama style: RMSNorm, SwiGLU MLP, rotary positions, an untied head
+ *  (tie_embeddings: the head reads the embedding matrix). */
 struct ModelSpec {
   std::string name;
   int64_t layers = 0;    // L
@@ -34,6 +35,9 @@ struct ModelSpec {
   // Routes an expert takes per sequence, ceil(cf * seq * top_k / experts) (tetra's
   // moe.capacity_factor; 0: no capacity): bounds the expert rows a tetra run reserves.
   double capacity_factor = 1.25;
+  // Llama style: the head is the embedding matrix (no lm_head; tetra's model.tie_embeddings).
+  // GPT-2 style models are always tied.
+  bool tie_embeddings = false;
 };
 
 /** Whether `m` has MoE blocks. */

@@ -189,9 +189,12 @@ json plan_report(const PlanInputs& in, int top) {
 
   // What `tetra train` allocates for this layout, by its own memory categories (plan/tetra_run):
   // for a tetra train config's run always (the numbers its trainer prints), else for a layout
-  // tetra can run and run_memory models (GPT-2, dense, one pipeline stage).
+  // tetra can run and run_memory models (GPT-2, or Llama with whole key/value heads and MLP
+  // channels on every tensor-parallel rank; dense, one pipeline stage).
+  const bool tetra_arch = m.gpt2_style || (m.kv_heads % l.tp == 0 && m.ffn % l.tp == 0 &&
+                                           (m.d_model / m.heads) % 2 == 0);
   const bool tetra_layout =
-      m.gpt2_style && m.experts == 1 && m.heads % l.tp == 0 && l.pp == 1 && l.ep == 1;
+      tetra_arch && m.experts == 1 && m.heads % l.tp == 0 && l.pp == 1 && l.ep == 1;
   if (in.tetra_run || tetra_layout) {
     const RunPrediction run = predict_run(m, t, l, in.tetra_run.value_or(RunOptions{}));
     const RunMemory& x = run.memory;

@@ -78,36 +78,63 @@ MoeRows moe_rows(const RunShape& s) {
 FlatLayout flat_layout(const RunShape& s) {
   const int64_t C = s.d_model, tp = s.tp;
   const int64_t unit = 16 * std::max<int64_t>(1, s.dp), expert_unit = 16 * s.edp();
-  // A block: mlp.c_proj (w, b), mlp.c_fc (w, b), ln_2 (w, b), attn.c_proj (w, b), attn.c_attn
-  // (w, b), ln_1 (w, b); a tensor-parallel rank holds 1/tp of the matrices and of the column-
-  // parallel biases. A MoE block has the router (E, C), whole on every tp rank, in place of the
-  // MLP (model/block.cc).
-  const int64_t attention[] = {C, C, C * C / tp, C, 3 * C * C / tp, 3 * C / tp, C, C};
-  const int64_t mlp[] = {C * 4 * C / tp, C, 4 * C * C / tp, 4 * C / tp};
   int64_t block = 0, moe_block = align(s.experts * C, 16);
-  for (int64_t n : attention) block += align(n, 16);
-  moe_block += block;
-  for (int64_t n : mlp) block += align(n, 16);
+  if (s.llama) {
+    // A Llama block (model/block.cc, register_llama): mlp.down_proj (C, ffn), mlp.up_proj and
+    // mlp.gate_proj (ffn, C), post_attention_layernorm (C), self_attn.o_proj (C, C), v_proj and
+    // k_proj (KVH·hs, C), q_proj (C, C), input_layernorm (C); no biases. A tensor-parallel rank
+    // holds 1/tp of every matrix (whole key/value heads with their query heads).
+    const int64_t F = s.mlp_width(), KV = s.kv_head_count() * (C / s.heads);
+    const int64_t tensors[] = {C * F / tp,  F * C / tp,  F * C / tp, C, C * C / tp,
+                               KV * C / tp, KV * C / tp, C * C / tp, C};
+    for (int64_t n : tensors) block += align(n, 16);
+  } else {
+    // A block: mlp.c_proj (w, b), mlp.c_fc (w, b), ln_2 (w, b), attn.c_proj (w, b), attn.c_attn
+    // (w, b), ln_1 (w, b); a tensor-parallel rank holds 1/tp of the matrices and of the column-
+    // parallel biases. A MoE block has the router (E, C), whole on every tp rank, in place of the
+    // MLP (model/block.cc).
+    const int64_t attention[] = {C, C, C * C / tp, C, 3 * C * C / tp, 3 * C / tp, C, C};
+    const int64_t mlp[] = {C * 4 * C / tp, C, 4 * C * C / tp, 4 * C / tp};
+    for (int64_t n : attention) block += align(n, 16);
+    moe_block += block;
+    for (int64_t n : mlp) block += align(n, 16);
+  }
   // An expert unit: this rank's E/ep experts, each c_proj (w, b) and c_fc (w, b) of the dense
   // MLP's shape, whole (model/moe.cc, register_experts).
   const int64_t expert =
       align(C * 4 * C, 16) + align(C, 16) + align(4 * C * C, 16) + align(4 * C, 16);
-  // The root: wpe, wte (this rank's padded rows), ln_f (w, b); on a pipeline's end stages wte is
-  // a unit of its own next to the root (wpe) or the head (ln_f).
-  const int64_t wpe = align(s.max_seq * C, 16), wte = align(s.padded_vocab / tp * C, 16);
-  const int64_t ln_f = 2 * align(C, 16);
+  // GPT-2's root: wpe, wte (this rank's padded rows), ln_f (w, b); on a pipeline's end stages wte
+  // is a unit of its own next to the root (wpe) or the head (ln_f). Llama's (model/gpt.cc):
+  // embed_tokens, lm_head (untied: the embedding's shape and slice) and model.norm; its first
+  // stage's root is embed_tokens alone, its last stage's head lm_head (or a "wte" unit with the
+  // tied copy before it) and model.norm.
+  const int64_t wte = align(s.padded_vocab / tp * C, 16);
   FlatLayout f;
+  if (s.llama) {
+    const int64_t lm_head = s.tied ? 0 : wte, norm = align(C, 16);
+    if (s.embedding && s.head) {
+      f.ends = {double(align(wte + lm_head + norm, unit))};
+    } else if (s.embedding) {
+      f.ends = {double(align(wte, unit))};
+    } else if (s.head && s.tied) {
+      f.ends = {double(align(wte, unit)), double(align(norm, unit))};
+    } else if (s.head) {
+      f.ends = {double(align(lm_head + norm, unit))};
+    }
+  } else {
+    const int64_t wpe = align(s.max_seq * C, 16), ln_f = 2 * align(C, 16);
+    if (s.embedding && s.head) {
+      f.ends = {double(align(wpe + wte + ln_f, unit))};
+    } else if (s.embedding) {
+      f.ends = {double(align(wte, unit)), double(align(wpe, unit))};
+    } else if (s.head) {
+      f.ends = {double(align(wte, unit)), double(align(ln_f, unit))};
+    }
+  }
   f.block = double(align(block, unit));
   if (s.experts > 0) {
     f.moe_block = double(align(moe_block, unit));
     f.experts = double(align(s.experts / std::max<int64_t>(1, s.ep) * expert, expert_unit));
-  }
-  if (s.embedding && s.head) {
-    f.ends = {double(align(wpe + wte + ln_f, unit))};
-  } else if (s.embedding) {
-    f.ends = {double(align(wte, unit)), double(align(wpe, unit))};
-  } else if (s.head) {
-    f.ends = {double(align(wte, unit)), double(align(ln_f, unit))};
   }
   for (double e : f.ends) f.root += e;
   // The store's order (model/gpt.cc): a head without the embedding first (wte, head), the chunks
@@ -144,9 +171,16 @@ RunMemory run_memory(const RunShape& s) {
   const double B = double(s.micro_batch), T = double(s.seq), C = double(s.d_model);
   const double NH = double(s.heads);
   const double tp = double(s.tp), BT = B * T, BTC = BT * C;
-  // Attention's saved state and backward scratch per layer (RunShape::flash_attention).
+  // This rank's query columns C/tp, columns of the fused q, k, v activation W (3C/tp; Llama's
+  // C/tp + 2·(KVH/tp)·hs) and MLP channels Hl (4C/tp; Llama's ffn/tp).
+  const double Cl = C / tp, KVl = double(s.kv_head_count()) / tp * (C / NH);
+  const double W = Cl + 2 * KVl, Hl = double(s.mlp_width()) / tp;
+  // Attention's saved state and backward scratch per layer (RunShape::flash_attention): per query
+  // head, whatever the key/value heads.
   const double att = B * NH / tp * T * (s.flash_attention ? 1.0 : T);
   const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
+  // A norm's statistics per row: a LayerNorm's mean and rstd, an RMSNorm's rstd.
+  const double stats = s.llama ? 1.0 : 2.0;
   constexpr double f32 = 4.0;
   const FlatLayout flat = flat_layout(s);
   const bool moe = s.experts > 0;
@@ -160,23 +194,25 @@ RunMemory run_memory(const RunShape& s) {
   m.optimizer = 2 * f32 * (s.zero >= 1 ? flat.shard : flat.total);  // AdamW m and v
 
   // What a block saves for backward (model/block.cc, BlockActs): ln_1 and ln_2 outputs (whole)
-  // with their means and rstds, qkv, the attention output, the residual after attention, and
+  // with their statistics, qkv (B,T,W), the attention output, the residual after attention, and
   // attention's saved state unless it is recomputed; then a dense block's MLP input and GELU
-  // output, or a MoE block's (model/moe.cc, MoeActs) router logits (N,E) and gates (N,k), its
-  // experts' rows in and out (R,C) and hidden activations before and after GELU (R,4C), and under
-  // expert parallelism the rows back from the experts (send_rows,C). Tensor parallelism splits
-  // the column-parallel ones; sequence parallelism the residual and the statistics.
+  // output (Llama: gate, up and their SwiGLU product), or a MoE block's (model/moe.cc, MoeActs)
+  // router logits (N,E) and gates (N,k), its experts' rows in and out (R,C) and hidden
+  // activations before and after GELU (R,4C), and under expert parallelism the rows back from the
+  // experts (send_rows,C). Tensor parallelism splits the column-parallel ones; sequence
+  // parallelism the residual and the statistics.
   const double moe_acts = N * E + N * k + R * (2 * C + 2 * H) + send * C;
+  const double mlp_acts = BT * Hl * (s.llama ? 3.0 : 2.0);
   auto block_saves = [&](bool with_att, bool moe_block) {
-    return 2 * BTC + 4 * rows + rows * C + 4 * BTC / tp + (with_att ? att : 0.0) +
-           (moe_block ? moe_acts : 8 * BTC / tp);
+    return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att : 0.0) +
+           (moe_block ? moe_acts : mlp_acts);
   };
   // A MoE block's routing kept from forward to backward (MoeRoute): its int32 index vectors, a
   // route's row (N,k), the row each expert row gathers (R) and under expert parallelism the
   // received and sent rows' (recv_rows + send_rows), 4 bytes each like an f32 element.
   const double route = moe ? N * k + R + recv + send : 0.0;
-  // ln_f (whole) and its statistics, this rank's logits, losses.
-  const double head = s.head ? BTC + 2 * rows + BT * double(s.padded_vocab) / tp + BT : 0.0;
+  // ln_f (whole) and its statistics, this rank's logits, losses (model/head.cc).
+  const double head = s.head ? BTC + stats * rows + BT * double(s.padded_vocab) / tp + BT : 0.0;
   // Per chunk and micro-batch in flight: the residual stream at every block boundary, and what
   // each block keeps (with each MoE block's routing).
   const bool keep = s.recompute != Recompute::full;
@@ -191,15 +227,17 @@ RunMemory run_memory(const RunShape& s) {
   }
   m.activations = f32 * (held + head);
 
-  // Backward's residual gradient and scratch (dln, dqkv, attention's scratch and a recomputed
-  // saved state, datty, dfch; under sequence parallelism gathered rows and one block's LayerNorm
-  // gradients; in a model with MoE blocks their shared MoeScratch: dlogits (N,E), dgate (N,k), the
-  // received, sent and expert rows' gradients and the experts' hidden gradient (R,4C)), and under
-  // full recomputation one block's activations (a dense or a MoE block's, whichever is larger:
-  // the two are views of one buffer) with its output, and a MoE model's routing for it.
+  // Backward's residual gradient and scratch (model/block.cc, BlockScratch: dln, dqkv, attention's
+  // scratch and a recomputed saved state, datty, dfch (Llama: and dup); under sequence parallelism
+  // gathered rows and one block's norm weight (and bias) gradients; in a model with MoE blocks
+  // their shared MoeScratch: dlogits (N,E), dgate (N,k), the received, sent and expert rows'
+  // gradients and the experts' hidden gradient (R,4C)), and under full recomputation one block's
+  // activations (a dense or a MoE block's, whichever is larger: the two are views of one buffer)
+  // with its output, and a MoE model's routing for it.
   const double moe_scratch = moe ? N * E + N * k + (recv + send + R) * C + R * H : 0.0;
-  const double scratch = BTC + 3 * BTC / tp + 2 * att + BTC / tp + 4 * BTC / tp +
-                         (s.sequence_parallel ? BTC + 4 * C : 0.0) + moe_scratch;
+  const double norm_grads = s.llama ? 2 * C : 4 * C;
+  const double scratch = BTC + BT * W + 2 * att + BT * Cl + BT * Hl * (s.llama ? 2.0 : 1.0) +
+                         (s.sequence_parallel ? BTC + norm_grads : 0.0) + moe_scratch;
   const double rerun =
       s.recompute == Recompute::full
           ? std::max(block_saves(false, false), moe ? block_saves(false, true) : 0.0) + rows * C +
@@ -211,13 +249,14 @@ RunMemory run_memory(const RunShape& s) {
   if (s.checkpoint) m.temporaries += 3 * f32 * (s.zero >= 1 ? flat.shard : flat.total);
   // Mixed precision: the bf16 copies of the largest product's operands (model/gpt.cc), an MLP
   // product's or the head's backward with the (BT,Vp/tp) logit gradient, a MoE block's expert
-  // product over all its R rows with a (4C,C) weight, or attention's q, k and v (or v and dy)
-  // with its probabilities on the CPU backend (its attention kernel). gpt.cc reserves 32 elements
-  // more for the operands' alignment, 64 bytes this ledger leaves out (tests/train/memory_test.cc
-  // pins the copies' formula).
+  // product over all its R rows with a (4C,C) weight, or attention's q, k and v (B,T,W) (or v and
+  // dy) with its probabilities on the CPU backend (its attention kernel). gpt.cc reserves 32
+  // elements more for the operands' alignment, and the CPU attention rounds its q, k, v copy up
+  // to 32 elements: at most 126 bytes this ledger leaves out (tests/train/memory_test.cc pins the
+  // copies' formula).
   if (s.bf16) {
-    const double Hl = 4 * C / tp, V = double(s.padded_vocab) / tp;
-    const double attention = s.flash_attention ? 0.0 : 3 * BTC / tp + att;
+    const double V = double(s.padded_vocab) / tp;
+    const double attention = s.flash_attention ? 0.0 : BT * W + att;
     const double experts = moe ? R * H + std::max(H, R) * C : 0.0;
     m.temporaries += 2.0 * std::max({BT * Hl + std::max(Hl, BT) * C, BT * V + std::max(BT, V) * C,
                                      experts, attention});

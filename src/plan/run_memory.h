@@ -1,5 +1,6 @@
 // The memory ledger of a tetra training run, by the trainer's own categories: what `tetra train`
-// allocates per rank for a GPT-2 model (dense, or with MoE blocks and expert parallelism),
+// allocates per rank for a GPT-2 model (dense, or with MoE blocks and expert parallelism) or a
+// Llama model (grouped-query attention, a SwiGLU MLP, a tied or untied head),
 // micro-batch, recomputation and ZeRO layout (f32 state; under mixed precision also the bf16
 // operand copies). The trainer prints it next to what it
 // measures, and `tetra plan` reports it for the layout it plans; tests hold the two within 5% of
@@ -17,11 +18,19 @@ namespace tetra::plan {
 struct RunShape {
   int64_t vocab = 0, padded_vocab = 0;  // V and the padded rows of wte (all tp ranks' together)
   int64_t layers = 0, d_model = 0, heads = 0, max_seq = 0;
+  // Llama blocks (model/block.cc): RMSNorms (no means, no biases), q_proj, k_proj and v_proj into
+  // one (B,T,C + 2·KVH·hs) activation, a SwiGLU MLP of width ffn (gate, up, their product), no
+  // wpe, and the head untied (an lm_head (Vp,C) beside the embedding) unless `tied`. GPT-2 blocks
+  // have kv_heads = heads, ffn = 4C and are always tied.
+  bool llama = false;
+  int64_t kv_heads = 0;  // KVH; 0: heads
+  int64_t ffn = 0;       // the MLP's width; 0: 4·d_model
+  bool tied = true;
   int64_t micro_batch = 1, seq = 1;  // B, T
   Recompute recompute = Recompute::none;
   int zero = 0;
   int64_t dp = 1;
-  int64_t tp = 1;                  // tensor parallel: heads, 4C and padded_vocab split tp ways
+  int64_t tp = 1;  // tensor parallel: heads, kv_heads, the MLP and padded_vocab split tp ways
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
@@ -57,6 +66,9 @@ struct RunShape {
   int64_t local_moe_layers() const;
   /** The ranks a unit is sharded over: dp for dense units, dp/ep (edp) for expert units. */
   int64_t edp() const { return std::max<int64_t>(1, dp / std::max<int64_t>(1, ep)); }
+  /** The MLP's width (ffn, else GPT-2's 4C) and key/value heads (kv_heads, else heads). */
+  int64_t mlp_width() const { return ffn > 0 ? ffn : 4 * d_model; }
+  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
 /** One MoE block's buffers for a micro-batch (B,T) on this rank: the bounds model/moe.cc's
@@ -87,13 +99,17 @@ struct FlatUnit {
  *  own just before it) and the embeddings with ln_f as the last, each tensor aligned to 16
  *  elements and each unit padded to a multiple of 16 x its group's ranks (dp; dp/ep for expert
  *  units). A pipeline stage holds its blocks and, on the first stage, wte and the root (wpe) as
- *  two units, on the last a copy of wte and the head (ln_f) as two units (model/gpt.cc). */
+ *  two units, on the last a copy of wte and the head (ln_f) as two units (model/gpt.cc). A Llama
+ *  model's root is embed_tokens, an untied lm_head and model.norm; its first stage has one unit,
+ *  the root (embed_tokens), its last a copy of wte when tied and the head (lm_head when untied,
+ *  model.norm). */
 struct FlatLayout {
   double block = 0;             // padded elements of one dense block unit
   double moe_block = 0;         // of one MoE block's unit (attention, norms and the router)
   double experts = 0;           // of one MoE block's expert unit (this rank's E/ep experts)
   double root = 0;              // of the other units together
-  std::vector<double> ends;     // the other units one by one: the root, or wte and the root or head
+  std::vector<double> ends;     // the other units one by one, in the store's order: the root, or
+                                // (wte and) the root or head
   std::vector<FlatUnit> units;  // every unit of this rank, in the store's (backward) order
   double total = 0;             // every unit
   double expert_total = 0;      // the expert units

@@ -21,6 +21,12 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.d_model = m.d_model;
   s.heads = m.heads;
   s.max_seq = m.positions > 0 ? m.positions : m.seq;
+  if (!m.gpt2_style) {
+    s.llama = true;
+    s.kv_heads = m.kv_heads;
+    s.ffn = m.ffn;
+    s.tied = m.tie_embeddings;
+  }
   s.micro_batch = l.micro_batch;
   s.seq = m.seq;
   s.recompute = l.recompute;
@@ -140,7 +146,9 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // parallel/tp_layers.cc, per micro-batch. A block's forward: ln_1 and ln_2 (all-gathered
     // under sequence parallelism) and both row-parallel products (reduce-scattered, or all-reduced
     // without it); backward: both LayerNorms' input gradients (reduce-scatter or all-reduce), both
-    // row-parallel gradients gathered (sequence parallel) and the LayerNorm weights' gradients. A
+    // row-parallel gradients gathered (sequence parallel) and the norm weights' (and a
+    // LayerNorm's biases') gradients; a Llama block's q, k and v read one gathered norm output
+    // and its gate and up products another, so it has as many collectives of the same sizes. A
     // MoE block's MLP is whole and computed alike on every tp rank (model/block.cc): its forward
     // has no row-parallel product to reduce, its backward gathers the output's gradient in place
     // of the MLP's row-parallel one.
@@ -150,10 +158,12 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
     const double reductions = mb * (L * (2 * forwards + 2) - moe * forwards);
     const bool sp = s.sequence_parallel;
+    // A norm's gradient tensors: a LayerNorm's weight and bias, an RMSNorm's weight.
+    const double norm = s.llama ? 1.0 : 2.0;
     if (sp) {
       g.ops.push_back({Collective::all_gather, BTC, mb * L * (2 * forwards + 2)});
       g.ops.push_back({Collective::reduce_scatter, BTC, reductions});
-      g.ops.push_back({Collective::all_reduce, 4 * C, mb * L});
+      g.ops.push_back({Collective::all_reduce, 2 * norm * C, mb * L});
     } else {
       g.ops.push_back({Collective::all_reduce, BTC, reductions});
     }
@@ -171,7 +181,7 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
       if (sp) {
         g.ops.push_back({Collective::all_gather, BTC, mb});
         g.ops.push_back({Collective::reduce_scatter, BTC, mb});
-        g.ops.push_back({Collective::all_reduce, 2 * C, mb});
+        g.ops.push_back({Collective::all_reduce, norm * C, mb});
       } else {
         g.ops.push_back({Collective::all_reduce, BTC, mb});
       }

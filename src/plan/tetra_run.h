@@ -24,7 +24,8 @@ struct RunOptions {
   bool flash_attention = false;    // run.device = cuda: attention keeps no T x T matrix
 };
 
-/** The per-rank shape of a tetra run of GPT-2 model `m` (m.positions rows of wpe, the vocabulary
+/** The per-rank shape of a tetra run of GPT-2 or Llama model `m` (m.gpt2_style; GPT-2:
+ *  m.positions rows of wpe; Llama: m.kv_heads, m.ffn, m.tie_embeddings), the vocabulary
  *  padded to m.vocab_multiple x tp; MoE blocks as m's pattern, E/l.ep experts each on this rank)
  *  under `t` and layout `l`, for run_memory: on pipeline rank
  *  `pp_rank` (0, the first stage, is the rank whose metrics the trainer records), its chunks with

@@ -37,15 +37,19 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   const int dp = world_size <= 1 ? 1 : parallel::MeshLayout::make(o.mesh, world_size).shape().dp;
 
   plan::ModelSpec& m = p.model;
-  m.name = "gpt2 (tetra train)";
-  m.gpt2_style = true;
+  // GPT-2 (learned positions, tied) or Llama (grouped-query attention, a SwiGLU MLP of width
+  // ffn, no positions to learn, the head tied or not): GptConfig holds both shapes resolved.
+  m.name = g.llama() ? "llama (tetra train)" : "gpt2 (tetra train)";
+  m.gpt2_style = !g.llama();
   m.layers = g.n_layer;
   m.d_model = g.d_model;
-  m.heads = m.kv_heads = g.n_head;
-  m.ffn = 4 * int64_t(g.d_model);
+  m.heads = g.n_head;
+  m.kv_heads = g.n_kv_head;
+  m.ffn = g.ffn;
+  m.tie_embeddings = g.tie_embeddings;
   m.vocab = g.vocab_size;
   m.seq = o.seq_len;
-  m.positions = g.max_seq;
+  m.positions = g.llama() ? 0 : g.max_seq;
   // GptConfig keeps the padded vocabulary, not model.vocab_multiple; padded / tp as the multiple
   // pads the vocabulary to exactly it (vocab <= padded), and run_shape multiplies it by tp again.
   m.vocab_multiple = g.padded_vocab / g.tp;
@@ -135,16 +139,15 @@ std::string run_plan_line(const RunPlan& p, const std::string& config_path) {
 
 namespace {
 
-// The planner keys that describe what a training config cannot: a preset or non-GPT-2 model, and
-// a token budget or batch the run's own keys already fix. Each with what to do instead.
+// The planner keys that describe what a training config cannot: a preset, and a token budget or
+// batch the run's own keys already fix. Each with what to do instead. (model.arch, model.ffn and
+// model.tie_embeddings are keys of both; model.kv_heads is the planner's model.n_kv_head.)
 const std::map<std::string, std::string>& planner_only_keys() {
   static const std::map<std::string, std::string> keys = {
       {"model.preset",
        "a training config gives its model as model.n_layer, n_head, d_model, vocab_size and "
-       "max_seq"},
-      {"model.arch", "tetra train runs GPT-2 (LayerNorm, GELU, tied embeddings)"},
-      {"model.kv_heads", "tetra train runs multi-head attention (kv heads = model.n_head)"},
-      {"model.ffn", "tetra train's MLP is 4 x model.d_model wide"},
+       "max_seq (a Llama model's as model.arch = \"llama\" with those and model.n_kv_head, ffn "
+       "and tie_embeddings)"},
       {"model.experts", "a training config sets its experts as model.moe_experts"},
       {"model.top_k", "a training config sets its experts per token as model.moe_top_k"},
       {"training.tokens", "a run's tokens are train.steps x the global batch; set train.steps"},
@@ -271,6 +274,7 @@ const std::vector<std::pair<std::string, std::string>>& plan_key_aliases() {
   static const std::vector<std::pair<std::string, std::string>> aliases = {
       {"model.layers", "model.n_layer"},
       {"model.heads", "model.n_head"},
+      {"model.kv_heads", "model.n_kv_head"},
       {"model.vocab", "model.vocab_size"},
       {"model.seq", "train.seq_len"},
       {"training.micro_batch", "train.micro_batch"},

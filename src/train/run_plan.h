@@ -20,8 +20,10 @@ namespace tetra {
 
 /** The run that TrainOptions describe on a number of ranks, in the planner's terms. */
 struct RunPlan {
-  // GPT-2 style; seq = train.seq_len, positions = max_seq; experts, top_k, moe_every and
-  // capacity_factor from model.moe_experts, moe_top_k, moe_every and moe.capacity_factor.
+  // GPT-2 style (positions = max_seq) or Llama style (model.arch = llama: kv_heads, ffn and
+  // tie_embeddings from model.n_kv_head, ffn and tie_embeddings, resolved); seq = train.seq_len;
+  // experts, top_k, moe_every and capacity_factor from model.moe_experts, moe_top_k, moe_every
+  // and moe.capacity_factor.
   plan::ModelSpec model;
   plan::TrainingSpec training;          // tokens = train.steps x the global batch
   plan::LayoutConstraints constraints;  // all given: tp, pp, dp, ep, ZeRO, schedule, split

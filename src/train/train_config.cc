@@ -400,10 +400,13 @@ TrainOptions TrainOptions::from(const Config& c) {
     // The schedule's and the split's refusals, before anything is allocated.
     pipeline::make_schedule(o.pp_kind, o.mesh.pp, o.grad_accum, o.pp_chunks);
     // auto balances the modelled compute per token (plan::flops_per_token's terms), in
-    // blocks: a block's 6·12C² + 12·C·T, the head's tied product 6·V·C; the embedding is a lookup.
-    // A pipeline step runs at the pace of its slowest stage, so compute, not memory, is balanced.
+    // blocks: a block's 6 x its matrices (GPT-2: 12C²; Llama: q, k, v and o 2C² + 2C·KVH·hs and
+    // the SwiGLU's 3C·ffn) + 12·C·T, the head's product 6·V·C; the embedding is a lookup. A
+    // pipeline step runs at the pace of its slowest stage, so compute, not memory, is balanced.
     const GptConfig& m = o.model;
-    const double C = m.d_model, block = 72 * C * C + 12 * C * o.seq_len;
+    const double C = m.d_model, kv = double(m.n_kv_head) * m.head_size();
+    const double matrices = 2 * C * C + 2 * C * kv + (m.llama() ? 3.0 : 2.0) * C * m.ffn;
+    const double block = 6 * matrices + 12 * C * o.seq_len;
     o.pp_split = pipeline::parse_split(o.pp_layers, m.n_layer, o.mesh.pp * o.pp_chunks, 0.0,
                                        6 * m.vocab_size * C / block, "pp.layers");
   } catch (const Error& e) {

@@ -250,5 +250,33 @@ TEST(RunTraffic, MoeRunsExchangeRowsAndReduceExpertsOverTheirGroup) {
   }
 }
 
+// A Llama run's tensor-parallel traffic is GPT-2's but for the norms: under sequence parallelism
+// a block's two RMSNorm weights' gradients (2C, not a LayerNorm's 4C with the biases) and the
+// head's model.norm (C, not 2C) are summed over the group; the gathers and reductions of the
+// residual stream are the same (q, k and v read one gathered norm output, gate and up another).
+TEST(RunTraffic, LlamaSumsOnlyItsNormsWeights) {
+  ModelSpec g;
+  g.name = "gpt2";
+  g.gpt2_style = true;
+  g.layers = 4, g.d_model = 64, g.heads = g.kv_heads = 4, g.ffn = 256, g.vocab = 64, g.seq = 32;
+  ModelSpec m = g;
+  m.name = "llama";
+  m.gpt2_style = false;
+  m.kv_heads = 2, m.ffn = 160;
+  TrainingSpec t;
+  t.precision = Precision::Fp32;
+  Layout l{2, 1, 1, 1, 0, Schedule::one_f_one_b, 1, 2, 3, {}, Recompute::none};
+  RunOptions o;
+  o.sequence_parallel = true;
+  const double C = 64 * 4.0;  // bytes of a row of C floats
+  // An all-reduce over 2 ranks sends its buffer once: 3 micro-batches x (4 blocks x 2C + C).
+  EXPECT_DOUBLE_EQ(group(run_traffic(run_shape(g, t, l, o), l, 1e9), "tp")->bytes() -
+                       group(run_traffic(run_shape(m, t, l, o), l, 1e9), "tp")->bytes(),
+                   3 * (4 * 2 * C + C));
+  o.sequence_parallel = false;
+  EXPECT_DOUBLE_EQ(group(run_traffic(run_shape(g, t, l, o), l, 1e9), "tp")->bytes(),
+                   group(run_traffic(run_shape(m, t, l, o), l, 1e9), "tp")->bytes());
+}
+
 }  // namespace
 }  // namespace tetra::plan

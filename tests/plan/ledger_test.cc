@@ -266,6 +266,87 @@ TEST(RunMemory, ExpertUnitsAreShardedOverTheExpertDataParallelGroup) {
   EXPECT_DOUBLE_EQ(run_memory(s).comm, f32 * (1.5 * (g.root + 2 * g.block) + 2 * g.experts));
 }
 
+// A tetra Llama run (model.arch = llama, model/block.cc): per block down_proj (C,ffn), up_proj
+// and gate_proj (ffn,C), o_proj and q_proj (C,C), k_proj and v_proj (KVH·hs,C) and two RMSNorm
+// weights, no biases; the root embed_tokens, an untied lm_head (the embedding's shape) and
+// model.norm, no wpe. Unpadded, the flat layout is count_params' model.
+TEST(RunMemory, LlamaUnitsAreItsTensors) {
+  ModelSpec m;
+  m.name = "llama";
+  m.layers = 4, m.d_model = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 160, m.vocab = 64;
+  m.seq = 32;
+  RunShape s;
+  s.vocab = s.padded_vocab = 64, s.layers = 4, s.d_model = 64, s.heads = 4, s.max_seq = 32;
+  s.micro_batch = 2, s.seq = 32;
+  s.llama = true, s.kv_heads = 2, s.ffn = 160, s.tied = false;
+  const double C = 64, KV = 2 * 16, F = 160, V = 64;
+  const double block = 3 * C * F + 2 * C * C + 2 * KV * C + 2 * C;
+  FlatLayout f = flat_layout(s);
+  EXPECT_EQ(f.block, block);
+  EXPECT_EQ(f.ends, (std::vector<double>{2 * V * C + C}));
+  EXPECT_EQ(f.total, double(count_params(m).total()));
+  m.tie_embeddings = s.tied = true;
+  f = flat_layout(s);
+  EXPECT_EQ(f.ends, (std::vector<double>{V * C + C}));
+  EXPECT_EQ(f.total, double(count_params(m).total()));
+  EXPECT_EQ(count_params(m).head, 0);
+  EXPECT_EQ(count_params(m).head_matmul, V * C);  // the tied head still multiplies
+
+  // Pipeline stages: the first holds one end unit, the root (embed_tokens); the last the head
+  // (lm_head and model.norm), or, tied, a "wte" unit with the copy and the head (model.norm).
+  s.chunks = {{2, 1, 0}};
+  s.embedding = true, s.head = false;
+  EXPECT_EQ(flat_layout(s).ends, (std::vector<double>{V * C}));
+  s.chunks = {{2, 1, 2}};
+  s.embedding = false, s.head = true;
+  EXPECT_EQ(flat_layout(s).ends, (std::vector<double>{V * C, C}));
+  s.tied = false;
+  EXPECT_EQ(flat_layout(s).ends, (std::vector<double>{V * C + C}));
+  // A unit is padded to 16 x dp, a tensor aligned to 16: model.norm (64) and lm_head share one.
+  s.dp = 3;
+  EXPECT_EQ(flat_layout(s).ends, (std::vector<double>{4176}));  // 4160 to a multiple of 48
+  EXPECT_EQ(flat_layout(s).units.front().elements, 4176);       // the head runs first
+}
+
+// What a Llama block keeps (model/block.cc, BlockActs): both RMSNorm outputs (BT,C) with one rstd
+// per row each, the residual after attention, the attention output (BT,C/tp), q, k and v
+// (BT,W) with W = (C + 2·KVH·hs)/tp, the probabilities (B·NH/tp·T² per layer: one per query head,
+// grouped-query attention or not) and the SwiGLU's gate, up and product (BT,ffn/tp) each; its
+// backward scratch dln, dqkv, datty, dgate and dup, the attention's; the head an rstd per row.
+TEST(RunMemory, LlamaBlocksKeepTheirActivations) {
+  RunShape s;
+  s.vocab = s.padded_vocab = 64, s.layers = 4, s.d_model = 64, s.heads = 4, s.max_seq = 32;
+  s.micro_batch = 2, s.seq = 32;
+  s.llama = true, s.kv_heads = 2, s.ffn = 160;
+  const double BT = 64, B = 2, T = 32, C = 64, W = 64 + 2 * 32, H = 160, V = 64, NH = 4, f32 = 4;
+  const double att = B * NH * T * T;
+  const double saves = 2 * BT * C + 2 * BT + BT * C + BT * C + BT * W + att + 3 * BT * H;
+  const double head = BT * C + BT + BT * V + BT;
+  const RunMemory m = run_memory(s);
+  EXPECT_DOUBLE_EQ(m.activations, f32 * (4 * saves + 5 * BT * C + head));
+  const double scratch = BT * C + BT * W + 2 * att + BT * C + 2 * BT * H;
+  EXPECT_DOUBLE_EQ(m.temporaries, f32 * (BT * C + scratch));
+  s.recompute = Recompute::full;
+  EXPECT_DOUBLE_EQ(run_memory(s).temporaries, f32 * (BT * C + scratch + saves - att + BT * C));
+  EXPECT_DOUBLE_EQ(run_memory(s).activations, f32 * (5 * BT * C + head));
+  // Mixed precision: the largest product's bf16 operands, here attention's q, k, v and
+  // probabilities (the CPU backend's copies).
+  s.recompute = Recompute::none;
+  s.bf16 = true;
+  EXPECT_DOUBLE_EQ(run_memory(s).temporaries - m.temporaries, 2 * (BT * W + att));
+  // Tensor parallelism with sequence parallelism: 2 key/value heads and 80 MLP channels a rank,
+  // the residual's rows and the norms' statistics halved, and two norm weights' gradients.
+  s.bf16 = false;
+  s.tp = 2, s.sequence_parallel = true, s.padded_vocab = 128;
+  const double rows = BT / 2, Wl = W / 2, Hl = H / 2, Vl = 64, attl = att / 2;
+  const double saves2 =
+      2 * BT * C + 2 * rows + rows * C + BT * C / 2 + BT * Wl + attl + 3 * BT * Hl;
+  const double head2 = BT * C + rows + BT * Vl + BT;
+  EXPECT_DOUBLE_EQ(run_memory(s).activations, f32 * (4 * saves2 + 5 * rows * C + head2));
+  const double scratch2 = BT * C + BT * Wl + 2 * attl + BT * C / 2 + 2 * BT * Hl + BT * C + 2 * C;
+  EXPECT_DOUBLE_EQ(run_memory(s).temporaries, f32 * (rows * C + scratch2));
+}
+
 }  // namespace
 }  // namespace tetra::plan
 

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,15 +45,17 @@ class MemoryLedger : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-  // The trainer's high-water marks per category after one step.
+  // The trainer's high-water marks per category after one step; `model` adds model keys (a Llama
+  // model's).
   static json measured(int ranks, int stage, const std::string& recompute,
-                       const std::string& precision = "fp32") {
-    const fs::path run = dir_ / ("run_" + std::to_string(ranks) + "_" + std::to_string(stage));
+                       const std::string& precision = "fp32", const std::string& model = "") {
+    const fs::path run = dir_ / fmt::format("run_{}_{}_{}_{}_{}", ranks, stage, recompute,
+                                            precision, std::hash<std::string>{}(model));
     const Ran r = run_command(tetra_command(
         ranks, fmt::format("train --model.vocab_size={} --model.n_layer={} --model.n_head={} "
-                           "--model.d_model={} --model.max_seq={}",
+                           "--model.d_model={} --model.max_seq={} ",
                            kV, kL, kH, kC, kT) +
-                   " --train.seq_len=" + std::to_string(kT) +
+                   model + " --train.seq_len=" + std::to_string(kT) +
                    " --train.micro_batch=" + std::to_string(kB) +
                    " --train.steps=1 --run.threads=1 --run.peak_gflops=50 --zero.stage=" +
                    std::to_string(stage) + " --train.recompute=" + recompute +
@@ -65,16 +68,17 @@ class MemoryLedger : public ::testing::Test {
     return line.empty() ? json::object() : json::parse(line);
   }
 
-  // `tetra plan`'s ledger of a tetra run for the same model and layout.
+  // `tetra plan`'s ledger of a tetra run for the same model and layout; `model` adds (or
+  // overrides) planner model keys (a Llama model's).
   static json planned(int ranks, int stage, const std::string& recompute,
-                      const std::string& precision = "fp32") {
+                      const std::string& precision = "fp32", const std::string& model = "") {
     const Ran r = run_command(
         tetra_command(1, "plan --json --config " + std::string(TETRA_SOURCE_DIR) +
                              "/configs/plan/gpt2-124m-cpu.toml --model.seq=" + std::to_string(kT) +
                              fmt::format(" --model.vocab={} --model.layers={} --model.d_model={} "
-                                         "--model.heads={} --model.kv_heads={}",
+                                         "--model.heads={} --model.kv_heads={} ",
                                          kV, kL, kC, kH, kH) +
-                             " --cluster.gpus=" + std::to_string(ranks) +
+                             model + " --cluster.gpus=" + std::to_string(ranks) +
                              " --cluster.gpus_per_node=" + std::to_string(ranks) +
                              " --training.global_batch=" + std::to_string(ranks * kT) +
                              " --training.micro_batch=" + std::to_string(kB) +
@@ -87,16 +91,20 @@ class MemoryLedger : public ::testing::Test {
     return json::parse(r.output)["memory"]["tetra_run"];
   }
 
-  // Every category of a run's measured high-water marks within 5% of the plan (0 where it is 0).
-  static void expect_matches_plan(const json& got, const json& want) {
+  // Every category of a run's measured high-water marks within 5% of the plan (0 where it is 0);
+  // with a `name`, each printed as measured / planned for the record.
+  static void expect_matches_plan(const json& got, const json& want, const std::string& name = "") {
+    std::string line = "[ ledger   ] " + name + ":";
     for (const char* c : kCategories) {
       const double m = got.value(std::string("mem_") + c, -1.0), p = want[c];
       if (p == 0) {
         EXPECT_EQ(m, 0.0) << c;
       } else {
         EXPECT_NEAR(m, p, 0.05 * p) << c;
+        line += fmt::format(" {} {:.4f}", c, m / p);
       }
     }
+    if (!name.empty()) std::cout << line << std::endl;
   }
 
   static fs::path dir_;
@@ -159,6 +167,52 @@ TEST_F(MemoryLedger, MixedPrecisionCountsTheBf16OperandCopies) {
             << " on " << mp.describe() << std::endl;
   if (!mp.hardware) return;
   expect_matches_plan(measured(1, 0, "none", "bf16"), want);
+}
+
+// A Llama model of the same width and depth (model.arch = llama: 2 key/value heads of 4, the
+// default SwiGLU width 8C/3 rounded up to 64 = 704, an untied lm_head; then tied): every ZeRO
+// stage on 2 ranks, full recomputation and mixed precision within 5% of what `tetra plan`
+// predicts for the planner's Llama-style model of that shape, and the stages divide the state as
+// they do GPT-2's.
+TEST_F(MemoryLedger, LlamaEveryStageMatchesThePlan) {
+  const std::string train = "--model.arch=llama --model.n_kv_head=2";
+  const std::string plan = "--model.preset= --model.arch=llama --model.kv_heads=2 --model.ffn=704";
+  std::vector<json> two;
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("Llama, 2 ranks, ZeRO stage " + std::to_string(stage));
+    two.push_back(measured(2, stage, "none", "fp32", train));
+    expect_matches_plan(two.back(), planned(2, stage, "none", "fp32", plan),
+                        "llama zero" + std::to_string(stage));
+  }
+  auto ratio = [&](const json& run, const char* c) {
+    return run[std::string("mem_") + c].get<double>() /
+           two[0][std::string("mem_") + c].get<double>();
+  };
+  EXPECT_NEAR(ratio(two[3], "params"), 0.5, 0.005);
+  EXPECT_NEAR(ratio(two[2], "grads"), 0.5, 0.005);
+  EXPECT_NEAR(ratio(two[1], "optimizer"), 0.5, 0.005);
+  {
+    SCOPED_TRACE("Llama, full recomputation");
+    expect_matches_plan(measured(2, 0, "full", "fp32", train), planned(2, 0, "full", "fp32", plan),
+                        "llama full");
+  }
+  {
+    SCOPED_TRACE("tied Llama, ZeRO stage 1");
+    const json tied = measured(2, 1, "none", "fp32", train + " --model.tie_embeddings=true");
+    expect_matches_plan(tied, planned(2, 1, "none", "fp32", plan + " --model.tie_embeddings=true"),
+                        "llama tied zero1");
+    // The lm_head (V,C) is gone: 8192 x 256 floats of parameters, as many of gradients.
+    EXPECT_NEAR(two[1]["mem_params"].get<double>() - tied["mem_params"].get<double>(),
+                4.0 * kV * kC, 0.01 * 4.0 * kV * kC);
+  }
+  // Mixed precision: the bf16 copies of the largest product's operands, the head's backward (the
+  // (T,V) logit gradient with the lm_head) as for GPT-2.
+  const json want = planned(1, 0, "none", "bf16", plan), fp32 = planned(1, 0, "none", "fp32", plan);
+  EXPECT_DOUBLE_EQ(want["temporaries"].get<double>() - fp32["temporaries"].get<double>(),
+                   2.0 * (kT * kV + double(kV) * kC));
+  if (cpu::bf16_matmul_path().hardware) {
+    expect_matches_plan(measured(1, 0, "none", "bf16", train), want, "llama bf16");
+  }
 }
 
 }  // namespace

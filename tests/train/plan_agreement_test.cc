@@ -100,5 +100,16 @@ TEST_F(PlanAgreement, ExpertParallelOverTwoDataParallelRanks) {
   expect_agreement(2, " --model.moe_experts=4 --parallel.ep=2");
 }
 
+// A Llama run (model.arch = llama, 2 key/value heads for brown's 4 query heads, the default
+// SwiGLU width, an untied lm_head): its parameters, FLOPs and memory as `tetra plan` has them.
+TEST_F(PlanAgreement, Llama) { expect_agreement(1, " --model.arch=llama --model.n_kv_head=2"); }
+
+// Tied, with one key/value head, on two data-parallel ranks with ZeRO-2.
+TEST_F(PlanAgreement, TiedLlamaOnTwoDataParallelRanks) {
+  expect_agreement(2,
+                   " --model.arch=llama --model.n_kv_head=1 --model.tie_embeddings=true "
+                   "--zero.stage=2");
+}
+
 }  // namespace
 }  // namespace tetra

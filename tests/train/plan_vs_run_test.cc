@@ -4,10 +4,12 @@
 // match them exactly; memory per rank within 5% (it is the same ledger); the pipeline's bubble
 // within 5 points. Step times depend on how busy the machine is: the test only checks that they
 // are there (bench/plan_vs_run.py tabulates them with the load average).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -74,6 +76,27 @@ class PlanVsRun : public testing::RunDirTest {
       if (except.count(name)) continue;
       EXPECT_EQ(step["mem_" + std::string(name)].get<double>(), bytes) << name;
     }
+  }
+
+  // Every memory category of rank 0 within 5% of the plan (0 where it is 0), each printed as
+  // measured / planned for the record.
+  static void expect_memory_within(const std::string& name, const json& step,
+                                   const plan::RunMemory& want) {
+    const std::pair<const char*, double> categories[] = {
+        {"params", want.params},       {"grads", want.grads},
+        {"optimizer", want.optimizer}, {"activations", want.activations},
+        {"comm", want.comm},           {"temporaries", want.temporaries}};
+    std::string line = "[ ledger   ] " + name + ":";
+    for (const auto& [category, bytes] : categories) {
+      const double got = step["mem_" + std::string(category)].get<double>();
+      if (bytes == 0) {
+        EXPECT_EQ(got, 0.0) << category;
+        continue;
+      }
+      EXPECT_NEAR(got, bytes, 0.05 * bytes) << category;
+      line += fmt::format(" {} {:.4f}", category, got / bytes);
+    }
+    std::cout << line << std::endl;
   }
 
   static double planned_bytes(const RunPlan& p, const std::string& dim, bool buffers = false) {
@@ -182,6 +205,75 @@ TEST_F(PlanVsRun, ExpertParallelZeroShardsExpertsOverTheirGroup) {
     expect_agreement(run(2, name, moe + "--zero.stage=" + std::to_string(stage)), {"dp"});
     expect_exact_memory(last_step(name), planned(name, 2).prediction.memory);
   }
+}
+
+}  // namespace
+}  // namespace tetra
+
+namespace tetra {
+namespace {
+
+// Llama runs (model.arch = llama: RMSNorms, q, k and v with 2 key/value heads for 4 query heads,
+// RoPE, a SwiGLU MLP of width 160, no biases, no wpe, an untied lm_head or the embedding tied)
+// as the GPT-2 runs above: every memory category of rank 0 within 5% of the plan, the bytes of
+// every group exactly, under each recomputation, each ZeRO stage over 2 data-parallel ranks, 2
+// tensor-parallel ranks (with sequence parallelism) and 2 pipeline stages.
+class PlanVsRunLlama : public PlanVsRun {
+ protected:
+  static constexpr const char* kLlama = "--model.arch=llama --model.n_kv_head=2 --model.ffn=160 ";
+
+  // A Llama run of `flags` on `ranks` ranks, checked against its plan; its plan.
+  RunPlan check(int ranks, const std::string& name, const std::string& flags,
+                const std::vector<std::string>& groups) {
+    const json j = run(ranks, name, kLlama + flags);
+    expect_agreement(j, groups);
+    const RunPlan p = planned(name, ranks);
+    EXPECT_FALSE(p.model.gpt2_style);
+    EXPECT_TRUE(p.shape.llama);
+    expect_memory_within(name, last_step(name), p.prediction.memory);
+    return p;
+  }
+};
+
+TEST_F(PlanVsRunLlama, OneRankUnderEachRecomputation) {
+  for (const char* r : {"none", "selective", "full"}) {
+    SCOPED_TRACE(r);
+    check(1, std::string("llama_") + r, std::string("--train.recompute=") + r, {});
+  }
+  const RunPlan tied = check(1, "llama_tied", "--model.tie_embeddings=true", {});
+  EXPECT_TRUE(tied.shape.tied);
+}
+
+TEST_F(PlanVsRunLlama, DataParallelEveryZeroStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(stage);
+    check(2, "llama_dp" + std::to_string(stage),
+          "--zero.stage=" + std::to_string(stage) + " --train.grad_accum=2", {"dp"});
+  }
+  check(2, "llama_dp3_tied", "--zero.stage=3 --model.tie_embeddings=true", {"dp"});
+}
+
+TEST_F(PlanVsRunLlama, TensorParallel) {
+  check(2, "llama_tp", "--parallel.tp=2 --parallel.dp=1", {"tp"});
+  check(2, "llama_tp_sp", "--parallel.tp=2 --parallel.dp=1 --tp.sequence_parallel=true", {"tp"});
+  check(2, "llama_tp_sp_full",
+        "--parallel.tp=2 --parallel.dp=1 --tp.sequence_parallel=true --train.recompute=full",
+        {"tp"});
+}
+
+// Rank 0 holds the first stage (its one end unit: embed_tokens); the last stage's units are
+// checked in process (run_plan_test.cc, EveryPartAllocatesWhatThePlanSays).
+TEST_F(PlanVsRunLlama, PipelineParallel) {
+  for (const char* schedule : {"1f1b", "gpipe"}) {
+    SCOPED_TRACE(schedule);
+    const std::string name = std::string("llama_pp_") + schedule;
+    check(2, name,
+          std::string("--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 --pp.schedule=") +
+              schedule,
+          {"pp"});
+  }
+  check(2, "llama_pp_tied",
+        "--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 --model.tie_embeddings=true", {"pp"});
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // A `tetra train` config planned as its run (train/run_plan.h): which configs are training
 // configs, the planner's spellings as aliases (conflicting spellings refused with both keys),
-// dp = 0 resolved from the world size, a pipeline run, and the three numbers the trainer prints
-// (parameters, FLOPs per token, memory per rank) equal to the plan report's.
+// dp = 0 resolved from the world size, a pipeline run, a Llama run, and the three numbers the
+// trainer prints (parameters, FLOPs per token, memory per rank) equal to the plan report's; and
+// every pipeline part of a GPT-2 or Llama model allocating, unit by unit and buffer by buffer,
+// what plan::run_memory says.
 #include "train/run_plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +16,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
+#include "core/param_store.h"
+#include "kernels/backend.h"
+#include "model/gpt.h"
 #include "plan/ledger.h"
 #include "plan/report.h"
 #include "tests/test_util.h"
@@ -259,6 +266,147 @@ TEST_F(RunPlanTest, RunOptionsReachTheShape) {
   EXPECT_EQ(s.dp, 2);
   EXPECT_EQ(p.run.training.precision, plan::Precision::Bf16Mixed);
   EXPECT_DOUBLE_EQ(p.run.prediction.memory.total(), plan::run_memory(s).total());
+}
+
+// A Llama training config (model.arch = llama): the planner's Llama-style model with the run's
+// key/value heads, SwiGLU width (8C/3 rounded up to 64 when model.ffn is 0) and head, its
+// parameters (an untied lm_head beside the embedding; no wpe, no biases, RMSNorm weights only)
+// and model FLOPs (6 x the matrices, the head's product tied or not, + 12·L·C·T: grouped-query
+// attention has as many score products as multi-head attention). model.arch and model.ffn are
+// keys of both configs; model.kv_heads is the planner's spelling of model.n_kv_head.
+TEST_F(RunPlanTest, LlamaConfigsArePlannedAsTheirRun) {
+  const std::string file = config(
+      "[model]\narch = \"llama\"\nvocab_size = 4096\nn_layer = 4\nn_head = 4\nn_kv_head = 2\n"
+      "d_model = 256\nmax_seq = 128\n[train]\nmicro_batch = 8\nseq_len = 128\nsteps = 10\n"
+      "[data]\ntrain = \"x.bin\"\n");
+  const TrainingPlan p = plan_training_config(file, {});
+  const RunPlan& r = p.run;
+  EXPECT_FALSE(r.model.gpt2_style);
+  EXPECT_EQ(r.model.heads, 4);
+  EXPECT_EQ(r.model.kv_heads, 2);
+  EXPECT_EQ(r.model.ffn, 704);
+  EXPECT_FALSE(r.model.tie_embeddings);
+  EXPECT_EQ(r.model.positions, 0);
+  const int64_t L = 4, C = 256, V = 4096, T = 128, KV = 2 * 64, F = 704;
+  const int64_t matrices = 2 * C * C + 2 * KV * C + 3 * C * F;
+  EXPECT_EQ(r.prediction.params, 2 * V * C + C + L * (matrices + 2 * C));
+  EXPECT_DOUBLE_EQ(r.prediction.flops_per_token,
+                   6.0 * double(L * matrices + V * C) + 12.0 * double(L * C * T));
+  const plan::RunShape& s = r.shape;
+  EXPECT_TRUE(s.llama);
+  EXPECT_EQ(s.kv_heads, 2);
+  EXPECT_EQ(s.ffn, 704);
+  EXPECT_FALSE(s.tied);
+  EXPECT_DOUBLE_EQ(r.prediction.memory.total(), plan::run_memory(s).total());
+  EXPECT_DOUBLE_EQ(plan::flat_layout(s).total, double(r.prediction.params));  // nothing padded
+
+  // Tied: the embedding is the head; its product still counts.
+  const TrainingPlan tied = plan_training_config(file, {"model.tie_embeddings=true"});
+  EXPECT_TRUE(tied.run.model.tie_embeddings);
+  EXPECT_TRUE(tied.run.shape.tied);
+  EXPECT_EQ(tied.run.prediction.params, r.prediction.params - V * C);
+  EXPECT_EQ(tied.run.prediction.flops_per_token, r.prediction.flops_per_token);
+  EXPECT_LT(tied.run.prediction.memory.params, r.prediction.memory.params);
+
+  // The planner's spellings: model.kv_heads for model.n_kv_head; model.ffn is the run's own.
+  const TrainingPlan a = plan_training_config(file, {"model.kv_heads=1", "model.ffn=512"});
+  EXPECT_EQ(a.options.model.n_kv_head, 1);
+  EXPECT_EQ(a.run.model.kv_heads, 1);
+  EXPECT_EQ(a.run.model.ffn, 512);
+  // The command line overrides the file, whatever the spelling.
+  EXPECT_EQ(plan_training_config(file, {"model.kv_heads=4"}).run.model.kv_heads, 4);
+  const std::string conflict = error_of([&] {
+    plan_training_config(file, {"model.kv_heads=4", "model.n_kv_head=1"});
+  });
+  EXPECT_NE(conflict.find("the command line sets both model.n_kv_head = 1 and model.kv_heads = 4"),
+            std::string::npos)
+      << conflict;
+  // A GPT-2 training config with a Llama key: the trainer's refusal, not the planner's.
+  const std::string gpt2 = error_of([&] { plan_training_config(kBrown, {"model.ffn=512"}); });
+  EXPECT_NE(gpt2.find("model.ffn=512 shapes a Llama model"), std::string::npos) << gpt2;
+}
+
+// Every part a pipeline rank can hold (the whole model, the first stage with two micro-batches in
+// flight, the last), GPT-2 and Llama (untied and tied), under each recomputation, unsharded and
+// padded for 2 data-parallel ranks: the model's units are the plan's flat layout one by one (in
+// the store's order, each padded alike), and what it and its store charge to the ledger, the
+// plan's params, grads, activations and temporaries exactly (mixed precision: but the 32
+// alignment elements gpt.cc adds to its bf16 operands). The runs' ledgers (plan_vs_run_test.cc)
+// are rank 0's: this is where the last stage's units are checked.
+TEST(RunPlanParts, EveryPartAllocatesWhatThePlanSays) {
+  const int B = 2, T = 32;
+  struct Arch {
+    const char* name;
+    bool llama, tied;
+  };
+  struct Part {
+    const char* name;
+    GptPart part;
+    std::vector<plan::RunShape::Chunk> chunks;
+  };
+  GptPart first, last;
+  first.chunks = {{0, 2, 2}};
+  first.head = false;
+  last.chunks = {{2, 4, 1}};
+  last.embedding = false;
+  const Part parts[] = {
+      {"whole", {}, {}}, {"first", first, {{2, 2, 0}}}, {"last", last, {{2, 1, 2}}}};
+  const bool bf16 = cpu_backend().bf16_unsupported().empty();
+  for (const Arch& arch :
+       {Arch{"gpt2", false, true}, Arch{"llama", true, false}, Arch{"llama tied", true, true}}) {
+    for (const Part& part : parts) {
+      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+        for (int dp : {1, 2}) {
+          for (bool mixed : {false, true}) {
+            if (mixed && (!bf16 || r != Recompute::none || dp != 1)) continue;
+            SCOPED_TRACE(fmt::format("{}, {} part, recompute {}, dp {}{}", arch.name, part.name,
+                                     recompute_name(r), dp, mixed ? ", bf16" : ""));
+            GptConfig c = GptConfig::make(64, 4, 4, 64, 32, 64);
+            if (arch.llama) {
+              LlamaShape l;
+              l.n_kv_head = 2;
+              l.ffn = 160;
+              l.tie_embeddings = arch.tied;
+              c.set_llama(l);
+            }
+            c.bf16 = mixed;
+            MemoryLedger ledger;
+            ParamStoreT<float> store;
+            GptT<float> model(cpu_backend(), c, store, B, T, r, &ledger, nullptr, part.part);
+            Sharding sharding;
+            sharding.shards = dp;
+            store.finalize(sharding, &ledger);
+
+            plan::RunShape s;
+            s.vocab = s.padded_vocab = 64;
+            s.layers = 4, s.d_model = 64, s.heads = 4, s.max_seq = 32;
+            s.micro_batch = B, s.seq = T;
+            s.recompute = r;
+            s.dp = dp;
+            s.bf16 = mixed;
+            s.llama = arch.llama;
+            if (arch.llama) s.kv_heads = 2, s.ffn = 160, s.tied = arch.tied;
+            s.chunks = part.chunks;
+            s.embedding = part.part.embedding;
+            s.head = part.part.head;
+            const plan::FlatLayout f = plan::flat_layout(s);
+            const std::vector<ParamUnit>& units = store.units();
+            ASSERT_EQ(units.size(), f.units.size());
+            for (size_t u = 0; u < units.size(); ++u) {
+              EXPECT_EQ(double(units[u].padded), f.units[u].elements) << units[u].name;
+              EXPECT_EQ(units[u].name.rfind("h.", 0) == 0, f.units[u].block) << units[u].name;
+            }
+            const plan::RunMemory m = plan::run_memory(s);
+            EXPECT_EQ(double(ledger.peak(MemCategory::params)), m.params);
+            EXPECT_EQ(double(ledger.peak(MemCategory::grads)), m.grads);
+            EXPECT_EQ(double(ledger.peak(MemCategory::activations)), m.activations);
+            EXPECT_NEAR(double(ledger.peak(MemCategory::temporaries)), m.temporaries,
+                        mixed ? 2.0 * (32 + 31) : 0.0);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(RunPlanTest, TheLineIsTheSummaryAndWhereToPlanIt) {
