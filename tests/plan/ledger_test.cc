@@ -329,11 +329,24 @@ TEST(RunMemory, LlamaBlocksKeepTheirActivations) {
   s.recompute = Recompute::full;
   EXPECT_DOUBLE_EQ(run_memory(s).temporaries, f32 * (BT * C + scratch + saves - att + BT * C));
   EXPECT_DOUBLE_EQ(run_memory(s).activations, f32 * (5 * BT * C + head));
-  // Mixed precision: the largest product's bf16 operands, here attention's q, k, v and
-  // probabilities (the CPU backend's copies).
+  // Mixed precision: the largest product's bf16 operands, here an MLP product's (BT,ffn) with a
+  // (ffn,C) weight, more than attention's q, k, v and probabilities (the CPU backend's copies)
+  // until T is longer.
   s.recompute = Recompute::none;
   s.bf16 = true;
-  EXPECT_DOUBLE_EQ(run_memory(s).temporaries - m.temporaries, 2 * (BT * W + att));
+  EXPECT_DOUBLE_EQ(run_memory(s).temporaries - m.temporaries, 2 * (BT * H + H * C));
+  EXPECT_GT(BT * H + H * C, BT * W + att);
+  s.seq = s.max_seq = 64;
+  const double BT2 = 128, att2 = B * NH * 64 * 64;
+  EXPECT_DOUBLE_EQ(
+      run_memory(s).temporaries -
+          [&] {
+            RunShape fp32 = s;
+            fp32.bf16 = false;
+            return run_memory(fp32).temporaries;
+          }(),
+      2 * (BT2 * W + att2));
+  s.seq = s.max_seq = 32;
   // Tensor parallelism with sequence parallelism: 2 key/value heads and 80 MLP channels a rank,
   // the residual's rows and the norms' statistics halved, and two norm weights' gradients.
   s.bf16 = false;
