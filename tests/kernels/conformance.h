@@ -50,7 +50,8 @@ inline constexpr Tolerance kTolerances[] = {
     {Tol::exact, 0.0, 0.0,
      "copy, zero, copy_rows, gather_rows, to_bf16, first_nonfinite, the decode caches; memory an "
      "op must leave "
-     "alone (guards, gaps, read-only inputs); recompute and backward after it vs forward's",
+     "alone (guards, gaps, read-only inputs, v under rope); recompute and backward after it vs "
+     "forward's",
      "data movement and casts have one right answer; `saved` after recompute is forward's"},
     {Tol::arith, 1e-5, 1e-12,
      "every other operation; bf16-dtype operands; Bf16Operands products against a reference "
@@ -488,14 +489,87 @@ inline void layernorm_backward(Vec& dx, Vec& dw, Vec& db, const Vec& dy, const V
   }
 }
 
-/** Causal attention over qkv (B,T,3C) = [q | k | v], heads (NH, hs): out (B,T,C), probabilities
- *  p (B,NH,T,T) (zero above the diagonal). */
-inline void attention_forward(Vec& out, Vec& p, const Vec& qkv, int B, int T, int C, int NH) {
+/** out (N,C) = x · rstd · w with rstd (N) = 1/sqrt(mean(x²) + eps). */
+inline void rmsnorm_forward(Vec& out, Vec& rstd, const Vec& x, const Vec& w, int64_t N, int C,
+                            double eps) {
+  for (int64_t i = 0; i < N; ++i) {
+    const double* row = x.data() + i * C;
+    double ms = 0.0;
+    for (int c = 0; c < C; ++c) ms += row[c] * row[c];
+    const double r = 1.0 / std::sqrt(ms / C + eps);
+    for (int c = 0; c < C; ++c) out[size_t(i * C + c)] = row[c] * r * w[size_t(c)];
+    rstd[size_t(i)] = r;
+  }
+}
+
+/** dx (N,C), dw (C) accumulate the gradient of RMSNorm for dy, from x itself: with n = x · rstd,
+ *  dx = rstd · (w·dy - n · mean(w·dy·n)), dw = Σ_rows n · dy. */
+inline void rmsnorm_backward(Vec& dx, Vec& dw, const Vec& dy, const Vec& x, const Vec& w, int64_t N,
+                             int C, double eps) {
+  Vec out(x.size()), rstd(static_cast<size_t>(N));
+  rmsnorm_forward(out, rstd, x, w, N, C, eps);
+  for (int64_t i = 0; i < N; ++i) {
+    const double r = rstd[size_t(i)];
+    double gn_mean = 0.0;
+    for (int c = 0; c < C; ++c) {
+      const size_t j = size_t(i * C + c);
+      gn_mean += w[size_t(c)] * dy[j] * x[j] * r / C;
+    }
+    for (int c = 0; c < C; ++c) {
+      const size_t j = size_t(i * C + c);
+      const double n = x[j] * r;
+      dx[j] += r * (w[size_t(c)] * dy[j] - n * gn_mean);
+      dw[size_t(c)] += n * dy[j];
+    }
+  }
+}
+
+/** qkv (B,T,W) with the q and k heads rotated (Hugging Face's rotate_half): the pair (i, i + hs/2)
+ *  of a head at position pos0 + t by (pos0 + t) · theta^(-2i/hs), or by minus that (`inverse`). */
+inline Vec rope(const Vec& qkv, const AttentionShape& s, int pos0, double theta, bool inverse) {
+  const int hs = s.head_size(), half = hs / 2;
+  const int64_t W = s.width();
+  Vec y = qkv;
+  for (int64_t r = 0; r < int64_t(s.B) * s.T; ++r) {
+    const double pos = double(pos0 + int(r % s.T));
+    for (int h = 0; h < s.NH + s.kv_heads(); ++h)
+      for (int i = 0; i < half; ++i) {
+        const double angle = (inverse ? -pos : pos) * std::pow(theta, -2.0 * i / hs);
+        const size_t a = size_t(r * W + h * hs + i), b = a + size_t(half);
+        y[a] = qkv[a] * std::cos(angle) - qkv[b] * std::sin(angle);
+        y[b] = qkv[b] * std::cos(angle) + qkv[a] * std::sin(angle);
+      }
+  }
+  return y;
+}
+
+/** silu(x) = x · sigmoid(x) and its derivative. */
+inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
+inline double silu_grad(double x) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  return s * (1.0 + x * (1.0 - s));
+}
+
+/** Where element (b, t, part, head, d) of attention's qkv (B,T,W) lives: part 0 is q's head h,
+ *  parts 1 and 2 the key and value head that query head h reads, h / (NH/KVH) (KVH = 0: NH). */
+struct QkvIndex {
+  int T, C, NH, KVH, hs;
+  size_t operator()(int b, int t, int part, int h, int d) const {
+    const int64_t kv = int64_t(KVH) * hs, W = C + 2 * kv;
+    const int64_t col = part == 0 ? int64_t(h) * hs : C + (part - 1) * kv + (h / (NH / KVH)) * hs;
+    return size_t((int64_t(b) * T + t) * W + col + d);
+  }
+};
+
+/** Causal attention over qkv (B,T,W) = [q | k | v], q heads (NH, hs), k and v heads (KVH, hs),
+ *  query head h reading key/value head h / (NH/KVH) (KVH = 0: NH): out (B,T,C), probabilities p
+ *  (B,NH,T,T) (zero above the diagonal). */
+inline void attention_forward(Vec& out, Vec& p, const Vec& qkv, int B, int T, int C, int NH,
+                              int KVH = 0) {
   const int hs = C / NH;
+  const QkvIndex idx{T, C, NH, KVH > 0 ? KVH : NH, hs};
   const double scale = 1.0 / std::sqrt(double(hs));
-  auto at = [&](int b, int t, int part, int h, int d) {
-    return qkv[size_t((int64_t(b) * T + t) * 3 * C + part * C + h * hs + d)];
-  };
+  auto at = [&](int b, int t, int part, int h, int d) { return qkv[idx(b, t, part, h, d)]; };
   p.assign(size_t(B) * NH * T * T, 0.0);
   out.assign(size_t(B) * T * C, 0.0);
   for (int b = 0; b < B; ++b)
@@ -520,15 +594,14 @@ inline void attention_forward(Vec& out, Vec& p, const Vec& qkv, int B, int T, in
       }
 }
 
-/** dqkv (B,T,3C) of attention for dout (B,T,C), given forward's probabilities p. */
+/** dqkv (B,T,W) of attention for dout (B,T,C), given forward's probabilities p: the gradients of
+ *  a key/value head sum over the query heads that read it. */
 inline Vec attention_backward(const Vec& dout, const Vec& qkv, const Vec& p, int B, int T, int C,
-                              int NH) {
+                              int NH, int KVH = 0) {
   const int hs = C / NH;
+  const QkvIndex idx{T, C, NH, KVH > 0 ? KVH : NH, hs};
   const double scale = 1.0 / std::sqrt(double(hs));
   Vec dqkv(qkv.size(), 0.0);
-  auto idx = [&](int b, int t, int part, int h, int d) {
-    return size_t((int64_t(b) * T + t) * 3 * C + part * C + h * hs + d);
-  };
   Vec dp(static_cast<size_t>(T));
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)

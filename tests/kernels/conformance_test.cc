@@ -2,8 +2,9 @@
 // seam (kernels/kernels.h) on every backend compiled in — the CPU's f32 and f64 tables, and the
 // CUDA f32 table where a GPU is present — against f64 references written from the contracts
 // (tests/kernels/conformance.h), on shapes drawn from fixed seeds that always include the odd ones
-// (T = 1, T = 70 across the CPU's 64-row causal blocks, head sizes 7 and 12, N not a multiple of
-// a vector width, C = 1, V < Vp). Data reaches the kernels through the backend's Device, so the
+// (T = 1, T = 70 across the CPU's 64-row causal blocks, head sizes 7 and 12, grouped-query
+// attention with 2 to 4 query heads per key/value head, N not a multiple of a vector width, C = 1,
+// V < Vp). Data reaches the kernels through the backend's Device, so the
 // same code runs on a GPU. Outputs the contract overwrites are poisoned with a NaN first (every
 // element must be written); outputs it accumulates into are pre-filled with random values (every
 // element must be added to); memory around an output (gaps between strided rows, other ranges)
@@ -608,10 +609,115 @@ TYPED_TEST(Conformance, LayerNorm) {
   }
 }
 
+// ---- RMSNorm ----------------------------------------------------------------------------------
+
+TYPED_TEST(Conformance, RmsNorm) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  std::vector<std::pair<int, int>> shapes = {{1, 1},  {3, 1},   {4, 2},  {1, 7},
+                                             {5, 64}, {70, 33}, {2, 769}};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("rmsnorm shape", seed));
+    shapes.emplace_back(in.integer(1, 40), in.integer(1, 130));
+  }
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const auto [N, C] = shapes[si];
+    const double eps = si % 2 ? 1e-6 : 1e-5;  // Llama 2's and Llama 3's
+    const std::string shape =
+        shape_str({{"N", N}, {"C", C}}) + " eps=" + (si % 2 ? "1e-6" : "1e-5");
+    Inputs in(seed_of("rmsnorm", uint64_t(N * 10000 + C)));
+    // Rows of different scales (up to 4), so that rstd differs from row to row.
+    std::vector<F> x = in.values<F>(size_t(N) * C);
+    const std::vector<F> row_scale = in.values<F>(size_t(N), 0.25, 4.0);
+    for (int i = 0; i < N; ++i)
+      for (int c = 0; c < C; ++c) x[size_t(i * C + c)] *= std::abs(row_scale[size_t(i)]);
+    const std::vector<F> w = in.values<F>(size_t(C), 0.5, 1.5), dy = in.values<F>(size_t(N) * C),
+                         dx0 = in.values<F>(size_t(N) * C), dw0 = in.values<F>(size_t(C));
+    Buffer<F> d_x = this->upload(x), d_w = this->upload(w), out = this->poisoned(size_t(N) * C),
+              rstd = this->poisoned(size_t(N));
+    k.rmsnorm_forward(out.data(), rstd.data(), d_x.data(), d_w.data(), N, C, eps);
+    Vec r_out(size_t(N) * C), r_rstd(static_cast<size_t>(N));
+    ref::rmsnorm_forward(r_out, r_rstd, wide(x), wide(w), N, C, eps);
+    this->check("rmsnorm_forward", shape, "out", out, r_out, Tol::arith);
+    this->check("rmsnorm_forward", shape, "rstd", rstd, r_rstd, Tol::arith);
+
+    // Backward from forward's saved rstd; both gradients accumulate. Not at C = 1, for the reason
+    // LayerNorm's is not: dinp is rstd · w · dy · (1 - x² · rstd²) = rstd · w · dy · eps / (x² +
+    // eps), a cancellation that leaves f32's rounding of x² · rstd² (~2^-24) against a result of
+    // order eps / x², relative errors far beyond any f32 bound, whatever the kernel does.
+    if (C == 1) continue;
+    Buffer<F> d_dy = this->upload(dy), dx = this->upload(dx0), dw = this->upload(dw0);
+    k.rmsnorm_backward(dx.data(), dw.data(), d_dy.data(), d_x.data(), d_w.data(), rstd.data(), N,
+                       C);
+    Vec r_dx = wide(dx0), r_dw = wide(dw0);
+    ref::rmsnorm_backward(r_dx, r_dw, wide(dy), wide(x), wide(w), N, C, eps);
+    this->check("rmsnorm_backward", shape, "dinp", dx, r_dx, Tol::arith);
+    this->check("rmsnorm_backward", shape, "dweight", dw, r_dw, Tol::arith);
+  }
+}
+
+// ---- rotary position embedding ----------------------------------------------------------------
+
+// In place over qkv (B,T,W): q and k held to the rotation, v bit for bit untouched; the inverse on
+// another buffer (a gradient) to the opposite rotation. Positions up to ~5000 and theta of Llama 2
+// (1e4) and Llama 3 (5e5); head sizes down to 2 and past every vector width; grouped key heads.
+TYPED_TEST(Conformance, Rope) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  struct Case {
+    int B, T, NH, KVH, hs, pos0;
+    double theta;
+  };
+  std::vector<Case> cases = {{1, 1, 1, 0, 2, 0, 1e4},     {2, 5, 3, 0, 12, 0, 1e4},
+                             {2, 5, 4, 2, 12, 3, 1e4},    {1, 70, 4, 1, 32, 100, 5e5},
+                             {2, 9, 6, 3, 64, 4090, 1e4}, {1, 3, 2, 1, 128, 0, 5e5},
+                             {1, 17, 2, 2, 6, 1, 10.0}};
+  const int head_sizes[] = {2, 8, 12, 16, 64};
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("rope shape", seed));
+    const int KVH = in.integer(1, 3), G = in.integer(1, 3);
+    cases.push_back({in.integer(1, 2), in.integer(1, 40), KVH * G, KVH,
+                     head_sizes[in.integer(0, 4)], in.integer(0, 5000),
+                     in.integer(0, 1) ? 5e5 : 1e4});
+  }
+  for (const Case& c : cases) {
+    const AttentionShape s{c.B, c.T, c.NH * c.hs, c.NH, c.KVH};
+    const int64_t W = s.width(), rotated = s.C + s.kv_width();  // q and k: the first columns
+    const std::string shape = shape_str({{"B", c.B},
+                                         {"T", c.T},
+                                         {"NH", c.NH},
+                                         {"KVH", s.kv_heads()},
+                                         {"hs", c.hs},
+                                         {"pos0", c.pos0}}) +
+                              " theta=" + std::to_string(int64_t(c.theta));
+    Inputs in(seed_of("rope", uint64_t(c.B * 1000000 + c.T * 1000 + c.NH * 100 + c.hs) +
+                                  uint64_t(c.pos0) * 1000000000ull));
+    const size_t n = size_t(c.B) * c.T * size_t(W);
+    // Rows split into the rotated columns, held to the bound, and v's, held exactly.
+    auto part = [&](const Vec& all, bool qk) {
+      Vec out;
+      for (size_t i = 0; i < all.size(); ++i)
+        if ((int64_t(i) % W < rotated) == qk) out.push_back(all[i]);
+      return out;
+    };
+    for (bool inverse : {false, true}) {
+      const std::string op = inverse ? "rope (inverse)" : "rope";
+      const std::vector<F> x = in.values<F>(n);
+      Buffer<F> d_x = this->upload(x);
+      k.rope(d_x.data(), s, c.pos0, c.theta, inverse);
+      const Vec got = wide(this->download(d_x)),
+                want = ref::rope(wide(x), s, c.pos0, c.theta, inverse);
+      this->check(op, shape, "q, k", part(got, true), part(want, true), Tol::arith);
+      this->check(op, shape, "v (untouched)", part(got, false), part(wide(x), false), Tol::exact);
+    }
+  }
+}
+
 // ---- attention --------------------------------------------------------------------------------
 
 struct Heads {
   int B, T, NH, hs;
+  int KVH = 0;  // key/value heads; 0: NH (multi-head)
 };
 
 std::vector<Heads> attention_shapes() {
@@ -623,6 +729,21 @@ std::vector<Heads> attention_shapes() {
     Inputs in(seed_of("attention shape", seed));
     shapes.push_back(
         {in.integer(1, 2), in.integer(1, 40), in.integer(1, 3), head_sizes[in.integer(0, 4)]});
+  }
+  // Grouped-query attention: groups of 2 to 4 query heads over one key/value head (T = 70 across
+  // the causal blocks, a single key/value head, odd head sizes), then drawn ones.
+  for (const Heads& h : std::vector<Heads>{{2, 5, 4, 12, 2},
+                                           {1, 70, 4, 16, 1},
+                                           {2, 17, 6, 7, 3},
+                                           {1, 1, 2, 7, 1},
+                                           {1, 70, 8, 32, 2}}) {
+    shapes.push_back(h);
+  }
+  for (uint64_t seed : kShapeSeeds) {
+    Inputs in(seed_of("attention gqa shape", seed));
+    const int KVH = in.integer(1, 3), G = in.integer(2, 4);
+    shapes.push_back(
+        {in.integer(1, 2), in.integer(1, 40), KVH * G, head_sizes[in.integer(0, 4)], KVH});
   }
   return shapes;
 }
@@ -636,13 +757,16 @@ void attention(Fixture& t, bool mixed) {
   const std::string tag = mixed ? " Bf16Operands" : "";
   const Tol tol = mixed ? Tol::bf16_attention : Tol::arith;
   for (const Heads& h : attention_shapes()) {
-    const AttentionShape s{h.B, h.T, h.NH * h.hs, h.NH};
-    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
-    const std::string shape = shape_str({{"B", B}, {"T", T}, {"NH", NH}, {"hs", h.hs}});
-    Inputs in(seed_of("attention", uint64_t(B * 1000000 + T * 1000 + NH * 100 + h.hs)));
+    const AttentionShape s{h.B, h.T, h.NH * h.hs, h.NH, h.KVH};
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH, KVH = s.kv_heads();
+    const int64_t W = s.width(), KV = s.kv_width();
+    std::string shape = shape_str({{"B", B}, {"T", T}, {"NH", NH}, {"hs", h.hs}});
+    if (h.KVH) shape += " KVH=" + std::to_string(h.KVH);
+    Inputs in(seed_of("attention", uint64_t(B * 1000000 + T * 1000 + NH * 100 + h.hs) +
+                                       uint64_t(h.KVH) * 1000000000ull));
     // f32 and f64: |q|, |k| up to 2, scores of a few units, so the softmax is far from uniform.
     // Mixed precision: up to 1, the magnitudes the bf16 bound is derived for (kTolerances).
-    const std::vector<F> qkv = in.values<F>(size_t(B) * T * 3 * C, mixed ? 0.1 : 0.2,
+    const std::vector<F> qkv = in.values<F>(size_t(B) * T * size_t(W), mixed ? 0.1 : 0.2,
                                             mixed ? 1.0 : 2.0),
                          dout = in.values<F>(size_t(B) * T * C);
     Bf16Operands ops(t.device(), k.attention_bf16_elements(s));
@@ -656,17 +780,19 @@ void attention(Fixture& t, bool mixed) {
     k.attention_backward(dqkv.data(), scratch.data(), d_dout.data(), d_qkv.data(), out.data(),
                          saved.data(), s, bf16);
     Vec r_out, r_p;
-    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH);
+    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH, KVH);
     t.check("attention_forward" + tag, shape, "out", out, r_out, tol);
-    // dq, dk and dv are held each to its own scale (dv's is larger), as separate tensors.
-    const Vec r_dqkv = ref::attention_backward(wide(dout), wide(qkv), r_p, B, T, C, NH);
+    // dq, dk and dv are held each to its own scale (dv's is larger), as separate tensors; under
+    // grouped-query attention dk and dv are sums over the query heads of a group.
+    const Vec r_dqkv = ref::attention_backward(wide(dout), wide(qkv), r_p, B, T, C, NH, KVH);
     const Vec got_dqkv = wide(t.download(dqkv));
+    const int64_t part_begin[] = {0, C, C + KV}, part_width[] = {C, KV, KV};
     for (int part = 0; part < 3; ++part) {
       Vec got, want;
       for (int64_t row = 0; row < int64_t(B) * T; ++row)
-        for (int c = 0; c < C; ++c) {
-          got.push_back(got_dqkv[size_t(row * 3 * C + part * C + c)]);
-          want.push_back(r_dqkv[size_t(row * 3 * C + part * C + c)]);
+        for (int64_t c = 0; c < part_width[part]; ++c) {
+          got.push_back(got_dqkv[size_t(row * W + part_begin[part] + c)]);
+          want.push_back(r_dqkv[size_t(row * W + part_begin[part] + c)]);
         }
       t.check("attention_backward" + tag, shape, std::string("dqkv: d") + "qkv"[part], got, want,
               tol);
@@ -677,10 +803,10 @@ void attention(Fixture& t, bool mixed) {
     // bf16's roundoff there, which AdamW turns into updates of order lr (docs/parity.md, "bf16").
     double worst = 0.0;
     for (int b = 0; b < B; ++b)
-      for (int c = 0; c < C; ++c) {
+      for (int64_t c = 0; c < KV; ++c) {
         double sum = 0.0, size = 0.0;
         for (int tt = 0; tt < T; ++tt) {
-          const double g = got_dqkv[size_t((int64_t(b) * T + tt) * 3 * C + C + c)];
+          const double g = got_dqkv[size_t((int64_t(b) * T + tt) * W + C + c)];
           sum += g;
           size += std::abs(g);
         }
@@ -721,35 +847,45 @@ TYPED_TEST(Conformance, AttentionDecode) {
   struct Decode {
     int B, NH, hs, maxT;
     std::vector<int> calls;  // new positions per call
+    int KVH = 0;             // key/value heads; 0: NH
   };
   const std::vector<Decode> cases = {{1, 1, 7, 1, {1}},
                                      {2, 3, 12, 12, {4, 1, 3, 1}},
                                      {1, 2, 32, 70, {64, 5, 1}},
                                      {2, 1, 64, 8, {1, 1, 1, 1, 1, 1}},
-                                     {1, 3, 7, 75, {1, 69}}};
+                                     {1, 3, 7, 75, {1, 69}},
+                                     {2, 4, 12, 12, {4, 1, 3, 1}, 2},
+                                     {1, 4, 32, 70, {64, 5, 1}, 1},
+                                     {1, 6, 7, 75, {1, 69}, 3}};
   for (const Decode& d : cases) {
     int T = 0;
     for (int n : d.calls) T += n;
     const int B = d.B, NH = d.NH, C = d.NH * d.hs, maxT = d.maxT;
-    std::string shape = shape_str({{"B", B}, {"NH", NH}, {"hs", d.hs}, {"maxT", maxT}}) + " calls";
+    const AttentionShape whole{B, T, C, NH, d.KVH};
+    const int KVH = whole.kv_heads();
+    const int64_t W = whole.width(), KV = whole.kv_width();
+    std::string shape = shape_str({{"B", B}, {"NH", NH}, {"hs", d.hs}, {"maxT", maxT}});
+    if (d.KVH) shape += " KVH=" + std::to_string(d.KVH);
+    shape += " calls";
     for (int n : d.calls) shape.append(" ").append(std::to_string(n));
-    Inputs in(seed_of("attention_decode", uint64_t(B * 1000000 + T * 1000 + NH * 100 + d.hs)));
-    const std::vector<F> qkv = in.values<F>(size_t(B) * T * 3 * C, 0.2, 2.0);
+    Inputs in(seed_of("attention_decode", uint64_t(B * 1000000 + T * 1000 + NH * 100 + d.hs) +
+                                              uint64_t(d.KVH) * 1000000000ull));
+    const std::vector<F> qkv = in.values<F>(size_t(B) * T * size_t(W), 0.2, 2.0);
     Vec r_out, r_p;
-    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH);
-    // Caches poisoned: positions not yet written must never be read.
-    Buffer<F> kcache = this->poisoned(size_t(B) * maxT * C),
-              vcache = this->poisoned(size_t(B) * maxT * C),
+    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH, KVH);
+    // Caches (B, maxT, KVH·hs) poisoned: positions not yet written must never be read.
+    Buffer<F> kcache = this->poisoned(size_t(B) * maxT * size_t(KV)),
+              vcache = this->poisoned(size_t(B) * maxT * size_t(KV)),
               scratch = this->poisoned(k.attention_decode_scratch_elements(B, NH, maxT));
     int pos0 = 0;
     for (int n : d.calls) {
-      std::vector<F> part(size_t(B) * n * 3 * C);  // this call's positions of each sequence
+      std::vector<F> part(size_t(B) * n * size_t(W));  // this call's positions of each sequence
       for (int b = 0; b < B; ++b)
-        std::copy_n(qkv.begin() + (int64_t(b) * T + pos0) * 3 * C, int64_t(n) * 3 * C,
-                    part.begin() + int64_t(b) * n * 3 * C);
+        std::copy_n(qkv.begin() + (int64_t(b) * T + pos0) * W, int64_t(n) * W,
+                    part.begin() + int64_t(b) * n * W);
       Buffer<F> d_part = this->upload(part), out = this->poisoned(size_t(B) * n * C);
       k.attention_decode(out.data(), d_part.data(), kcache.data(), vcache.data(), scratch.data(),
-                         pos0, AttentionShape{B, n, C, NH}, maxT);
+                         pos0, AttentionShape{B, n, C, NH, d.KVH}, maxT);
       Vec want(size_t(B) * n * C);
       for (int b = 0; b < B; ++b)
         std::copy_n(r_out.begin() + (int64_t(b) * T + pos0) * C, int64_t(n) * C,
@@ -758,16 +894,16 @@ TYPED_TEST(Conformance, AttentionDecode) {
                   want, Tol::arith);
       pos0 += n;
     }
-    // The caches' positions [0, T): (B, maxT, C) keys and values.
+    // The caches' positions [0, T): (B, maxT, KVH·hs) keys and values.
     const std::vector<F> kc = this->download(kcache), vc = this->download(vcache);
     Vec got_k, got_v, want_k, want_v;
     for (int b = 0; b < B; ++b)
       for (int p = 0; p < T; ++p)
-        for (int c = 0; c < C; ++c) {
-          got_k.push_back(kc[size_t((int64_t(b) * maxT + p) * C + c)]);
-          got_v.push_back(vc[size_t((int64_t(b) * maxT + p) * C + c)]);
-          want_k.push_back(qkv[size_t((int64_t(b) * T + p) * 3 * C + C + c)]);
-          want_v.push_back(qkv[size_t((int64_t(b) * T + p) * 3 * C + 2 * C + c)]);
+        for (int64_t c = 0; c < KV; ++c) {
+          got_k.push_back(kc[size_t((int64_t(b) * maxT + p) * KV + c)]);
+          got_v.push_back(vc[size_t((int64_t(b) * maxT + p) * KV + c)]);
+          want_k.push_back(qkv[size_t((int64_t(b) * T + p) * W + C + c)]);
+          want_v.push_back(qkv[size_t((int64_t(b) * T + p) * W + C + KV + c)]);
         }
     this->check("attention_decode", shape, "kcache", got_k, want_k, Tol::exact);
     this->check("attention_decode", shape, "vcache", got_v, want_v, Tol::exact);
@@ -807,6 +943,37 @@ TYPED_TEST(Conformance, Gelu) {
     this->check("gelu_backward", shape, "dinp", dx, r_dx, Tol::arith);
     k.gelu_backward(d_dy.data(), d_x.data(), d_dy.data(), N);  // dinp aliasing dout
     this->check("gelu_backward", shape, "dinp (aliasing dout)", d_dy, r_dx, Tol::arith);
+  }
+}
+
+TYPED_TEST(Conformance, Swiglu) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  for (int64_t N : {int64_t(1), int64_t(7), int64_t(1000), int64_t(40001)}) {
+    const std::string shape = shape_str({{"N", N}});
+    Inputs in(seed_of("swiglu", uint64_t(N)));
+    // |gate| up to 8: both tails (silu ~ 0 far left, ~ x far right) and the curve between.
+    const std::vector<F> gate = in.values<F>(size_t(N), 0.01, 8.0), up = in.values<F>(size_t(N)),
+                         dy = in.values<F>(size_t(N));
+    Vec r_out(static_cast<size_t>(N)), r_dgate(static_cast<size_t>(N)),
+        r_dup(static_cast<size_t>(N));
+    for (size_t i = 0; i < gate.size(); ++i) {
+      r_out[i] = ref::silu(gate[i]) * double(up[i]);
+      r_dgate[i] = ref::silu_grad(gate[i]) * double(up[i]) * double(dy[i]);
+      r_dup[i] = ref::silu(gate[i]) * double(dy[i]);
+    }
+    Buffer<F> d_gate = this->upload(gate), d_up = this->upload(up), d_dy = this->upload(dy),
+              out = this->poisoned(size_t(N));
+    k.swiglu_forward(out.data(), d_gate.data(), d_up.data(), N);
+    this->check("swiglu_forward", shape, "out", out, r_out, Tol::arith);
+    Buffer<F> dgate = this->poisoned(size_t(N)), dup = this->poisoned(size_t(N));
+    k.swiglu_backward(dgate.data(), dup.data(), d_dy.data(), d_gate.data(), d_up.data(), N);
+    this->check("swiglu_backward", shape, "dgate", dgate, r_dgate, Tol::arith);
+    this->check("swiglu_backward", shape, "dup", dup, r_dup, Tol::arith);
+    Buffer<F> dup2 = this->poisoned(size_t(N));
+    k.swiglu_backward(d_dy.data(), dup2.data(), d_dy.data(), d_gate.data(), d_up.data(), N);
+    this->check("swiglu_backward", shape, "dgate (aliasing dout)", d_dy, r_dgate, Tol::arith);
+    this->check("swiglu_backward", shape, "dup (dgate aliasing dout)", dup2, r_dup, Tol::arith);
   }
 }
 

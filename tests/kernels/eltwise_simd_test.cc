@@ -88,6 +88,32 @@ TEST_F(Branches, GeluForwardAndBackward) {
   });
 }
 
+TEST_F(Branches, SwigluForwardAndBackward) {
+  each([] {
+    for (int64_t N : {1, 15, 17, 1000, 40001}) {
+      // |gate| up to 100 reaches exp's clamps.
+      const std::vector<float> gate = uniform(size_t(N), -100, 100, unsigned(N + 2)),
+                               up = uniform(size_t(N), -2, 2, unsigned(N + 3)),
+                               dy = uniform(size_t(N), -1, 1, unsigned(N + 4));
+      std::vector<double> rg = wide(gate), ru = wide(up), rdy = wide(dy),
+                          rout(static_cast<size_t>(N)), rdg(static_cast<size_t>(N)),
+                          rdu(static_cast<size_t>(N));
+      swiglu_forward(rout.data(), rg.data(), ru.data(), N);
+      swiglu_backward(rdg.data(), rdu.data(), rdy.data(), rg.data(), ru.data(), N);
+      std::vector<float> out(static_cast<size_t>(N)), dg(static_cast<size_t>(N)),
+          du(static_cast<size_t>(N)), du2(static_cast<size_t>(N)), alias = dy;
+      swiglu_forward(out.data(), gate.data(), up.data(), N);
+      swiglu_backward(dg.data(), du.data(), dy.data(), gate.data(), up.data(), N);
+      swiglu_backward(alias.data(), du2.data(), alias.data(), gate.data(), up.data(), N);
+      expect_near(out, rout, "swiglu_forward");
+      expect_near(dg, rdg, "swiglu_backward dgate");
+      expect_near(du, rdu, "swiglu_backward dup");
+      EXPECT_EQ(alias, dg) << "swiglu_backward with dgate aliasing dout";
+      EXPECT_EQ(du2, du) << "swiglu_backward dup with dgate aliasing dout";
+    }
+  });
+}
+
 TEST_F(Branches, BiasGeluAndItsGradient) {
   each([] {
     for (auto [N, OC] : {std::pair{3, 1}, {5, 31}, {37, 70}, {64, 129}, {33, 1024}}) {

@@ -13,6 +13,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rope.h"
 #include "tests/kernels/cpu_products.h"
 
 namespace tetra::cpu {
@@ -60,6 +61,79 @@ TEST(GradCheck, LayerNormBackwardAccumulates) {
   }
   for (int i = 0; i < N * C; ++i) EXPECT_NEAR(dx2[i], 2 * dx1[i], 1e-12);
   for (int i = 0; i < C; ++i) EXPECT_NEAR(dw2[i], 2 * dw1[i], 1e-12);
+}
+
+TEST(GradCheck, RmsNorm) {
+  const int N = 6, C = 10;
+  for (double eps : {1e-5, 1e-6}) {
+    Vec x = random_vector(N * C, 31, 2.0), w = random_vector(C, 32), r = random_vector(N * C, 33);
+    Vec out(N * C), rstd(N);
+    auto loss = [&] {
+      rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+      return dot(out, r);
+    };
+    loss();
+    // The contract's rstd and out, directly.
+    for (int i = 0; i < N; ++i) {
+      double ms = 0.0;
+      for (int c = 0; c < C; ++c) ms += x[i * C + c] * x[i * C + c] / C;
+      EXPECT_NEAR(rstd[i], 1.0 / std::sqrt(ms + eps), 1e-14 * rstd[i]);
+      for (int c = 0; c < C; ++c) EXPECT_NEAR(out[i * C + c], x[i * C + c] * rstd[i] * w[c], 1e-14);
+    }
+    // Pre-filled: both gradients accumulate.
+    const Vec dx0 = random_vector(N * C, 34), dw0 = random_vector(C, 35);
+    Vec dx = dx0, dw = dw0;
+    rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), N, C);
+    for (int i = 0; i < N * C; ++i) dx[i] -= dx0[i];
+    for (int c = 0; c < C; ++c) dw[c] -= dw0[c];
+    EXPECT_LT(max_grad_error(x, dx, loss), kGradTolerance) << "eps " << eps;
+    EXPECT_LT(max_grad_error(w, dw, loss), kGradTolerance) << "eps " << eps;
+  }
+}
+
+// silu(gate) · up against its formula, and its gradients against central differences; dgate may
+// alias dout.
+TEST(GradCheck, Swiglu) {
+  const int N = 60;
+  Vec gate = random_vector(N, 36, 3.0), up = random_vector(N, 37), r = random_vector(N, 38);
+  gate[0] = -30, gate[1] = 30;  // the tails: silu ~ 0 far left, ~ x far right
+  Vec out(N);
+  auto loss = [&] {
+    swiglu_forward(out.data(), gate.data(), up.data(), N);
+    return dot(out, r);
+  };
+  loss();
+  for (int i = 0; i < N; ++i)
+    EXPECT_NEAR(out[i], gate[i] / (1.0 + std::exp(-gate[i])) * up[i],
+                1e-14 * std::abs(gate[i] * up[i]));
+  Vec dgate(N), dup(N);
+  swiglu_backward(dgate.data(), dup.data(), r.data(), gate.data(), up.data(), N);
+  EXPECT_LT(max_grad_error(gate, dgate, loss), kGradTolerance);
+  EXPECT_LT(max_grad_error(up, dup, loss), kGradTolerance);
+  Vec aliased = r, dup2(N);
+  swiglu_backward(aliased.data(), dup2.data(), aliased.data(), gate.data(), up.data(), N);
+  EXPECT_EQ(aliased, dgate);
+  EXPECT_EQ(dup2, dup);
+}
+
+TEST(GradCheck, SwigluFloatTracksDouble) {
+  // The f32 kernels (the vector branch this CPU picks) against f64, across exp's clamps.
+  const int N = 1001;
+  const Vec gd = random_vector(N, 39, 6.0), ud = random_vector(N, 40), rd = random_vector(N, 41);
+  std::vector<float> g(gd.begin(), gd.end()), u(ud.begin(), ud.end()), rf(rd.begin(), rd.end());
+  g[0] = -100.0f, g[1] = 100.0f;
+  const Vec gw(g.begin(), g.end()), uw(u.begin(), u.end()), rw(rf.begin(), rf.end());
+  Vec out(N), dg(N), du(N);
+  swiglu_forward(out.data(), gw.data(), uw.data(), N);
+  swiglu_backward(dg.data(), du.data(), rw.data(), gw.data(), uw.data(), N);
+  std::vector<float> of(N), dgf(N), duf(N);
+  swiglu_forward(of.data(), g.data(), u.data(), N);
+  swiglu_backward(dgf.data(), duf.data(), rf.data(), g.data(), u.data(), N);
+  for (int i = 0; i < N; ++i) {
+    EXPECT_NEAR(of[i], out[i], 1e-6 * std::max(1.0, std::abs(out[i]))) << i;
+    EXPECT_NEAR(dgf[i], dg[i], 1e-6 * std::max(1.0, std::abs(dg[i]))) << i;
+    EXPECT_NEAR(duf[i], du[i], 1e-6 * std::max(1.0, std::abs(du[i]))) << i;
+  }
 }
 
 TEST(GradCheck, Gelu) {
@@ -158,54 +232,219 @@ TEST(GradCheck, Embedding) {
 }
 
 // Max relative error of attention's dqkv against central differences of sum(out * r).
-double attention_grad_error(int B, int T, int C, int NH, uint32_t seed) {
-  Vec qkv = random_vector(size_t(B) * T * 3 * C, seed),
-      r = random_vector(size_t(B) * T * C, seed + 1);
-  Vec out(r.size()), att(size_t(B) * NH * T * T);
+double attention_grad_error(const AttentionShape& s, uint32_t seed) {
+  Vec qkv = random_vector(size_t(s.B) * s.T * size_t(s.width()), seed),
+      r = random_vector(size_t(s.B) * s.T * s.C, seed + 1);
+  Vec out(r.size()), att(size_t(s.B) * s.NH * s.T * s.T);
   auto loss = [&] {
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), s);
     return dot(out, r);
   };
   loss();
   Vec dqkv(qkv.size()), datt(att.size());
-  attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), s);
   return max_grad_error(qkv, dqkv, loss);
 }
 
 TEST(GradCheck, CausalAttention) {
-  EXPECT_LT(attention_grad_error(2, 5, 8, 2, 14), kGradTolerance);
+  EXPECT_LT(attention_grad_error({2, 5, 8, 2}, 14), kGradTolerance);
 }
 
 TEST(GradCheck, CausalAttentionAcrossQueryBlocks) {
   // T = 70 spans two causal blocks (64 + 6 query rows): block-wise products and accumulation.
-  EXPECT_LT(attention_grad_error(1, 70, 4, 2, 19), kGradTolerance);
+  EXPECT_LT(attention_grad_error({1, 70, 4, 2}, 19), kGradTolerance);
+}
+
+// Grouped-query attention: dk and dv sum over the query heads of each group (two groups of two,
+// one group of four), also across the causal blocks.
+TEST(GradCheck, GroupedQueryAttention) {
+  EXPECT_LT(attention_grad_error({2, 5, 24, 4, 2}, 23), kGradTolerance);
+  EXPECT_LT(attention_grad_error({2, 5, 24, 4, 1}, 25), kGradTolerance);
+  EXPECT_LT(attention_grad_error({1, 70, 8, 4, 2}, 27), kGradTolerance);
+  EXPECT_LT(attention_grad_error({1, 70, 6, 3, 1}, 29), kGradTolerance);
+}
+
+// qkv (B,T,C + 2·KVH·hs) of grouped-query attention as multi-head qkv (B,T,3C): every key and
+// value head repeated for the G query heads of its group (Hugging Face's repeat_kv).
+template <typename F>
+std::vector<F> repeat_kv(const std::vector<F>& qkv, const AttentionShape& s) {
+  const int hs = s.head_size(), G = s.NH / s.kv_heads();
+  const int64_t W = s.width(), KV = s.kv_width(), C = s.C;
+  std::vector<F> mha(size_t(s.B) * s.T * 3 * C);
+  for (int64_t r = 0; r < int64_t(s.B) * s.T; ++r) {
+    const F* in = qkv.data() + r * W;
+    F* out = mha.data() + r * 3 * C;
+    std::copy(in, in + C, out);
+    for (int h = 0; h < s.NH; ++h) {
+      std::copy_n(in + C + (h / G) * hs, hs, out + C + h * hs);
+      std::copy_n(in + C + KV + (h / G) * hs, hs, out + 2 * C + h * hs);
+    }
+  }
+  return mha;
+}
+
+// Grouped-query attention is multi-head attention over repeated key and value heads: the same
+// output and probabilities, the same dq, and dk, dv the sums of the repeated heads' gradients.
+template <typename F>
+void expect_gqa_is_repeated_mha(const AttentionShape& s, double tol) {
+  const int hs = s.head_size(), G = s.NH / s.kv_heads();
+  const int64_t W = s.width(), KV = s.kv_width(), C = s.C, BT = int64_t(s.B) * s.T;
+  const AttentionShape mha{s.B, s.T, s.C, s.NH};
+  const Vec qd = random_vector(size_t(BT * W), 51), rd = random_vector(size_t(BT * C), 52);
+  const std::vector<F> qkv(qd.begin(), qd.end()), r(rd.begin(), rd.end());
+  const std::vector<F> qkv_mha = repeat_kv(qkv, s);
+  const size_t n_att = size_t(s.B) * s.NH * s.T * s.T;
+  std::vector<F> out(size_t(BT * C)), att(n_att), dqkv(qkv.size()), datt(n_att);
+  std::vector<F> out_m(out.size()), att_m(n_att), dqkv_m(qkv_mha.size()), datt_m(n_att);
+  attention_forward(out.data(), att.data(), qkv.data(), s);
+  attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), s);
+  attention_forward(out_m.data(), att_m.data(), qkv_mha.data(), mha);
+  attention_backward(dqkv_m.data(), datt_m.data(), r.data(), qkv_mha.data(), att_m.data(), mha);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_m[i], tol) << "out " << i;
+  for (size_t i = 0; i < n_att; ++i) ASSERT_NEAR(att[i], att_m[i], tol) << "att " << i;
+  for (int64_t row = 0; row < BT; ++row) {
+    const F* g = dqkv.data() + row * W;
+    const F* m = dqkv_m.data() + row * 3 * C;
+    for (int64_t c = 0; c < C; ++c) ASSERT_NEAR(g[c], m[c], tol) << "dq " << row << "," << c;
+    for (int64_t c = 0; c < KV; ++c) {
+      double dk = 0.0, dv = 0.0;
+      for (int j = 0; j < G; ++j) {
+        const int64_t col = (c / hs * G + j) * hs + c % hs;  // query head kvh·G + j, channel c % hs
+        dk += double(m[C + col]);
+        dv += double(m[2 * C + col]);
+      }
+      ASSERT_NEAR(g[C + c], dk, tol) << "dk " << row << "," << c;
+      ASSERT_NEAR(g[C + KV + c], dv, tol) << "dv " << row << "," << c;
+    }
+  }
+}
+
+TEST(GradCheck, GroupedQueryAttentionIsMultiHeadOverRepeatedKeysAndValues) {
+  for (const AttentionShape& s :
+       {AttentionShape{2, 5, 24, 4, 2}, AttentionShape{2, 5, 24, 4, 1},
+        AttentionShape{2, 70, 48, 6, 2}, AttentionShape{1, 130, 64, 8, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << s.T << " NH " << s.NH << " KVH " << s.KVH);
+    expect_gqa_is_repeated_mha<double>(s, 1e-12);
+    expect_gqa_is_repeated_mha<float>(s, 2e-5);
+  }
 }
 
 TEST(GradCheck, FloatAttentionTracksDoubleAcrossBlocks) {
-  // The oneDNN path with block offsets against the f64 reference path, forward and backward.
-  const int B = 2, T = 130, C = 16, NH = 2;
-  Vec qkv = random_vector(B * T * 3 * C, 21), r = random_vector(B * T * C, 22);
-  Vec out(B * T * C), att(B * NH * T * T), dqkv(qkv.size()), datt(att.size());
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
-  std::vector<float> qf(qkv.begin(), qkv.end()), rf(r.begin(), r.end()), of(out.size()),
-      af(att.size()), dqf(qkv.size()), daf(att.size());
-  attention_forward(of.data(), af.data(), qf.data(), B, T, C, NH);
-  attention_backward(dqf.data(), daf.data(), rf.data(), qf.data(), af.data(), B, T, C, NH);
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(of[i], out[i], 1e-5) << i;
-  for (size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqf[i], dqkv[i], 1e-4) << i;
+  // The oneDNN path with block offsets against the f64 reference path, forward and backward; with
+  // KVH = 2 the grouped products (query head stride G·hs) as well.
+  for (const AttentionShape& s :
+       {AttentionShape{2, 130, 16, 2}, AttentionShape{2, 130, 32, 4, 2}}) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    Vec qkv = random_vector(B * T * size_t(s.width()), 21), r = random_vector(B * T * C, 22);
+    Vec out(B * T * C), att(B * NH * T * T), dqkv(qkv.size()), datt(att.size());
+    attention_forward(out.data(), att.data(), qkv.data(), s);
+    attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), s);
+    std::vector<float> qf(qkv.begin(), qkv.end()), rf(r.begin(), r.end()), of(out.size()),
+        af(att.size()), dqf(qkv.size()), daf(att.size());
+    attention_forward(of.data(), af.data(), qf.data(), s);
+    attention_backward(dqf.data(), daf.data(), rf.data(), qf.data(), af.data(), s);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(of[i], out[i], 1e-5) << i;
+    for (size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqf[i], dqkv[i], 1e-4) << i;
+  }
 }
 
 TEST(GradCheck, AttentionIsCausal) {
   // Changing the last position's k and v must not change any earlier output.
   const int B = 1, T = 4, C = 4, NH = 1;
   Vec qkv = random_vector(T * 3 * C, 16), out(T * C), out2(T * C), att(T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  attention_forward(out.data(), att.data(), qkv.data(), {B, T, C, NH});
   for (int c = C; c < 3 * C; ++c) qkv[(T - 1) * 3 * C + c] += 1.0;
-  attention_forward(out2.data(), att.data(), qkv.data(), B, T, C, NH);
+  attention_forward(out2.data(), att.data(), qkv.data(), {B, T, C, NH});
   for (int i = 0; i < (T - 1) * C; ++i) EXPECT_DOUBLE_EQ(out[i], out2[i]);
   for (int t = 0; t < T; ++t)
     for (int j = t + 1; j < T; ++j) EXPECT_EQ(att[t * T + j], 0.0);
+}
+
+// ---- rotary position embedding ----
+
+// The rotation of qkv (B,T,W) from the contract, element by element: the pair (i, i + hs/2) of
+// every q and k head at position pos0 + t turns by (pos0 + t) · theta^(-2i/hs).
+Vec rope_direct(const Vec& qkv, const AttentionShape& s, int pos0, double theta, bool inverse) {
+  const int hs = s.head_size(), half = hs / 2;
+  const int64_t W = s.width();
+  Vec y = qkv;
+  for (int b = 0; b < s.B; ++b)
+    for (int t = 0; t < s.T; ++t)
+      for (int h = 0; h < s.NH + s.kv_heads(); ++h)
+        for (int i = 0; i < half; ++i) {
+          const double angle =
+              (inverse ? -1.0 : 1.0) * (pos0 + t) / std::pow(theta, 2.0 * i / double(hs));
+          const size_t x1 = size_t((int64_t(b) * s.T + t) * W + h * hs + i), x2 = x1 + half;
+          y[x1] = qkv[x1] * std::cos(angle) - qkv[x2] * std::sin(angle);
+          y[x2] = qkv[x2] * std::cos(angle) + qkv[x1] * std::sin(angle);
+        }
+  return y;
+}
+
+TEST(GradCheck, RopeMatchesTheRotationFormula) {
+  struct Case {
+    AttentionShape s;
+    int pos0;
+    double theta;
+  };
+  for (const Case& c : {Case{{2, 5, 32, 4, 2}, 0, 10000.0}, Case{{1, 3, 24, 2, 1}, 1000, 500000.0},
+                        Case{{2, 4, 12, 3}, 7, 100.0}}) {
+    const AttentionShape& s = c.s;
+    const Vec x = random_vector(size_t(s.B) * s.T * size_t(s.width()), 61);
+    for (bool inverse : {false, true}) {
+      Vec y = x;
+      rope(y.data(), s, c.pos0, c.theta, inverse);
+      const Vec want = rope_direct(x, s, c.pos0, c.theta, inverse);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-13) << i;
+      // v untouched, bit for bit
+      const int64_t W = s.width(), v0 = s.C + s.kv_width();
+      for (size_t i = 0; i < y.size(); ++i) {
+        if (int64_t(i) % W >= v0) {
+          ASSERT_EQ(y[i], x[i]) << i;
+        }
+      }
+      std::vector<float> yf(x.begin(), x.end());
+      rope(yf.data(), s, c.pos0, c.theta, inverse);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(yf[i], want[i], 1e-6) << i;
+    }
+  }
+  // One unit vector per pair: the angle itself, at positions 0 and 37 and theta 10000 and 321.
+  const AttentionShape s{1, 38, 8, 1};
+  for (double theta : {10000.0, 321.0}) {
+    for (int i = 0; i < 4; ++i) {
+      Vec x(size_t(s.T) * size_t(s.width()), 0.0);
+      for (int t = 0; t < s.T; ++t) x[size_t(t * s.width() + i)] = 1.0;
+      rope(x.data(), s, 0, theta, false);
+      for (int t : {0, 37}) {
+        const double angle = t * std::pow(theta, -2.0 * i / 8);
+        EXPECT_NEAR(x[size_t(t * s.width() + i)], std::cos(angle), 1e-15);
+        EXPECT_NEAR(x[size_t(t * s.width() + i + 4)], std::sin(angle), 1e-15);
+      }
+    }
+  }
+}
+
+// The inverse rotation is the exact adjoint (the backward): <rope(x), r> = <x, rope⁻¹(r)>, and a
+// rotation followed by its inverse gives x back; also against central differences.
+TEST(GradCheck, RopeInverseIsTheAdjoint) {
+  const AttentionShape s{2, 7, 32, 4, 2};
+  const int pos0 = 11;
+  const double theta = 10000.0;
+  Vec x = random_vector(size_t(s.B) * s.T * size_t(s.width()), 71), r = random_vector(x.size(), 72);
+  Vec y = x, z = r;
+  rope(y.data(), s, pos0, theta, false);
+  rope(z.data(), s, pos0, theta, true);
+  EXPECT_NEAR(dot(y, r), dot(x, z), 1e-12 * std::abs(dot(x, z)));
+  Vec back = y;
+  rope(back.data(), s, pos0, theta, true);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(back[i], x[i], 1e-14) << i;
+  Vec out;
+  auto loss = [&] {
+    out = x;
+    rope(out.data(), s, pos0, theta, false);
+    return dot(out, r);
+  };
+  EXPECT_LT(max_grad_error(x, z, loss), kGradTolerance);
 }
 
 TEST(GradCheck, SoftmaxCrossEntropyOverPaddedVocab) {

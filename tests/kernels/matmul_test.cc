@@ -260,13 +260,12 @@ TEST(Matmul, MixedPrecisionAttentionRoundsEachOperandOnce) {
   const auto qkv = random_floats(BT * 3 * C, 21), dy = random_floats(BT * C, 22);
   Bf16Operands ops(host_device(), 8);
   std::vector<float> out(BT * C), att(size_t(B) * NH * TT), dqkv(qkv.size()), datt(att.size());
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, &ops);
-  attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH,
-                     &ops);
+  const AttentionShape shape{B, T, C, NH};
+  attention_forward(out.data(), att.data(), qkv.data(), shape, &ops);
+  attention_backward(dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), shape, &ops);
   std::vector<float> out32(out.size()), att32(att.size()), dqkv32(dqkv.size()), datt32(att.size());
-  attention_forward(out32.data(), att32.data(), qkv.data(), B, T, C, NH);
-  attention_backward(dqkv32.data(), datt32.data(), dy.data(), qkv.data(), att32.data(), B, T, C,
-                     NH);
+  attention_forward(out32.data(), att32.data(), qkv.data(), shape);
+  attention_backward(dqkv32.data(), datt32.data(), dy.data(), qkv.data(), att32.data(), shape);
 
   const auto r = rounded_to_bf16(qkv), dyr = rounded_to_bf16(dy);
   const auto round = [](double x) { return double(bf16::from_float(float(x)).to_float()); };

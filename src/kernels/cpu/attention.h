@@ -2,6 +2,14 @@
 // matmuls over strided views of qkv; softmax is fused with the 1/sqrt(hs) scale and the causal
 // mask. Probabilities are kept for backward. F is float (oneDNN) or double (gradient checks).
 //
+// Grouped-query attention (AttentionShape: KVH key/value heads for NH query heads, G = NH/KVH):
+// the G query heads of a group share one key and one value head, and no matmul stride can walk
+// both the query heads of a group and the key heads, so every product is issued G times, once per
+// member j of the groups, batched over (B, KVH): query heads j, j + G, ... (head stride G·hs), the
+// key/value heads (stride hs), and their probabilities (head stride G·T·T). dk and dv are sums over
+// a group's query heads: every product after the first accumulates into them. With G = 1 this is
+// one product per step, the very products of multi-head attention.
+//
 // Mixed precision (train.precision = bf16; `bf16` non-null, F = float): q·k^T, att·v, datt = dy·v^T
 // and dv = att^T·dy take bf16 operands with f32 accumulation and f32 results, as the model's other
 // products do, each tensor rounded once per call rather than once per product: q, k and v (the
@@ -19,26 +27,26 @@
 
 namespace tetra::cpu {
 
-// att is (B,NH,T,T): causal softmax(q·k^T / sqrt(hs)) (upper triangle zero); qkv is (B,T,3C)
-// laid out as [q | k | v], each (NH, hs) with hs = C/NH. Selective recomputation calls this alone.
+// att is (B,NH,T,T): causal softmax(q·k^T / sqrt(hs)) (upper triangle zero); qkv is (B,T,W)
+// laid out as [q | k | v] (AttentionShape: q (NH, hs), k and v (KVH, hs) each). Selective
+// recomputation calls this alone.
 template <typename F>
-void attention_probs(F* att, const F* qkv, int B, int T, int C, int NH,
-                     Bf16Operands* bf16 = nullptr);
+void attention_probs(F* att, const F* qkv, const AttentionShape& s, Bf16Operands* bf16 = nullptr);
 // attention_probs, then out (B,T,C) = att · v.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH,
+void attention_forward(F* out, F* att, const F* qkv, const AttentionShape& s,
                        Bf16Operands* bf16 = nullptr);
-// Attention of T new positions pos0..pos0+T-1 over a key/value cache (generation). The new keys
-// and values of qkv (B,T,3C) are first written into kcache and vcache (B,maxT,C) at pos0..; then
+// Attention of s.T new positions pos0.. over a key/value cache (generation). The new keys and
+// values of qkv (B,T,W) are first written into kcache and vcache (B,maxT,KVH·hs) at pos0..; then
 // each new query attends to cached positions 0..its own. out is (B,T,C); scores is (maxT) scratch.
 template <typename F>
-void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scores, int pos0, int B, int T,
-                      int C, int NH, int maxT);
-// dqkv (B,T,3C) is overwritten; datt (B,NH,T,T) is scratch; dout is (B,T,C).
+void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scores, int pos0,
+                      const AttentionShape& s, int maxT);
+// dqkv (B,T,W) is overwritten; datt (B,NH,T,T) is scratch; dout is (B,T,C).
 template <typename F>
-void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att, int B, int T,
-                        int C, int NH, Bf16Operands* bf16 = nullptr);
-// Elements of the bf16 scratch that mixed-precision attention takes for (B,T,C) with NH heads.
-size_t attention_bf16_elements(int B, int T, int C, int NH);
+void attention_backward(F* dqkv, F* datt, const F* dout, const F* qkv, const F* att,
+                        const AttentionShape& s, Bf16Operands* bf16 = nullptr);
+// Elements of the bf16 scratch that mixed-precision attention takes for shape s.
+size_t attention_bf16_elements(const AttentionShape& s);
 
 }  // namespace tetra::cpu

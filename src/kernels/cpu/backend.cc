@@ -19,6 +19,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe_rows.h"
 #include "kernels/cpu/peak.h"
+#include "kernels/cpu/rope.h"
 
 namespace tetra {
 
@@ -62,6 +63,19 @@ class CpuKernels final : public Kernels<F> {
     cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
 
+  void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* weight, int64_t N, int C,
+                       double eps) override {
+    cpu::rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+  }
+  void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
+                        const F* rstd, int64_t N, int C) override {
+    cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+
+  void rope(F* qkv, const AttentionShape& s, int pos0, double theta, bool inverse) override {
+    cpu::rope(qkv, s, pos0, theta, inverse);
+  }
+
   // Attention keeps the softmax probabilities (B,NH,T,T); backward's scratch is their gradient.
   size_t attention_saved_elements(const AttentionShape& s) const override {
     return size_t(s.B) * size_t(s.NH) * size_t(s.T) * size_t(s.T);
@@ -70,28 +84,35 @@ class CpuKernels final : public Kernels<F> {
     return attention_saved_elements(s);
   }
   size_t attention_bf16_elements(const AttentionShape& s) const override {
-    return cpu::attention_bf16_elements(s.B, s.T, s.C, s.NH);
+    return cpu::attention_bf16_elements(s);
   }
   void attention_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
                          Bf16Operands* bf16) override {
-    cpu::attention_forward(out, saved, qkv, s.B, s.T, s.C, s.NH, bf16);
+    cpu::attention_forward(out, saved, qkv, s, bf16);
   }
   void attention_recompute(F* saved, const F* qkv, const AttentionShape& s,
                            Bf16Operands* bf16) override {
-    cpu::attention_probs(saved, qkv, s.B, s.T, s.C, s.NH, bf16);
+    cpu::attention_probs(saved, qkv, s, bf16);
   }
   void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F*,
                           const F* saved, const AttentionShape& s, Bf16Operands* bf16) override {
-    cpu::attention_backward(dqkv, scratch, dout, qkv, saved, s.B, s.T, s.C, s.NH, bf16);
+    cpu::attention_backward(dqkv, scratch, dout, qkv, saved, s, bf16);
   }
   size_t attention_decode_scratch_elements(int, int, int maxT) const override {
     return size_t(maxT);
   }
   void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scratch, int pos0,
                         const AttentionShape& s, int maxT) override {
-    cpu::attention_decode(out, qkv, kcache, vcache, scratch, pos0, s.B, s.T, s.C, s.NH, maxT);
+    cpu::attention_decode(out, qkv, kcache, vcache, scratch, pos0, s, maxT);
   }
 
+  void swiglu_forward(F* out, const F* gate, const F* up, int64_t N) override {
+    cpu::swiglu_forward(out, gate, up, N);
+  }
+  void swiglu_backward(F* dgate, F* dup, const F* dout, const F* gate, const F* up,
+                       int64_t N) override {
+    cpu::swiglu_backward(dgate, dup, dout, gate, up, N);
+  }
   void gelu_forward(F* out, const F* inp, int64_t N) override { cpu::gelu_forward(out, inp, N); }
   void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) override {
     cpu::gelu_backward(dinp, inp, dout, N);

@@ -33,6 +33,12 @@ inline F gelu_grad(F x) {
   return s + F(2) * x * s * (F(1) - s) * du;
 }
 
+// sigmoid(x) through exp_approx, whose clamps keep it finite at both ends.
+template <typename F>
+inline F sigmoid(F x) {
+  return F(1) / (F(1) + exp_approx(-x));
+}
+
 // The f32 vector branch in use (eltwise_simd.h), or nullptr: f64, or the portable loops.
 template <typename F>
 const SimdKernels* vector_kernels() {
@@ -87,6 +93,45 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N) {
   }
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) dinp[i] = gelu_grad(inp[i]) * dout[i];
+}
+
+template <typename F>
+void swiglu_forward(F* out, const F* gate, const F* up, int64_t N) {
+  const ProfileScope profile(ProfKind::gelu, "swiglu forward");
+  if (const SimdKernels* k = vector_kernels<F>()) {
+#pragma omp parallel
+    {
+      int64_t b, e;
+      thread_range(N, 16, &b, &e);
+      if (b < e) k->swiglu(f32(out) + b, f32(gate) + b, f32(up) + b, e - b);
+    }
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; ++i) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+template <typename F>
+void swiglu_backward(F* dgate, F* dup, const F* dout, const F* gate, const F* up, int64_t N) {
+  const ProfileScope profile(ProfKind::gelu, "swiglu backward");
+  if (const SimdKernels* k = vector_kernels<F>()) {
+#pragma omp parallel
+    {
+      int64_t b, e;
+      thread_range(N, 16, &b, &e);
+      if (b < e)
+        k->swiglu_backward(f32(dgate) + b, f32(dup) + b, f32(dout) + b, f32(gate) + b, f32(up) + b,
+                           e - b);
+    }
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    // dout is read before dgate, which may alias it, is written.
+    const F g = gate[i], s = sigmoid(g), d = dout[i];
+    dup[i] = d * g * s;
+    dgate[i] = d * up[i] * s * (F(1) + g * (F(1) - s));
+  }
 }
 
 template <typename F>
@@ -181,12 +226,14 @@ void residual_bias_add(F* out, const F* residual, const F* bias, int64_t N, int 
   }
 }
 
-#define TETRA_INSTANTIATE(F)                                                \
-  template void gelu_forward<F>(F*, const F*, int64_t);                     \
-  template void gelu_backward<F>(F*, const F*, const F*, int64_t);          \
-  template void bias_backward<F>(F*, const F*, int64_t, int);               \
-  template void residual_bias_add<F>(F*, const F*, const F*, int64_t, int); \
-  template void bias_gelu_forward<F>(F*, F*, const F*, int64_t, int);       \
+#define TETRA_INSTANTIATE(F)                                                       \
+  template void gelu_forward<F>(F*, const F*, int64_t);                            \
+  template void gelu_backward<F>(F*, const F*, const F*, int64_t);                 \
+  template void swiglu_forward<F>(F*, const F*, const F*, int64_t);                \
+  template void swiglu_backward<F>(F*, F*, const F*, const F*, const F*, int64_t); \
+  template void bias_backward<F>(F*, const F*, int64_t, int);                      \
+  template void residual_bias_add<F>(F*, const F*, const F*, int64_t, int);        \
+  template void bias_gelu_forward<F>(F*, F*, const F*, int64_t, int);              \
   template void gelu_bias_backward<F>(F*, F*, const F*, const F*, int64_t, int);
 TETRA_INSTANTIATE(float)
 TETRA_INSTANTIATE(double)

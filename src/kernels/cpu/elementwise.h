@@ -1,5 +1,5 @@
 // Elementwise kernels: GELU (tanh form, GPT-2's gelu_new), alone and fused with the bias and its
-// gradient; the bias gradient; residual + bias.
+// gradient; SwiGLU (Llama); the bias gradient; residual + bias.
 // F is float (training) or double (gradient checks).
 #pragma once
 
@@ -13,6 +13,13 @@ void gelu_forward(F* out, const F* inp, int64_t N);
 // dinp (N) = gelu'(inp) * dout (overwrites; dinp may alias dout).
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
+// SwiGLU: out (N) = silu(gate) · up with silu(x) = x · sigmoid(x).
+template <typename F>
+void swiglu_forward(F* out, const F* gate, const F* up, int64_t N);
+// dgate (N) = silu'(gate) · up · dout and dup (N) = silu(gate) · dout (both overwritten; dgate may
+// alias dout).
+template <typename F>
+void swiglu_backward(F* dgate, F* dup, const F* dout, const F* gate, const F* up, int64_t N);
 // dbias (OC) += column sums of dout (N,OC).
 template <typename F>
 void bias_backward(F* dbias, const F* dout, int64_t N, int OC);

@@ -1,5 +1,5 @@
-// Explicitly vectorised f32 element-wise kernels (GELU, softmax + cross-entropy), chosen by the CPU
-// the process runs on, not the one it was built for.
+// Explicitly vectorised f32 element-wise kernels (GELU, SwiGLU, softmax + cross-entropy), chosen by
+// the CPU the process runs on, not the one it was built for.
 //
 // Why: GCC 12 vectorises the portable `#pragma omp simd` loops of elementwise.cc and
 // cross_entropy.cc only when AVX-512 is enabled at build time. On an AVX2 target (an AMD Zen 3
@@ -44,6 +44,12 @@ struct SimdKernels {
   // rows in order.
   void (*gelu_bias_backward)(float* dinp, float* acc, const float* inp, const float* dout,
                              int64_t rows, int OC);
+  // out[i] = silu(gate[i]) * up[i], i < n.
+  void (*swiglu)(float* out, const float* gate, const float* up, int64_t n);
+  // dgate[i] = silu'(gate[i]) * up[i] * dout[i], dup[i] = silu(gate[i]) * dout[i] (dgate may
+  // alias dout).
+  void (*swiglu_backward)(float* dgate, float* dup, const float* dout, const float* gate,
+                          const float* up, int64_t n);
   // max of x[0..n), n >= 1.
   float (*max)(const float* x, int n);
   // sum of exp(x[v] - shift), v < n.

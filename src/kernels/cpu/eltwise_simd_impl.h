@@ -103,6 +103,46 @@ TETRA_SIMD_FN void gelu_backward_n(float* dinp, const float* inp, const float* d
   }
 }
 
+// sigmoid through vexp, as elementwise.cc's: finite at both ends thanks to the clamps.
+TETRA_SIMD_INLINE VF sigmoid(VF x) { return 1.0f / (1.0f + vexp(-x)); }
+
+TETRA_SIMD_FN void swiglu_n(float* out, const float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const VF g = load(gate + i);
+    store(out + i, g * sigmoid(g) * load(up + i));
+  }
+  if (i < n) {
+    const int64_t m = n - i;
+    const VF g = load_tail(gate + i, m, 0.0f);
+    store_tail(out + i, g * sigmoid(g) * load_tail(up + i, m, 0.0f), m);
+  }
+}
+
+TETRA_SIMD_INLINE void swiglu_grads(VF d, VF g, VF u, VF* dgate, VF* dup) {
+  const VF s = sigmoid(g);
+  *dup = d * g * s;
+  *dgate = d * u * s * (1.0f + g * (1.0f - s));
+}
+
+TETRA_SIMD_FN void swiglu_backward_n(float* dgate, float* dup, const float* dout, const float* gate,
+                                     const float* up, int64_t n) {
+  int64_t i = 0;
+  VF dg, du;
+  for (; i + W <= n; i += W) {
+    swiglu_grads(load(dout + i), load(gate + i), load(up + i), &dg, &du);
+    store(dup + i, du);
+    store(dgate + i, dg);
+  }
+  if (i < n) {
+    const int64_t m = n - i;
+    swiglu_grads(load_tail(dout + i, m, 0.0f), load_tail(gate + i, m, 0.0f),
+                 load_tail(up + i, m, 0.0f), &dg, &du);
+    store_tail(dup + i, du, m);
+    store_tail(dgate + i, dg, m);
+  }
+}
+
 TETRA_SIMD_FN void bias_gelu_rows(float* out, float* fch, const float* bias, int64_t rows, int OC) {
   for (int64_t r = 0; r < rows; ++r) {
     float* x = fch + r * OC;
@@ -197,7 +237,15 @@ TETRA_SIMD_FN void scale_n(float* x, int n, float s) {
 
 }  // namespace
 
-const SimdKernels kernels = {gelu_n, gelu_backward_n, bias_gelu_rows,    gelu_bias_backward_rows,
-                             max_n,  sum_exp_n,       exp_sum_inplace_n, scale_n};
+const SimdKernels kernels = {gelu_n,
+                             gelu_backward_n,
+                             bias_gelu_rows,
+                             gelu_bias_backward_rows,
+                             swiglu_n,
+                             swiglu_backward_n,
+                             max_n,
+                             sum_exp_n,
+                             exp_sum_inplace_n,
+                             scale_n};
 
 }  // namespace tetra::cpu::TETRA_SIMD_NS

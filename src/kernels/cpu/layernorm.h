@@ -1,4 +1,5 @@
-// LayerNorm over the channel dimension, eps 1e-5 (GPT-2). F is float or double.
+// Normalisations over the channel dimension: LayerNorm, eps 1e-5 (GPT-2), and RMSNorm, the eps the
+// model gives (Llama). F is float or double.
 #pragma once
 
 #include <cstdint>
@@ -15,5 +16,13 @@ void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, 
 template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
                         const F* mean, const F* rstd, int64_t N, int C);
+
+// out (N,C) = inp · rstd · weight with rstd (N) = 1/sqrt(mean(inp²) + eps), saved for backward.
+template <typename F>
+void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* weight, int64_t N, int C, double eps);
+// dinp (N,C) and dweight (C) accumulate (+=).
+template <typename F>
+void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight,
+                      const F* rstd, int64_t N, int C);
 
 }  // namespace tetra::cpu
