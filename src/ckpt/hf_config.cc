@@ -231,6 +231,35 @@ HfLlamaConfig llama_from(const json& root, const std::string& origin, const std:
   r.require("hidden_act", "silu");
   r.require("attention_bias", false);
   r.require("mlp_bias", false);
+  // Before the shape fields: a model with RoPE scaling (Llama 3.1 and later, whose
+  // max_position_embeddings may also exceed tetra's range) is refused for what it computes.
+  if (const json* v = r.given("rope_scaling")) {
+    const std::string type = rope_scaling_type(*v);
+    // "default" is plain RoPE under another name (newer transformers write it).
+    if (type != "default") {
+      const std::string named = type.empty() ? std::string("a rope_scaling without a type")
+                                             : fmt::format("\"{}\" scaling", type);
+      const std::string tail =
+          type == "dynamic"
+              ? fmt::format(
+                    "; dynamic NTK scaling only acts on sequences longer than "
+                    "max_position_embeddings, so removing rope_scaling from config.json gives the "
+                    "same model for prompts and generated tokens within max_position_embeddings "
+                    "({}) positions",
+                    r.find("max_position_embeddings")
+                        ? json_excerpt(*r.find("max_position_embeddings"))
+                        : std::string("its value"))
+              : "; removing rope_scaling from config.json would give a different model, since "
+                "this scaling changes the rotation at every position, not only beyond the "
+                "original context (do it only to experiment)";
+      fail(
+          "[{}] {}: rope_scaling is {}: {} changes RoPE's frequencies or positions, and tetra "
+          "computes plain RoPE (angle pos * rope_theta^(-2i/head_size) at every position); this "
+          "model cannot be loaded. A model without rope_scaling loads (Llama 2, Llama 3.0, "
+          "TinyLlama){}",
+          module, origin, json_excerpt(*v), named, tail);
+    }
+  }
 
   using L = HfConfigLimits;
   HfLlamaConfig c;
@@ -274,30 +303,6 @@ HfLlamaConfig llama_from(const json& root, const std::string& origin, const std:
   c.rope_theta =
       r.positive("rope_theta", 10000.0, L::rope_theta, false, "the rotary base, model.rope_theta");
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
-  if (const json* v = r.given("rope_scaling")) {
-    const std::string type = rope_scaling_type(*v);
-    // "default" is plain RoPE under another name (newer transformers write it).
-    if (type != "default") {
-      const std::string named = type.empty() ? std::string("a rope_scaling without a type")
-                                             : fmt::format("\"{}\" scaling", type);
-      const std::string tail =
-          type == "dynamic"
-              ? fmt::format(
-                    "; dynamic NTK scaling only acts on sequences longer than "
-                    "max_position_embeddings, so removing rope_scaling from config.json gives the "
-                    "same model for prompts and generated tokens within {} positions",
-                    c.max_position_embeddings)
-              : "; removing rope_scaling from config.json would give a different model, since "
-                "this scaling changes the rotation at every position, not only beyond the "
-                "original context (do it only to experiment)";
-      fail(
-          "[{}] {}: rope_scaling is {}: {} changes RoPE's frequencies or positions, and tetra "
-          "computes plain RoPE (angle pos * rope_theta^(-2i/head_size) at every position); this "
-          "model cannot be loaded. A model without rope_scaling loads (Llama 2, Llama 3.0, "
-          "TinyLlama){}",
-          module, origin, json_excerpt(*v), named, tail);
-    }
-  }
   r.token_ids(c.vocab_size, c.bos_token_id, c.eos_token_ids, c.pad_token_id);
   return c;
 }
