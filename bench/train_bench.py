@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Training throughput: `tetra train` vs PyTorch (the reference model of tests/parity/gpt2_ref.py,
-float32, eager, AdamW foreach) on the same GPT-2 shapes, data, optimizer and clipping.
+"""Training throughput: `tetra train` vs PyTorch (the reference models of tests/parity/gpt2_ref.py
+and llama_ref.py, float32, eager, AdamW foreach) on the same GPT-2 and Llama shapes (demo-llama:
+the demo's active parameters in Llama blocks), data, optimizer and clipping.
 
 Each (framework, shape, threads) runs in its own subprocess with OMP_NUM_THREADS=n (tetra also
 gets --run.threads=n; torch gets torch.set_num_threads(n) and OMP_WAIT_POLICY=PASSIVE). tetra
@@ -64,7 +65,32 @@ SHAPES = {
                  steps=20, warmup=3),
     "gpt2-124m-T1024": dict(vocab=50257, n_layer=12, d_model=768, n_head=12, max_seq=1024, T=1024,
                             B=1, steps=4, warmup=2),
+    # Llama blocks (docs/llama.md) with the demo's active parameters: q and o (2C²), k and v over
+    # 2 of 4 heads (C²) and SwiGLU's three C x 768 matrices (9C²) are GPT-2's 4C² + 8C² exactly;
+    # the head is tied as GPT-2's (only wpe's 32,768 parameters are missing).
+    "demo-llama": dict(arch="llama", vocab=4096, n_layer=4, d_model=256, n_head=4, n_kv_head=2,
+                       ffn=768, tie=True, max_seq=128, T=128, B=8, steps=20, warmup=3),
+    "tiny-llama": dict(arch="llama", vocab=512, n_layer=4, d_model=128, n_head=4, n_kv_head=2,
+                       ffn=384, tie=True, max_seq=128, T=128, B=8, steps=30, warmup=5),
 }
+
+
+def is_llama(shape):
+    return shape.get("arch") == "llama"
+
+
+def reference(shape):
+    """The PyTorch model of a shape: (module, config) from tests/parity's references."""
+    if is_llama(shape):
+        import llama_ref as ref
+        cfg = ref.LlamaConfig(vocab_size=shape["vocab"], n_layer=shape["n_layer"],
+                              n_head=shape["n_head"], n_kv_head=shape["n_kv_head"],
+                              d_model=shape["d_model"], ffn=shape["ffn"], max_seq=shape["max_seq"],
+                              tie_embeddings=shape["tie"])
+        return ref, cfg
+    import gpt2_ref as ref
+    return ref, ref.Config(shape["vocab"], shape["n_layer"], shape["n_head"], shape["d_model"],
+                           shape["max_seq"])
 OPENBLAS_CANDIDATES = ["/usr/lib/x86_64-linux-gnu/openblas-openmp",
                        "/tmp/openblas_deb/root/usr/lib/x86_64-linux-gnu/openblas-openmp",
                        "/usr/lib/x86_64-linux-gnu/openblas-pthread"]
@@ -78,9 +104,8 @@ def find_openblas(explicit):
 
 
 def flops_per_token(shape):
-    import gpt2_ref as ref
-    cfg = ref.Config(shape["vocab"], shape["n_layer"], shape["n_head"], shape["d_model"], shape["max_seq"])
-    P = ref.num_params(cfg)
+    ref, cfg = reference(shape)
+    P = sum(int(t.numel()) for t in ref.init_params(cfg, seed=0).values())
     return 6 * P + 6 * shape["n_layer"] * shape["T"] * shape["d_model"], P
 
 
@@ -104,15 +129,16 @@ def torch_worker(a):
     import numpy as np
     import torch
     import torch.nn.functional as F
-    import gpt2_ref as ref
+    import gpt2_ref
     import st
     torch.set_num_threads(a.threads)
     shape = SHAPES[a.shape]
-    cfg = ref.Config(shape["vocab"], shape["n_layer"], shape["n_head"], shape["d_model"], shape["max_seq"])
+    ref, cfg = reference(shape)
     tokens = st.read_shard(a.data)
     p = {n: t.requires_grad_(True) for n, t in ref.init_params(cfg, seed=1337).items()}
-    opt = ref.make_optimizer(p, lr=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-                             foreach=True)
+    decay = (lambda n, t: t.dim() == 2) if is_llama(shape) else None  # tetra's rule per family
+    opt = gpt2_ref.make_optimizer(p, lr=6e-4, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+                                  foreach=True, decay_fn=decay)
     params = list(p.values())
     B, T, total = shape["B"], shape["T"], a.steps
     times, losses = [], []
@@ -120,14 +146,14 @@ def torch_worker(a):
         t0 = time.perf_counter()
         for t in params:
             t.grad = None
-        x, y = ref.get_batch(tokens, s, 0, B, T, 1)
+        x, y = gpt2_ref.get_batch(tokens, s, 0, B, T, 1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             logits = ref.forward(p, x, cfg)
         logits = logits.float()
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        lr = ref.lr_at(s, lr=6e-4, steps=total)
+        lr = gpt2_ref.lr_at(s, lr=6e-4, steps=total)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.step()
@@ -198,6 +224,9 @@ def run_tetra(a, shape_name, shape, threads, data, binary=None, tag="tetra"):
            f"--train.micro_batch={shape['B']}", f"--train.seq_len={shape['T']}",
            f"--train.steps={shape['warmup'] + shape['steps']}", "--eval.every=0",
            f"--run.dir={run_dir}", f"--run.threads={threads}", f"--train.precision={a.precision}"]
+    if is_llama(shape):
+        cmd += ["--model.arch=llama", f"--model.n_kv_head={shape['n_kv_head']}",
+                f"--model.ffn={shape['ffn']}", f"--model.tie_embeddings={str(shape['tie']).lower()}"]
     if a.profile:
         cmd.append("--run.profile=true")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -21,12 +21,12 @@ constexpr const char* kUsage =
     "usage: tetra export --hf DIR --model FILE.safetensors|DIR --tokenizer FILE.json|byte\n"
     "                    [--config RUN_DIR/config.toml] [--model.KEY=VALUE ...]\n"
     "\n"
-    "Writes DIR as a Hugging Face model directory (GPT2LMHeadModel): config.json,\n"
-    "model.safetensors, tokenizer.json, tokenizer_config.json and generation_config.json.\n"
-    "The shape comes from --config (the config.toml `tetra train` writes into run.dir), from\n"
-    "the config.json of a model directory, or is read off the tensor shapes with\n"
-    "--model.n_head=N. DIR must be new, empty or an earlier export, which is replaced as a\n"
-    "whole once the new directory is complete.\n";
+    "Writes DIR as a Hugging Face model directory (GPT2LMHeadModel or LlamaForCausalLM):\n"
+    "config.json, model.safetensors, tokenizer.json, tokenizer_config.json and\n"
+    "generation_config.json. The shape comes from --config (the config.toml `tetra train`\n"
+    "writes into run.dir), from the config.json of a model directory, or is read off the\n"
+    "tensor shapes with --model.n_head=N. DIR must be new, empty or an earlier export, which is\n"
+    "replaced as a whole once the new directory is complete.\n";
 
 }  // namespace
 
@@ -65,16 +65,8 @@ int export_main(const Args& args) {
   // model is loaded from the same bytes.
   const SafeTensorsFile weights = read_safetensors(weights_path);
   const WeightsShape weights_has = weights_shape(weights, weights_path, "export");
-  std::vector<std::string> overrides = p.overrides();
-  if (config_path.empty()) {
-    const std::vector<std::string> inferred =
-        model_dir ? model_dir_overrides(model_arg, "export") : weights_shape_overrides(weights_has);
-    overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
-  }
-  Config config = Config::load(train_config_schema(), config_path, overrides);
-  TETRA_CHECK(!config_path.empty() || model_dir || config.is_set("model.n_head"),
-              "[export] the head count cannot be read off the weights; pass --config "
-              "RUN_DIR/config.toml or --model.n_head=N");
+  const Config config =
+      model_config_for("export", config_path, model_arg, weights_has, p.overrides());
   const GptConfig shape = gpt_config_from(config);
   // The shape is held against the weights before anything else is compared with it, so that a
   // config.json that does not describe its weights is blamed, not the tokenizer.

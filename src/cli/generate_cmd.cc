@@ -32,9 +32,10 @@ constexpr const char* kUsage =
     "\n"
     "Continues each prompt with tokens sampled from the model and prints the text.\n"
     "--model DIR is a Hugging Face model directory (tetra export --hf writes one): the shape\n"
-    "comes from its config.json and the tokenizer from its tokenizer.json. Otherwise the shape\n"
-    "comes from --config (the config.toml `tetra train` writes into run.dir) or is read off the\n"
-    "tensor shapes, which cannot tell the head count: then --model.n_head=N is required.\n"
+    "comes from its config.json and the tokenizer from its tokenizer.json (GPT-2 or Llama).\n"
+    "Otherwise the shape comes from --config (the config.toml `tetra train` writes into run.dir)\n"
+    "or is read off the tensor shapes, which cannot tell the head count: then --model.n_head=N\n"
+    "is required (a Llama file cannot tell max_seq, rope_theta or norm_eps either).\n"
     "--model.KEY=VALUE overrides either (keys as in tetra train --help).\n";
 
 }  // namespace
@@ -78,7 +79,7 @@ int generate_main(const Args& args) {
   }
   const std::string& config_path = p.s("--config");
   const std::vector<std::string>& prompts = p.all("--prompt");
-  std::vector<std::string> overrides = p.overrides();
+  const std::vector<std::string>& overrides = p.overrides();
   const int max_tokens = int(p.i("--max-tokens"));
   SamplingOptions sampling;
   sampling.temperature = float(p.f("--temperature"));
@@ -108,15 +109,8 @@ int generate_main(const Args& args) {
   // model is loaded from the same bytes.
   const SafeTensorsFile weights = read_safetensors(model_path);
   const WeightsShape weights_has = weights_shape(weights, model_path, "generate");
-  if (config_path.empty()) {
-    const std::vector<std::string> inferred = model_dir ? model_dir_overrides(model_arg, "generate")
-                                                        : weights_shape_overrides(weights_has);
-    overrides.insert(overrides.begin(), inferred.begin(), inferred.end());
-  }
-  Config config = Config::load(train_config_schema(), config_path, overrides);
-  TETRA_CHECK(!config_path.empty() || model_dir || config.is_set("model.n_head"),
-              "[generate] the head count cannot be read off the weights; pass --config "
-              "RUN_DIR/config.toml or --model.n_head=N");
+  const Config config =
+      model_config_for("generate", config_path, model_arg, weights_has, overrides);
   // Under tetra launch (or mpirun) the model is tensor-parallel over every rank: each holds its
   // heads, MLP channels and vocabulary rows, and every rank samples the same tokens from the
   // gathered logits (docs/tp.md).

@@ -15,8 +15,10 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string_view>
+#include <variant>
 
 #include "ckpt/hf_config.h"
 #include "core/atomic_file.h"
@@ -42,8 +44,19 @@ bool ignorable(const std::string& name) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  // Causal-mask buffers that older GPT-2 exports carry, and the tied LM head.
-  return ends(".attn.bias") || ends(".attn.masked_bias") || name == "lm_head.weight";
+  // Causal-mask buffers that older GPT-2 exports carry, RoPE frequency buffers that older Llama
+  // conversions carry (tetra computes the same from rope_theta), and the tied LM head (a Llama's
+  // is compared with embed_tokens before it is left out).
+  return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq") ||
+         name == "lm_head.weight";
+}
+
+constexpr const char* kLlamaEmbedding = "model.embed_tokens.weight";
+constexpr const char* kLmHead = "lm_head.weight";
+
+// Whether two file tensors hold the same values in the same encoding.
+bool same_tensor(const SafeTensor& a, const SafeTensor& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.bytes == b.bytes;
 }
 
 // The first non-finite value of v, or -1.
@@ -65,13 +78,32 @@ void load_safetensors_into(ParamStore& store, const SafeTensorsFile& file, const
                            const std::string& describe, const ParamStore* model) {
   std::map<std::string, const SafeTensor*> by_name;
   std::vector<std::string> unknown;
+  auto known = [&](const std::string& n) {
+    return store.find(n) >= 0 || (model && model->find(n) >= 0);
+  };
   for (const auto& [name, t] : file.tensors) {
-    std::string n = name.rfind("transformer.", 0) == 0 ? name : "transformer." + name;
+    // A model's own names (Llama's are Hugging Face's as they are), or GPT-2's written without
+    // the "transformer." prefix.
+    std::string n = name;
+    if (!known(n) && name.rfind("transformer.", 0) != 0 && known("transformer." + name)) {
+      n = "transformer." + name;
+    }
     if (store.find(n) >= 0) {
       by_name[n] = &t;
-    } else if (!ignorable(name) && !(model && model->find(n) >= 0)) {
+    } else if (!ignorable(name) && !known(n)) {
       unknown.push_back(name);
     }
+  }
+  // A tied Llama head reads embed_tokens: a file's lm_head.weight is the same matrix written
+  // twice, or the file is an untied model's.
+  const bool llama_tied = known(kLlamaEmbedding) && !known(kLmHead);
+  if (auto head = file.tensors.find(kLmHead); llama_tied && head != file.tensors.end()) {
+    auto emb = file.tensors.find(kLlamaEmbedding);
+    TETRA_CHECK(emb != file.tensors.end() && same_tensor(head->second, emb->second),
+                "[init] {}: the file holds an lm_head.weight that is not its "
+                "model.embed_tokens.weight, i.e. an untied head, but this model ({}) ties the "
+                "head to the embedding; set model.tie_embeddings=false",
+                path, describe);
   }
   TETRA_CHECK(unknown.empty(),
               "[init] {}: tensors not in a model with this config: {}; is model.n_layer right?",
@@ -187,6 +219,37 @@ using nlohmann::ordered_json;
 void write_text(const fs::path& path, const std::string& text, const std::string& module) {
   write_file_atomically(path.string(),
                         {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, module);
+}
+
+// LlamaConfig (transformers' configuration_llama.py) for tetra's Llama: SiLU-gated MLP, plain
+// RoPE (no rope_scaling), no biases, no dropout in tetra's training.
+ordered_json llama_config(const GptConfig& shape, uint32_t eos_id) {
+  ordered_json c;
+  c["architectures"] = {"LlamaForCausalLM"};
+  c["model_type"] = "llama";
+  c["vocab_size"] = shape.vocab_size;
+  c["hidden_size"] = shape.d_model;
+  c["intermediate_size"] = shape.ffn;
+  c["num_hidden_layers"] = shape.n_layer;
+  c["num_attention_heads"] = shape.n_head;
+  c["num_key_value_heads"] = shape.n_kv_head;
+  c["head_dim"] = shape.head_size();
+  c["max_position_embeddings"] = shape.max_seq;
+  c["hidden_act"] = "silu";
+  c["rms_norm_eps"] = shape.norm_eps;
+  c["rope_theta"] = shape.rope_theta;
+  c["rope_scaling"] = nullptr;
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["mlp_bias"] = false;
+  c["pretraining_tp"] = 1;
+  c["initializer_range"] = 0.02;
+  c["use_cache"] = true;
+  c["tie_word_embeddings"] = shape.tie_embeddings;
+  c["bos_token_id"] = eos_id;
+  c["eos_token_id"] = eos_id;
+  c["torch_dtype"] = "float32";
+  return c;
 }
 
 // GPT2Config (transformers' configuration_gpt2.py) for tetra's GPT-2: GELU in tanh form
@@ -415,7 +478,9 @@ void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
                                      {"eos_token_id", tokenizer.eos_id}};
     write_text(d / "generation_config.json", generation.dump(2) + "\n", module);
     write_safetensors((d / "model.safetensors").string(), weights);
-    write_text(d / "config.json", gpt2_config(shape, tokenizer.eos_id).dump(2) + "\n", module);
+    const ordered_json config = shape.llama() ? llama_config(shape, tokenizer.eos_id)
+                                              : gpt2_config(shape, tokenizer.eos_id);
+    write_text(d / "config.json", config.dump(2) + "\n", module);
     // Again at the end: a file put into the target while this one was written would be deleted
     // with the old directory.
     check_hf_model_dir_target(dir, module);
@@ -441,8 +506,23 @@ std::string model_weights_path(const std::string& path, const std::string& modul
 }
 
 std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module) {
-  const HfGpt2Config c = read_hf_gpt2_config((fs::path(dir) / "config.json").string(), module);
-  std::vector<std::string> o = {"model.vocab_size=" + std::to_string(c.vocab_size),
+  const HfModelConfig m = read_hf_model_config((fs::path(dir) / "config.json").string(), module);
+  if (const auto* l = std::get_if<HfLlamaConfig>(&m)) {
+    return {"model.arch=llama",
+            "model.vocab_size=" + std::to_string(l->vocab_size),
+            "model.n_layer=" + std::to_string(l->num_hidden_layers),
+            "model.n_head=" + std::to_string(l->num_attention_heads),
+            "model.n_kv_head=" + std::to_string(l->num_key_value_heads),
+            "model.d_model=" + std::to_string(l->hidden_size),
+            "model.ffn=" + std::to_string(l->intermediate_size),
+            "model.max_seq=" + std::to_string(l->max_position_embeddings),
+            fmt::format("model.rope_theta={}", l->rope_theta),
+            fmt::format("model.norm_eps={}", l->rms_norm_eps),
+            fmt::format("model.tie_embeddings={}", l->tie_word_embeddings)};
+  }
+  const HfGpt2Config& c = std::get<HfGpt2Config>(m);
+  std::vector<std::string> o = {"model.arch=gpt2",
+                                "model.vocab_size=" + std::to_string(c.vocab_size),
                                 "model.n_layer=" + std::to_string(c.n_layer),
                                 "model.n_head=" + std::to_string(c.n_head),
                                 "model.d_model=" + std::to_string(c.n_embd),
@@ -458,25 +538,20 @@ std::vector<std::string> model_dir_overrides(const std::string& dir, const std::
   return o;
 }
 
-WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
-                           const std::string& module) {
-  auto find = [&](const std::string& name) -> const SafeTensor& {
-    for (const std::string& n : {name, "transformer." + name}) {
-      auto it = f.tensors.find(n);
-      if (it != f.tensors.end() && it->second.shape.size() == 2) return it->second;
-    }
-    fail("[{}] {}: no 2-D tensor '{}'; is this a GPT-2 safetensors file?", module, path, name);
-  };
-  const SafeTensor& wte = find("wte.weight");
-  const SafeTensor& wpe = find("wpe.weight");
-  // Block numbers as written: digits only, parsed without overflow (a name such as
-  // h.99999999999.x is a number too large, never an exception).
+namespace {
+
+// Block numbers as written after `prefix` ("h.", "model.layers."): digits only, parsed without
+// overflow (a name such as h.99999999999.x is a number too large, never an exception). Refuses
+// numbers that are not 0 .. n-1, naming the tensor.
+std::set<int64_t> block_numbers(const SafeTensorsFile& f, std::string_view strip,
+                                std::string_view prefix, const std::string& path,
+                                const std::string& module, const char* family) {
   std::set<int64_t> layers;
   for (const auto& [name, t] : f.tensors) {
     std::string_view n = name;
-    if (n.rfind("transformer.", 0) == 0) n.remove_prefix(12);
-    if (n.rfind("h.", 0) != 0) continue;
-    n.remove_prefix(2);
+    if (!strip.empty() && n.rfind(strip, 0) == 0) n.remove_prefix(strip.size());
+    if (n.rfind(prefix, 0) != 0) continue;
+    n.remove_prefix(prefix.size());
     const size_t dot = n.find('.');
     const std::string_view digits = n.substr(0, dot);
     int64_t layer = -1;
@@ -484,17 +559,68 @@ WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
     TETRA_CHECK(dot != std::string_view::npos && !digits.empty() && err == std::errc() &&
                     end == digits.data() + digits.size() && layer >= 0 &&
                     layer < int64_t(HfConfigLimits::n_layer),
-                "[{}] {}: tensor '{}' is not a block tensor h.N.* with N in 0 .. {}; the file is "
-                "damaged or not a GPT-2 safetensors file",
-                module, path, name, HfConfigLimits::n_layer - 1);
+                "[{}] {}: tensor '{}' is not a block tensor {}N.* with N in 0 .. {}; the file is "
+                "damaged or not a {} safetensors file",
+                module, path, name, prefix, HfConfigLimits::n_layer - 1, family);
     layers.insert(layer);
   }
-  TETRA_CHECK(!layers.empty(), "[{}] {}: no transformer blocks (h.N.*) found", module, path);
+  TETRA_CHECK(!layers.empty(), "[{}] {}: no transformer blocks ({}N.*) found", module, path,
+              prefix);
   TETRA_CHECK(*layers.rbegin() + 1 == int64_t(layers.size()),
-              "[{}] {}: the blocks are not numbered 0 .. {}: {} blocks, the last h.{}; some are "
+              "[{}] {}: the blocks are not numbered 0 .. {}: {} blocks, the last {}{}; some are "
               "missing, so the file is damaged or incomplete",
-              module, path, layers.size() - 1, layers.size(), *layers.rbegin());
-  WeightsShape w{wte.shape[0], wte.shape[1], wpe.shape[0], int64_t(layers.size())};
+              module, path, layers.size() - 1, layers.size(), prefix, *layers.rbegin());
+  return layers;
+}
+
+// A Llama file (LlamaForCausalLM names): embed_tokens, model.layers.N, lm_head when untied.
+WeightsShape llama_weights_shape(const SafeTensorsFile& f, const std::string& path,
+                                 const std::string& module) {
+  auto find = [&](const std::string& name) -> const SafeTensor& {
+    auto it = f.tensors.find(name);
+    TETRA_CHECK(it != f.tensors.end() && it->second.shape.size() == 2,
+                "[{}] {}: no 2-D tensor '{}'; every LlamaForCausalLM file has it, so the file is "
+                "damaged or incomplete",
+                module, path, name);
+    return it->second;
+  };
+  const SafeTensor& emb = find(kLlamaEmbedding);
+  WeightsShape w;
+  w.llama = true;
+  w.vocab_size = emb.shape[0];
+  w.d_model = emb.shape[1];
+  w.n_layer = int64_t(block_numbers(f, "", "model.layers.", path, module, "Llama").size());
+  w.ffn = find("model.layers.0.mlp.gate_proj.weight").shape[0];
+  w.kv_width = find("model.layers.0.self_attn.k_proj.weight").shape[0];
+  auto head = f.tensors.find(kLmHead);
+  w.lm_head = head != f.tensors.end();
+  w.lm_head_is_embedding = w.lm_head && same_tensor(head->second, emb);
+  return w;
+}
+
+}  // namespace
+
+WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
+                           const std::string& module) {
+  auto find = [&](const std::string& name) -> const SafeTensor& {
+    for (const std::string& n : {name, "transformer." + name}) {
+      auto it = f.tensors.find(n);
+      if (it != f.tensors.end() && it->second.shape.size() == 2) return it->second;
+    }
+    fail(
+        "[{}] {}: no 2-D tensor '{}'; is this a GPT-2 safetensors file? (a Llama file has "
+        "model.embed_tokens.weight)",
+        module, path, name);
+  };
+  if (f.tensors.count(kLlamaEmbedding) > 0) return llama_weights_shape(f, path, module);
+  const SafeTensor& wte = find("wte.weight");
+  const SafeTensor& wpe = find("wpe.weight");
+  const std::set<int64_t> layers = block_numbers(f, "transformer.", "h.", path, module, "GPT-2");
+  WeightsShape w;
+  w.vocab_size = wte.shape[0];
+  w.d_model = wte.shape[1];
+  w.max_seq = wpe.shape[0];
+  w.n_layer = int64_t(layers.size());
   // Mixture-of-experts blocks: those with a router (E, C); every k-th block.
   std::vector<int64_t> routed;
   for (int64_t l = 0; l < w.n_layer; ++l) {
@@ -524,12 +650,28 @@ WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
 }
 
 std::vector<std::string> weights_shape_overrides(const WeightsShape& w) {
-  return {"model.vocab_size=" + std::to_string(w.vocab_size),
+  if (w.llama) {
+    return {"model.arch=llama",
+            "model.vocab_size=" + std::to_string(w.vocab_size),
+            "model.d_model=" + std::to_string(w.d_model),
+            "model.n_layer=" + std::to_string(w.n_layer),
+            "model.ffn=" + std::to_string(w.ffn),
+            fmt::format("model.tie_embeddings={}", !w.lm_head)};
+  }
+  return {"model.arch=gpt2",
+          "model.vocab_size=" + std::to_string(w.vocab_size),
           "model.d_model=" + std::to_string(w.d_model),
           "model.max_seq=" + std::to_string(w.max_seq),
           "model.n_layer=" + std::to_string(w.n_layer),
           "model.moe_experts=" + std::to_string(w.moe_experts),
           "model.moe_every=" + std::to_string(w.moe_every)};
+}
+
+std::optional<std::string> llama_kv_heads_override(const WeightsShape& w, int64_t n_head) {
+  if (!w.llama || n_head <= 0 || w.d_model % n_head != 0) return std::nullopt;
+  const int64_t hs = w.d_model / n_head;
+  if (hs == 0 || w.kv_width % hs != 0) return std::nullopt;
+  return "model.n_kv_head=" + std::to_string(w.kv_width / hs);
 }
 
 void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
@@ -542,24 +684,61 @@ void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
                              : hf_keys            ? (fs::path(model_arg) / "config.json").string()
                                                   : std::string("the tensor shapes");
   struct Field {
-    const char* hf;
-    const char* tetra;
-    int64_t have;
-    int64_t file;
-    const char* tensor;
+    const char* hf;     // config.json's key
+    const char* tetra;  // the model.* key
+    std::string have;   // the shape's value
+    std::string file;   // what the weights have, "32 wte's columns"
+    bool same;
   };
-  const Field fields[] = {
-      {"vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size, "wte's rows"},
-      {"n_embd", "model.d_model", shape.d_model, w.d_model, "wte's columns"},
-      {"n_positions", "model.max_seq", shape.max_seq, w.max_seq, "wpe's rows"},
-      {"n_layer", "model.n_layer", shape.n_layer, w.n_layer, "blocks h.N"},
-      {"num_local_experts", "model.moe_experts", shape.moe.experts, w.moe_experts,
-       "rows of the routers"},
-      {"moe_every", "model.moe_every", w.moe_experts > 0 ? shape.moe.every : 1, w.moe_every,
-       "blocks with a router"}};
+  auto number = [](const char* hf, const char* tetra, int64_t have, int64_t file,
+                   const char* tensor) {
+    return Field{hf, tetra, std::to_string(have), fmt::format("{} {}", file, tensor), have == file};
+  };
+  std::vector<Field> fields;
+  if (shape.llama() != w.llama) {
+    // The families differ: no other field is comparable.
+    fields.push_back({"model_type", "model.arch", shape.llama() ? "llama" : "gpt2",
+                      w.llama ? "Llama tensors (model.embed_tokens, model.layers.N)"
+                              : "GPT-2 tensors (transformer.wte, transformer.h.N)",
+                      false});
+  } else if (w.llama) {
+    const int64_t hs = shape.head_size();
+    std::string kv = w.kv_width % hs == 0
+                         ? fmt::format("{} key/value heads (k_proj's {} rows / head size {})",
+                                       w.kv_width / hs, w.kv_width, hs)
+                         : fmt::format(
+                               "k_proj's {} rows, not a whole number of heads of size {} "
+                               "(d_model / n_head)",
+                               w.kv_width, hs);
+    const bool tied_ok = shape.tie_embeddings ? !w.lm_head || w.lm_head_is_embedding : w.lm_head;
+    const char* head = !w.lm_head               ? "no lm_head.weight (a tied head)"
+                       : w.lm_head_is_embedding ? "an lm_head.weight equal to embed_tokens"
+                                                : "an lm_head.weight of its own (an untied head)";
+    fields = {
+        number("vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size,
+               "embed_tokens' rows"),
+        number("hidden_size", "model.d_model", shape.d_model, w.d_model, "embed_tokens' columns"),
+        number("num_hidden_layers", "model.n_layer", shape.n_layer, w.n_layer,
+               "blocks model.layers.N"),
+        number("intermediate_size", "model.ffn", shape.ffn, w.ffn, "gate_proj's rows"),
+        {"num_key_value_heads", "model.n_kv_head", std::to_string(shape.n_kv_head), kv,
+         int64_t(shape.n_kv_head) * hs == w.kv_width},
+        {"tie_word_embeddings", "model.tie_embeddings", shape.tie_embeddings ? "true" : "false",
+         head, tied_ok}};
+  } else {
+    fields = {
+        number("vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size, "wte's rows"),
+        number("n_embd", "model.d_model", shape.d_model, w.d_model, "wte's columns"),
+        number("n_positions", "model.max_seq", shape.max_seq, w.max_seq, "wpe's rows"),
+        number("n_layer", "model.n_layer", shape.n_layer, w.n_layer, "blocks h.N"),
+        number("num_local_experts", "model.moe_experts", shape.moe.experts, w.moe_experts,
+               "rows of the routers"),
+        number("moe_every", "model.moe_every", w.moe_experts > 0 ? shape.moe.every : 1, w.moe_every,
+               "blocks with a router")};
+  }
   std::vector<std::string> wrong, blamed;
   for (const Field& f : fields) {
-    if (f.have == f.file) continue;
+    if (f.same) continue;
     // The last override of the key wins, as in Config::load.
     std::string override_of;
     for (const std::string& o : overrides) {
@@ -567,10 +746,10 @@ void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
     }
     const std::string origin = override_of.empty() ? source : override_of;
     if (override_of.empty()) {
-      wrong.push_back(fmt::format("{} in {} is {} but the weights have {} {}",
-                                  hf_keys ? f.hf : f.tetra, source, f.have, f.file, f.tensor));
+      wrong.push_back(fmt::format("{} in {} is {} but the weights have {}",
+                                  hf_keys ? f.hf : f.tetra, source, f.have, f.file));
     } else {
-      wrong.push_back(fmt::format("{} but the weights have {} {}", override_of, f.file, f.tensor));
+      wrong.push_back(fmt::format("{} but the weights have {}", override_of, f.file));
     }
     if (std::find(blamed.begin(), blamed.end(), origin) == blamed.end()) blamed.push_back(origin);
   }

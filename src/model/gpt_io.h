@@ -1,11 +1,14 @@
-// Model weights in Hugging Face's safetensors layout: names like
+// Model weights in Hugging Face's safetensors layout. GPT-2: names like
 // "transformer.h.0.attn.c_attn.weight", Conv1D weights stored (in, out), wte with the real
-// (unpadded) vocab, no lm_head (tied). Reading and writing go through the parameter store's
-// tensor specs (global name, shape, file layout), so any model registered there and any way the
-// store is sharded load the same file.
+// (unpadded) vocab, no lm_head (tied). Llama: LlamaForCausalLM's names as they are
+// ("model.layers.0.self_attn.q_proj.weight"), Linear weights (out, in), embed_tokens (and an
+// untied lm_head) with the real vocab; q_proj and k_proj in Hugging Face's rotate_half order.
+// Reading and writing go through the parameter store's tensor specs (global name, shape, file
+// layout), so any model registered there and any way the store is sharded load the same file.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,11 +19,12 @@
 namespace tetra {
 
 /** Loads every registered tensor from `path` into the store (each rank keeps what it holds).
- * Names may carry the "transformer." prefix or not. Refuses, before touching the store, missing,
- * unknown or mis-shaped tensors (naming each; `describe` says what the model is) and any NaN or
- * infinity (naming the tensor and the element). When `store` holds one pipeline stage, `model`
- * is the whole model's (registered, not finalized): the file's tensors of other stages are known
- * there and skipped. */
+ * GPT-2 names may carry the "transformer." prefix or not; Llama names are LlamaForCausalLM's. A
+ * tied Llama accepts a file's lm_head.weight only when it equals embed_tokens. Refuses, before
+ * touching the store, missing, unknown or mis-shaped tensors (naming each; `describe` says what the
+ * model is) and any NaN or infinity (naming the tensor and the element). When `store` holds one
+ * pipeline stage, `model` is the whole model's (registered, not finalized): the file's tensors of
+ * other stages are known there and skipped. */
 void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
                            const ParamStore* model = nullptr);
 /** The same from a file already read (`path` names it in errors). */
@@ -82,29 +86,50 @@ bool is_model_dir_target(const std::string& path);
  * when that file is missing). */
 std::string model_weights_path(const std::string& path, const std::string& module);
 
-/** model.* overrides (vocab_size, n_layer, n_head, d_model, max_seq) from DIR/config.json, a
- * GPT2Config read and range-checked by ckpt/hf_config.h (which refuses a config tetra's GPT-2
- * cannot run, naming the key). */
+/** model.* overrides from DIR/config.json, read and range-checked by ckpt/hf_config.h (which
+ * refuses a config tetra cannot run, naming the key): a GPT2Config gives model.arch=gpt2,
+ * vocab_size, n_layer, n_head, d_model, max_seq (and the MoE keys); a LlamaConfig gives
+ * model.arch=llama, vocab_size, n_layer, n_head, n_kv_head, d_model, ffn, max_seq, rope_theta,
+ * norm_eps and tie_embeddings. */
 std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module);
 
-/** What a GPT-2 safetensors file's tensor shapes say of the model: vocabulary and width (wte),
- * positions (wpe) and layers (h.N.*; the head count cannot be read off). */
+/** What a safetensors file's tensor names and shapes say of the model. GPT-2 (transformer.wte,
+ * transformer.h.N): vocabulary and width (wte), positions (wpe), layers and the MoE blocks; the
+ * head count cannot be read off. Llama (model.embed_tokens, model.layers.N): vocabulary and width
+ * (embed_tokens), layers, the SwiGLU width (gate_proj's rows), k_proj's rows (n_kv_head times the
+ * head size, so the key/value heads follow from the head count) and whether lm_head.weight is
+ * there (untied); the head count, max_seq (RoPE has no position table), rope_theta and norm_eps
+ * cannot be read off. */
 struct WeightsShape {
+  bool llama = false;
   int64_t vocab_size = 0;
   int64_t d_model = 0;
-  int64_t max_seq = 0;
+  int64_t max_seq = 0;  // GPT-2: wpe's rows; Llama: 0 (not in the file)
   int64_t n_layer = 0;
   int64_t moe_experts = 0;  // the routers' rows; 0: no MoE block
   int64_t moe_every = 1;    // which blocks have a router: l % moe_every == moe_every - 1
+  int64_t ffn = 0;          // Llama: gate_proj's rows
+  int64_t kv_width = 0;     // Llama: k_proj's rows, n_kv_head * head size
+  bool lm_head = false;     // Llama: the file has lm_head.weight
+  bool lm_head_is_embedding =
+      false;  // ... holding exactly embed_tokens' values (tied, saved twice)
 };
 
-/** Reads the shape off `file` (read from `path`); refuses a file without wte/wpe or blocks, and
- * block numbers that are not 0 .. n-1, naming the tensor. */
+/** Reads the shape off `file` (read from `path`); refuses a file without wte/wpe (Llama:
+ * embed_tokens, layer 0's gate_proj and k_proj) or blocks, and block numbers that are not
+ * 0 .. n-1, naming the tensor. */
 WeightsShape weights_shape(const SafeTensorsFile& file, const std::string& path,
                            const std::string& module);
 
-/** model.* overrides (vocab_size, d_model, max_seq, n_layer) of a weights shape. */
+/** model.* overrides of a weights shape: model.arch and what the tensors say (GPT-2: vocab_size,
+ * d_model, max_seq, n_layer, the MoE keys; Llama: vocab_size, d_model, n_layer, ffn,
+ * tie_embeddings). */
 std::vector<std::string> weights_shape_overrides(const WeightsShape& w);
+
+/** For Llama weights and a head count: "model.n_kv_head=K" when k_proj's rows are a whole number K
+ * of heads of size d_model / n_head; nullopt otherwise (check_shape_matches_weights then names
+ * the disagreement). */
+std::optional<std::string> llama_kv_heads_override(const WeightsShape& w, int64_t n_head);
 
 /** Refuses a model shape that disagrees with the weights it is to load, before anything else is
  * compared with that shape (a tokenizer, a prompt). Each field that disagrees is blamed on where

@@ -1,6 +1,7 @@
 // config.json of a Hugging Face model directory (ckpt/hf_config.h): what tetra and the Hub write
-// is read; every field that is out of range, of the wrong type or not what tetra's GPT-2 computes
-// is refused naming the key (the CLI cases are tests/train/hf_dir_test.cc).
+// is read, GPT-2 or Llama by model_type; every field that is out of range, of the wrong type or
+// not what tetra's GPT-2 or Llama computes is refused naming the key, and a RoPE scaling says
+// what would work (the CLI cases are tests/train/hf_dir_test.cc).
 #include "ckpt/hf_config.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <variant>
 
 #include "tests/test_util.h"
 
@@ -95,6 +97,164 @@ TEST(HfConfig, RefusesWhatIsOutOfRangeOrNotAGpt2Config) {
               parse_hf_gpt2_config(R"({"model_type": "gpt2"})", "d", "x");
             }).find("no \"vocab_size\""),
             std::string::npos);
+}
+
+TEST(HfConfig, ReadsTetrasAndTheHubsLlama) {
+  const HfLlamaConfig t = parse_hf_llama_config(seed("valid_llama_tetra.json"), "t", "test");
+  EXPECT_EQ(t.vocab_size, 257);
+  EXPECT_EQ(t.hidden_size, 48);
+  EXPECT_EQ(t.intermediate_size, 100);
+  EXPECT_EQ(t.num_hidden_layers, 2);
+  EXPECT_EQ(t.num_attention_heads, 8);
+  EXPECT_EQ(t.num_key_value_heads, 2);
+  EXPECT_EQ(t.max_position_embeddings, 64);
+  EXPECT_EQ(t.rms_norm_eps, 1e-6);
+  EXPECT_EQ(t.rope_theta, 500000.0);
+  EXPECT_FALSE(t.tie_word_embeddings);
+  EXPECT_EQ(t.eos_token_ids, std::vector<int>{256});
+  // TinyLlama on the Hub: GQA 32:4, bf16, rope_scaling null.
+  const HfLlamaConfig h = parse_hf_llama_config(seed("valid_tinyllama_hub.json"), "h", "test");
+  EXPECT_EQ(h.num_key_value_heads, 4);
+  EXPECT_EQ(h.intermediate_size, 5632);
+  EXPECT_EQ(h.rms_norm_eps, 1e-5);
+  EXPECT_EQ(h.bos_token_id, 1);
+  // Keys a LlamaConfig may leave out take its defaults: multi-head attention, eps 1e-6, theta
+  // 1e4, an untied head.
+  const HfLlamaConfig d = parse_hf_llama_config(
+      R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 16, "intermediate_size": 20,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 8,
+          "num_key_value_heads": null, "rope_scaling": {"rope_type": "default"}})",
+      "d", "test");
+  EXPECT_EQ(d.num_key_value_heads, 4);
+  EXPECT_EQ(d.rms_norm_eps, 1e-6);
+  EXPECT_EQ(d.rope_theta, 10000.0);
+  EXPECT_FALSE(d.tie_word_embeddings);
+}
+
+TEST(HfConfig, DispatchesOnModelType) {
+  EXPECT_TRUE(std::holds_alternative<HfGpt2Config>(
+      parse_hf_model_config(seed("valid_tetra.json"), "g", "test")));
+  EXPECT_TRUE(std::holds_alternative<HfLlamaConfig>(
+      parse_hf_model_config(seed("valid_llama_tetra.json"), "l", "test")));
+  EXPECT_EQ(error_of([] { parse_hf_model_config(R"({"model_type": "mistral"})", "m", "x"); }),
+            "[x] m: model_type is \"mistral\"; tetra reads \"gpt2\" (GPT2LMHeadModel), \"llama\" "
+            "(LlamaForCausalLM) and \"tetra_gpt2_moe\" (tetra's GPT-2 mixture of experts) model "
+            "directories; this model cannot be loaded");
+  // Without a model_type the file is read as GPT-2's, whose message asks for it.
+  EXPECT_NE(error_of([] {
+              parse_hf_model_config(R"({"n_embd": 4})", "m", "x");
+            }).find("no \"model_type\"; is this a GPT-2 config.json?"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_hf_model_config("7", "m", "x");
+            }).find("expected a JSON object (GPT2Config or LlamaConfig)"),
+            std::string::npos);
+}
+
+TEST(HfConfig, RefusesWhatTetrasLlamaDoesNotCompute) {
+  const std::string base =
+      R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 50, )"
+      R"("num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64)";
+  auto err = [&](const std::string& extra) {
+    return error_of(
+        [&] { parse_hf_model_config(base + extra + "}", "d/config.json", "generate"); });
+  };
+  auto has = [](const std::string& e, const std::string& what) {
+    return e.find(what) != std::string::npos;
+  };
+  EXPECT_EQ(err(""), "<no error>");
+  EXPECT_EQ(err(R"(, "num_key_value_heads": 2, "head_dim": 8, "rope_scaling": null, )"
+                R"("attention_bias": false, "mlp_bias": false, "hidden_act": "silu")"),
+            "<no error>");
+  // RoPE scaling: named, with what works; dynamic NTK is exact within the original context.
+  EXPECT_EQ(err(R"(, "rope_scaling": {"factor": 8.0, "rope_type": "llama3"})"),
+            "[generate] d/config.json: rope_scaling is {\"factor\":8.0,\"rope_type\":\"llama3\"}: "
+            "\"llama3\" scaling changes RoPE's frequencies or positions, and tetra computes plain "
+            "RoPE (angle pos * rope_theta^(-2i/head_size) at every position); this model cannot "
+            "be loaded. A model without rope_scaling loads (Llama 2, Llama 3.0, TinyLlama); "
+            "removing rope_scaling from config.json would give a different model, since this "
+            "scaling changes the rotation at every position, not only beyond the original context "
+            "(do it only to experiment)");
+  EXPECT_TRUE(has(err(R"(, "rope_scaling": {"type": "linear", "factor": 2.0})"),
+                  "\"linear\" scaling changes RoPE's"));
+  EXPECT_TRUE(has(err(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
+                  "\"yarn\" scaling changes RoPE's"));
+  EXPECT_TRUE(has(err(R"(, "rope_scaling": {"factor": 2.0})"), "a rope_scaling without a type"));
+  EXPECT_TRUE(has(err(R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"),
+                  "\"dynamic\" scaling changes RoPE's frequencies or positions, and tetra "
+                  "computes plain RoPE"));
+  EXPECT_TRUE(has(err(R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"),
+                  "dynamic NTK scaling only acts on sequences longer than max_position_embeddings, "
+                  "so removing rope_scaling from config.json gives the same model for prompts and "
+                  "generated tokens within max_position_embeddings (64) positions"));
+  // Llama 3.1 is refused for its scaling, before its 131072 positions.
+  EXPECT_TRUE(
+      has(error_of([] { parse_hf_model_config(seed("llama31_rope_scaling.json"), "l31", "x"); }),
+          "\"llama3\" scaling"));
+  // Grouped-query attention.
+  EXPECT_EQ(err(R"(, "num_key_value_heads": 3)"),
+            "[generate] d/config.json: num_key_value_heads 3 does not divide num_attention_heads "
+            "4; grouped-query attention shares each key/value head among a whole number of query "
+            "heads, so the file is damaged");
+  EXPECT_TRUE(has(err(R"(, "num_key_value_heads": 8)"),
+                  "num_key_value_heads is 8, out of range: tetra's Llama takes 1 .. 4"));
+  EXPECT_TRUE(has(err(R"(, "num_key_value_heads": 0)"), "num_key_value_heads is 0, out of range"));
+  EXPECT_TRUE(has(err(R"(, "num_key_value_heads": 2.0)"),
+                  "num_key_value_heads is 2.0; expected an integer in 1 .. 4"));
+  // What the block computes.
+  EXPECT_EQ(err(R"(, "hidden_act": "gelu")"),
+            "[generate] d/config.json: hidden_act is \"gelu\", but tetra's Llama needs \"silu\"; "
+            "this model cannot be loaded");
+  EXPECT_EQ(err(R"(, "attention_bias": true)"),
+            "[generate] d/config.json: attention_bias is true, but tetra's Llama needs false; "
+            "this model cannot be loaded");
+  EXPECT_TRUE(has(err(R"(, "mlp_bias": true)"), "mlp_bias is true, but tetra's Llama needs false"));
+  EXPECT_TRUE(has(err(R"(, "head_dim": 16)"),
+                  "head_dim is 16, but tetra's Llama has hidden_size / num_attention_heads = 8 "
+                  "channels per head"));
+  EXPECT_TRUE(has(err(R"(, "hidden_size": 36, "num_attention_heads": 12)"),
+                  "key \"hidden_size\" appears twice"));
+  // Numbers.
+  for (const char* eps : {"-1e-6", "1", "\"1e-6\"", "true"}) {
+    const std::string e = err(std::string(R"(, "rms_norm_eps": )") + eps);
+    EXPECT_TRUE(has(e, "rms_norm_eps is " +
+                           std::string(eps == std::string("-1e-6") ? "-1e-06" : eps) +
+                           "; expected a number in (0, 1)"))
+        << e;
+  }
+  EXPECT_TRUE(has(err(R"(, "rms_norm_eps": 0)"),
+                  "rms_norm_eps is 0; expected a number in (0, 1) (RMSNorm's epsilon, "
+                  "model.norm_eps)"));
+  EXPECT_TRUE(has(err(R"(, "rope_theta": 0)"), "rope_theta is 0; expected a number in (0, 1e+12]"));
+  EXPECT_TRUE(has(err(R"(, "rope_theta": 1e13)"),
+                  "rope_theta is 10000000000000.0; expected a number in (0, 1e+12]"));
+  EXPECT_TRUE(has(err(R"(, "tie_word_embeddings": "yes")"),
+                  "tie_word_embeddings is \"yes\"; expected true or false"));
+  EXPECT_TRUE(has(err(R"(, "eos_token_id": [2, 300])"),
+                  "eos_token_id[1] is 300, out of range: token ids lie in 0 .. 299 (vocab_size "
+                  "300); one of the two is wrong: vocab_size is the rows of the weights' "
+                  "embed_tokens"));
+  EXPECT_TRUE(has(error_of([] {
+                    parse_hf_model_config(
+                        R"({"model_type": "llama", "vocab_size": 3, "hidden_size": 12, )"
+                        R"("intermediate_size": 5, "num_hidden_layers": 1, )"
+                        R"("num_attention_heads": 4, "max_position_embeddings": 8})",
+                        "o", "x");
+                  }),
+                  "the head size hidden_size / num_attention_heads = 12 / 4 = 3 is odd"));
+  EXPECT_EQ(error_of([] {
+              parse_hf_model_config(R"({"model_type": "llama", "vocab_size": 3})", "o", "x");
+            }),
+            "[x] o: no \"hidden_size\" (channels, model.d_model); a Llama config.json has it: the "
+            "file is damaged or not a LlamaConfig");
+  EXPECT_TRUE(has(error_of([] {
+                    parse_hf_model_config(
+                        R"({"model_type": "llama", "vocab_size": 3, "hidden_size": 12, )"
+                        R"("intermediate_size": 2000000})",
+                        "o", "x");
+                  }),
+                  "intermediate_size is 2000000, out of range: tetra's Llama takes 1 .. 1048576 "
+                  "(SwiGLU channels, model.ffn)"));
 }
 
 }  // namespace

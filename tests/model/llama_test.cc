@@ -69,14 +69,10 @@ TEST(Llama, TensorsAreHuggingFaceLlamaNames) {
   std::vector<std::string> names;
   for (const ParamEntry& e : m.store.tensors()) names.push_back(e.spec.name);
   const std::vector<std::string> layer1 = {
-      "model.layers.1.mlp.down_proj.weight",
-      "model.layers.1.mlp.up_proj.weight",
-      "model.layers.1.mlp.gate_proj.weight",
-      "model.layers.1.post_attention_layernorm.weight",
-      "model.layers.1.self_attn.o_proj.weight",
-      "model.layers.1.self_attn.v_proj.weight",
-      "model.layers.1.self_attn.k_proj.weight",
-      "model.layers.1.self_attn.q_proj.weight",
+      "model.layers.1.mlp.down_proj.weight",    "model.layers.1.mlp.up_proj.weight",
+      "model.layers.1.mlp.gate_proj.weight",    "model.layers.1.post_attention_layernorm.weight",
+      "model.layers.1.self_attn.o_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+      "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.q_proj.weight",
       "model.layers.1.input_layernorm.weight"};
   ASSERT_EQ(names.size(), 2 * layer1.size() + 3);
   for (size_t i = 0; i < layer1.size(); ++i) EXPECT_EQ(names[i], layer1[i]);

@@ -161,9 +161,12 @@ def is_decayed(name):
     return name.endswith(".weight") and not any(k in name for k in ("ln_1.", "ln_2.", "ln_f."))
 
 
-def make_optimizer(params, *, lr, weight_decay, beta1, beta2, eps, foreach=False):
-    decay = [t for n, t in params.items() if is_decayed(n)]
-    no_decay = [t for n, t in params.items() if not is_decayed(n)]
+def make_optimizer(params, *, lr, weight_decay, beta1, beta2, eps, foreach=False, decay_fn=None):
+    """torch AdamW with weight decay on the tensors decay_fn(name, tensor) picks (default: the
+    GPT-2 names' rule, is_decayed)."""
+    decayed = (lambda n, t: is_decayed(n)) if decay_fn is None else decay_fn
+    decay = [t for n, t in params.items() if decayed(n, t)]
+    no_decay = [t for n, t in params.items() if not decayed(n, t)]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=(beta1, beta2), eps=eps, foreach=foreach)
@@ -171,7 +174,7 @@ def make_optimizer(params, *, lr, weight_decay, beta1, beta2, eps, foreach=False
 
 def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_ratio=0.1,
           warmup=0, schedule="cosine", weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-          grad_clip=1.0, dtype=torch.float64, autocast=False, forward_fn=None):
+          grad_clip=1.0, dtype=torch.float64, autocast=False, forward_fn=None, decay_fn=None):
     """Runs `tetra train`'s loop on a copy of params (cast to dtype). Returns a dict with
     losses/lrs/grad_norms per step, grads1 (step 1's averaged gradients before clipping),
     logits1 (first micro-batch of step 1) and params (after the last step), all as numpy.
@@ -179,9 +182,11 @@ def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_
     precision with float32 master weights, gradients and AdamW state; the loss in float32.
     forward_fn(p, x) -> (logits, extra, stats): replaces forward(p, x, cfg); a non-None extra
     (a scalar tensor) is added to the micro-batch's objective (not to the reported loss), and
-    out["stats"][s] lists each micro-batch's stats (moe_ref: MoE auxiliary losses and routes)."""
+    out["stats"][s] lists each micro-batch's stats (moe_ref: MoE auxiliary losses and routes).
+    decay_fn(name, tensor): which tensors AdamW decays (default is_decayed; llama_ref: 2-D)."""
     p = {n: t.detach().clone().to(dtype).requires_grad_(True) for n, t in params.items()}
-    opt = make_optimizer(p, lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps)
+    opt = make_optimizer(p, lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps,
+                         decay_fn=decay_fn)
     out = {"losses": [], "lrs": [], "grad_norms": []}
     if forward_fn is not None:
         out["stats"] = []

@@ -1,7 +1,9 @@
 // Hugging Face model directories under hostile use, through the tetra binary: an export that
 // fails or is killed half way leaves the earlier export whole; a config.json is range-checked
 // field by field and blamed (not the tokenizer) when it does not describe its weights; odd tensor
-// names and prompts that are not UTF-8 are refused with what to change.
+// names and prompts that are not UTF-8 are refused with what to change. Llama directories
+// (LlamaForCausalLM) export and generate, from the directory or the bare weights file, and their
+// config.json is held to what tetra's Llama computes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "ckpt/hf_config.h"
@@ -88,6 +91,29 @@ class HfDir : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Llama weights of vocabulary 300, 2 layers, 4 query heads of 8 channels over 2 key/value
+  // heads, SwiGLU width 40, an untied head, 24 positions, rope_theta 5e5, norm_eps 1e-6.
+  static GptConfig llama_shape() {
+    GptConfig c = GptConfig::make(300, 2, 4, 32, 24, 64);
+    LlamaShape l;
+    l.n_kv_head = 2;
+    l.ffn = 40;
+    l.rope_theta = 5e5;
+    l.norm_eps = 1e-6;
+    c.set_llama(l);
+    return c;
+  }
+  static void write_llama_weights(const std::string& file, uint64_t seed) {
+    ParamStore store;
+    Gpt model(cpu_backend(), llama_shape(), store, 1, 1);
+    store.finalize({});
+    store.init(seed);
+    write_safetensors(file, store_to_safetensors(store, store.params().data(), true));
+  }
+  // What a bare Llama file cannot say, on the command line.
+  static constexpr const char* kLlamaKeys =
+      " --model.n_head=4 --model.max_seq=24 --model.rope_theta=5e5 --model.norm_eps=1e-6";
 
   // GPT-2 weights of vocabulary 300, 2 layers, 2 heads, width 32, 16 positions.
   static void write_weights(const std::string& file, uint64_t seed) {
@@ -294,6 +320,19 @@ TEST(HfConfigLimits, AreTheTrainSchemasRanges) {
                                                  {"model.d_model", HfConfigLimits::n_embd},
                                                  {"model.n_layer", HfConfigLimits::n_layer},
                                                  {"model.n_head", HfConfigLimits::n_head}};
+  // Llama's SwiGLU width and key/value heads take 0 for a default, which config.json never
+  // holds; their upper ends are the reader's.
+  for (const KeySpec& spec : train_config_schema()) {
+    if (spec.key == "model.ffn") {
+      EXPECT_EQ(spec.valid, "[0, " + std::to_string(HfConfigLimits::intermediate_size) + "]");
+    }
+    if (spec.key == "model.n_kv_head") {
+      EXPECT_EQ(spec.valid, "[0, " + std::to_string(HfConfigLimits::n_head) + "]");
+    }
+    if (spec.key == "model.rope_theta") {
+      EXPECT_EQ(spec.valid, "(0, 1e12]");
+    }
+  }
   for (const auto& [key, max] : limits) {
     bool found = false;
     for (const KeySpec& spec : train_config_schema()) {
@@ -339,6 +378,123 @@ TEST_F(HfDir, PromptsThatAreNotUtf8AreRefused) {
   Ran ok = run_command(base + " --prompt 'caf\xc3\xa9 \xe6\x9d\xb1' --max-tokens 2", false);
   EXPECT_EQ(ok.code, 0) << ok.output;
   EXPECT_EQ(ok.output.rfind("caf\xc3\xa9 \xe6\x9d\xb1", 0), 0u) << ok.output;
+}
+
+// A Llama exported from a bare weights file (the head count and what no tensor holds given, the
+// key/value heads read off k_proj) is a LlamaForCausalLM directory whose config.json alone lets
+// tetra generate the same greedy text as from the bare file.
+TEST_F(HfDir, LlamaExportsAndGeneratesFromTheDirectoryAndTheBareFile) {
+  write_llama_weights(path("in/llama.safetensors"), 3);
+  const std::string model = path("out/llama");
+  Ran ex = run_command(tetra("export --hf " + model + " --model " + path("in/llama.safetensors") +
+                             " --tokenizer " + path("in/bpe.json") + kLlamaKeys));
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  const nlohmann::json c = nlohmann::json::parse(read_file(fs::path(model) / "config.json"));
+  EXPECT_EQ(c["architectures"], nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(c["model_type"], "llama");
+  EXPECT_EQ(c["hidden_size"], 32);
+  EXPECT_EQ(c["intermediate_size"], 40);
+  EXPECT_EQ(c["num_attention_heads"], 4);
+  EXPECT_EQ(c["num_key_value_heads"], 2);
+  EXPECT_EQ(c["max_position_embeddings"], 24);
+  EXPECT_EQ(c["rope_theta"], 5e5);
+  EXPECT_EQ(c["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+  EXPECT_TRUE(c["rope_scaling"].is_null());
+  EXPECT_EQ(c["hidden_act"], "silu");
+  EXPECT_EQ(c["torch_dtype"], "float32");
+  const HfModelConfig back =
+      read_hf_model_config((fs::path(model) / "config.json").string(), "test");
+  ASSERT_TRUE(std::holds_alternative<HfLlamaConfig>(back));
+  const SafeTensorsFile in = read_safetensors(path("in/llama.safetensors"));
+  const SafeTensorsFile out = read_safetensors(model + "/model.safetensors");
+  ASSERT_EQ(in.tensors.size(), out.tensors.size());
+  for (const auto& [name, t] : in.tensors) EXPECT_EQ(out.tensors.at(name).bytes, t.bytes) << name;
+
+  const std::string gen = " --prompt 'hello world' --temperature 0 --max-tokens 8";
+  Ran from_dir = run_command(tetra("generate --model " + model + gen), false);
+  ASSERT_EQ(from_dir.code, 0) << from_dir.output;
+  Ran from_file = run_command(tetra("generate --model " + path("in/llama.safetensors") +
+                                    " --tokenizer " + path("in/bpe.json") + kLlamaKeys + gen),
+                              false);
+  ASSERT_EQ(from_file.code, 0) << from_file.output;
+  EXPECT_EQ(from_dir.output, from_file.output);
+  EXPECT_EQ(from_dir.output.rfind("hello world", 0), 0u) << from_dir.output;
+  // Without the head count the bare file is refused; without rope_theta and the rest it runs on
+  // the defaults and says so.
+  EXPECT_REFUSED(run_command(tetra("generate --model " + path("in/llama.safetensors") +
+                                   " --tokenizer " + path("in/bpe.json") + gen)),
+                 "[generate] the head count cannot be read off the weights");
+  Ran defaults =
+      run_command(tetra("generate --model " + path("in/llama.safetensors") + " --tokenizer " +
+                        path("in/bpe.json") + " --model.n_head=4" + gen));
+  EXPECT_EQ(defaults.code, 0) << defaults.output;
+  EXPECT_NE(defaults.output.find("is a bare Llama weights file: its tensors do not hold the "
+                                 "longest sequence, RoPE's base or RMSNorm's epsilon; using the "
+                                 "defaults model.max_seq=128, model.rope_theta=10000, "
+                                 "model.norm_eps=1e-05"),
+            std::string::npos)
+      << defaults.output;
+  // The head count decides the key/value heads: 8 heads of 4 channels make k_proj's 16 rows 4.
+  Ran eight = run_command(tetra("generate --model " + path("in/llama.safetensors") +
+                                " --tokenizer " + path("in/bpe.json") + " --model.n_head=8" + gen));
+  EXPECT_EQ(eight.code, 0) << eight.output;
+  // Refusing GPT-2 weights for a Llama shape names the family.
+  EXPECT_REFUSED(run_command(tetra("generate --model " + path("in/a.safetensors") +
+                                   " --tokenizer byte --prompt hi --model.n_head=2 "
+                                   "--model.arch=llama")),
+                 "--model.arch=llama but the weights have GPT-2 tensors (transformer.wte, "
+                 "transformer.h.N)");
+}
+
+// A Llama config.json is held to what tetra's Llama computes, naming the key and what would work,
+// and blamed, key by key, when it does not describe its weights.
+TEST_F(HfDir, LlamaConfigJsonIsCheckedAndBlamed) {
+  write_llama_weights(path("in/llama.safetensors"), 4);
+  const std::string model = path("out/llama");
+  ASSERT_EQ(run_command(tetra("export --hf " + model + " --model " + path("in/llama.safetensors") +
+                              " --tokenizer " + path("in/bpe.json") + kLlamaKeys))
+                .code,
+            0);
+  const std::string good = read_file(fs::path(model) / "config.json");
+  struct Case {
+    const char* key;
+    const char* value;
+    std::string message;
+  };
+  const std::string cfg = model + "/config.json";
+  const Case cases[] = {
+      {"rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})",
+       cfg + ": rope_scaling is {\"factor\":8.0,\"rope_type\":\"llama3\"}: \"llama3\" scaling "
+             "changes RoPE's frequencies or positions, and tetra computes plain RoPE"},
+      {"rope_scaling", R"({"type": "dynamic", "factor": 2.0})",
+       "removing rope_scaling from config.json gives the same model for prompts and generated "
+       "tokens within max_position_embeddings (24) positions"},
+      {"num_key_value_heads", "3",
+       cfg + ": num_key_value_heads 3 does not divide num_attention_heads 4"},
+      {"hidden_act", "\"gelu\"",
+       cfg + ": hidden_act is \"gelu\", but tetra's Llama needs \"silu\"; this model cannot be "
+             "loaded"},
+      {"attention_bias", "true", cfg + ": attention_bias is true, but tetra's Llama needs false"},
+      {"head_dim", "16",
+       cfg + ": head_dim is 16, but tetra's Llama has hidden_size / "
+             "num_attention_heads = 8 channels per head"},
+      {"num_key_value_heads", "1",
+       "num_key_value_heads in " + cfg +
+           " is 1 but the weights have 2 key/value heads (k_proj's 16 rows / head size 8)"},
+      {"intermediate_size", "64",
+       "intermediate_size in " + cfg + " is 64 but the weights have 40 gate_proj's rows"},
+      {"tie_word_embeddings", "true",
+       "tie_word_embeddings in " + cfg +
+           " is true but the weights have an lm_head.weight of its own (an untied head)"},
+      {"model_type", "\"mistral\"",
+       cfg + ": model_type is \"mistral\"; tetra reads \"gpt2\" (GPT2LMHeadModel), \"llama\""},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(fs::path(model) / "config.json") << good;
+    set_config_key(model, c.key, c.value);
+    EXPECT_REFUSED(run_command(tetra("generate --model " + model + " --prompt hi")), c.message);
+  }
 }
 
 }  // namespace

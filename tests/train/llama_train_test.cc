@@ -55,7 +55,8 @@ class LlamaTrain : public ::testing::Test {
         " --optim.lr=1e-2 --optim.eps=1e-6 --optim.warmup_steps=1 --data.shuffle=true "
         "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --eval.every=0 "
         "--run.progress=never --train.micro_batch=" +
-        std::to_string(micro_batch) + " --train.grad_accum=" + std::to_string(8 / micro_batch / dp) +
+        std::to_string(micro_batch) +
+        " --train.grad_accum=" + std::to_string(8 / micro_batch / dp) +
         " --data.train=" + (dir_ / "train.bin").string() + " --run.dir=" + run.string() +
         " --save.final=" + (run / "w.safetensors").string() + " " + extra;
     return testing::read_layout_run(run_command(tetra_command(ranks, args)), run,
@@ -86,10 +87,11 @@ TEST_F(LlamaTrain, EveryLayoutReproducesTheSerialRun) {
   };
   const Layout layouts[] = {
       {2, 1, 4, "tp2_sp", "--parallel.tp=2 --tp.sequence_parallel=true"},
-      {2, 1, 2, "pp2_1f1b", "--parallel.pp=2 --pp.schedule=1f1b"},
+      {2, 1, 2, "pp2_1f1b", "--parallel.pp=2 --pp.schedule=1f1b --pp.layers=2,1"},
       {2, 2, 4, "dp2_zero3", "--zero.stage=3"},
       {8, 2, 2, "tp2_pp2_dp2",
-       "--parallel.tp=2 --tp.sequence_parallel=true --parallel.pp=2 --zero.stage=1"},
+       "--parallel.tp=2 --tp.sequence_parallel=true --parallel.pp=2 --pp.layers=1,2 "
+       "--zero.stage=1"},
   };
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
@@ -101,9 +103,10 @@ TEST_F(LlamaTrain, TiedHeadAndRecomputationReproduceTheSerialRun) {
   const LayoutRun serial = train(1, 1, 8, "tied_serial", "--model.tie_embeddings=true");
   ASSERT_EQ(serial.code, 0) << serial.output;
   // The tied embedding crosses the pipeline (a copy on the last stage) and tensor parallelism.
-  expect_same_run(serial, train(4, 1, 2, "tied_tp2_pp2",
-                                "--model.tie_embeddings=true --parallel.tp=2 --parallel.pp=2 "
-                                "--train.recompute=full"));
+  expect_same_run(
+      serial, train(4, 1, 2, "tied_tp2_pp2",
+                    "--model.tie_embeddings=true --parallel.tp=2 --parallel.pp=2 --pp.layers=auto "
+                    "--train.recompute=full"));
   expect_same_run(serial, train(2, 2, 4, "tied_dp2_selective",
                                 "--model.tie_embeddings=true --zero.stage=2 "
                                 "--train.recompute=selective"));
@@ -112,12 +115,12 @@ TEST_F(LlamaTrain, TiedHeadAndRecomputationReproduceTheSerialRun) {
 // A checkpoint written at tp 2 resumes with a 2-stage pipeline and continues the run.
 TEST_F(LlamaTrain, CheckpointsResumeUnderAnotherLayout) {
   const fs::path ckpt = dir_ / "ckpt";
-  const LayoutRun whole = train(2, 1, 4, "ck_whole",
-                                "--parallel.tp=2 --ckpt.dir=" + ckpt.string() + " --ckpt.every=2");
+  const LayoutRun whole =
+      train(2, 1, 4, "ck_whole", "--parallel.tp=2 --ckpt.dir=" + ckpt.string() + " --ckpt.every=2");
   ASSERT_EQ(whole.code, 0) << whole.output;
   const LayoutRun resumed =
       train(2, 1, 2, "ck_pp2",
-            "--parallel.pp=2 --ckpt.resume=" + (ckpt / "step-000000002").string());
+            "--parallel.pp=2 --pp.layers=2,1 --ckpt.resume=" + (ckpt / "step-000000002").string());
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   ASSERT_GE(resumed.loss.size(), size_t(kSteps - 2));
   const size_t first = resumed.loss.size() - size_t(kSteps - 2);
@@ -136,10 +139,11 @@ TEST_F(LlamaTrain, BadShapesAreRefusedWithWhatWouldWork) {
   const Bad bad[] = {
       {1, "--model.n_kv_head=3", "use n_kv_head in {1, 2, 4}"},
       {4, "--parallel.tp=4", "parallel.tp=4 does not divide model.n_kv_head=2"},
-      {1, "--model.n_head=8 --model.d_model=40", "head size d_model/n_head = 40/8 = 5 must be even"},
+      {1, "--model.n_head=8 --model.d_model=40",
+       "head size d_model/n_head = 40/8 = 5 must be even"},
       {2, "--parallel.tp=2 --model.ffn=87", "model.ffn=87"},
       {1, "--model.arch=gpt2", "model.n_kv_head=2 shapes a Llama model"},
-      {1, "--model.arch=llama2", "gpt2 | llama"},
+      {1, "--model.arch=llama2", "must be one of: gpt2, llama"},
       {1, "--model.moe_experts=4", "model.arch=llama"},
   };
   for (const Bad& b : bad) {
