@@ -35,14 +35,23 @@ namespace {
 // batch past micro_batch x grad_accum x dp's largest product (2^14 x 2^16 x 2^20), is damage.
 constexpr int64_t kMaxSamples = int64_t(1) << 62, kMaxGlobalBatch = int64_t(1) << 50;
 
-constexpr const char* kShapeKeys[] = {"vocab_size", "n_layer", "n_head", "d_model", "max_seq"};
-
+// The model.* keys a checkpoint records: the shape, and what changes the computation without
+// changing a tensor (n_head; a Llama model's RoPE base and RMSNorm epsilon).
 nlohmann::json shape_of(const GptConfig& m) {
-  return {{"vocab_size", m.vocab_size},
-          {"n_layer", m.n_layer},
-          {"n_head", m.n_head},
-          {"d_model", m.d_model},
-          {"max_seq", m.max_seq}};
+  nlohmann::json s = {{"vocab_size", m.vocab_size},
+                      {"n_layer", m.n_layer},
+                      {"n_head", m.n_head},
+                      {"d_model", m.d_model},
+                      {"max_seq", m.max_seq}};
+  if (m.llama()) {
+    s["arch"] = "llama";
+    s["n_kv_head"] = m.n_kv_head;
+    s["ffn"] = m.ffn;
+    s["rope_theta"] = m.rope_theta;
+    s["norm_eps"] = m.norm_eps;
+    s["tie_embeddings"] = m.tie_embeddings;
+  }
+  return s;
 }
 
 // The writer's model shape: the manifest's model_shape, or (checkpoints written before it was
@@ -149,12 +158,23 @@ void Checkpointer::refuse_mismatch(const ckpt::Manifest& m, const ResumedState& 
   // The model: n_head changes no tensor's shape, so the tensors alone would not tell.
   const nlohmann::json saved = saved_shape(m), mine = shape_of(opt_.model);
   if (!saved.is_null()) {
+    // A shape without "arch" is a GPT-2's (a GPT-2 run, or one written before Llama existed);
+    // across families only the family is named, within one every recorded key is compared.
+    const std::string arch_saved = saved.value("arch", "gpt2"),
+                      arch_mine = mine.value("arch", "gpt2");
     std::vector<std::string> differ, want;
-    for (const char* key : kShapeKeys) {
-      if (saved.at(key) != mine.at(key)) {
-        differ.push_back(fmt::format("model.{}={} (this run: {})", key, saved.at(key).dump(),
-                                     mine.at(key).dump()));
-        want.push_back(fmt::format("--model.{}={}", key, saved.at(key).dump()));
+    auto compare = [&](const std::string& key, const nlohmann::json& a, const nlohmann::json& b) {
+      if (a == b) return;
+      const auto text = [](const nlohmann::json& v) {
+        return v.is_string() ? v.get<std::string>() : v.dump();
+      };
+      differ.push_back(fmt::format("model.{}={} (this run: {})", key, text(a), text(b)));
+      want.push_back(fmt::format("--model.{}={}", key, text(a)));
+    };
+    compare("arch", arch_saved, arch_mine);
+    for (const auto& [key, value] : mine.items()) {
+      if (key != "arch" && (arch_saved == arch_mine || saved.contains(key))) {
+        compare(key, saved.contains(key) ? saved.at(key) : nlohmann::json(), value);
       }
     }
     TETRA_CHECK(differ.empty(),

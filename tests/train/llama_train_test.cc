@@ -3,8 +3,8 @@
 // 1F1B pipeline over uneven stages, ZeRO-3 over two data-parallel ranks, and all three at once
 // (tp2 × pp2 × dp2) reproduce the serial run of a grouped-query (4:2), untied Llama: losses
 // within 1e-5 relative at every step and final weights within 1e-5 norm-relative. A checkpoint
-// written under one layout resumes under another; bad shapes are refused with what would work
-// before anything is trained. Ranks are real processes under mpirun.
+// written under one layout resumes under another, and not under another RoPE base; bad shapes are
+// refused with what would work before anything is trained. Ranks are real processes under mpirun.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -129,6 +129,21 @@ TEST_F(LlamaTrain, CheckpointsResumeUnderAnotherLayout) {
         << "step " << s + 3;
   }
   testing::expect_same_weights(whole, resumed, 1e-5);
+  // RoPE's base changes no tensor's shape: the manifest's model shape catches it, and a GPT-2
+  // run is told the checkpoint is a Llama's.
+  const std::string resume = " --ckpt.resume=" + (ckpt / "step-000000002").string();
+  const LayoutRun theta = train(1, 1, 8, "ck_theta", "--model.rope_theta=10000" + resume);
+  EXPECT_NE(theta.code, 0);
+  EXPECT_NE(theta.output.find("model.rope_theta=50000.0 (this run: 10000.0)"), std::string::npos)
+      << theta.output;
+  const LayoutRun gpt2 =
+      train(1, 1, 8, "ck_gpt2",
+            "--model.arch=gpt2 --model.n_kv_head=0 --model.ffn=0 --model.rope_theta=10000 "
+            "--model.norm_eps=1e-5" +
+                resume);
+  EXPECT_NE(gpt2.code, 0);
+  EXPECT_NE(gpt2.output.find("model.arch=llama (this run: gpt2)"), std::string::npos)
+      << gpt2.output;
 }
 
 TEST_F(LlamaTrain, BadShapesAreRefusedWithWhatWouldWork) {
