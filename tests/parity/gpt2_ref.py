@@ -174,7 +174,8 @@ def make_optimizer(params, *, lr, weight_decay, beta1, beta2, eps, foreach=False
 
 def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_ratio=0.1,
           warmup=0, schedule="cosine", weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-          grad_clip=1.0, dtype=torch.float64, autocast=False, forward_fn=None, decay_fn=None):
+          grad_clip=1.0, dtype=torch.float64, autocast=False, forward_fn=None, decay_fn=None,
+          hyper=None):
     """Runs `tetra train`'s loop on a copy of params (cast to dtype). Returns a dict with
     losses/lrs/grad_norms per step, grads1 (step 1's averaged gradients before clipping),
     logits1 (first micro-batch of step 1) and params (after the last step), all as numpy.
@@ -183,10 +184,16 @@ def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_
     forward_fn(p, x) -> (logits, extra, stats): replaces forward(p, x, cfg); a non-None extra
     (a scalar tensor) is added to the micro-batch's objective (not to the reported loss), and
     out["stats"][s] lists each micro-batch's stats (moe_ref: MoE auxiliary losses and routes).
-    decay_fn(name, tensor): which tensors AdamW decays (default is_decayed; llama_ref: 2-D)."""
+    decay_fn(name, tensor): which tensors AdamW decays (default is_decayed; llama_ref: 2-D).
+    hyper(x): applied to the micro-batches' loss scale 1/grad_accum, each AdamW hyperparameter
+    (every step's lr, beta1, beta2, eps, weight_decay) and the clipping factor before use
+    (default: none), e.g. rounding them to float32 as tetra passes them to its float64 model and
+    AdamW kernel (f64_train.cc); the lrs returned are the schedule's, unrounded."""
+    mb_scale = None if hyper is None else hyper(1.0 / grad_accum)
+    hyper = (lambda x: x) if hyper is None else hyper
     p = {n: t.detach().clone().to(dtype).requires_grad_(True) for n, t in params.items()}
-    opt = make_optimizer(p, lr=lr, weight_decay=weight_decay, beta1=beta1, beta2=beta2, eps=eps,
-                         decay_fn=decay_fn)
+    opt = make_optimizer(p, lr=hyper(lr), weight_decay=hyper(weight_decay), beta1=hyper(beta1),
+                         beta2=hyper(beta2), eps=hyper(eps), decay_fn=decay_fn)
     out = {"losses": [], "lrs": [], "grad_norms": []}
     if forward_fn is not None:
         out["stats"] = []
@@ -211,7 +218,7 @@ def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_
             step_loss += loss.item() / grad_accum
             if extra is not None:
                 loss = loss + extra.to(dtype)
-            (loss / grad_accum).backward()
+            (loss / grad_accum if mb_scale is None else loss * mb_scale).backward()
         if forward_fn is not None:
             out["stats"].append(step_stats)
         grads = [t.grad for t in p.values()]
@@ -219,12 +226,12 @@ def train(params, cfg, tokens, *, B, T, grad_accum=1, steps=10, lr=6e-4, min_lr_
         if s == 0:
             out["grads1"] = {n: t.grad.detach().cpu().numpy().copy() for n, t in p.items()}
         if grad_clip > 0 and norm > grad_clip:
-            scale = grad_clip / (norm + 1e-6)
+            scale = hyper(grad_clip / (norm + 1e-6))
             for g in grads:
                 g.mul_(scale)
         cur = lr_at(s, lr=lr, steps=steps, warmup=warmup, schedule=schedule, min_lr_ratio=min_lr_ratio)
         for group in opt.param_groups:
-            group["lr"] = cur
+            group["lr"] = hyper(cur)
         opt.step()
         out["losses"].append(step_loss)
         out["lrs"].append(cur)
