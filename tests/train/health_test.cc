@@ -41,7 +41,10 @@ class Health : public testing::RunDirTest {
 };
 
 TEST_F(Health, ASlowedRankIsNamedWithItsHost) {
-  const Ran r = train(4, "slow", "--debug.slow_ms=120 --debug.fault_rank=2");
+  // Four ranks share two cores here, so an unslowed rank's ~1 ms of compute can read 3x its
+  // peers'; factor 20 still names the rank slowed by 120 ms (over 100x) and nothing else.
+  const Ran r =
+      train(4, "slow", "--debug.slow_ms=120 --debug.fault_rank=2 --health.straggler_factor=20");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto w = windows("slow");
   ASSERT_EQ(w.size(), 2u);  // steps 1..5 and 6..10
@@ -73,8 +76,9 @@ TEST_F(Health, ACleanRunNamesNone) {
 }
 
 TEST_F(Health, StopOnAStragglerEndsTheJobNamingIt) {
-  const Ran r =
-      train(4, "stop", "--debug.slow_ms=120 --debug.fault_rank=1 --health.on_straggler=stop");
+  const Ran r = train(4, "stop",
+                      "--debug.slow_ms=120 --debug.fault_rank=1 --health.on_straggler=stop "
+                      "--health.straggler_factor=20");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("rank 1 on "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stopping (health.on_straggler=stop)"), std::string::npos) << r.output;
