@@ -18,7 +18,30 @@ double quantile(std::vector<double> v, double q) {
   return v[std::min(i, v.size() - 1)];
 }
 
+// The median, the mean of the middle two of an even count: with two ranks it is their mean, not
+// the faster one, so that the faster rank's noise alone does not make the other a straggler.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 }  // namespace
+
+std::vector<int> find_stragglers(const std::vector<double>& compute_ms,
+                                 const std::vector<double>& step_ms, const HealthOptions& options) {
+  std::vector<int> out;
+  if (compute_ms.size() < 2) return out;
+  const double mid = median(compute_ms);
+  const double min_excess = options.straggler_min_share * median(step_ms);
+  for (size_t r = 0; r < compute_ms.size(); ++r) {
+    if (mid > 0 && compute_ms[r] > options.straggler_factor * mid &&
+        compute_ms[r] - mid >= min_excess) {
+      out.push_back(int(r));
+    }
+  }
+  return out;
+}
 
 HealthMonitor::HealthMonitor(const HealthOptions& options, const RunLayout& layout)
     : opt_(options), layout_(layout) {
@@ -64,15 +87,16 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
                                                  {"slowest_host", hosts_[size_t(slowest)]}};
   }
   ranks["steps"] = {first_, step};
-  // Stragglers: compute time over the median by the factor.
-  std::vector<double> compute(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) compute[size_t(r)] = all[size_t(r) * kFields + 1];
-  const double median = quantile(compute, 0.5);
+  std::vector<double> compute(static_cast<size_t>(world)), step_ms(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    step_ms[size_t(r)] = all[size_t(r) * kFields];
+    compute[size_t(r)] = all[size_t(r) * kFields + 1];
+  }
+  const double mid = median(compute);
   nlohmann::json named = nlohmann::json::array();
   std::vector<std::string> lines;
-  for (int r = 0; r < world && world > 1; ++r) {
-    const double ratio = median > 0 ? compute[size_t(r)] / median : 0.0;
-    if (ratio <= opt_.straggler_factor) continue;
+  for (const int r : find_stragglers(compute, step_ms, opt_)) {
+    const double ratio = compute[size_t(r)] / mid;
     named.push_back({{"rank", r},
                      {"host", hosts_[size_t(r)]},
                      {"compute_ms", compute[size_t(r)]},
@@ -80,7 +104,7 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
     lines.push_back(
         fmt::format("rank {} on {}: compute {:.1f} ms per step, {:.2f}x the median "
                     "{:.1f} ms",
-                    r, hosts_[size_t(r)], compute[size_t(r)], ratio, median));
+                    r, hosts_[size_t(r)], compute[size_t(r)], ratio, mid));
     if (std::find(stragglers_.begin(), stragglers_.end(), r) == stragglers_.end()) {
       stragglers_.push_back(r);
     }

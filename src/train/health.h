@@ -4,7 +4,8 @@
 // per-rank means to every rank, which are written to metrics.jsonl (rank 0) as per-rank arrays
 // with their p50, p99 and max and the slowest rank and host. A rank whose compute time (its step
 // less the time it waited for data, collectives and pipeline transfers) exceeds the median over
-// the ranks by health.straggler_factor is a straggler: named with its host in the log and the
+// the ranks by health.straggler_factor (and by a share of the step, health.straggler_min_share)
+// is a straggler: named with its host in the log and the
 // metrics, and with health.on_straggler=stop the run stops (exit 2) so that a launcher can be
 // restarted without that host. docs/health.md.
 #pragma once
@@ -24,6 +25,12 @@ struct RankStep {
   double step_ms = 0, compute_ms = 0, comm_ms = 0, data_ms = 0;
   double grad_sq = 0;  // this rank's contribution to the squared gradient norm
 };
+
+/** The ranks whose window means make them stragglers: compute time over
+ *  health.straggler_factor × the median over the ranks (the mean of the middle two of an even
+ *  count), by at least health.straggler_min_share × the median step time. */
+std::vector<int> find_stragglers(const std::vector<double>& compute_ms,
+                                 const std::vector<double>& step_ms, const HealthOptions& options);
 
 class HealthMonitor {
  public:

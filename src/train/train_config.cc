@@ -203,6 +203,11 @@ const std::vector<TrainKey>& train_keys() {
         "a rank whose compute time over a window exceeds the median by this factor is a straggler",
         "(1, 1000]"},
        into<&O::health, &HealthOptions::straggler_factor>()},
+      {{"health.straggler_min_share", ValueKind::Float, "0.05",
+        "...and exceeds it by at least this share of the median step time (smaller excesses cost "
+        "the job little: on small steps they are scheduler noise)",
+        "[0, 1]"},
+       into<&O::health, &HealthOptions::straggler_min_share>()},
       {{"health.on_straggler", ValueKind::String, "\"warn\"",
         "a straggler: name it (warn) or stop the run (stop)", "warn | stop"},
        into<&O::health, &HealthOptions::on_straggler>()},
