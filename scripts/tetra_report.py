@@ -170,7 +170,7 @@ def throughput_chart(page, records):
     ax.set_ylabel("tokens/s", color="C0")
     if mx:
         ax2 = ax.twinx()
-        ax2.plot(mx, [100 * v for v in my], lw=1, color="C1", label="MFU")
+        ax2.plot(mx, [100 * v for v in my], lw=1, ls="--", color="C1", label="MFU")
         ax2.set_ylabel("MFU (%)", color="C1")
         ax2.set_ylim(bottom=0)
     ax.set_ylim(bottom=0)
@@ -197,12 +197,20 @@ def step_chart(page, records):
                  colors=["#8fb8de", "#e8875b", "#9bd18b"], alpha=0.9)
     ax.plot(xs, step, lw=0.8, color="black", label="step")
     ax.set_ylabel("ms")
-    ax.set_ylim(bottom=0)
+    # Step 1 (warm-up: the matmul choice, first touch of memory) can be many times a later step;
+    # the axis shows the later steps and the caption gives step 1.
+    later = sorted(step[1:])
+    clipped = ""
+    if later and step[0] > 2 * later[-1]:
+        ax.set_ylim(0, 1.1 * later[-1])
+        clipped = f" Step 1 took {step[0]:.0f} ms, above the axis."
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(loc="upper right", fontsize="small")
     share = sum(comm) / sum(step) if sum(step) > 0 else 0.0
     page.chart("chart-step", "Where a step goes (rank 0)", fig,
                f"Wall time of every step split into data wait, exposed communication (comm_ms) "
-               f"and the rest. Communication is {100 * share:.1f}% of the run's step time.")
+               f"and the rest. Communication is {100 * share:.1f}% of the run's step time." + clipped)
 
 
 def memory_chart(page, records):
@@ -255,14 +263,15 @@ def audit_chart(page, audit):
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize="small",
               frameon=False)
     ax.grid(True, axis="x", alpha=0.3)
+    measured_text = (f" against a measured {measured:.2f} ms"
+                     if isinstance(measured, (int, float)) else "")
     mfu = audit.get("mfu")
     mfu_text = f" MFU {100 * mfu:.1f}%." if isinstance(mfu, (int, float)) else ""
     page.chart("chart-audit", "MFU audit", fig,
                "The measured step split in the audit's order: the ideal step at the backend's "
                "peak, then data wait, communication per dimension, pipeline bubble, kernels "
                "below peak and stragglers. The parts sum to "
-               f"{left:.2f} ms against a measured {measured if measured is not None else '?'} "
-               f"ms.{mfu_text}")
+               f"{left:.2f} ms{measured_text}.{mfu_text}")
 
 
 def ranks_chart(page, records):
@@ -273,24 +282,24 @@ def ranks_chart(page, records):
                             "health.telemetry_every = 0, or the run was shorter than one window")
     keys = [k for k in ("step_ms", "compute_ms") if isinstance(windows[0]["ranks"].get(k), list)]
     n_ranks = len(windows[0]["ranks"]["step_ms"])
-    fig, axes = plt.subplots(1, len(keys), figsize=(8, 1.2 + 0.35 * max(n_ranks, 2)),
+    # One map per time, stacked, each as wide as the page: ranks down, windows across.
+    fig, axes = plt.subplots(len(keys), 1, figsize=(8, len(keys) * (1.1 + 0.3 * max(n_ranks, 2))),
                              layout="constrained", squeeze=False)
     labels = []
     for w in windows:
         s = w["ranks"].get("steps", [w["step"], w["step"]])
         labels.append(f"{s[0]}-{s[1]}")
-    for ax, key in zip(axes[0], keys):
+    for ax, key in zip(axes[:, 0], keys):
         grid = [[float(w["ranks"][key][r]) if r < len(w["ranks"][key]) else float("nan")
                  for w in windows] for r in range(n_ranks)]
         im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-        ax.set_title(key.replace("_ms", "") + " ms per step (window mean)", fontsize="medium")
+        ax.set_title(key.replace("_ms", "") + " time per step (window mean)", fontsize="medium")
         ax.set_ylabel("rank")
-        ax.set_xlabel("steps")
         ax.set_yticks(range(n_ranks))
-        tick = max(1, len(labels) // 8)
+        tick = max(1, math.ceil(len(labels) / 12))
         ax.set_xticks(range(0, len(labels), tick))
-        ax.set_xticklabels(labels[::tick], rotation=30, fontsize="small")
-        if len(windows) * n_ranks <= 64:
+        ax.set_xticklabels(labels[::tick], fontsize="small")
+        if len(windows) <= 12 and n_ranks <= 16:
             lo, hi = im.get_clim()
             for r, row in enumerate(grid):
                 for c, v in enumerate(row):
