@@ -210,7 +210,9 @@ def step_chart(page, records):
     share = sum(comm) / sum(step) if sum(step) > 0 else 0.0
     page.chart("chart-step", "Where a step goes (rank 0)", fig,
                f"Wall time of every step split into data wait, exposed communication (comm_ms) "
-               f"and the rest. Communication is {100 * share:.1f}% of the run's step time." + clipped)
+               f"and the rest. Communication is {100 * share:.1f}% of the run's step time." + clipped +
+               (" A pipeline stage's waits for its neighbours are in the bubble chart, not here."
+                if any("pp_bubble" in r for r in records) else ""))
 
 
 def memory_chart(page, records):
