@@ -253,7 +253,9 @@ def audit_chart(page, audit):
     cmap = plt.get_cmap("tab10")
     for i, p in enumerate(parts):
         ms = float(p.get("ms", 0) or 0)
-        ax.barh(["audit"], [ms], left=left, color=cmap(i % 10), label=f"{p['name']} {ms:.2f} ms")
+        # A part keeps its colour from run to run: its place in the audit order picks it.
+        color = cmap(order.get(p["name"], len(order) + i) % 10)
+        ax.barh(["audit"], [ms], left=left, color=color, label=f"{p['name']} {ms:.2f} ms")
         if ms > 0.06 * total:
             ax.text(left + ms / 2, 0, p["name"], ha="center", va="center", fontsize="small",
                     color="white")
