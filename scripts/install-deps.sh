@@ -20,6 +20,9 @@ packages=(
   # The Unicode Character Database (scripts/gen_char_class.py, char_class_test) and ISO names
   # translated into 30 scripts (the multilingual corpus of the Hugging Face tokenizer test).
   unicode-data iso-codes
+  # tetra report (docs/report.md): matplotlib draws the page's charts; the headless Chromium of
+  # tests/cli/report_test.cc opens the page and checks that every chart decodes.
+  python3-matplotlib chromium
   # Node.js for Hugging Face's tokenizers (below) and the demo's corpus download.
   nodejs
 )

@@ -33,6 +33,8 @@ const Command kCommands[] = {
      "a Hugging Face model directory: tetra export --hf DIR --model F"},
     {"ckpt", tetra::cli::ckpt_main,
      "look inside checkpoints: tetra ckpt inspect|verify|export DIR"},
+    {"report", tetra::cli::report_main,
+     "an HTML page of a run's charts: tetra report RUN_DIR [--out DIR]"},
     {"verify-resume", tetra::cli::verify_resume_main,
      "kill a run, resume it, compare bitwise: tetra verify-resume --config F"},
 };
