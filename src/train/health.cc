@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <span>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -16,6 +19,16 @@ double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   const size_t i = size_t(std::ceil(q * double(v.size()))) - (q > 0 ? 1 : 0);
   return v[std::min(i, v.size() - 1)];
+}
+
+// Under tetra launch (TETRA_HEARTBEAT_DIR set), names the stragglers' hosts for the launcher.
+void write_straggler_hosts(const nlohmann::json& named) {
+  const char* dir = std::getenv("TETRA_HEARTBEAT_DIR");
+  if (!dir || !*dir) return;
+  std::string text;
+  for (const nlohmann::json& s : named) text += s["host"].get<std::string>() + "\n";
+  write_file_atomically((std::filesystem::path(dir) / kStragglerHostsFile).string(),
+                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "health");
 }
 
 }  // namespace
@@ -68,6 +81,7 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
   std::vector<double> compute(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) compute[size_t(r)] = all[size_t(r) * kFields + 1];
   const double median = quantile(compute, 0.5);
+  window_compute_ = compute;
   nlohmann::json named = nlohmann::json::array();
   std::vector<std::string> lines;
   for (int r = 0; r < world && world > 1; ++r) {
@@ -93,6 +107,7 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
   const std::string what =
       fmt::format("steps {}..{}: straggler(s) (health.straggler_factor={}): {}", first_, step,
                   opt_.straggler_factor, fmt::join(lines, "; "));
+  if (opt_.on_straggler == "stop" && layout_.is_root()) write_straggler_hosts(named);
   TETRA_CHECK(opt_.on_straggler != "stop",
               "[health] {}; stopping (health.on_straggler=stop): restart the job without that "
               "host, or set health.on_straggler=warn",
