@@ -1,7 +1,7 @@
 // Goodput (seed 000): the share of a run's wall-clock time that went into the steps its final
 // model kept, across restarts. Rank 0 accounts every second of its process into productive steps,
-// redone steps, checkpoint stalls, start-up, data stalls, evaluation, restarts and other, and
-// keeps the account in <run.dir>/goodput.json, rewritten atomically after every step, so that a
+// redone steps, checkpoint stalls, start-up, data stalls, evaluation, restarts, the run's end and
+// other, and keeps the account in <run.dir>/goodput.json, replaced after every step, so that a
 // resumed run (by `tetra launch --max-restarts` or by hand) continues it: the steps the previous
 // attempt trained after the checkpoint this one resumes from are moved from productive to redone,
 // and when the launcher restarted the job the time between the previous attempt's last step and
@@ -18,8 +18,8 @@
 namespace tetra {
 
 /** The categories of the account, in the order they are printed. */
-enum class GoodputPart { productive, redone, checkpoint, startup, data, eval, restart, other };
-inline constexpr size_t kGoodputParts = 8;
+enum class GoodputPart { productive, redone, checkpoint, startup, data, eval, restart, end, other };
+inline constexpr size_t kGoodputParts = 9;
 const char* goodput_part_name(GoodputPart p);
 
 /** The environment variables the launcher sets for every attempt: the Unix time (seconds) it
@@ -51,7 +51,8 @@ class Goodput {
  private:
   void add(GoodputPart p, double s) { this_[size_t(p)] += s; }
   void resume(const nlohmann::json& prev, int64_t start_step);
-  void save() const;
+  /** `durable`: fsynced (the run's end); otherwise only renamed over the old account. */
+  void save(bool durable) const;
 
   bool active_;
   std::string path_;
