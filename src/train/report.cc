@@ -534,7 +534,7 @@ nlohmann::json Reporter::audit(const std::vector<double>& rank_compute_ms) const
   part("ideal", ideal);
   part("data", mean(data_wait_s_, 1e3));
   for (int g = 0; g < 4; ++g) {
-    if (present[g]) part(groups[g], comm[g]);
+    if (present[g] || comm[g] > 0) part(groups[g], comm[g]);
   }
   if (layout_.pp_size() > 1) part("bubble", bubble);
   part("kernels", kernels);
