@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -28,6 +30,8 @@
 #include "core/config.h"
 #include "core/dir_lock.h"
 #include "core/error.h"
+#include "train/goodput.h"
+#include "train/health.h"
 #include "train/train_config.h"
 
 namespace tetra::cli {
@@ -199,22 +203,57 @@ std::string host_spec(const std::string& hosts, int ranks) {
   return spec;
 }
 
-// The --hosts entries that name another machine than this one (not localhost, not this host's
-// name with or without its domain).
-std::vector<std::string> other_hosts(const std::string& hosts) {
+// Whether a host name names this machine: localhost, or its name with or without its domain.
+bool is_this_host(const std::string& name) {
   char buf[256] = {};
   ::gethostname(buf, sizeof buf - 1);
   const std::string self = buf, short_self = self.substr(0, self.find('.'));
+  return name == "localhost" || name == "127.0.0.1" || name == self || name == short_self;
+}
+
+// The --hosts entries that name another machine than this one.
+std::vector<std::string> other_hosts(const std::string& hosts) {
   std::vector<std::string> out;
   for (const std::string& h : split(hosts, ',')) {
     const std::string name = h.substr(0, h.find(':'));
-    if (name.empty() || name == "localhost" || name == "127.0.0.1" || name == self ||
-        name == short_self) {
-      continue;
-    }
+    if (name.empty() || is_this_host(name)) continue;
     if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   }
   return out;
+}
+
+// Whether two host names name the same machine (this one under any of its names, or the same).
+bool same_host(const std::string& a, const std::string& b) {
+  return a == b || (is_this_host(a) && is_this_host(b));
+}
+
+// --hosts less the hosts of --exclude-host (`why` says where the exclusion came from). No --hosts
+// is this machine alone; excluding a host the list does not name is refused, as is excluding
+// every host.
+std::string exclude_hosts(const std::string& hosts, const std::vector<std::string>& excluded,
+                          const std::string& why) {
+  const std::vector<std::string> list = split(hosts.empty() ? "localhost" : hosts, ',');
+  for (const std::string& x : excluded) {
+    TETRA_CHECK(!x.empty(), "[launch] {} has an empty entry; write HOST[,HOST2]", why);
+    const bool named = std::any_of(list.begin(), list.end(), [&](const std::string& h) {
+      return same_host(h.substr(0, h.find(':')), x);
+    });
+    TETRA_CHECK(named,
+                "[launch] {}: host '{}' is not one the job runs on ({}); name a host of --hosts",
+                why, x, hosts.empty() ? "this machine alone, as no --hosts is given" : hosts);
+  }
+  std::vector<std::string> kept;
+  for (const std::string& h : list) {
+    const std::string name = h.substr(0, h.find(':'));
+    const bool dropped = std::any_of(excluded.begin(), excluded.end(),
+                                     [&](const std::string& x) { return same_host(name, x); });
+    if (!dropped) kept.push_back(h);
+  }
+  TETRA_CHECK(!kept.empty(),
+              "[launch] {} leaves no host to run on ({}); exclude fewer hosts, or add hosts with "
+              "--hosts",
+              why, hosts.empty() ? "without --hosts the job runs on this machine alone" : hosts);
+  return fmt::format("{}", fmt::join(kept, ","));
 }
 
 std::string describe_status(int status) {
@@ -268,6 +307,16 @@ class BeatDir {
   DirLock lock_;
 };
 
+// The hosts a train job stopped for stragglers named (kStragglerHostsFile), if it did.
+std::vector<std::string> straggler_hosts(const fs::path& beats) {
+  std::ifstream in(beats / kStragglerHostsFile);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && std::find(out.begin(), out.end(), line) == out.end()) out.push_back(line);
+  }
+  return out;
+}
+
 }  // namespace
 
 int launch_main(const Args& args) {
@@ -307,11 +356,20 @@ int launch_main(const Args& args) {
         "LIST"},
        {{"--oversubscribe", ValueKind::Bool, "false",
          fmt::format("allow more than {} ranks per core on this host", kMaxRanksPerCore)}},
+       {{"--exclude-host", ValueKind::String, "\"\"",
+         "hosts to leave out of --hosts (e.g. one found a straggler); a train job stopped for a "
+         "straggler (health.on_straggler=stop) is restarted without the straggler's host when "
+         "other hosts remain"},
+        "h1[,h2]"},
        {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
   p.allow_rest();
   if (!p.parse(args)) return 0;
   const int ranks = int(p.i("-n"));
-  const std::string& hosts = p.s("--hosts");
+  std::string hosts = p.s("--hosts");
+  if (p.given("--exclude-host")) {
+    hosts = exclude_hosts(hosts, split(p.s("--exclude-host"), ','),
+                          "--exclude-host '" + p.s("--exclude-host") + "'");
+  }
   const Args& rest = p.rest();
   TETRA_CHECK(p.given("-n"), "[launch] missing -n N, the number of ranks; see tetra launch --help");
   TETRA_CHECK(!rest.empty(),
@@ -367,17 +425,25 @@ int launch_main(const Args& args) {
       is_train && hosts.empty() && !p.b("--dry-run") ? check_train_args(rest) : std::nullopt;
   const auto faults = parse_faults(p.s("--inject-fault"), ranks, max_restarts, steps);
 
-  std::vector<std::string> cmd = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to", "none"};
-  if (is_train) cmd.insert(cmd.end(), {"-x", "TETRA_HEARTBEAT_DIR"});
-  if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
-  if (hosts.empty()) {
-    // One host: more ranks than cores is allowed, but only on request of -n.
-    if (unsigned(ranks) > cores) cmd.push_back("--oversubscribe");
-  } else {
-    cmd.insert(cmd.end(), {"--host", host_spec(hosts, ranks)});
-  }
-  cmd.push_back(self_exe());
-  cmd.insert(cmd.end(), rest.begin(), rest.end());
+  // The mpirun command on `hosts` (empty: this machine).
+  auto mpirun_command = [&](const std::string& on) {
+    std::vector<std::string> c = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to", "none"};
+    // The heartbeat directory, and the attempt's start for the goodput account.
+    if (is_train) {
+      c.insert(c.end(), {"-x", "TETRA_HEARTBEAT_DIR", "-x", kAttemptStartEnv, "-x", kAttemptEnv});
+    }
+    if (geteuid() == 0) c.push_back("--allow-run-as-root");
+    if (on.empty()) {
+      // One host: more ranks than cores is allowed, but only on request of -n.
+      if (unsigned(ranks) > cores) c.push_back("--oversubscribe");
+    } else {
+      c.insert(c.end(), {"--host", host_spec(on, ranks)});
+    }
+    c.push_back(self_exe());
+    c.insert(c.end(), rest.begin(), rest.end());
+    return c;
+  };
+  std::vector<std::string> cmd = mpirun_command(hosts);
 
   if (p.b("--dry-run")) {
     std::printf("%s\n", fmt::format("{}", fmt::join(cmd, " ")).c_str());
@@ -412,7 +478,18 @@ int launch_main(const Args& args) {
   std::vector<std::pair<int64_t, int64_t>> failures;
   int code = 0;
   for (int attempt = 0;; ++attempt) {
-    if (is_train) launch::clear_beats(beats->path());
+    if (is_train) {
+      launch::clear_beats(beats->path());
+      std::error_code ec;
+      fs::remove(beats->path() / kStragglerHostsFile, ec);
+      // The attempt's start (Unix seconds): the trainer counts the time from the previous
+      // attempt's last step to here as lost to the restart (docs/health.md, "Goodput").
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      setenv(kAttemptStartEnv, fmt::format("{:.6f}", now).c_str(), 1);
+      setenv(kAttemptEnv, std::to_string(attempt).c_str(), 1);
+    }
     std::vector<std::string> run = cmd;
     if (size_t(attempt) < faults.size()) {
       run.insert(run.end(), faults[size_t(attempt)].begin(), faults[size_t(attempt)].end());
@@ -467,6 +544,32 @@ int launch_main(const Args& args) {
       break;
     }
     failures.emplace_back(reached, checkpoint);
+    // Stopped for a straggler (health.on_straggler=stop): restarted without its host when other
+    // hosts remain; on this machine alone it restarts where it was.
+    if (std::vector<std::string> slow = straggler_hosts(beats->path()); !slow.empty()) {
+      std::vector<std::string> names = split(hosts.empty() ? "localhost" : hosts, ',');
+      const bool others = std::any_of(names.begin(), names.end(), [&](const std::string& h) {
+        return std::none_of(slow.begin(), slow.end(), [&](const std::string& x) {
+          return same_host(h.substr(0, h.find(':')), x);
+        });
+      });
+      if (others) {
+        try {
+          const std::string fewer = exclude_hosts(hosts, slow, "the straggler's host");
+          cmd = mpirun_command(fewer);
+          std::fprintf(stderr, "[launch] straggler on %s: the restart leaves it out (--hosts %s)\n",
+                       fmt::format("{}", fmt::join(slow, ", ")).c_str(), fewer.c_str());
+          hosts = fewer;
+        } catch (const Error& e) {
+          std::fprintf(stderr, "[launch] straggler on %s, kept: %s\n",
+                       fmt::format("{}", fmt::join(slow, ", ")).c_str(), e.what());
+        }
+      } else {
+        std::fprintf(stderr,
+                     "[launch] straggler on %s, the only host of the job: restarting on it\n",
+                     fmt::format("{}", fmt::join(slow, ", ")).c_str());
+      }
+    }
     // The restart resumes from the newest checkpoint (or starts afresh when there is none), as
     // long as it loads; should it not, the first step is simply not given the start-up deadline.
     if (watch.start_step >= 0) watch.start_step = checkpoint;

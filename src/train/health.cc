@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <span>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -24,6 +27,16 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Under tetra launch (TETRA_HEARTBEAT_DIR set), names the stragglers' hosts for the launcher.
+void write_straggler_hosts(const nlohmann::json& named) {
+  const char* dir = std::getenv("TETRA_HEARTBEAT_DIR");
+  if (!dir || !*dir) return;
+  std::string text;
+  for (const nlohmann::json& s : named) text += s["host"].get<std::string>() + "\n";
+  write_file_atomically((std::filesystem::path(dir) / kStragglerHostsFile).string(),
+                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "health");
 }
 
 }  // namespace
@@ -93,6 +106,7 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
     compute[size_t(r)] = all[size_t(r) * kFields + 1];
   }
   const double mid = median(compute);
+  window_compute_ = compute;
   nlohmann::json named = nlohmann::json::array();
   std::vector<std::string> lines;
   for (const int r : find_stragglers(compute, step_ms, opt_)) {
@@ -117,6 +131,7 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
   const std::string what =
       fmt::format("steps {}..{}: straggler(s) (health.straggler_factor={}): {}", first_, step,
                   opt_.straggler_factor, fmt::join(lines, "; "));
+  if (opt_.on_straggler == "stop" && layout_.is_root()) write_straggler_hosts(named);
   TETRA_CHECK(opt_.on_straggler != "stop",
               "[health] {}; stopping (health.on_straggler=stop): restart the job without that "
               "host, or set health.on_straggler=warn",

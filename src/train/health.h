@@ -32,6 +32,10 @@ struct RankStep {
 std::vector<int> find_stragglers(const std::vector<double>& compute_ms,
                                  const std::vector<double>& step_ms, const HealthOptions& options);
 
+/** The file in TETRA_HEARTBEAT_DIR where a run stopped for stragglers (health.on_straggler=stop)
+ *  names their hosts, one per line, for `tetra launch` to restart without them. */
+inline constexpr const char* kStragglerHostsFile = "straggler-hosts";
+
 class HealthMonitor {
  public:
   HealthMonitor(const HealthOptions& options, const RunLayout& layout);
@@ -43,6 +47,8 @@ class HealthMonitor {
 
   /** The ranks named stragglers so far (rank 0's view, every rank alike). */
   const std::vector<int>& stragglers() const { return stragglers_; }
+  /** Every rank's mean compute time (ms) in the last complete window; empty before one. */
+  const std::vector<double>& window_compute_ms() const { return window_compute_; }
 
  private:
   HealthOptions opt_;
@@ -51,6 +57,7 @@ class HealthMonitor {
   RankStep sum_;
   int64_t steps_ = 0, first_ = 0;
   std::vector<int> stragglers_;
+  std::vector<double> window_compute_;
 };
 
 }  // namespace tetra

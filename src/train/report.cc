@@ -286,7 +286,21 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
     bubbles_.push_back(b.measured);
     rec["pp_bubble_sim"] = b.simulated;
     rec["pp_bubble_formula"] = b.formula;
+    // The bubble in ms: its share of the pipeline's time to the last backward, which this rank
+    // spent waiting on transfers (so at most that wait).
+    bubble_ms_.push_back(
+        std::min(1e3 * pipe.p2p_wait_s,
+                 b.measured * 1e3 * pipe.timeline.last_backward[size_t(layout_.pp_rank())]));
   }
+  // The audit's split of the step: this rank's waits per group, and its compute (the step less
+  // every wait, as the per-rank telemetry counts it).
+  dp_wait_ms_.push_back(comm.exposed_ms + comm.gather_wait_ms);
+  tp_wait_ms_.push_back(tpc.wait_ms);
+  pp_wait_ms_.push_back(1e3 * pipe.p2p_wait_s);
+  ep_wait_ms_.push_back(layout_.ep().counters().wait_ms);
+  compute_ms_.push_back(std::max(0.0, 1e3 * step_s - data_ms - dp_wait_ms_.back() -
+                                          tp_wait_ms_.back() - pp_wait_ms_.back() -
+                                          ep_wait_ms_.back()));
   return rec;
 }
 
@@ -314,11 +328,33 @@ void Reporter::progress(int64_t step, const UpdateResult& update) {
   }
 }
 
-TrainResult Reporter::finish(TrainResult result) {
+TrainResult Reporter::finish(TrainResult result, const std::vector<double>& rank_compute_ms) {
   result.steps = opt_.steps;
   result.tokens_per_s = median(rates_);
   if (metrics_) metrics_->close();
   plan_vs_measured();
+  if (layout_.is_root() && !step_s_.empty()) {
+    const nlohmann::json a = audit(rank_compute_ms);
+    const double step = a["measured_step_ms"].get<double>();
+    std::string table =
+        fmt::format("[audit] measured MFU audit of rank 0's step (the middle {} steps by time):",
+                    a["steps"].get<int64_t>());
+    table += fmt::format("\n[audit]   {:<12} {:>10} {:>8}", "part", "ms", "% step");
+    for (const nlohmann::json& part : a["parts"]) {
+      const double ms = part["ms"].get<double>();
+      table += fmt::format("\n[audit]   {:<12} {:>10.3f} {:>7.1f}%",
+                           part["name"].get<std::string>(), ms, step > 0 ? 100 * ms / step : 0.0);
+    }
+    table += fmt::format(
+        "\n[audit]   {:<12} {:>10.3f} {:>7.1f}%  (measured step {:.3f} ms; MFU {:.1f}%)", "sum",
+        a["sum_ms"].get<double>(), step > 0 ? 100 * a["sum_ms"].get<double>() / step : 0.0, step,
+        100 * a["mfu"].get<double>());
+    log_info("{}", table);
+    const std::string path = (fs::path(opt_.run_dir) / "audit.json").string();
+    const std::string text = a.dump(1) + "\n";
+    write_file_atomically(path, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
+                          "train");
+  }
   profiling_.reset();
   if (profile_) {
     log_info("{}", profile_->table());
@@ -447,6 +483,79 @@ void Reporter::plan_vs_measured() {
   const std::string text = out.dump(1) + "\n";
   write_file_atomically((fs::path(opt_.run_dir) / "plan_vs_measured.json").string(),
                         {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "train");
+}
+
+nlohmann::json Reporter::audit(const std::vector<double>& rank_compute_ms) const {
+  // The steps measured: the middle half by step time (the run's first step, which builds plans
+  // and chooses libraries, left out when there are others), and every part is its mean over them,
+  // so that the parts add up to the measured step as each step's do, while the noise of a shared
+  // machine (a step descheduled) is left out as a median would.
+  std::vector<size_t> steps;
+  for (size_t i = step_s_.size() > 1 ? 1 : 0; i < step_s_.size(); ++i) steps.push_back(i);
+  std::sort(steps.begin(), steps.end(),
+            [&](size_t a, size_t b) { return step_s_[a] < step_s_[b]; });
+  const size_t quarter = steps.size() / 4;
+  steps = std::vector<size_t>(steps.begin() + std::ptrdiff_t(quarter),
+                              steps.end() - std::ptrdiff_t(quarter));
+  auto mean = [&](const std::vector<double>& v, double scale = 1.0) {
+    double sum = 0;
+    for (size_t i : steps) sum += i < v.size() ? v[i] : 0.0;
+    return steps.empty() ? 0.0 : scale * sum / double(steps.size());
+  };
+  const double measured = mean(step_s_, 1e3);
+  // The step at the peak: every rank's share of the model FLOPs at the MFU denominator.
+  const double ideal = 1e3 * plan_.prediction.flops_per_token * double(tokens_per_step()) /
+                       (peak_gflops_ * 1e9 * layout_.world_size());
+  const double bubble = mean(bubble_ms_);
+  double comm[4] = {mean(dp_wait_ms_), mean(tp_wait_ms_), mean(pp_wait_ms_) - bubble,
+                    mean(ep_wait_ms_)};
+  // A slower rank makes this one wait in its next collective: the slowest rank's compute less
+  // this rank's (the last telemetry window's means) is taken out of the waits, in proportion.
+  double stragglers = 0;
+  if (rank_compute_ms.size() > size_t(layout_.rank())) {
+    stragglers = *std::max_element(rank_compute_ms.begin(), rank_compute_ms.end()) -
+                 rank_compute_ms[size_t(layout_.rank())];
+    const double waits = comm[0] + comm[1] + comm[2] + comm[3];
+    stragglers = std::min(stragglers, waits);
+    if (waits > 0) {
+      for (double& c : comm) c *= 1.0 - stragglers / waits;
+    }
+  }
+  const double kernels = std::max(0.0, mean(compute_ms_) - ideal);
+  const char* const groups[4] = {"comm_dp", "comm_tp", "comm_pp", "comm_ep"};
+  const bool present[4] = {layout_.dp_size() > 1, layout_.tp().size() > 1, layout_.pp_size() > 1,
+                           opt_.model.moe.ep > 1};
+  nlohmann::json parts = nlohmann::json::array();
+  double sum = 0;
+  auto part = [&](const char* name, double ms) {
+    parts.push_back({{"name", name}, {"ms", ms}});
+    sum += ms;
+  };
+  part("ideal", ideal);
+  part("data", mean(data_wait_s_, 1e3));
+  for (int g = 0; g < 4; ++g) {
+    if (present[g] || comm[g] > 0) part(groups[g], comm[g]);
+  }
+  if (layout_.pp_size() > 1) part("bubble", bubble);
+  part("kernels", kernels);
+  part("stragglers", stragglers);
+  nlohmann::json out = {{"measured_step_ms", measured},
+                        {"mfu", measured > 0 ? ideal / measured : 0.0},
+                        {"parts", parts},
+                        {"sum_ms", sum},
+                        {"steps", int64_t(steps.size())}};
+  if (profile_) {
+    // Where the compute went, per kernel kind (ms per step from the per-kernel profile).
+    const nlohmann::json kinds = profile_->to_json()["kinds"];
+    nlohmann::json split = nlohmann::json::object();
+    for (auto it = kinds.begin(); it != kinds.end(); ++it) {
+      if (it.key() != "data_wait" && it.key() != "comm" && it.key() != "other") {
+        split[it.key()] = it.value()["ms_per_step"];
+      }
+    }
+    out["kernel_kinds_ms"] = split;
+  }
+  return out;
 }
 
 void Reporter::summary(const TrainResult& result) const {

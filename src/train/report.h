@@ -64,8 +64,10 @@ class Reporter {
   /** The progress line (or log line every tenth of the run), and after the first step the memory
    *  table. */
   void progress(int64_t step, const UpdateResult& update);
-  /** Closes metrics.jsonl; the profile table and profile.json, the trace files. */
-  TrainResult finish(TrainResult result);
+  /** Closes metrics.jsonl; plan vs measured, the MFU audit (`rank_compute_ms`: every rank's mean
+   *  compute time in the last telemetry window, empty when none), the profile table and
+   *  profile.json, the trace files. */
+  TrainResult finish(TrainResult result, const std::vector<double>& rank_compute_ms);
   /** The run's last line. */
   void summary(const TrainResult& result) const;
   /** The planner's prediction of this run's step next to what it measured (collective: a
@@ -73,6 +75,11 @@ class Reporter {
    * step time, memory per rank, bytes per group and step, the pipeline bubble; rank 0 prints them
    * and writes them to run.dir/plan_vs_measured.json (docs/training.md, "Plan vs measured"). */
   void plan_vs_measured();
+  /** The measured MFU audit of this rank's steps (rank 0 prints it and writes
+   *  run.dir/audit.json): the ideal step at the peak, then data, exposed communication per group,
+   *  the bubble, kernels and stragglers, each the median over the steps (docs/health.md, "The MFU
+   *  audit"). */
+  nlohmann::json audit(const std::vector<double>& rank_compute_ms) const;
 
  private:
   std::string memory_table(const char* when) const;
@@ -100,6 +107,8 @@ class Reporter {
   // What plan_vs_measured compares: each step's time, bubble and data wait, and the last step's
   // bytes per group.
   std::vector<double> step_s_, bubbles_, data_wait_s_;
+  // What the audit splits each step into (ms): exposed waits per group, the bubble, compute.
+  std::vector<double> dp_wait_ms_, tp_wait_ms_, pp_wait_ms_, ep_wait_ms_, bubble_ms_, compute_ms_;
   double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0, ep_bytes_ = 0;
   bool mfu_warned_ = false, tty_ = false;
   double last_mfu_ = 0.0, last_tps_ = 0.0;

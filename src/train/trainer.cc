@@ -126,6 +126,7 @@ void Trainer::setup(const std::string& config_toml) {
   heartbeat_ = std::make_unique<Heartbeat>(layout_->rank());
   health_ = std::make_unique<HealthMonitor>(opt_.health, *layout_);
   heartbeat_->beat(start_step_, ckpt_->newest_step());
+  goodput_ = std::make_unique<Goodput>(opt_.run_dir, start_step_, layout_->is_root());
 }
 
 double Trainer::evaluate() {
@@ -197,16 +198,21 @@ TrainResult Trainer::train() {
     rank_step.compute_ms = std::max(0.0, rank_step.step_ms - rank_step.data_ms - rank_step.comm_ms);
     rank_step.grad_sq = update.local_sq;
     health_->step(step, rank_step, rec);
+    goodput_->step(step, rank_step.step_ms, rank_step.data_ms);
     const bool last = step == opt_.steps;
     if (data_->has_validation() && (last || (opt_.eval_every > 0 && step % opt_.eval_every == 0))) {
+      Stopwatch eval_clock;
       result.final_val_loss = evaluate();
       rec["val_loss"] = result.final_val_loss;
+      goodput_->add_eval(1e3 * eval_clock.elapsed_s());
     }
     if (const auto blocked =
             ckpt_->save_if_due(step, last, report_->median_step_s(), state_after(step))) {
       rec["ckpt_block_ms"] = 1e3 * *blocked;
+      goodput_->add_checkpoint(1e3 * *blocked);
     }
     ckpt_->note(rec);
+    goodput_->end_step(ckpt_->newest_step(), rec);
     report_->write(rec);
     heartbeat_->beat(step, ckpt_->newest_step());
     faults_->end_step(step);
@@ -214,13 +220,14 @@ TrainResult Trainer::train() {
     result.final_loss = update.loss;
   }
   result.skipped = updater_->skips().total;
-  result = report_->finish(result);
+  result = report_->finish(result, health_->window_compute_ms());
   if (!opt_.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);
   // A run whose last checkpoint is not on disk has not finished, whatever ckpt.on_error says;
   // checked after save.final, which may still keep the weights.
   ckpt_->finish();
   report_->summary(result);
   if (layout_->is_root() && moe_report_->active()) log_info("{}", moe_report_->summary());
+  goodput_->finish();
   return result;
 }
 

@@ -25,6 +25,7 @@
 #include "pipeline/executor.h"
 #include "train/checkpointer.h"
 #include "train/fault_hooks.h"
+#include "train/goodput.h"
 #include "train/health.h"
 #include "train/model_stage.h"
 #include "train/moe_report.h"
@@ -77,6 +78,7 @@ class Trainer {
   std::unique_ptr<MoeReport> moe_report_;
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<Heartbeat> heartbeat_;
+  std::unique_ptr<Goodput> goodput_;
   int64_t start_step_ = 0;  // steps done before this process started (a resume)
 };
 
