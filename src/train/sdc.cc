@@ -86,6 +86,7 @@ void SdcCheck::begin_step(int64_t step) {
   kat_due_ = h.known_answer_every > 0 && step % h.known_answer_every == 0;
   pre_sq_ = 0.0;
   ms_ = 0.0;
+  max_z_ = -1.0;
   calls_.begin_step();
 }
 
@@ -217,6 +218,7 @@ std::vector<BadRank> SdcCheck::check(int64_t step) {
         const double sigma = std::max(1.4826 * median(dev), kMinLogSpread);
         for (size_t i = 0; i < n; ++i) {
           const double z = (x[i] - m) / sigma;
+          max_z_ = std::max(max_z_, std::abs(z));
           if (!(std::abs(z) <= opt_.health.grad_zscore)) {
             name(members[i], "zscore",
                  fmt::format("its local gradient norm {:.6g} is {:.3g}x its dp group's median "

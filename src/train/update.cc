@@ -62,6 +62,7 @@ double Updater::spike(int64_t step, double loss) {
 
 void Updater::add_to(nlohmann::json& rec, const UpdateResult& r) {
   if (r.checked) rec["bad_number_check_ms"] = r.check_ms;
+  if (r.max_z >= 0.0) rec["grad_zscore_max"] = r.max_z;
   if (!r.bad_ranks.empty()) {
     nlohmann::json bad = nlohmann::json::array();
     for (const BadRank& b : r.bad_ranks) {
@@ -121,6 +122,7 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
     r.bad_ranks = sdc_->check(step);
     r.checked = true;
     r.check_ms = sdc_->spent_ms();
+    r.max_z = sdc_->max_z();
   }
   if (!nonfinite && r.bad_ranks.empty()) r.spike_z = spike(step, r.loss);
   if (before_update) before_update();

@@ -135,6 +135,8 @@ TEST_F(Sdc, CleanRunsNameNobody) {
     for (const auto& m : metrics("clean")) {
       EXPECT_FALSE(m.contains("bad_ranks")) << m.dump();
       EXPECT_TRUE(m.contains("bad_number_check_ms")) << m.dump();
+      ASSERT_TRUE(m.contains("grad_zscore_max")) << m.dump();  // four ranks: the z-score ran
+      EXPECT_LE(m["grad_zscore_max"].get<double>(), 8.0) << m.dump();
       EXPECT_EQ(m["skipped"], 0);
     }
     EXPECT_FALSE(contains(r.output, "[health]")) << r.output;
