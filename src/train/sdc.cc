@@ -86,6 +86,7 @@ void SdcCheck::begin_step(int64_t step) {
   kat_due_ = h.known_answer_every > 0 && step % h.known_answer_every == 0;
   pre_sq_ = 0.0;
   ms_ = 0.0;
+  wait_ms_ = 0.0;
   max_z_ = -1.0;
   calls_.begin_step();
 }
@@ -148,7 +149,9 @@ std::vector<BadRank> SdcCheck::check(int64_t step) {
   if (world > 1) {
     const auto in = std::as_bytes(std::span<const Report>(&mine, 1));
     const auto out = std::as_writable_bytes(std::span<Report>(all));
+    Stopwatch wait;
     layout_.world().all_gather(in, out).wait();
+    wait_ms_ = wait.elapsed_ms();
   } else {
     all[0] = mine;
   }

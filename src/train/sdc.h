@@ -71,6 +71,8 @@ class SdcCheck final : public UnitHooks {
   std::vector<BadRank> check(int64_t step);
   /** Milliseconds this rank spent on the checks this step (0 when none was due). */
   double spent_ms() const { return ms_; }
+  /** Of which waiting for the all-gather: communication, not compute, in the health telemetry. */
+  double wait_ms() const { return wait_ms_; }
   /** The largest |z| of the z-score check this step over every dp group; -1 when it did not
    *  run. */
   double max_z() const { return max_z_; }
@@ -98,7 +100,7 @@ class SdcCheck final : public UnitHooks {
   ReductionCalls calls_;
   bool grad_due_ = false, kat_due_ = false;
   double pre_sq_ = 0.0;  // this step's local gradient before its reduction, squared
-  double ms_ = 0.0;
+  double ms_ = 0.0, wait_ms_ = 0.0;
   double max_z_ = -1.0;
   std::vector<float> kat_host_;  // both inputs, then room for the product
   Buffer<float> kat_a_, kat_b_, kat_c_;

@@ -203,8 +203,8 @@ TrainResult Trainer::train() {
     RankStep rank_step;
     rank_step.step_ms = rec["step_ms"].get<double>();
     rank_step.data_ms = rec["data_wait_ms"].get<double>();
-    rank_step.comm_ms =
-        rec["comm_ms"].get<double>() + layout_->ep().counters().wait_ms + 1e3 * pipe.p2p_wait_s;
+    rank_step.comm_ms = rec["comm_ms"].get<double>() + layout_->ep().counters().wait_ms +
+                        1e3 * pipe.p2p_wait_s + update.check_wait_ms;
     rank_step.compute_ms = std::max(0.0, rank_step.step_ms - rank_step.data_ms - rank_step.comm_ms);
     rank_step.grad_sq = update.local_sq;
     health_->step(step, rank_step, rec);

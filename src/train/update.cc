@@ -122,6 +122,7 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
     r.bad_ranks = sdc_->check(step);
     r.checked = true;
     r.check_ms = sdc_->spent_ms();
+    r.check_wait_ms = sdc_->wait_ms();
     r.max_z = sdc_->max_z();
   }
   if (!nonfinite && r.bad_ranks.empty()) r.spike_z = spike(step, r.loss);

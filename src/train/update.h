@@ -30,6 +30,7 @@ struct UpdateResult {
   std::vector<BadRank> bad_ranks;  // named by the bad-number checks (health.*)
   bool checked = false;            // whether those checks ran this step
   double check_ms = 0.0;           // this rank's time in them
+  double check_wait_ms = 0.0;      // of which waiting for their all-gather
   double max_z = -1.0;             // the z-score check's largest |z|; -1: not run
   double spike_z = 0.0;            // a loss spike's z (train.spike_zscore); 0: none
 };
