@@ -99,6 +99,15 @@ ResumedState Checkpointer::read_state(const ckpt::Manifest& m) const {
               "[ckpt] {}: {} AdamW updates and {} skipped steps do not make step {}; the "
               "checkpoint was edited or damaged",
               where, r.adamw_steps, r.skips.total, r.step);
+  if (t.contains("loss_window")) {  // written under train.spike_zscore > 0
+    const nlohmann::json& w = t.at("loss_window");
+    TETRA_CHECK(w.is_array() && std::all_of(w.begin(), w.end(),
+                                            [](const nlohmann::json& l) { return l.is_number(); }),
+                "[ckpt] {}: 'loss_window' is {}, not an array of losses; the checkpoint was "
+                "edited or damaged",
+                where, w.dump());
+    for (const nlohmann::json& l : w) r.loss_window.push_back(l.get<double>());
+  }
   const std::string sw = where + " trainer.sampler";
   TETRA_CHECK(t.contains("sampler") && t.at("sampler").is_object(),
               "[ckpt] {}: the trainer state has no sampler object", where);

@@ -28,6 +28,7 @@ struct ResumedState {
   int64_t min_global_batch = 0, max_global_batch = 0;  // of the runs the checkpoint continues
   SkipCounters skips;
   SamplerState sampler;
+  std::vector<double> loss_window;  // the spike policy's recent losses (train.spike_zscore)
 };
 
 class Checkpointer {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -18,11 +19,29 @@ namespace tetra {
 
 FaultInjection::FaultInjection(const TrainOptions& options, int rank, UnitHooks& inner,
                                ParamStore& store)
-    : opt_(options), rank_(rank), inner_(inner), store_(store) {}
+    : opt_(options),
+      rank_(rank),
+      inner_(inner),
+      store_(store),
+      calls_(options.zero.stage, options.grad_accum, store.units().size()) {}
+
+namespace {
+
+// x (n elements, device memory) *= s, through the host: a fault injection, not a kernel.
+void scale(Device& device, float* x, size_t n, float s) {
+  std::vector<float> h(n);
+  device.to_host(h.data(), x, n * sizeof(float));
+  for (float& v : h) v *= s;
+  device.from_host(x, h.data(), n * sizeof(float));
+}
+
+}  // namespace
 
 void FaultInjection::begin_step(int64_t step) {
   nan_ = step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank;
   fail_ = step == opt_.fail_step && rank_ == opt_.fail_rank;
+  corrupt_ = step == opt_.corrupt_step && rank_ == opt_.fault_rank && opt_.corrupt_grad != 0.0;
+  calls_.begin_step();
   // A straggler: this rank computes slower than its peers by a fixed delay every step.
   if (opt_.slow_ms > 0 && rank_ == opt_.fault_rank) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt_.slow_ms));
@@ -37,12 +56,26 @@ void FaultInjection::after_backward(int unit) {
     store_.device().from_host(store_.grad(first), &nan, sizeof nan);
     nan_ = false;
   }
+  const ParamUnit& u = store_.units()[size_t(unit)];
+  if (calls_.reduces(unit) && corrupt_ && opt_.zero.stage > 0 && u.group == ShardGroup::dense) {
+    // This rank's contribution, as the reduction is about to receive it.
+    float* g = store_.grad(u.first) - (store_.tensor(u.first).offset - u.offset);
+    scale(store_.device(), g, u.size, float(1.0 + opt_.corrupt_grad));
+  }
   inner_.after_backward(unit);
   if (fail_ && unit == 0) {
     fail_ = false;
     fail("[train] debug.fail_step: failing in the middle of backward, after '{}' was reduced",
          store_.units()[size_t(unit)].name);
   }
+}
+
+void FaultInjection::after_reduction() {
+  if (!corrupt_ || opt_.zero.stage > 0) return;
+  log_warn("[train] debug.corrupt_grad: rank {} scales its copy of the reduced gradient by {}",
+           rank_, 1.0 + opt_.corrupt_grad);
+  scale(store_.device(), store_.grads().data(), store_.grads().size(),
+        float(1.0 + opt_.corrupt_grad));
 }
 
 void FaultInjection::end_step(int64_t step) {

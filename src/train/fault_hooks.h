@@ -1,14 +1,15 @@
 // The trainer's fault tolerance seams, kept out of the step loop: the heartbeat `tetra launch`
 // watches (TETRA_HEARTBEAT_DIR) and the debug.* fault injections tests use — a NaN written into a
 // gradient just before its unit is reduced, an error thrown in the middle of backward right after
-// a unit's reduction was issued (collectives in flight), and a rank that dies or hangs after a
-// step.
+// a unit's reduction was issued (collectives in flight), a rank that dies or hangs after a
+// step, and a rank whose gradient is silently wrong by a finite amount (debug.corrupt_grad).
 #pragma once
 
 #include <cstdint>
 
 #include "core/param_store.h"
 #include "kernels/backend.h"
+#include "train/sdc.h"
 #include "train/train_config.h"
 
 namespace tetra {
@@ -24,6 +25,10 @@ class FaultInjection final : public UnitHooks {
   /** After the step: dies by SIGKILL (debug.kill_step) or stops making progress
    *  (debug.hang_step) on debug.fault_rank. */
   void end_step(int64_t step);
+  /** After the gradient reduction: under zero.stage=0, debug.fault_rank's copy of the reduced
+   *  gradient is scaled by 1 + debug.corrupt_grad at debug.corrupt_step (its replica alone is
+   *  wrong). Under ZeRO the scaling happens to its local gradient before the reduction. */
+  void after_reduction();
 
   void before_forward(int unit, int next) override { inner_.before_forward(unit, next); }
   void after_forward(int unit) override { inner_.after_forward(unit); }
@@ -36,7 +41,8 @@ class FaultInjection final : public UnitHooks {
   int rank_;
   UnitHooks& inner_;
   ParamStore& store_;
-  bool nan_ = false, fail_ = false;
+  ReductionCalls calls_;
+  bool nan_ = false, fail_ = false, corrupt_ = false;
 };
 
 /** "<step> <newest checkpoint step>" in TETRA_HEARTBEAT_DIR/rank-N after every step, overwritten

@@ -75,6 +75,15 @@ struct TrainOptions {
   bool trace = false;        // run.trace: a Chrome trace of every step per rank
   HealthOptions health;      // per-rank telemetry and stragglers (health.*)
   double slow_ms = 0;        // debug.slow_ms: fault_rank sleeps this long in every step
+  // The loss-spike policy (train.spike_*): a loss above the rolling mean of the last
+  // spike_window losses by more than spike_zscore standard deviations skips the update; 0: off.
+  double spike_zscore = 0.0;
+  int spike_window = 50;
+  // Bad numbers injected on fault_rank for tests (train/fault_hooks.h): its gradient scaled by
+  // 1 + corrupt_grad at corrupt_step, its known-answer test computed wrong at wrong_answer_step,
+  // and (on every rank) the loss of spike_step read as 100 times larger by the spike policy.
+  double corrupt_grad = 0.0;
+  int64_t corrupt_step = 0, wrong_answer_step = 0, spike_step = 0;
 
   /** Reads and validates every option; errors say which key to change. */
   static TrainOptions from(const Config& c);

@@ -85,7 +85,8 @@ void Trainer::setup(const std::string& config_toml) {
   if (layout_->pp_size() > 1 || opt_.pp_kind == pipeline::Kind::gpipe) zero.overlap = false;
   zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
                                                    parallel::ExpertGroup{edp, opt_.model.moe.ep});
-  faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *zero_, *store_);
+  sdc_ = std::make_unique<SdcCheck>(opt_, *layout_, backend_, *store_, *zero_);
+  faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *sdc_, *store_);
   model_->set_hooks(faults_.get());
   stage_ = std::make_unique<ModelStage>(*model_, *zero_);
   if (!opt_.init_from.empty()) {
@@ -106,12 +107,14 @@ void Trainer::setup(const std::string& config_toml) {
     store_->init(opt_.seed);
   }
   adamw_ = std::make_unique<AdamW>(backend_, opt_.adamw, store_->state_size(), &ledger_);
-  updater_ = std::make_unique<Updater>(opt_, *layout_, *store_, *model_, *zero_, *adamw_);
+  updater_ =
+      std::make_unique<Updater>(opt_, *layout_, *store_, *model_, *zero_, *adamw_, sdc_.get());
   ckpt_ = std::make_unique<Checkpointer>(opt_, *layout_, *store_, *adamw_, *model_, config_toml);
   std::optional<SamplerState> sampler;
   if (const std::optional<ResumedState> r = ckpt_->resume(data_->train().num_samples())) {
     start_step_ = r->step;
     updater_->skips() = r->skips;
+    updater_->set_loss_window(r->loss_window);
     sampler = r->sampler;
   }
   data_->start(sampler);
@@ -148,12 +151,14 @@ double Trainer::evaluate() {
 
 nlohmann::json Trainer::state_after(int64_t step) const {
   const SkipCounters& skips = updater_->skips();
-  return {{"step", step},
-          {"skipped", skips.total},
-          {"consecutive_skips", skips.in_a_row},
-          {"adamw_steps", adamw_->steps_taken()},
-          {"next_lr", opt_.schedule.at(step)},
-          {"sampler", data_->state().to_json()}};
+  nlohmann::json state = {{"step", step},
+                          {"skipped", skips.total},
+                          {"consecutive_skips", skips.in_a_row},
+                          {"adamw_steps", adamw_->steps_taken()},
+                          {"next_lr", opt_.schedule.at(step)},
+                          {"sampler", data_->state().to_json()}};
+  if (opt_.spike_zscore > 0.0) state["loss_window"] = updater_->loss_window();
+  return state;
 }
 
 TrainResult Trainer::train() {
@@ -172,11 +177,16 @@ TrainResult Trainer::train() {
     layout_->tp().reset_counters();
     moe_report_->begin_step();
     faults_->begin_step(step);
+    sdc_->begin_step(step);
     stage_->begin_training(batch, opt_.grad_accum);
     UpdateResult update;
     const double step_start_s = report_->elapsed_s();
     const pipeline::StepStats pipe = executor_->run(
-        *stage_, [&] { updater_->reduce_gradients(); },
+        *stage_,
+        [&] {
+          updater_->reduce_gradients();
+          faults_->after_reduction();
+        },
         [&] {
           update = updater_->step(step, lr, stage_->loss(), [&] {
             if (s == 0 && !opt_.dump_grads.empty()) outputs_->dump_grads(*store_, *model_);
@@ -188,13 +198,14 @@ TrainResult Trainer::train() {
         report_->step_record(step, lr, update, updater_->skips().total, step_clock.elapsed_s(),
                              data_->last_wait_ms(), *zero_, pipe, step_start_s);
     moe_report_->add_to(rec);
+    Updater::add_to(rec, update);
     // This rank's step for the per-rank telemetry: compute is what it did not spend waiting for
     // data, its groups' collectives or pipeline transfers.
     RankStep rank_step;
     rank_step.step_ms = rec["step_ms"].get<double>();
     rank_step.data_ms = rec["data_wait_ms"].get<double>();
-    rank_step.comm_ms =
-        rec["comm_ms"].get<double>() + layout_->ep().counters().wait_ms + 1e3 * pipe.p2p_wait_s;
+    rank_step.comm_ms = rec["comm_ms"].get<double>() + layout_->ep().counters().wait_ms +
+                        1e3 * pipe.p2p_wait_s + update.check_wait_ms;
     rank_step.compute_ms = std::max(0.0, rank_step.step_ms - rank_step.data_ms - rank_step.comm_ms);
     rank_step.grad_sq = update.local_sq;
     health_->step(step, rank_step, rec);

@@ -32,6 +32,7 @@
 #include "train/report.h"
 #include "train/run_layout.h"
 #include "train/run_outputs.h"
+#include "train/sdc.h"
 #include "train/train_config.h"
 #include "train/train_data.h"
 #include "train/update.h"
@@ -69,6 +70,7 @@ class Trainer {
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<parallel::DataParallel> zero_;
+  std::unique_ptr<SdcCheck> sdc_;  // bad numbers per rank, between faults_ and zero_
   std::unique_ptr<FaultInjection> faults_;
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<ModelStage> stage_;

@@ -1,5 +1,6 @@
 #include "train/update.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <span>
@@ -25,8 +26,52 @@ std::vector<FlatRange> owned_ranges(const ParamStore& store, TensorId id) {
 }  // namespace
 
 Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& store, Gpt& model,
-                 parallel::DataParallel& zero, AdamW& adamw)
-    : opt_(options), layout_(layout), store_(store), model_(model), zero_(zero), adamw_(adamw) {}
+                 parallel::DataParallel& zero, AdamW& adamw, SdcCheck* sdc)
+    : opt_(options),
+      layout_(layout),
+      store_(store),
+      model_(model),
+      zero_(zero),
+      adamw_(adamw),
+      sdc_(sdc) {}
+
+void Updater::set_loss_window(const std::vector<double>& losses) {
+  const size_t keep = std::min(losses.size(), size_t(opt_.spike_window));
+  losses_.assign(losses.end() - std::ptrdiff_t(keep), losses.end());
+}
+
+double Updater::spike(int64_t step, double loss) {
+  if (opt_.spike_zscore <= 0.0 || !std::isfinite(loss)) return 0.0;
+  const double seen = step == opt_.spike_step ? 100.0 * loss : loss;  // debug.spike_step
+  double z = 0.0;
+  if (losses_.size() == size_t(opt_.spike_window)) {
+    double mean = 0.0, var = 0.0;
+    for (double l : losses_) mean += l;
+    mean /= double(losses_.size());
+    for (double l : losses_) var += (l - mean) * (l - mean);
+    // The deviation is taken as at least 1e-6 of the mean: a window of equal losses does not
+    // make every rounding above them a spike.
+    const double sd = std::max(std::sqrt(var / double(losses_.size())), 1e-6 * std::abs(mean));
+    z = (seen - mean) / sd;
+    if (z > opt_.spike_zscore) return z;
+  }
+  losses_.push_back(seen);
+  if (losses_.size() > size_t(opt_.spike_window)) losses_.pop_front();
+  return 0.0;
+}
+
+void Updater::add_to(nlohmann::json& rec, const UpdateResult& r) {
+  if (r.checked) rec["bad_number_check_ms"] = r.check_ms;
+  if (r.max_z >= 0.0) rec["grad_zscore_max"] = r.max_z;
+  if (!r.bad_ranks.empty()) {
+    nlohmann::json bad = nlohmann::json::array();
+    for (const BadRank& b : r.bad_ranks) {
+      bad.push_back({{"rank", b.rank}, {"host", b.host}, {"check", b.check}, {"detail", b.detail}});
+    }
+    rec["bad_ranks"] = bad;
+  }
+  if (r.spike_z > 0.0) rec["loss_spike_z"] = r.spike_z;
+}
 
 void Updater::reduce_gradients() {
   zero_.finish_gradients();
@@ -71,8 +116,18 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
     nonfinite = scalars[2] != 0.0f || !std::isfinite(scalars[0]) || !std::isfinite(scalars[1]);
   }
   r.grad_norm = std::sqrt(std::max(norm_sq, 0.0));
+  // The bad-number checks (collective over every rank when due; every rank knows `nonfinite`, so
+  // all skip them alike when the non-finite policy applies).
+  if (sdc_ && sdc_->ran() && !nonfinite) {
+    r.bad_ranks = sdc_->check(step);
+    r.checked = true;
+    r.check_ms = sdc_->spent_ms();
+    r.check_wait_ms = sdc_->wait_ms();
+    r.max_z = sdc_->max_z();
+  }
+  if (!nonfinite && r.bad_ranks.empty()) r.spike_z = spike(step, r.loss);
   if (before_update) before_update();
-  r.skipped = nonfinite || step == opt_.skip_step;
+  r.skipped = nonfinite || !r.bad_ranks.empty() || r.spike_z > 0.0 || step == opt_.skip_step;
   if (!r.skipped) {
     skips_.in_a_row = 0;
     adamw_.step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
@@ -86,6 +141,26 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   if (nonfinite) {
     const std::string bad = zero_.first_nonfinite_grad();  // collective: every rank is here
     if (!bad.empty()) what += fmt::format("; first non-finite gradient: {}", bad);
+  } else if (!r.bad_ranks.empty()) {
+    std::string names;
+    for (const BadRank& b : r.bad_ranks) {
+      names += fmt::format("{}rank {} on {} ({}: {})", names.empty() ? "" : "; ", b.rank, b.host,
+                           b.check, b.detail);
+      if (layout_.is_root()) {
+        log_warn("[health] step {}: rank {} on {}: {} ({} check)", step, b.rank, b.host, b.detail,
+                 b.check);
+      }
+    }
+    what += "; bad numbers from " + names;
+    TETRA_CHECK(opt_.health.on_bad_rank == "warn",
+                "[health] step {}: {}; stopping before the update (health.on_bad_rank=stop), so "
+                "the weights stay those of step {}. Restart without the named host, or set "
+                "health.on_bad_rank=warn to skip such updates instead.",
+                step, what, step - 1);
+  } else if (r.spike_z > 0.0) {
+    what =
+        fmt::format("loss {} is a spike (z={:.1f} over the last {} losses, train.spike_zscore={})",
+                    r.loss, r.spike_z, opt_.spike_window, opt_.spike_zscore);
   } else {
     what += " (debug.skip_step)";
   }
