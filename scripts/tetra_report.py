@@ -361,28 +361,29 @@ def table(rows, head):
 
 
 def goodput_table(page, goodput):
+    """The account of src/train/goodput.h: seconds per category with its share of the wall time,
+    then the run's attempts, kept and redone steps."""
     if goodput is None:
         return page.missing("table-goodput", "no goodput.json in the run directory: the run was "
                             "made by a tetra that does not write goodput; rerun with a newer tetra")
-    flat = []
-
-    def walk(prefix, obj):
-        for k, v in obj.items():
-            if isinstance(v, dict):
-                walk(prefix + k + ".", v)
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                flat.append((prefix + k, v))
-
-    walk("", goodput if isinstance(goodput, dict) else {})
-    wall = goodput.get("wall") if isinstance(goodput, dict) else None
+    seconds = goodput.get("seconds", {}) if isinstance(goodput, dict) else {}
+    wall = goodput.get("wall_s") if isinstance(goodput, dict) else None
     rows = []
-    for k, v in flat:
-        share = (f"{100 * v / wall:.1f}%" if isinstance(wall, (int, float)) and wall > 0
-                 and k not in ("wall", "goodput") else "")
-        rows.append((k, fmt_num(v), share))
-    page.html_section("table-goodput", "Goodput", table(rows, ["key", "value", "of wall"]) +
-                      "<p>Seconds per category of the job's wall time; goodput is the share "
-                      "spent on steps that count.</p>")
+    for k, v in seconds.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            share = (f"{100 * v / wall:.1f}%" if isinstance(wall, (int, float)) and wall > 0
+                     else "")
+            rows.append((k, fmt_num(v), share))
+    if isinstance(wall, (int, float)):
+        rows.append(("wall", fmt_num(wall), "100.0%"))
+    facts = [(k, fmt_num(goodput[k])) for k in ("goodput", "attempts", "kept_steps",
+                                                "redone_steps")
+             if isinstance(goodput, dict) and isinstance(goodput.get(k), (int, float))]
+    page.html_section("table-goodput", "Goodput",
+                      table(rows, ["category", "seconds", "of wall"]) + table(facts, ["", ""]) +
+                      "<p>Every second of the job's wall time, restarts included, in one "
+                      "category (docs/health.md); goodput is the productive share: the steps the "
+                      "final model kept.</p>")
 
 
 def plan_table(page, pvm):

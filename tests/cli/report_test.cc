@@ -63,7 +63,9 @@ const char* const kAudit =
     R"({"measured_step_ms": 40.0, "mfu": 0.25, "parts": [{"name": "ideal", "ms": 10.0},
     {"name": "data", "ms": 0.5}, {"name": "comm_dp", "ms": 9.5}, {"name": "kernels", "ms": 18.0},
     {"name": "stragglers", "ms": 2.0}], "sum_ms": 40.0})";
-const char* const kGoodput = R"({"wall": 100.0, "steps": 80.0, "restarts": 20.0, "goodput": 0.8})";
+const char* const kGoodput =
+    R"({"wall_s": 100.0, "goodput": 0.8, "attempts": 2, "kept_steps": 40, "redone_steps": 3,
+    "seconds": {"productive": 80.0, "restart": 20.0}})";
 
 class Report : public testing::RunDirTest {
  protected:
@@ -91,33 +93,42 @@ TEST_F(Report, ADataParallelRunHasEveryChartItsMetricsHold) {
   const fs::path out = dir_ / "dp" / "report";
   EXPECT_NE(r.output.find((out / "index.html").string()), std::string::npos) << r.output;
   const std::string html = read(out / "index.html");
+  // The run wrote its audit (the stacked bar) and its goodput account (the table).
   const std::vector<std::string> want = {"chart-loss", "chart-lr",     "chart-throughput",
-                                         "chart-step", "chart-memory", "chart-ranks"};
+                                         "chart-step", "chart-memory", "chart-audit",
+                                         "chart-ranks"};
   EXPECT_EQ(charts(html), want) << html.substr(0, 2000);
   for (const std::string& id : want) {
     EXPECT_GT(fs::file_size(out / (id + ".png")), 1000u) << id;
   }
-  // No pipeline, no audit.json or goodput.json: each named with its reason, nothing drawn.
-  const std::vector<std::string> gone = {"chart-audit", "chart-bubble", "traces", "table-goodput"};
+  EXPECT_NE(html.find("<section id=\"table-goodput\">"), std::string::npos);
+  EXPECT_NE(html.find("<td>productive</td>"), std::string::npos)
+      << html.substr(html.find("table-goodput"), 600);
+  // No pipeline: named with its reason, nothing drawn.
+  const std::vector<std::string> gone = {"chart-bubble", "traces"};
   EXPECT_EQ(absent(html), gone);
   EXPECT_NE(html.find("no pipeline (parallel.pp = 1): no bubble chart"), std::string::npos);
-  EXPECT_NE(html.find("no audit.json in the run directory"), std::string::npos);
   EXPECT_FALSE(fs::exists(out / "chart-bubble.png"));
   EXPECT_NE(html.find("<td>ranks</td><td>2</td>"), std::string::npos);
 
-  // The audit and goodput of a newer run: the stacked bar and the table, into --out.
+  // A run dir from a tetra without the audit and the goodput account; and a fixture audit's
+  // parts and a goodput account's shares, into --out.
+  fs::remove(dir_ / "dp" / "audit.json");
+  fs::remove(dir_ / "dp" / "goodput.json");
+  const Ran r1 = report(path("dp") + " --out " + path("old"));
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  const std::string html1 = read(dir_ / "old" / "index.html");
+  const std::vector<std::string> older = {"chart-audit", "chart-bubble", "traces", "table-goodput"};
+  EXPECT_EQ(absent(html1), older);
+  EXPECT_NE(html1.find("no audit.json in the run directory"), std::string::npos);
   write(dir_ / "dp" / "audit.json", kAudit);
   write(dir_ / "dp" / "goodput.json", kGoodput);
   const Ran r2 = report(path("dp") + " --out " + path("page"));
   ASSERT_EQ(r2.code, 0) << r2.output;
   const std::string html2 = read(dir_ / "page" / "index.html");
-  const std::vector<std::string> with_audit = {"chart-loss", "chart-lr",     "chart-throughput",
-                                               "chart-step", "chart-memory", "chart-audit",
-                                               "chart-ranks"};
-  EXPECT_EQ(charts(html2), with_audit);
+  EXPECT_EQ(charts(html2), want);
   EXPECT_GT(fs::file_size(dir_ / "page" / "chart-audit.png"), 1000u);
-  EXPECT_NE(html2.find("<section id=\"table-goodput\">"), std::string::npos);
-  EXPECT_NE(html2.find("<td>restarts</td><td>20</td><td>20.0%</td>"), std::string::npos)
+  EXPECT_NE(html2.find("<td>restart</td><td>20</td><td>20.0%</td>"), std::string::npos)
       << html2.substr(html2.find("table-goodput"), 600);
 }
 
