@@ -58,6 +58,14 @@ std::vector<int> find_stragglers(const std::vector<double>& compute_ms,
 
 HealthMonitor::HealthMonitor(const HealthOptions& options, const RunLayout& layout)
     : opt_(options), layout_(layout) {
+  // Two ranks' median is their mean, so neither reads over 2x it.
+  if (opt_.telemetry_every > 0 && layout.world_size() == 2 && opt_.straggler_factor >= 2 &&
+      layout.is_root()) {
+    log_warn(
+        "[health] health.straggler_factor={} can never name a straggler among two ranks: the "
+        "median of two is their mean, which neither exceeds by 2x; set a factor below 2",
+        opt_.straggler_factor);
+  }
   for (int r = 0; r < layout.world_size(); ++r) {
     hosts_.push_back(layout.multi() ? layout.world().host(r) : std::string("localhost"));
   }

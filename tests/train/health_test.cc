@@ -88,13 +88,13 @@ TEST_F(Health, ASlowedRankIsNamedWithItsHost) {
 }
 
 TEST_F(Health, ACleanRunNamesNone) {
-  const Ran r = train(2, "clean", "");
+  const Ran r = train(3, "clean", "");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto w = windows("clean");
   ASSERT_EQ(w.size(), 2u);
   for (const auto& ranks : w) {
     EXPECT_TRUE(ranks["stragglers"].empty()) << ranks.dump();
-    EXPECT_EQ(ranks["grad_norm"].size(), 2u);
+    EXPECT_EQ(ranks["grad_norm"].size(), 3u);
   }
   EXPECT_EQ(r.output.find("straggler(s)"), std::string::npos) << r.output;
 }

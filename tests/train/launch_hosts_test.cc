@@ -68,16 +68,15 @@ TEST(LaunchExcludeHost, RefusesToLeaveTooFewSlotsOrNoHost) {
 class LaunchStraggler : public testing::RunDirTest {};
 
 TEST_F(LaunchStraggler, AStopOnTheOnlyHostRestartsOnIt) {
-  // Rank 1 is slowed by 120 ms a step: a straggler by far (factor 4: rank 0's few ms of compute
-  // on a busy machine read up to 15 ms, against rank 1's 120), which stops the job. The
-  // launcher cannot leave this machine out, so it restarts on it, where the straggler stops the
-  // job again.
+  // Rank 1 of 3 is slowed by 600 ms a step: a straggler by far (factor 4: an unslowed rank's
+  // few ms of compute on a busy machine read up to 60 ms), which stops the job. The launcher
+  // cannot leave this machine out, so it restarts on it, where the straggler stops the job again.
   const Ran r = launch(
-      "-n 2 --max-restarts 1 -- train --model.vocab_size=61 --model.n_layer=2 --model.n_head=2 "
+      "-n 3 --max-restarts 1 -- train --model.vocab_size=61 --model.n_layer=2 --model.n_head=2 "
       "--model.d_model=32 --model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 "
       "--train.steps=6 --run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 "
       "--health.telemetry_every=2 --health.straggler_factor=4 --health.on_straggler=stop "
-      "--debug.slow_ms=120 --debug.fault_rank=1 --ckpt.dir=" +
+      "--debug.slow_ms=600 --debug.fault_rank=1 --ckpt.dir=" +
       path("ckpt") + " --data.train=" + path("train.bin") + " --run.dir=" + path("run"));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "stopping (health.on_straggler=stop)")) << r.output;
