@@ -29,24 +29,13 @@ namespace tetra {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::contains;
 using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-bool contains(const std::string& s, const std::string& what) {
-  return s.find(what) != std::string::npos;
-}
-
 class CkptRobust : public testing::RunDirTest {
  protected:
-  // A tiny model trained `steps` steps in run directory `run`.
-  std::string args(const std::string& run, int steps, const std::string& extra = "") const {
-    return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
-           "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 --optim.lr=1e-2 "
-           "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --train.steps=" +
-           std::to_string(steps) + " --data.train=" + path("train.bin") +
-           " --run.dir=" + path(run) + " " + extra;
-  }
   Ran tetra(const std::string& a) const { return run_command(tetra_command(1, a)); }
   std::string read(const fs::path& p) const {
     std::ifstream in(p, std::ios::binary);
@@ -78,7 +67,7 @@ TEST_F(CkptRobust, StrayNamesInCkptDirAreNotedAndNeverFatal) {
   }
   std::ofstream(dir_ / "ckpt" / "step-000000003") << "a file named like a step";
   // A fresh run beside them: saves, prunes and publishes, leaving every stray name alone.
-  Ran r = tetra(args("run", 4, ckpt));
+  Ran r = tetra(tiny_train_args("run", 4, ckpt));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[ckpt] ignored " + path("ckpt/step-99999999999999999999") +
                                      ": not a checkpoint name"))
@@ -91,7 +80,7 @@ TEST_F(CkptRobust, StrayNamesInCkptDirAreNotedAndNeverFatal) {
     EXPECT_TRUE(fs::exists(dir_ / "ckpt" / d)) << d;
   }
   // Resume, and every tetra ckpt verb, find the newest real checkpoint.
-  r = tetra(args("run", 6, ckpt + "--ckpt.resume=auto"));
+  r = tetra(tiny_train_args("run", 6, ckpt + "--ckpt.resume=auto"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "resumed from " + path("ckpt/" + ckpt::checkpoint_name(4))))
       << r.output;
@@ -109,8 +98,8 @@ TEST_F(CkptRobust, StrayNamesInCkptDirAreNotedAndNeverFatal) {
 TEST_F(CkptRobust, ASecondJobOnADirectoryInUseIsRefusedNamingTheFirst) {
   // The first job stops making progress after step 1 and keeps its directories.
   const std::string first = tetra_command(
-      1,
-      args("run", 4, "--ckpt.dir=" + path("ckpt") + " --debug.hang_step=1 --debug.fault_rank=0"));
+      1, tiny_train_args(
+             "run", 4, "--ckpt.dir=" + path("ckpt") + " --debug.hang_step=1 --debug.fault_rank=0"));
   ASSERT_EQ(std::system(("(" + first + " > " + path("first.log") + " 2>&1 & echo $! > " +
                          path("first.pid") + ")")
                             .c_str()),
@@ -124,11 +113,11 @@ TEST_F(CkptRobust, ASecondJobOnADirectoryInUseIsRefusedNamingTheFirst) {
   const pid_t pid = pid_t(std::stol(read(path("first.pid"))));
   EXPECT_TRUE(contains(read(lock), "pid " + std::to_string(pid) + " (ckpt.dir=")) << read(lock);
   // The same ckpt.dir from another run directory, and the same run.dir with its own ckpt.dir.
-  EXPECT_REFUSED(tetra(args("other", 4, "--ckpt.dir=" + path("ckpt"))),
+  EXPECT_REFUSED(tetra(tiny_train_args("other", 4, "--ckpt.dir=" + path("ckpt"))),
                  "[train] ckpt.dir=" + path("ckpt") + ": " + path("ckpt") + " is in use by ");
-  EXPECT_REFUSED(tetra(args("run", 4, "--ckpt.dir=" + path("ckpt2"))),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 4, "--ckpt.dir=" + path("ckpt2"))),
                  "[train] run.dir=" + path("run") + ": " + path("run") + " is in use by ");
-  const Ran second = tetra(args("other", 4, "--ckpt.dir=" + path("ckpt")));
+  const Ran second = tetra(tiny_train_args("other", 4, "--ckpt.dir=" + path("ckpt")));
   EXPECT_TRUE(contains(second.output, "pid " + std::to_string(pid))) << second.output;
   // The refused jobs wrote nothing: no metrics of their own, no checkpoint.
   EXPECT_FALSE(fs::exists(dir_ / "other" / "metrics.jsonl"));
@@ -138,70 +127,72 @@ TEST_F(CkptRobust, ASecondJobOnADirectoryInUseIsRefusedNamingTheFirst) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   // Once it is gone the directory is free: a later job continues in it.
-  const Ran after = tetra(args("run", 2, "--ckpt.dir=" + path("ckpt") + " --ckpt.resume=auto"));
+  const Ran after =
+      tetra(tiny_train_args("run", 2, "--ckpt.dir=" + path("ckpt") + " --ckpt.resume=auto"));
   EXPECT_EQ(after.code, 0) << after.output;
 }
 
 TEST_F(CkptRobust, AFreshRunDoesNotMixWithAnotherRunsCheckpoints) {
   const std::string ckpt = "--ckpt.every=2 --ckpt.dir=" + path("ckpt") + " ";
-  ASSERT_EQ(tetra(args("a", 4, ckpt)).code, 0);
+  ASSERT_EQ(tetra(tiny_train_args("a", 4, ckpt)).code, 0);
   const std::string before = read(dir_ / "ckpt" / ckpt::checkpoint_name(4) / "manifest.json");
-  EXPECT_REFUSED(tetra(args("b", 4, ckpt)), "[ckpt] ckpt.dir=" + path("ckpt") +
-                                                " already holds checkpoints of another run "
-                                                "(newest " +
-                                                ckpt::checkpoint_name(4) +
-                                                "), and this run starts from step 0");
+  EXPECT_REFUSED(tetra(tiny_train_args("b", 4, ckpt)),
+                 "[ckpt] ckpt.dir=" + path("ckpt") +
+                     " already holds checkpoints of another run "
+                     "(newest " +
+                     ckpt::checkpoint_name(4) + "), and this run starts from step 0");
   // Nor a resume from elsewhere into it.
-  ASSERT_EQ(tetra(args("c", 2, "--ckpt.dir=" + path("ckpt-c"))).code, 0);
-  EXPECT_REFUSED(tetra(args("d", 4, ckpt + "--ckpt.resume=" + path("ckpt-c"))),
+  ASSERT_EQ(tetra(tiny_train_args("c", 2, "--ckpt.dir=" + path("ckpt-c"))).code, 0);
+  EXPECT_REFUSED(tetra(tiny_train_args("d", 4, ckpt + "--ckpt.resume=" + path("ckpt-c"))),
                  "and this run resumes from " + path("ckpt-c/" + ckpt::checkpoint_name(2)));
   // Nor saves inside a checkpoint taken for a ckpt.dir.
   EXPECT_REFUSED(
-      tetra(args("e", 6,
-                 "--ckpt.resume=auto --ckpt.dir=" + path("ckpt/" + ckpt::checkpoint_name(4)))),
+      tetra(tiny_train_args(
+          "e", 6, "--ckpt.resume=auto --ckpt.dir=" + path("ckpt/" + ckpt::checkpoint_name(4)))),
       "is itself a checkpoint (it holds manifest.json), so saves would land inside it; "
       "set ckpt.dir to the directory that holds the checkpoints (" +
           path("ckpt") + ")");
   // Nor going back to an earlier checkpoint of it by name: the later ones would be replaced by
   // another history.
-  EXPECT_REFUSED(
-      tetra(args("a", 6, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(2)))),
-      "[ckpt] ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(2)) +
-          ": ckpt.dir=" + path("ckpt") + " holds later checkpoints of that run (newest " +
-          ckpt::checkpoint_name(4) + ")");
+  EXPECT_REFUSED(tetra(tiny_train_args(
+                     "a", 6, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(2)))),
+                 "[ckpt] ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(2)) + ": ckpt.dir=" +
+                     path("ckpt") + " holds later checkpoints of that run (newest " +
+                     ckpt::checkpoint_name(4) + ")");
   EXPECT_EQ(read(dir_ / "ckpt" / ckpt::checkpoint_name(4) / "manifest.json"), before);
   EXPECT_EQ(ckpt::list_checkpoints(dir_ / "ckpt").size(), 2u);
   // Continuing it is what the directory is for: with auto, or naming its newest checkpoint.
-  Ran r = tetra(args("a", 6, ckpt + "--ckpt.resume=auto"));
+  Ran r = tetra(tiny_train_args("a", 6, ckpt + "--ckpt.resume=auto"));
   EXPECT_EQ(r.code, 0) << r.output;
-  r = tetra(args("a", 8, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(6))));
+  r = tetra(
+      tiny_train_args("a", 8, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(6))));
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
 TEST_F(CkptRobust, ResumeRefusesAnotherModelShapeOtherDataOrAStepPastTheRun) {
   const std::string ckpt = "--ckpt.every=2 --ckpt.dir=" + path("ckpt") + " ";
-  ASSERT_EQ(tetra(args("run", 4, ckpt)).code, 0);
+  ASSERT_EQ(tetra(tiny_train_args("run", 4, ckpt)).code, 0);
   const std::string resume = ckpt + "--ckpt.resume=auto ";
   // n_head changes no tensor's shape: only the saved shape tells.
-  EXPECT_REFUSED(tetra(args("run", 6, resume + "--model.n_head=1")),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 6, resume + "--model.n_head=1")),
                  "was saved from another model shape: model.n_head=2 (this run: 1); the model.* "
                  "keys must match the run that saved it (--model.n_head=2)");
-  EXPECT_REFUSED(tetra(args("run", 6, resume + "--model.max_seq=32")),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 6, resume + "--model.max_seq=32")),
                  "model.max_seq=16 (this run: 32)");
   // Other data: another sample count, another order.
   std::vector<uint32_t> tokens(4096, 7);
   write_token_shard(path("other.bin"), tokens);
-  EXPECT_REFUSED(tetra(args("run", 6, resume + "--data.train=" + path("other.bin"))),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 6, resume + "--data.train=" + path("other.bin"))),
                  "was saved over 511 training samples but data.train has 255");
-  EXPECT_REFUSED(tetra(args("run", 6, resume + "--data.shuffle=true")),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 6, resume + "--data.shuffle=true")),
                  "was saved with data.shuffle=false and train.seed=1337, this run has "
                  "data.shuffle=true and train.seed=1337");
   // A checkpoint past the run's end.
-  EXPECT_REFUSED(tetra(args("run", 3, resume)),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 3, resume)),
                  "is after step 4, past this run's train.steps=3; raise train.steps to at least 4");
   // A checkpoint at the run's end: nothing is left to train, and the summary says so rather than
   // a loss and a rate of steps that did not run.
-  const Ran at_end = tetra(args("run", 4, resume));
+  const Ran at_end = tetra(tiny_train_args("run", 4, resume));
   EXPECT_EQ(at_end.code, 0) << at_end.output;
   EXPECT_NE(at_end.output.find("[train] done: the checkpoint resumed from is after step 4 = "
                                "train.steps, so no step was left to train"),
@@ -214,13 +205,13 @@ TEST_F(CkptRobust, ResumeRefusesAnotherModelShapeOtherDataOrAStepPastTheRun) {
   EXPECT_EQ(all[0].filename(), ckpt::checkpoint_name(4));
   // The old form of the record (no model_shape) is checked through the model's description.
   edit_manifest("ckpt", 4, [](nlohmann::json& j) { j.erase("model_shape"); });
-  EXPECT_REFUSED(tetra(args("run", 6, resume + "--model.n_head=1")),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 6, resume + "--model.n_head=1")),
                  "model.n_head=2 (this run: 1)");
 }
 
 TEST_F(CkptRobust, ACheckpointWhoseCountersDoNotAddUpIsPassedOver) {
   const std::string ckpt = "--ckpt.every=2 --ckpt.keep=0 --ckpt.dir=" + path("ckpt") + " ";
-  ASSERT_EQ(tetra(args("run", 6, ckpt)).code, 0);
+  ASSERT_EQ(tetra(tiny_train_args("run", 6, ckpt)).code, 0);
   struct Edit {
     int64_t step;
     std::function<void(nlohmann::json&)> edit;
@@ -239,7 +230,7 @@ TEST_F(CkptRobust, ACheckpointWhoseCountersDoNotAddUpIsPassedOver) {
   };
   for (const Edit& e : edits) edit_manifest("ckpt", e.step, e.edit);
   // Every one is refused with its reason, and then there is nothing left to resume.
-  const Ran r = tetra(args("run", 8, ckpt + "--ckpt.resume=auto"));
+  const Ran r = tetra(tiny_train_args("run", 8, ckpt + "--ckpt.resume=auto"));
   EXPECT_EQ(r.code, 2) << r.output;
   for (const Edit& e : edits) EXPECT_TRUE(contains(r.output, e.message)) << e.message << r.output;
   EXPECT_TRUE(contains(r.output, "none of the 3 checkpoint(s)")) << r.output;
@@ -248,15 +239,15 @@ TEST_F(CkptRobust, ACheckpointWhoseCountersDoNotAddUpIsPassedOver) {
     j["trainer"]["sampler"]["cursor"] = 12;
     j["step"] = j["trainer"]["step"] = 5'000'000'000'000'000'000ull;
   });
-  const Ran big =
-      tetra(args("run", 8, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(6))));
+  const Ran big = tetra(tiny_train_args(
+      "run", 8, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(6))));
   EXPECT_EQ(big.code, 2) << big.output;
   EXPECT_TRUE(contains(big.output, "'step' is 5000000000000000000, not an integer in [0, "))
       << big.output;
   // A zero where at least one is needed (it used to reach a division: SIGFPE).
   edit_manifest("ckpt", 4, [](auto& j) { j["trainer"]["sampler"]["num_samples"] = 0; });
-  const Ran zero =
-      tetra(args("run", 8, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(4))));
+  const Ran zero = tetra(tiny_train_args(
+      "run", 8, ckpt + "--ckpt.resume=" + path("ckpt/" + ckpt::checkpoint_name(4))));
   EXPECT_EQ(zero.code, 2) << zero.output;
   EXPECT_TRUE(contains(zero.output, "'num_samples' is 0, not an integer in [1, ")) << zero.output;
 }
@@ -264,10 +255,10 @@ TEST_F(CkptRobust, ACheckpointWhoseCountersDoNotAddUpIsPassedOver) {
 TEST_F(CkptRobust, AFailedLastSaveFailsTheRun) {
   // The last step's checkpoint cannot be written (an injected ENOSPC): the run fails, although
   // ckpt.on_error=continue, and says which checkpoint is the newest.
-  const Ran r =
-      tetra(args("run", 4,
-                 "--ckpt.every=2 --ckpt.dir=" + path("ckpt") +
-                     " --debug.save_error_step=4 --save.final=" + path("final.safetensors")));
+  const Ran r = tetra(
+      tiny_train_args("run", 4,
+                      "--ckpt.every=2 --ckpt.dir=" + path("ckpt") +
+                          " --debug.save_error_step=4 --save.final=" + path("final.safetensors")));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(contains(r.output,
                        "[ckpt] the run's last checkpoint (step 4) was not saved, so the "
@@ -282,8 +273,9 @@ TEST_F(CkptRobust, AFailedLastSaveFailsTheRun) {
   ASSERT_EQ(m.size(), 4u);
   EXPECT_EQ(m.back()["ckpt_failed_step"], 4);
   // A real limit on file size: the same.
-  const Ran limit = run_command("ulimit -f 64 && " +
-                                tetra_command(1, args("limit", 2, "--ckpt.dir=" + path("lim"))));
+  const Ran limit =
+      run_command("ulimit -f 64 && " +
+                  tetra_command(1, tiny_train_args("limit", 2, "--ckpt.dir=" + path("lim"))));
   EXPECT_EQ(limit.code, 2) << limit.output;
   EXPECT_TRUE(contains(limit.output, "File too large")) << limit.output;
 }
@@ -292,9 +284,10 @@ TEST_F(CkptRobust, EveryAutoWithAHugeMtbfSavesOnlyTheLastStep) {
   for (const char* mtbf : {"1e12", "1e300"}) {
     SCOPED_TRACE(mtbf);
     const std::string dir = std::string("ckpt-") + mtbf;
-    const Ran r = tetra(args(std::string("run-") + mtbf, 5,
-                             std::string("--ckpt.every=auto --ckpt.keep=0 --ckpt.mtbf_hours=") +
-                                 mtbf + " --ckpt.dir=" + path(dir)));
+    const Ran r =
+        tetra(tiny_train_args(std::string("run-") + mtbf, 5,
+                              std::string("--ckpt.every=auto --ckpt.keep=0 --ckpt.mtbf_hours=") +
+                                  mtbf + " --ckpt.dir=" + path(dir)));
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_TRUE(contains(r.output, "= every 5 step(s)")) << r.output;
     const auto saved = ckpt::list_checkpoints(dir_ / dir);
@@ -305,42 +298,43 @@ TEST_F(CkptRobust, EveryAutoWithAHugeMtbfSavesOnlyTheLastStep) {
 }
 
 TEST_F(CkptRobust, ASingleProcessRefusesLayoutsItCannotRun) {
-  EXPECT_REFUSED(tetra(args("a", 2, "--parallel.dp=4")),
+  EXPECT_REFUSED(tetra(tiny_train_args("a", 2, "--parallel.dp=4")),
                  "[train] parallel.dp=4 needs 4 ranks but this is a single process; run it as "
                  "`tetra launch -n 4 -- train ...` (or under mpirun), or set parallel.dp=1");
-  EXPECT_REFUSED(tetra(args("a", 2, "--parallel.dp=2 --parallel.tp=2")),
+  EXPECT_REFUSED(tetra(tiny_train_args("a", 2, "--parallel.dp=2 --parallel.tp=2")),
                  "[train] parallel.dp=2 parallel.tp=2 needs 4 ranks but this is a single "
                  "process; run it as `tetra launch -n 4 -- train ...` (or under mpirun), or set "
                  "parallel.dp=1 parallel.tp=1");
-  EXPECT_REFUSED(tetra(args("a", 2, "--parallel.ep=2")),
+  EXPECT_REFUSED(tetra(tiny_train_args("a", 2, "--parallel.ep=2")),
                  "[model] parallel.ep=2 spreads experts, but model.moe_experts=0 makes a dense "
                  "model; set model.moe_experts (e.g. 4) or parallel.ep=1");
-  EXPECT_REFUSED(tetra(args("a", 2, "--parallel.ep=2 --model.moe_experts=4")),
+  EXPECT_REFUSED(tetra(tiny_train_args("a", 2, "--parallel.ep=2 --model.moe_experts=4")),
                  "[train] parallel.ep=2 needs 2 ranks but this is a single process; run it as "
                  "`tetra launch -n 2 -- train ...` (or under mpirun), or set parallel.ep=1");
   EXPECT_FALSE(fs::exists(dir_ / "a" / "metrics.jsonl"));
   // dp=1 and dp=0 (the world's: one rank) are what a single process runs.
-  EXPECT_EQ(tetra(args("b", 1, "--parallel.dp=1")).code, 0);
+  EXPECT_EQ(tetra(tiny_train_args("b", 1, "--parallel.dp=1")).code, 0);
 }
 
 TEST_F(CkptRobust, AnOutputNeverReplacesWhatTheRunReadsOrWrites) {
-  ASSERT_EQ(tetra(args("run", 2, "--ckpt.dir=" + path("ckpt"))).code, 0);
+  ASSERT_EQ(tetra(tiny_train_args("run", 2, "--ckpt.dir=" + path("ckpt"))).code, 0);
   const std::string rank_file =
       (dir_ / "ckpt" / ckpt::checkpoint_name(2) / "rank-00000.safetensors").string();
   const std::string saved = read(rank_file), metrics_file = read(path("run/metrics.jsonl")),
                     data = read(path("train.bin"));
   const std::string resume = "--ckpt.dir=" + path("ckpt") + " --ckpt.resume=auto ";
-  EXPECT_REFUSED(tetra(args("run", 4, resume + "--save.final=" + rank_file)),
+  EXPECT_REFUSED(tetra(tiny_train_args("run", 4, resume + "--save.final=" + rank_file)),
                  "[train] save.final=" + rank_file + " is inside ckpt.dir=" + path("ckpt") +
                      ", whose checkpoints it would overwrite");
-  EXPECT_REFUSED(tetra(args("run", 4, resume + "--save.final=" + path("run/metrics.jsonl"))),
-                 "would replace metrics.jsonl, which this run writes in run.dir=" + path("run"));
-  EXPECT_REFUSED(tetra(args("other", 2, "--debug.dump_logits=" + path("train.bin"))),
+  EXPECT_REFUSED(
+      tetra(tiny_train_args("run", 4, resume + "--save.final=" + path("run/metrics.jsonl"))),
+      "would replace metrics.jsonl, which this run writes in run.dir=" + path("run"));
+  EXPECT_REFUSED(tetra(tiny_train_args("other", 2, "--debug.dump_logits=" + path("train.bin"))),
                  "[train] debug.dump_logits=" + path("train.bin") + " is " + path("train.bin") +
                      ", which this run reads");
-  EXPECT_REFUSED(tetra(args("other", 2,
-                            "--save.final=" + path("w.safetensors") +
-                                " --debug.dump_grads=" + path("./w.safetensors"))),
+  EXPECT_REFUSED(tetra(tiny_train_args("other", 2,
+                                       "--save.final=" + path("w.safetensors") +
+                                           " --debug.dump_grads=" + path("./w.safetensors"))),
                  "name the same file, so one would replace the other");
   EXPECT_EQ(read(rank_file), saved);
   EXPECT_EQ(read(path("run/metrics.jsonl")), metrics_file);
@@ -349,7 +343,7 @@ TEST_F(CkptRobust, AnOutputNeverReplacesWhatTheRunReadsOrWrites) {
 }
 
 TEST_F(CkptRobust, CkptCommandsNeverOverwriteTheirInputOrAnExistingFile) {
-  ASSERT_EQ(tetra(args("run", 2, "--ckpt.dir=" + path("ckpt"))).code, 0);
+  ASSERT_EQ(tetra(tiny_train_args("run", 2, "--ckpt.dir=" + path("ckpt"))).code, 0);
   const fs::path c = dir_ / "ckpt" / ckpt::checkpoint_name(2);
   const std::string rank_file = read(c / "rank-00000.safetensors");
   const std::string bin = std::string(TETRA_BINARY) + " ckpt ";
@@ -398,7 +392,8 @@ TEST_F(CkptRobust, CkptCommandsNeverOverwriteTheirInputOrAnExistingFile) {
                  "is a file, not a checkpoint; give a checkpoint directory");
   EXPECT_REFUSED(run_command(bin + "inspect " + path("nowhere")), "does not exist");
   // And ckpt.resume takes the manifest's path too.
-  const Ran r = tetra(args("run2", 4, "--ckpt.resume=" + (c / "manifest.json").string()));
+  const Ran r =
+      tetra(tiny_train_args("run2", 4, "--ckpt.resume=" + (c / "manifest.json").string()));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "resumed from " + c.string())) << r.output;
 }

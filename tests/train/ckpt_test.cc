@@ -22,6 +22,7 @@ namespace tetra {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::contains;
 using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
@@ -42,10 +43,6 @@ class CkptCli : public testing::RunDirTest {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
 };
-
-bool contains(const std::string& s, const std::string& what) {
-  return s.find(what) != std::string::npos;
-}
 
 TEST_F(CkptCli, SigkillAndResumeIsBitIdenticalOnEveryDataParallelLayout) {
   struct L {

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -15,24 +14,13 @@
 namespace tetra {
 namespace {
 
+using testing::contains;
 using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-bool contains(const std::string& s, const std::string& what) {
-  return s.find(what) != std::string::npos;
-}
-
 class GoodputRun : public testing::RunDirTest {
  protected:
-  // A tiny model trained `steps` steps in run directory `run`.
-  std::string args(const std::string& run, int steps, const std::string& extra = "") const {
-    return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
-           "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 --optim.lr=1e-2 "
-           "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --train.steps=" +
-           std::to_string(steps) + " --data.train=" + path("train.bin") +
-           " --run.dir=" + path(run) + " " + extra;
-  }
   nlohmann::json read_json(const std::string& name) const {
     std::ifstream in(dir_ / name);
     return nlohmann::json::parse(in);
@@ -42,10 +30,10 @@ class GoodputRun : public testing::RunDirTest {
 TEST_F(GoodputRun, AccountsEveryRestartOfAJobKilledTwice) {
   // 12 steps, a checkpoint every 3: killed after step 5 (resumes from 3: steps 4 and 5 redone),
   // then after step 10 (resumes from 9: step 10 redone).
-  const Ran r =
-      run_command(std::string(TETRA_BINARY) +
-                  " launch -n 2 --max-restarts 2 --inject-fault kill:0@5,kill:0@10 -- " +
-                  args("run", 12, "--ckpt.every=3 --ckpt.async=false --ckpt.dir=" + path("ckpt")));
+  const Ran r = run_command(
+      std::string(TETRA_BINARY) +
+      " launch -n 2 --max-restarts 2 --inject-fault kill:0@5,kill:0@10 -- " +
+      tiny_train_args("run", 12, "--ckpt.every=3 --ckpt.async=false --ckpt.dir=" + path("ckpt")));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "newest checkpoint after step 3: 2 step(s) lost")) << r.output;
   EXPECT_TRUE(contains(r.output, "newest checkpoint after step 9: 1 step(s) lost")) << r.output;
@@ -89,13 +77,14 @@ TEST_F(GoodputRun, AccountsEveryRestartOfAJobKilledTwice) {
 }
 
 TEST_F(GoodputRun, ARunResumedByHandContinuesItsAccount) {
-  Ran r = run_command(tetra_command(1, args("run", 4, "--ckpt.every=2 --ckpt.dir=" + path("c"))));
+  Ran r = run_command(
+      tetra_command(1, tiny_train_args("run", 4, "--ckpt.every=2 --ckpt.dir=" + path("c"))));
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json first = read_json("run/goodput.json");
   EXPECT_EQ(first["attempts"], 1);
   EXPECT_EQ(first["kept_steps"], 4);
   r = run_command(tetra_command(
-      1, args("run", 6, "--ckpt.every=2 --ckpt.resume=auto --ckpt.dir=" + path("c"))));
+      1, tiny_train_args("run", 6, "--ckpt.every=2 --ckpt.resume=auto --ckpt.dir=" + path("c"))));
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json g = read_json("run/goodput.json");
   EXPECT_EQ(g["attempts"], 2) << g.dump(1);
@@ -120,8 +109,8 @@ TEST_F(GoodputRun, TheMfuAuditAddsUpToTheMeasuredStep) {
        {"ideal", "data", "comm_pp", "bubble", "kernels", "stragglers"}},
   };
   for (const Case& c : cases) {
-    const Ran r =
-        run_command(tetra_command(2, args(c.name, 12, c.flags + " --health.telemetry_every=4")));
+    const Ran r = run_command(
+        tetra_command(2, tiny_train_args(c.name, 12, c.flags + " --health.telemetry_every=4")));
     ASSERT_EQ(r.code, 0) << c.name << "\n" << r.output;
     const nlohmann::json a = read_json(c.name + "/audit.json");
     std::vector<std::string> names;

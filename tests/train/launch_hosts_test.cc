@@ -10,12 +10,9 @@
 namespace tetra {
 namespace {
 
+using testing::contains;
 using testing::Ran;
 using testing::run_command;
-
-bool contains(const std::string& s, const std::string& what) {
-  return s.find(what) != std::string::npos;
-}
 
 Ran launch(const std::string& args) {
   return run_command(std::string(TETRA_BINARY) + " launch " + args);

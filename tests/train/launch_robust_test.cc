@@ -21,12 +21,9 @@ namespace tetra {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::contains;
 using testing::Ran;
 using testing::run_command;
-
-bool contains(const std::string& s, const std::string& what) {
-  return s.find(what) != std::string::npos;
-}
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -44,6 +44,11 @@ inline std::string tetra_command(int ranks, const std::string& args) {
          std::to_string(ranks) + " " + TETRA_BINARY + " " + args;
 }
 
+/** True when `s` holds `what`. */
+inline bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
+
 /** A test's own directory (removed afterwards) holding a small token shard, train.bin, and the
  * run directories of the tiny models the test trains. */
 class RunDirTest : public ::testing::Test {
@@ -61,6 +66,16 @@ class RunDirTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  /** `tetra train` arguments for a tiny model trained `steps` steps on train.bin in run
+   *  directory `run`, then `extra`. */
+  std::string tiny_train_args(const std::string& run, int steps,
+                              const std::string& extra = "") const {
+    return "train --model.vocab_size=64 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
+           "--model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 --optim.lr=1e-2 "
+           "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --train.steps=" +
+           std::to_string(steps) + " --data.train=" + path("train.bin") +
+           " --run.dir=" + path(run) + " " + extra;
+  }
   /** Every record of run directory `run`'s metrics.jsonl. */
   std::vector<nlohmann::json> metrics(const std::string& run) const {
     std::vector<nlohmann::json> out;

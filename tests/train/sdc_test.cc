@@ -17,13 +17,10 @@
 namespace tetra {
 namespace {
 
+using testing::contains;
 using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
-
-bool contains(const std::string& s, const std::string& what) {
-  return s.find(what) != std::string::npos;
-}
 
 class Sdc : public testing::RunDirTest {
  protected:
