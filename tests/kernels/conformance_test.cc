@@ -977,7 +977,11 @@ TYPED_TEST(Conformance, AttentionBlocks) {
     const std::vector<F> dqkv0 = in.values<F>(qkv.size());
     Buffer<F> d_qkv = this->upload(qkv), d_dout = this->upload(dout);
 
-    for (bool packed : {false, true}) {
+    // Pass 0 reads everything from qkv, pass 1 k and v from the packed buffers, pass 2 repeats
+    // pass 0, which it must match bit for bit (the kernels are deterministic).
+    std::vector<F> first_out, first_lse, first_dqkv;
+    for (int pass = 0; pass < 3; ++pass) {
+      const bool packed = pass == 1;
       const std::string tag = packed ? " (k, v packed per chunk)" : " (q, k, v in qkv)";
       std::vector<Buffer<F>> d_kv, d_dkv;
       std::vector<std::vector<F>> dkv0(cs.chunks.size());
@@ -1062,6 +1066,26 @@ TYPED_TEST(Conformance, AttentionBlocks) {
             }
         this->check("attention_block_backward", shape,
                     std::string("d") + "qkv"[part] + " increment" + tag, got, want, Tol::arith);
+      }
+      if (packed) {  // dk and dv went to the packed buffers: dqkv's k and v columns are untouched
+        Vec got, want;
+        for (int64_t row = 0; row < int64_t(B) * T; ++row)
+          for (int64_t c = C; c < W; ++c) {
+            got.push_back(got_dqkv[size_t(row * W + c)]);
+            want.push_back(dqkv0[size_t(row * W + c)]);
+          }
+        this->check("attention_block_backward", shape, "dqkv k, v (untouched)" + tag, got, want,
+                    Tol::exact);
+      } else if (pass == 0) {
+        first_out = this->download(out), first_lse = this->download(lse), first_dqkv = got_dqkv;
+      } else {
+        const std::string again = " (repeated: bit for bit)";
+        this->check("attention_block_forward", shape, "out" + again, out, wide(first_out),
+                    Tol::exact);
+        this->check("attention_block_forward", shape, "lse" + again, lse, wide(first_lse),
+                    Tol::exact);
+        this->check("attention_block_backward", shape, "dqkv" + again, wide(got_dqkv),
+                    wide(first_dqkv), Tol::exact);
       }
     }
   }
