@@ -7,8 +7,10 @@
 // dp) by a loop over the head dimensions, the 32 probabilities are combined by warp reductions,
 // and then, for each of the 32 rows in order, the probability is broadcast by a shuffle and every
 // lane adds it times the row's values at its own head dimensions (lane + 32u, u < 4, so hs <=
-// 128): those reads are coalesced. Every sum runs in a fixed order (warp_max and warp_sum give all
-// lanes the same bits), so results repeat bit for bit.
+// 128): those reads are coalesced. Rows are numbered position fastest, so a thread block's 8
+// warps take (mostly) 8 consecutive rows of one head, which walk the same rows of the other side
+// together and share them through the L1 cache. Every sum runs in a fixed order (warp_max and
+// warp_sum give all lanes the same bits), so results repeat bit for bit.
 //
 // Forward merges the block into the running (out, lse) of its row; a masked key (causal, j > i)
 // is skipped, never weighted. Backward recomputes p = exp(scale·q·k - lse) from the merged lse.
@@ -55,14 +57,14 @@ __device__ __forceinline__ float dot(const float* s, const float* x, int hs) {
   return acc;
 }
 
-// Row (b, i, h), h fastest: a warp per query row of a head.
+// A warp per query row i of head h of sequence b, i fastest (see the file comment).
 __global__ void __launch_bounds__(kThreads)
     block_forward_kernel(RowsOut out, RowsOut lse, RowsIn q, RowsIn k, RowsIn v, Sizes z) {
   __shared__ float sq[kWarps][kAttentionMaxHeadSize];
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
   if (row >= int64_t(z.B) * z.Tq * z.NH) return;
-  const int h = int(row % z.NH), i = int(row / z.NH % z.Tq), b = int(row / z.NH / z.Tq);
+  const int i = int(row % z.Tq), h = int(row / z.Tq % z.NH), b = int(row / z.Tq / z.NH);
   const int hs = z.hs, kv = (h / z.G) * hs, n = z.keys(i);
   float* qs = sq[warp];
   stage(qs, at(q, b, i) + int64_t(h) * hs, hs, z.scale);
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dq += scale · sum_j dS_ij k_j with dS_ij = p_ij (dout_i · v_j - delta_i); a warp per query row
-// (b, i, h).
+// i of head h of sequence b, i fastest.
 __global__ void __launch_bounds__(kThreads)
     block_backward_q_kernel(RowsOut dq, RowsIn dout, RowsIn delta, RowsIn lse, RowsIn q, RowsIn k,
                             RowsIn v, Sizes z) {
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
   if (row >= int64_t(z.B) * z.Tq * z.NH) return;
-  const int h = int(row % z.NH), i = int(row / z.NH % z.Tq), b = int(row / z.NH / z.Tq);
+  const int i = int(row % z.Tq), h = int(row / z.Tq % z.NH), b = int(row / z.Tq / z.NH);
   const int hs = z.hs, kv = (h / z.G) * hs, n = z.keys(i);
   float* qs = sq[warp];
   float* dys = sdy[warp];
@@ -176,7 +178,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dv_j += sum_i p_ij dout_i and dk_j += scale · sum_i dS_ij q_i over the query heads of key/value
-// head g (in order) and the queries that see key j; a warp per key row (b, j, g).
+// head g (in order) and the queries that see key j; a warp per key row j of head g of
+// sequence b, j fastest.
 __global__ void __launch_bounds__(kThreads)
     block_backward_kv_kernel(RowsOut dk, RowsOut dv, RowsIn dout, RowsIn delta, RowsIn lse,
                              RowsIn q, RowsIn k, RowsIn v, Sizes z) {
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
   if (row >= int64_t(z.B) * z.Tk * KVH) return;
-  const int g = int(row % KVH), j = int(row / KVH % z.Tk), b = int(row / KVH / z.Tk);
+  const int j = int(row % z.Tk), g = int(row / z.Tk % KVH), b = int(row / z.Tk / KVH);
   const int hs = z.hs, kv = g * hs, i_first = z.first(j);
   float* ks = sk[warp];
   float* vs = sv[warp];
