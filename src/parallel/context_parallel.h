@@ -24,7 +24,7 @@
 // the key/value gradients of every chunk summed onto their owners by an all-to-all in rank order.
 #pragma once
 
-#include <array>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -52,6 +52,17 @@ class CpSplit {
   static int chunk_of(int r, int i, int cp) { return i == 0 ? r : 2 * cp - 1 - r; }
   /** The sequence position of local row t (0 <= t < 2c). */
   int position(int t) const;
+  /** Calls f(row, position, count) for each run of local rows among [first, first + rows) of
+   *  (B·2c) whose positions are consecutive: a chunk of a sequence, or its part in range. */
+  template <typename Fn>
+  void for_each_run(int64_t first, int64_t rows, Fn&& f) const {
+    const int64_t c = chunk();
+    for (int64_t r = first, end = first + rows; r < end;) {
+      const int64_t n = std::min(c - r % c, end - r);
+      f(r, position(int(r % (2 * c))), n);
+      r += n;
+    }
+  }
   /** Copies this rank's rows of B sequences: local (B, 2c, width) from full (B, T, width). */
   template <typename V>
   void take(V* local, const V* full, int B, int width = 1) const;
@@ -83,9 +94,12 @@ class ContextAttention {
   /** Over `group` (the mesh's cp group; its size is cp, its rank this rank's chunk pair). */
   ContextAttention(Backend& backend, comm::Communicator group, CpAttention variant);
 
+  Backend& backend() const { return *backend_; }
   int cp() const { return cp_; }
   int rank() const { return rank_; }
   CpAttention variant() const { return variant_; }
+  /** This rank's split of sequences of which it holds `local_T` = 2c tokens. */
+  CpSplit split(int local_T) const { return CpSplit(local_T * cp_, cp_, rank_); }
 
   /** Elements forward keeps for backward next to its output: the row log-sum-exp (B, 2c, NH). */
   size_t saved_elements(const AttentionShape& s) const;
