@@ -142,12 +142,10 @@ std::string cp_ring_description(int64_t cp) {
 
 double cp_ring_seconds(const RingTraffic& r, const GroupPlacement& g, const ClusterSpec& c) {
   if (r.hops == 0) return 0.0;
-  // Neighbours of the ring: the link between two of the group's ranks.
-  GroupPlacement pair = g;
-  pair.size = 2;
-  pair.nodes = g.nodes > 1 ? 2 : 1;
-  pair.per_node = g.nodes > 1 ? 1 : 2;
-  pair.span = std::min<int64_t>(g.span, 2);
+  // Neighbours of the ring: two ranks of one node, or of two when the group spans nodes (the
+  // ring runs at its slowest hop).
+  const int64_t gpn = c.gpus_per_node;
+  const GroupPlacement pair = place_group(g.nodes > 1 ? gpn : 1, 2, gpn);
   return double(r.hops) * (collective_seconds(Collective::send, r.hop, pair, c) +
                            collective_seconds(Collective::send, 2.0 * r.hop, pair, c));
 }

@@ -255,7 +255,7 @@ std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const La
     d.intra_node = d.placement.nodes == 1;
     d.bytes = g.bytes();
     d.calls = int64_t(std::llround(g.calls()));
-    // A pipeline's sends go to the next stage; a ring's cross its group's widest link.
+    // A pipeline's sends go to the next stage; a ring's between neighbours, as cp_ring_seconds.
     const GroupPlacement pair =
         g.dim == "cp" ? place_group(d.placement.nodes > 1 ? c.gpus_per_node : 1, 2, c.gpus_per_node)
                       : place_group(stride, 2, c.gpus_per_node);
