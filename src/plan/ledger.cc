@@ -5,6 +5,7 @@
 
 #include "pipeline/schedule.h"
 #include "plan/bubble.h"
+#include "plan/comm_cost.h"
 
 namespace tetra::plan {
 
@@ -134,7 +135,9 @@ std::vector<double> held_layer_microbatches(const Layout& l, int64_t layers) {
 }
 
 MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, const Layout& l) {
-  const double tokens = double(l.micro_batch * m.seq);
+  // A rank's tokens of a micro-batch: context parallelism splits each sequence cp ways, and every
+  // per-token tensor with it (a token's attention state still spans all T keys: T^2/cp per rank).
+  const double tokens = double(l.micro_batch * m.seq) / double(l.cp);
   const double ab = act_bytes(t.precision);
   const ParamCounts pc = count_params(m);
   const std::vector<double> held = held_layer_microbatches(l, m.layers);
@@ -143,9 +146,10 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
   MemoryBreakdown worst;
   for (int64_t r = 0; r < l.pp; ++r) {
     const LocalParams lp = rank_params(m, l, r);
-    const StateMemory dense = zero_state_memory(lp.dense, l.dp, l.zero, t.precision);
+    // ZeRO shards over the ranks that reduce the gradients: dp * cp.
+    const StateMemory dense = zero_state_memory(lp.dense, l.dp_cp(), l.zero, t.precision);
     const StateMemory expert =
-        zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp / l.ep), l.zero, t.precision);
+        zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp_cp() / l.ep), l.zero, t.precision);
     MemoryBreakdown mem;
     mem.rank = r;
     mem.params = dense.params + expert.params;
@@ -176,6 +180,13 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
       // Dispatch and combine buffers at capacity factor 1.25.
       mem.comm_buffers +=
           2.0 * 1.25 * tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
+    }
+    if (l.cp > 1) {
+      // Ring attention: the K, V chunk pair being attended to and the next one arriving.
+      const int64_t hs = m.d_model / m.heads;
+      mem.comm_buffers += 2.0 * cp_ring_traffic(l.micro_batch, m.seq, l.cp,
+                                                hs * std::max<int64_t>(1, m.kv_heads / l.tp), ab)
+                                    .hop;
     }
     if (r == 0 || mem.total() > worst.total()) worst = mem;
   }

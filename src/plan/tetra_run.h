@@ -45,9 +45,10 @@ struct TrafficOp {
   int64_t group = 0;
 };
 /** One group's traffic per step and rank, as the trainer counts it (comm::Work::sent_bytes: the
- *  ring model's bytes): "dp" (parallel/data_parallel.cc, expert units over their edp group), "tp"
- *  (parallel/tp_layers.cc), "pp" (pipeline/executor.cc), "ep" (parallel/expert_parallel.cc: the
- *  MoE blocks' all-to-alls, of which (ep-1)/ep of the rows leave the rank). */
+ *  ring model's bytes): "dp" (parallel/data_parallel.cc, over dp·cp ranks, expert units over their
+ *  edp group), "tp" (parallel/tp_layers.cc), "pp" (pipeline/executor.cc), "ep"
+ *  (parallel/expert_parallel.cc: the MoE blocks' all-to-alls, of which (ep-1)/ep of the rows leave
+ *  the rank), "cp" (ring attention's K,V and dK,dV sends, cp_ring_traffic in f32). */
 struct GroupTraffic {
   std::string dim;
   int64_t group = 1;

@@ -17,21 +17,23 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
   if (!world_.valid()) {
     // One process runs a mesh of one: every dimension asked for beyond 1 (dp=0 means "what the
     // world leaves", 1 here) needs that many ranks, which only a launcher provides; ep borrows
-    // its ranks from dp. Each is at most 2^20, so the product fits in int64.
+    // its ranks from dp. Each is at most 2^20: the product of the four, up to 2^80, is counted in
+    // double (exact for any real job).
     std::vector<std::string> dims, ones;
     for (const auto& [key, n] : {std::pair{"parallel.dp", shape.dp},
                                  {"parallel.tp", shape.tp},
                                  {"parallel.pp", shape.pp},
-                                 {"parallel.ep", shape.ep}}) {
+                                 {"parallel.ep", shape.ep},
+                                 {"parallel.cp", shape.cp}}) {
       if (n <= 1) continue;
       dims.push_back(fmt::format("{}={}", key, n));
       ones.push_back(fmt::format("{}=1", key));
     }
-    const int64_t ranks =
-        int64_t(std::max(shape.dp, shape.ep)) * std::max(shape.tp, 1) * std::max(shape.pp, 1);
+    const double ranks = double(std::max(shape.dp, shape.ep)) * std::max(shape.tp, 1) *
+                         std::max(shape.pp, 1) * std::max(shape.cp, 1);
     TETRA_CHECK(dims.empty(),
-                "[train] {} needs {} ranks but this is a single process; run it as `tetra launch "
-                "-n {} -- train ...` (or under mpirun), or set {}",
+                "[train] {} needs {:.0f} ranks but this is a single process; run it as `tetra "
+                "launch -n {:.0f} -- train ...` (or under mpirun), or set {}",
                 fmt::join(dims, " "), ranks, ranks, fmt::join(ones, " "));
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
     ep_ = std::make_unique<parallel::ExpertParallel>(backend);

@@ -80,6 +80,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   k.pp = o.mesh.pp;
   k.dp = dp;
   k.ep = g.moe.experts > 0 ? g.moe.ep : 1;  // expert parallelism borrows dp's ranks
+  k.cp = o.mesh.cp;
   k.zero = o.zero.stage;
   k.schedule = o.pp_kind;
   k.v = o.pp_kind == pipeline::Kind::interleaved ? o.pp_chunks : 1;
@@ -125,8 +126,9 @@ plan::LayoutEstimate predict_step(const RunPlan& p, const plan::ClusterSpec& c) 
 }
 
 std::string run_plan_line(const RunPlan& p, const std::string& config_path) {
-  const int64_t model_parallel = p.layout.tp * p.layout.pp;
-  // Without parallel.dp the plan takes dp x tp x pp ranks with dp = 1 unless told the world size.
+  const int64_t model_parallel = p.layout.tp * p.layout.cp * p.layout.pp;
+  // Without parallel.dp the plan takes dp x tp x cp x pp ranks with dp = 1 unless told the world
+  // size.
   const std::string world = p.configured_dp == 0 && p.world > model_parallel
                                 ? fmt::format(" --cluster.gpus={}", p.world)
                                 : std::string();
@@ -284,6 +286,7 @@ const std::vector<std::pair<std::string, std::string>>& plan_key_aliases() {
       {"layout.pp", "parallel.pp"},
       {"layout.dp", "parallel.dp"},
       {"layout.ep", "parallel.ep"},
+      {"layout.cp", "parallel.cp"},
       {"layout.zero", "zero.stage"},
       {"layout.schedule", "pp.schedule"},
       {"layout.v", "pp.chunks"},
@@ -357,7 +360,7 @@ TrainingPlan plan_training_config(const std::string& config_path,
   o.model.bf16 = bf16;
 
   const Config all = Config::load(schema, config_path, overrides);
-  const int model_parallel = o.mesh.tp * o.mesh.pp;
+  const int model_parallel = o.mesh.tp * o.mesh.cp * o.mesh.pp;
   const int world = all.is_set("cluster.gpus") ? int(all.i("cluster.gpus"))
                                                : (o.mesh.dp > 0 ? o.mesh.dp : 1) * model_parallel;
   out.run = plan_run(o, world);

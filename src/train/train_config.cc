@@ -442,6 +442,24 @@ TrainOptions TrainOptions::from(const Config& c) {
               "ckpt.dir or give ckpt.resume a checkpoint directory");
   o.comm = comm::CommOptions::from_config(c);
   o.mesh = parallel::MeshShape::from_config(c);
+  if (o.mesh.cp > 1) {
+    // Context parallelism (docs/training.md): each sequence in 2*cp chunks, two per cp rank.
+    const int cp = o.mesh.cp, chunks = 2 * cp;
+    TETRA_CHECK(o.mesh.ep == 1,
+                "[config] parallel.cp={} with parallel.ep={}: context parallelism does not combine "
+                "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep",
+                cp, o.mesh.ep);
+    TETRA_CHECK(o.model.moe.experts == 0,
+                "[config] parallel.cp={} with model.moe_experts={}: context parallelism runs dense "
+                "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts",
+                cp, o.model.moe.experts);
+    TETRA_CHECK(o.seq_len % chunks == 0,
+                "[config] train.seq_len={} is not divisible by 2*parallel.cp = {}: each rank holds "
+                "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. {}, "
+                "or a parallel.cp with 2*cp dividing {}",
+                o.seq_len, chunks, o.seq_len >= chunks ? o.seq_len / chunks * chunks : chunks,
+                o.seq_len);
+  }
   o.pp_kind = pipeline::parse_kind(o.pp_schedule);
   try {
     // The schedule's and the split's refusals, before anything is allocated.
@@ -466,6 +484,14 @@ TrainOptions TrainOptions::from(const Config& c) {
               "[config] data.train is not set; point it at a token shard (tetra data prepare "
               "makes them)");
   return o;
+}
+
+void refuse_unwired_cp(const TrainOptions& o) {
+  TETRA_CHECK(o.mesh.cp == 1,
+              "[train] parallel.cp={}: this trainer's model has no ring attention, so it cannot "
+              "split sequences over cp ranks; train with parallel.cp=1 (`tetra plan` sizes cp "
+              "layouts)",
+              o.mesh.cp);
 }
 
 }  // namespace tetra

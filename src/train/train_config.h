@@ -95,4 +95,9 @@ struct TrainOptions {
  *  spread over `ep` ranks. */
 GptConfig gpt_config_from(const Config& c, int tp = 1, int ep = 1);
 
+/** Refuses parallel.cp > 1 at trainer setup: the mesh, the config checks and `tetra plan` know
+ *  context parallelism, the model does not run ring attention yet. The one place the wiring of
+ *  context parallelism into the model replaces. */
+void refuse_unwired_cp(const TrainOptions& o);
+
 }  // namespace tetra

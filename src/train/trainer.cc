@@ -38,6 +38,7 @@ TrainResult Trainer::run() {
 }
 
 void Trainer::setup(const std::string& config_toml) {
+  refuse_unwired_cp(opt_);
   layout_ = std::make_unique<RunLayout>(opt_, world_, backend_);
   const int threads = opt_.threads > 0 ? opt_.threads : default_threads();
   backend_.set_threads(threads);

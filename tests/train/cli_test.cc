@@ -114,6 +114,27 @@ TEST_F(TrainCli, TensorParallelSizeMustSplitTheHeadsAndHaveItsRanks) {
                  "`tetra launch -n 2 -- train ...`");
 }
 
+// Context parallelism (parallel.cp): each rank holds two chunks of T/(2cp) tokens, dense models
+// only, no expert parallelism; and until the model runs ring attention the trainer refuses cp > 1
+// at setup (refuse_unwired_cp), after every config check has passed.
+TEST_F(TrainCli, ContextParallelSizeIsCheckedAndRefusedUntilWired) {
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=0"),
+                 "'parallel.cp' must be an integer in [1, 1048576], got '0'");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=3"),
+                 "[config] train.seq_len=16 is not divisible by 2*parallel.cp = 6: each rank holds "
+                 "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. 12");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=16"), "multiple of 2*cp, e.g. 32");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4"),
+                 "[config] parallel.cp=2 with model.moe_experts=4: context parallelism runs dense "
+                 "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4 --parallel.ep=2"),
+                 "[config] parallel.cp=2 with parallel.ep=2: context parallelism does not combine "
+                 "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2"),
+                 "[train] parallel.cp=2: this trainer's model has no ring attention, so it cannot "
+                 "split sequences over cp ranks; train with parallel.cp=1");
+}
+
 TEST_F(TrainCli, TokenIdBeyondVocabIsRefused) {
   EXPECT_REFUSED(tetra(base() + " --model.vocab_size=50"),
                  "holds token id 60 but model.vocab_size=50");
