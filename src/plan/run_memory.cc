@@ -177,8 +177,20 @@ RunMemory run_memory(const RunShape& s) {
   const double Cl = C / tp, KVl = double(s.kv_head_count()) / tp * (C / NH);
   const double W = Cl + 2 * KVl, Hl = double(s.mlp_width()) / tp;
   // Attention's saved state and backward scratch per layer (RunShape::flash_attention): per query
-  // head, whatever the key/value heads; this rank's T/cp queries against all T keys.
-  const double att = B * NH / tp * Tl * (s.flash_attention ? 1.0 : T);
+  // head, whatever the key/value heads. Under context parallelism (parallel/context_parallel.cc)
+  // the saved state is each local row's log-sum-exp, and the scratch holds the packed K|V of the
+  // local rows (n elements) six times for the ring (two in flight, two partial gradient sums, this
+  // rank's own share and the one arriving) or three times cp for the all-gather (every rank's,
+  // their gradients, the all-to-all's), the delta rows, and one c x c block's scratch of the
+  // backend's kernel (the CPU's scores and probabilities; none on the GPU), c = T/(2cp).
+  const double NHl = NH / tp;
+  const bool cp = s.cp > 1;
+  const double att_saved = cp ? B * NHl * Tl : B * NHl * Tl * (s.flash_attention ? 1.0 : T);
+  const double n_kv = B * Tl * 2 * KVl, chunk = Tl / 2;
+  const double att_scratch = !cp ? att_saved
+                                 : (s.cp_all_gather ? 3.0 * double(s.cp) : 6.0) * n_kv +
+                                       B * Tl * NHl +
+                                       (s.flash_attention ? 0.0 : 2 * B * NHl * chunk * chunk);
   const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
   // A norm's statistics per row: a LayerNorm's mean and rstd, an RMSNorm's rstd.
   const double stats = s.llama ? 1.0 : 2.0;
@@ -205,7 +217,7 @@ RunMemory run_memory(const RunShape& s) {
   const double moe_acts = N * E + N * k + R * (2 * C + 2 * H) + send * C;
   const double mlp_acts = BT * Hl * (s.llama ? 3.0 : 2.0);
   auto block_saves = [&](bool with_att, bool moe_block) {
-    return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att : 0.0) +
+    return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att_saved : 0.0) +
            (moe_block ? moe_acts : mlp_acts);
   };
   // A MoE block's routing kept from forward to backward (MoeRoute): its int32 index vectors, a
@@ -237,7 +249,8 @@ RunMemory run_memory(const RunShape& s) {
   // with its output, and a MoE model's routing for it.
   const double moe_scratch = moe ? N * E + N * k + (recv + send + R) * C + R * H : 0.0;
   const double norm_grads = s.llama ? 2 * C : 4 * C;
-  const double scratch = BTC + BT * W + 2 * att + BT * Cl + BT * Hl * (s.llama ? 2.0 : 1.0) +
+  const double scratch = BTC + BT * W + att_saved + att_scratch + BT * Cl +
+                         BT * Hl * (s.llama ? 2.0 : 1.0) +
                          (s.sequence_parallel ? BTC + norm_grads : 0.0) + moe_scratch;
   const double rerun =
       s.recompute == Recompute::full
@@ -257,7 +270,7 @@ RunMemory run_memory(const RunShape& s) {
   // copies' formula).
   if (s.bf16) {
     const double V = double(s.padded_vocab) / tp;
-    const double attention = s.flash_attention ? 0.0 : BT * W + att;
+    const double attention = s.flash_attention ? 0.0 : BT * W + att_saved;
     const double experts = moe ? R * H + std::max(H, R) * C : 0.0;
     m.temporaries += 2.0 * std::max({BT * Hl + std::max(Hl, BT) * C, BT * V + std::max(BT, V) * C,
                                      experts, attention});

@@ -32,9 +32,11 @@ struct RunShape {
   int64_t dp = 1;
   int64_t tp = 1;  // tensor parallel: heads, kv_heads, the MLP and padded_vocab split tp ways
   // Context parallel: each sequence split over cp ranks (T/cp tokens each, ring attention). Every
-  // per-token buffer holds T/cp rows; attention's saved state (B·NH·T/cp rows of T keys, or of one
-  // statistic with flash) too; gradients are reduced and ZeRO-sharded over dp·cp ranks.
+  // per-token buffer holds T/cp rows; attention saves each row's log-sum-exp only, its scratch
+  // holds the K/V chunks in flight (parallel/context_parallel.h); gradients are reduced and
+  // ZeRO-sharded over dp·cp ranks.
   int64_t cp = 1;
+  bool cp_all_gather = false;      // cp.attention = all_gather: every rank's K and V held at once
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;

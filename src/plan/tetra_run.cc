@@ -41,6 +41,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.bf16 = t.precision == Precision::Bf16Mixed;
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
+  s.cp_all_gather = o.cp_all_gather;
   if (is_moe(m)) {
     s.experts = m.experts;
     s.top_k = m.top_k;
@@ -230,7 +231,9 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     const int64_t hs = s.d_model / s.heads;
     const RingTraffic ring = cp_ring_traffic(
         s.micro_batch, s.seq, s.cp, hs * std::max<int64_t>(1, s.kv_head_count() / s.tp), f32);
-    g.ops.push_back({Collective::send, ring.hop, mb * L * double(ring.hops)});
+    // Full recomputation runs every block's forward, and so its ring, again in backward.
+    const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
+    g.ops.push_back({Collective::send, ring.hop, forwards * mb * L * double(ring.hops)});
     g.ops.push_back({Collective::send, 2.0 * ring.hop, mb * L * double(ring.hops)});
     out.push_back(std::move(g));
   }

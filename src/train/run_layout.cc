@@ -37,14 +37,20 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
                 fmt::join(dims, " "), ranks, ranks, fmt::join(ones, " "));
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
     ep_ = std::make_unique<parallel::ExpertParallel>(backend);
+    cp_ = std::make_unique<parallel::ContextAttention<float>>(
+        backend, comm::Communicator(), parallel::cp_attention_from_string(opt.cp_attention));
     return;
   }
   mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
   rank_ = world_.rank();
   world_size_ = world_.size();
-  dp_ = mesh_->dp();
+  // Gradients are averaged, and ZeRO shards, over dp x cp (cp fastest: the dp group at cp = 1).
+  dp_ = mesh_->dp_cp();
   dp_size_ = dp_.size();
   dp_rank_ = dp_.rank();
+  cp_size_ = mesh_->cp().size();
+  cp_ = std::make_unique<parallel::ContextAttention<float>>(
+      backend, mesh_->cp(), parallel::cp_attention_from_string(opt.cp_attention));
   pp_ = mesh_->pp();
   pp_size_ = pp_.size();
   pp_rank_ = pp_.rank();
@@ -52,7 +58,9 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
   log_state().rank = rank_;
   tp_ = std::make_unique<parallel::TensorParallel>(backend, mesh_->tp(), sp);
   ep_ = std::make_unique<parallel::ExpertParallel>(backend, mesh_->ep());
-  edp_ = mesh_->edp();
+  // Without expert parallelism (which context parallelism refuses) every replica holds the same
+  // experts: the expert-data-parallel group is the replica group, dp x cp.
+  edp_ = cp_size_ > 1 ? dp_ : mesh_->edp();
   std::vector<std::string> hosts;
   for (int r = 0; r < world_size_; ++r) hosts.push_back(world_.host(r));
   const std::string warning = parallel::tp_placement_warning(mesh_->layout(), hosts);

@@ -95,6 +95,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   p.options.checkpoint = !o.ckpt.dir.empty();
   p.options.reduce_bf16 = o.zero.reduce_bf16;
   p.options.flash_attention = o.device == DeviceKind::cuda;
+  p.options.cp_all_gather = o.cp_attention == "all_gather";
   p.shape = plan::run_shape(m, t, p.layout, p.options);
   p.prediction = plan::predict_run(m, t, p.layout, p.options);
   p.traffic = plan::run_traffic(p.shape, p.layout, t.bucket_bytes);

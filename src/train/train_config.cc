@@ -362,6 +362,11 @@ const std::vector<TrainKey>& train_keys() {
         "layers per pipeline stage: \"\" (even), parallel.pp x pp.chunks counts such as "
         "\"5,6,6,5\", or auto (balanced by modelled compute, the head counted)"},
        into<&O::pp_layers>()},
+      {{"cp.attention", ValueKind::String, "\"ring\"",
+        "context-parallel attention (parallel.cp > 1): ring passes K/V chunks around the cp ring "
+        "overlapped with the blocks; all_gather gathers every chunk first",
+        "ring | all_gather"},
+       into<&O::cp_attention>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
         "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},
@@ -453,6 +458,16 @@ TrainOptions TrainOptions::from(const Config& c) {
                 "[config] parallel.cp={} with model.moe_experts={}: context parallelism runs dense "
                 "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts",
                 cp, o.model.moe.experts);
+    TETRA_CHECK(o.recompute != "selective",
+                "[config] parallel.cp={} with train.recompute=selective: context-parallel "
+                "attention keeps only each row's log-sum-exp (T/cp values per head), so there are "
+                "no attention probabilities to recompute; use train.recompute=none or full",
+                cp);
+    TETRA_CHECK(!o.model.bf16,
+                "[config] parallel.cp={} with train.precision=bf16: context-parallel attention's "
+                "blockwise kernels compute in f32 only; use train.precision=fp32 with cp, or "
+                "parallel.cp=1 with bf16",
+                cp);
     TETRA_CHECK(o.seq_len % chunks == 0,
                 "[config] train.seq_len={} is not divisible by 2*parallel.cp = {}: each rank holds "
                 "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. {}, "
@@ -484,14 +499,6 @@ TrainOptions TrainOptions::from(const Config& c) {
               "[config] data.train is not set; point it at a token shard (tetra data prepare "
               "makes them)");
   return o;
-}
-
-void refuse_unwired_cp(const TrainOptions& o) {
-  TETRA_CHECK(o.mesh.cp == 1,
-              "[train] parallel.cp={}: this trainer's model has no ring attention, so it cannot "
-              "split sequences over cp ranks; train with parallel.cp=1 (`tetra plan` sizes cp "
-              "layouts)",
-              o.mesh.cp);
 }
 
 }  // namespace tetra

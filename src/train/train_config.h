@@ -67,6 +67,8 @@ struct TrainOptions {
   parallel::ZeroOptions zero;  // stage, resharding, prefetch, stage-0 buckets, overlap
   comm::CommOptions comm;
   parallel::MeshShape mesh;
+  // Context parallelism over mesh.cp ranks (docs/context_parallel.md): attention's exchange.
+  std::string cp_attention = "ring";  // "ring" | "all_gather"
   // Pipeline parallelism over mesh.pp ranks (docs/pipeline.md); train.grad_accum micro-batches.
   std::string pp_schedule = "1f1b", pp_layers;
   pipeline::Kind pp_kind = pipeline::Kind::one_f_one_b;
@@ -94,10 +96,5 @@ struct TrainOptions {
 /** The model.* and moe.* keys of `c` as a checked model shape, split `tp` ways, its experts
  *  spread over `ep` ranks. */
 GptConfig gpt_config_from(const Config& c, int tp = 1, int ep = 1);
-
-/** Refuses parallel.cp > 1 at trainer setup: the mesh, the config checks and `tetra plan` know
- *  context parallelism, the model does not run ring attention yet. The one place the wiring of
- *  context parallelism into the model replaces. */
-void refuse_unwired_cp(const TrainOptions& o);
 
 }  // namespace tetra

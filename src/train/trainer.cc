@@ -38,7 +38,6 @@ TrainResult Trainer::run() {
 }
 
 void Trainer::setup(const std::string& config_toml) {
-  refuse_unwired_cp(opt_);
   layout_ = std::make_unique<RunLayout>(opt_, world_, backend_);
   const int threads = opt_.threads > 0 ? opt_.threads : default_threads();
   backend_.set_threads(threads);
@@ -63,9 +62,10 @@ void Trainer::setup(const std::string& config_toml) {
   executor_ =
       std::make_unique<pipeline::Executor>(std::move(schedule), layout_->pp(), backend_.device());
   store_ = std::make_unique<ParamStore>(backend_.device());
-  model_ =
-      std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch, opt_.seq_len,
-                            recompute, &ledger_, &layout_->tp(), std::move(part), &layout_->ep());
+  // Under context parallelism the model holds this rank's seq_len/cp tokens of every sequence.
+  model_ = std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch,
+                                 opt_.seq_len / layout_->cp_size(), recompute, &ledger_,
+                                 &layout_->tp(), std::move(part), &layout_->ep(), &layout_->cp());
   // Expert units are sharded and reduced over the ranks holding the same experts (edp).
   const comm::Communicator& edp = layout_->edp();
   store_->finalize(parallel::DataParallel::sharding_for(
@@ -89,7 +89,7 @@ void Trainer::setup(const std::string& config_toml) {
   sdc_ = std::make_unique<SdcCheck>(opt_, *layout_, backend_, *store_, *zero_);
   faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *sdc_, *store_);
   model_->set_hooks(faults_.get());
-  stage_ = std::make_unique<ModelStage>(*model_, *zero_);
+  stage_ = std::make_unique<ModelStage>(*model_, *zero_, &layout_->cp());
   if (!opt_.init_from.empty()) {
     // A pipeline stage, or an expert-parallel rank holding some of the experts, knows the file's
     // other tensors from the whole model's registrations (all experts; it allocates activations
@@ -176,6 +176,7 @@ TrainResult Trainer::train() {
     // reduction, and the update.
     zero_->begin_step();
     layout_->tp().reset_counters();
+    layout_->cp().reset_counters();
     moe_report_->begin_step();
     faults_->begin_step(step);
     sdc_->begin_step(step);
