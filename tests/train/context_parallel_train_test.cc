@@ -1,6 +1,7 @@
 // Context parallelism end to end (docs/context_parallel.md): `tetra train` with each sequence split
 // over cp ranks reproduces the serial run — losses within 1e-5 relative at every step, final
-// weights within 1e-5 norm-relative, validation loss alike — at T = 512 for cp 2 and 4 (GPT-2's
+// weights within 3e-5 norm-relative (see expect_same_run), the validation loss within 1e-5 — at
+// T = 512 for cp 2 and 4 (GPT-2's
 // learned positions and Llama's rotary ones, grouped-query attention), ring and all-gather,
 // and composed with tensor parallelism (sequence parallel), a pipeline and ZeRO-3 over dp x cp.
 // The ring's bytes per step are the formula's; a checkpoint written at cp 2 resumes at cp 1 and
@@ -63,8 +64,8 @@ class ContextParallelTrain : public ::testing::Test {
            " --train.steps=" + std::to_string(kSteps) +
            " --optim.lr=1e-2 --optim.eps=1e-6 --optim.warmup_steps=1 --data.shuffle=true "
            "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=120 --eval.every=" +
-           std::to_string(kSteps) + " --eval.batches=1 --run.progress=never --train.micro_batch=" +
-           std::to_string(micro_batch) +
+           std::to_string(kSteps) + " --eval.batches=" + std::to_string(4 / micro_batch) +
+           " --run.progress=never --train.micro_batch=" + std::to_string(micro_batch) +
            " --train.grad_accum=" + std::to_string(4 / micro_batch / dp) +
            " --data.train=" + (dir_ / "train.bin").string() +
            " --data.val=" + (dir_ / "val.bin").string() + " --run.dir=" + run.string() +
@@ -100,7 +101,12 @@ class ContextParallelTrain : public ::testing::Test {
     for (size_t s = 0; s < size_t(kSteps); ++s) {
       EXPECT_NEAR(r.loss[s], serial.loss[s], 1e-5 * serial.loss[s]) << "step " << s + 1;
     }
-    testing::expect_same_weights(serial, r, 1e-5);
+    // Blockwise attention is another float32 computation of the same softmax (pieces merged by
+    // their log-sum-exp, probabilities recomputed from it in backward): its gradients are as far
+    // from float64 as the whole model's (tests/model/context_parallel_mpi_main.cc) but not the
+    // same roundings, and four AdamW steps at lr 1e-2 over T = 512 carry that to 0.6-1.6e-5
+    // in the weights (measured), where dp and tp reorderings give 1.6-4.4e-6.
+    testing::expect_same_weights(serial, r, 3e-5);
     const double v = val_loss(serial_name);
     EXPECT_NEAR(val_loss(name), v, 1e-5 * v);
   }
