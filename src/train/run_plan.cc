@@ -102,6 +102,45 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   return p;
 }
 
+void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank) {
+  if (o.memory_limit_gb <= 0) return;
+  auto planned = [&](const TrainOptions& x, int world) {
+    const RunPlan p = plan_run(x, world);
+    return plan::run_memory(plan::run_shape(p.model, p.training, p.layout, p.options, pp_rank));
+  };
+  const double limit = o.memory_limit_gb * 1e9;
+  const plan::RunMemory m = planned(o, world_size);
+  if (m.total() <= limit) return;
+  std::vector<std::string> fits;
+  // Context parallelism divides every per-token buffer by cp (on cp times the ranks, each
+  // sequence split into 2·cp chunks).
+  for (int cp = 2 * o.mesh.cp; cp <= 64 && o.seq_len % (2 * cp) == 0; cp *= 2) {
+    TrainOptions x = o;
+    x.mesh.cp = cp;
+    if (x.recompute == "selective") x.recompute = "none";
+    const double bytes = planned(x, world_size / o.mesh.cp * cp).total();
+    if (bytes <= limit) {
+      fits.push_back(fmt::format("parallel.cp={} on {} ranks ({:.3g} GB per rank)", cp,
+                                 world_size / o.mesh.cp * cp, bytes / 1e9));
+      break;
+    }
+  }
+  if (o.recompute != "full") {
+    TrainOptions x = o;
+    x.recompute = "full";
+    const double bytes = planned(x, world_size).total();
+    if (bytes <= limit) {
+      fits.push_back(fmt::format("train.recompute=full ({:.3g} GB per rank)", bytes / 1e9));
+    }
+  }
+  fail(
+      "[train] this rank's memory by the ledger's plan is {:.3g} GB (activations {:.3g} GB, "
+      "temporaries {:.3g} GB), above run.memory_limit_gb={:g}; {}",
+      m.total() / 1e9, m.activations / 1e9, m.temporaries / 1e9, o.memory_limit_gb,
+      fits.empty() ? std::string("lower train.micro_batch or train.seq_len, or raise the limit")
+                   : "use " + fmt::format("{}", fmt::join(fits, ", or ")));
+}
+
 plan::ClusterSpec run_cluster(int world, double peak_gflops, const plan::MeasuredLink& link,
                               int threads) {
   plan::ClusterSpec c = plan::cluster_preset("cpu");

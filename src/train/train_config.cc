@@ -175,6 +175,11 @@ const std::vector<TrainKey>& train_keys() {
         "machine and thread count, and cached)",
         "[0, 1e9]"},
        into<&O::peak_gflops>()},
+      {{"run.memory_limit_gb", ValueKind::Float, "0",
+        "refuse to start when the memory ledger's plan for a rank (what it allocates) exceeds "
+        "this many GB (1e9 bytes), naming the layouts that fit; 0: no limit",
+        "[0, 1e9]"},
+       into<&O::memory_limit_gb>()},
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
        into<&O::progress>()},

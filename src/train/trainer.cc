@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/gpt_io.h"
+#include "train/run_plan.h"
 
 namespace tetra {
 
@@ -39,6 +40,7 @@ TrainResult Trainer::run() {
 
 void Trainer::setup(const std::string& config_toml) {
   layout_ = std::make_unique<RunLayout>(opt_, world_, backend_);
+  refuse_over_memory_limit(opt_, layout_->world_size(), layout_->pp_rank());
   const int threads = opt_.threads > 0 ? opt_.threads : default_threads();
   backend_.set_threads(threads);
   const Recompute recompute = parse_recompute(opt_.recompute, "train.recompute");

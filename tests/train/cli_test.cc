@@ -115,9 +115,8 @@ TEST_F(TrainCli, TensorParallelSizeMustSplitTheHeadsAndHaveItsRanks) {
 }
 
 // Context parallelism (parallel.cp): each rank holds two chunks of T/(2cp) tokens, dense models
-// only, no expert parallelism; and until the model runs ring attention the trainer refuses cp > 1
-// at setup (refuse_unwired_cp), after every config check has passed.
-TEST_F(TrainCli, ContextParallelSizeIsCheckedAndRefusedUntilWired) {
+// only, no expert parallelism, no selective recomputation or bf16; a single process has one rank.
+TEST_F(TrainCli, ContextParallelSizeIsChecked) {
   EXPECT_REFUSED(tetra(base() + " --parallel.cp=0"),
                  "'parallel.cp' must be an integer in [1, 1048576], got '0'");
   EXPECT_REFUSED(tetra(base() + " --parallel.cp=3"),
@@ -130,9 +129,26 @@ TEST_F(TrainCli, ContextParallelSizeIsCheckedAndRefusedUntilWired) {
   EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4 --parallel.ep=2"),
                  "[config] parallel.cp=2 with parallel.ep=2: context parallelism does not combine "
                  "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --train.recompute=selective"),
+                 "[config] parallel.cp=2 with train.recompute=selective: context-parallel "
+                 "attention keeps only each row's log-sum-exp");
   EXPECT_REFUSED(tetra(base() + " --parallel.cp=2"),
-                 "[train] parallel.cp=2: this trainer's model has no ring attention, so it cannot "
-                 "split sequences over cp ranks; train with parallel.cp=1");
+                 "[train] parallel.cp=2 needs 2 ranks but this is a single process; run it as "
+                 "`tetra launch -n 2 -- train ...`");
+}
+
+// run.memory_limit_gb: a run the ledger plans above the limit is refused before anything is
+// allocated or written, naming what fits.
+TEST_F(TrainCli, MemoryLimitRefusesWithWhatFits) {
+  const std::string longer = base() + " --model.max_seq=256 --train.seq_len=256";
+  EXPECT_REFUSED(tetra(longer + " --run.memory_limit_gb=0.01"),
+                 "is 0.015 GB (activations 0.00896 GB, temporaries 0.00551 GB), above "
+                 "run.memory_limit_gb=0.01; use parallel.cp=2 on 2 ranks (0.00467 GB per rank), or "
+                 "train.recompute=full (0.00899 GB per rank)");
+  EXPECT_REFUSED(tetra(longer + " --run.memory_limit_gb=0.003"),
+                 "use parallel.cp=4 on 4 ranks (0.00256 GB per rank)");
+  EXPECT_REFUSED(tetra(base() + " --run.memory_limit_gb=1e-6"),
+                 "above run.memory_limit_gb=1e-06; lower train.micro_batch or train.seq_len");
 }
 
 TEST_F(TrainCli, TokenIdBeyondVocabIsRefused) {

@@ -195,6 +195,24 @@ TEST_F(ContextParallelTrain, CheckpointsReshardAcrossCp) {
   }
 }
 
+// A sequence length whose activations exceed run.memory_limit_gb on one rank trains at cp 4: the
+// ledger's plan (what the trainer allocates, checked before anything is) divides by cp what the
+// split divides, and attention keeps T/cp log-sum-exp values per head where the whole sequence
+// kept T x T probabilities.
+TEST_F(ContextParallelTrain, TooLongForOneRankTrainsAtCp4) {
+  const std::string limit = " --run.memory_limit_gb=0.05";
+  const Ran one = run_command(tetra_command(1, args("mem_cp1", 1, 4, limit)));
+  EXPECT_NE(one.code, 0);
+  EXPECT_NE(one.output.find("above run.memory_limit_gb=0.05; use parallel.cp=2 on 2 ranks"),
+            std::string::npos)
+      << one.output;
+  EXPECT_FALSE(fs::exists(dir_ / "mem_cp1" / "metrics.jsonl")) << "nothing is trained";
+  const LayoutRun four = train(4, 1, 4, "mem_cp4", "--parallel.cp=4" + limit);
+  ASSERT_EQ(four.code, 0) << four.output;
+  const double peak = records("mem_cp4").back()["mem_activations"].get<double>();
+  EXPECT_LT(peak, 0.05e9);
+}
+
 TEST_F(ContextParallelTrain, LayoutsThatCannotWorkAreRefusedWithWhatWould) {
   struct Bad {
     int ranks;
