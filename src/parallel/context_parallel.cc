@@ -1,7 +1,6 @@
 #include "parallel/context_parallel.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -40,8 +39,8 @@ void CpSplit::take(V* local, const V* full, int B, int width) const {
   for (int b = 0; b < B; ++b) {
     const V* seq = full + size_t(b) * size_t(T_) * size_t(width);
     V* out = local + size_t(b) * 2 * c;
-    std::memcpy(out, seq + size_t(chunk_of(rank_, 0, cp_)) * c, c * sizeof(V));
-    std::memcpy(out + c, seq + size_t(chunk_of(rank_, 1, cp_)) * c, c * sizeof(V));
+    std::copy_n(seq + size_t(chunk_of(rank_, 0, cp_)) * c, c, out);
+    std::copy_n(seq + size_t(chunk_of(rank_, 1, cp_)) * c, c, out + c);
   }
 }
 
@@ -51,8 +50,8 @@ void CpSplit::put(V* full, const V* local, int B, int width) const {
   for (int b = 0; b < B; ++b) {
     V* seq = full + size_t(b) * size_t(T_) * size_t(width);
     const V* in = local + size_t(b) * 2 * c;
-    std::memcpy(seq + size_t(chunk_of(rank_, 0, cp_)) * c, in, c * sizeof(V));
-    std::memcpy(seq + size_t(chunk_of(rank_, 1, cp_)) * c, in + c, c * sizeof(V));
+    std::copy_n(in, c, seq + size_t(chunk_of(rank_, 0, cp_)) * c);
+    std::copy_n(in + c, c, seq + size_t(chunk_of(rank_, 1, cp_)) * c);
   }
 }
 
@@ -229,8 +228,8 @@ void ContextAttention<F>::forward(F* out, F* saved, const F* qkv, const Attentio
   const Scratch w = carve(scratch, s);
   const int64_t rows = int64_t(s.B) * s.T, P = 2 * int64_t(s.kv_width());
   // Nothing merged yet: every row's log-sum-exp is -inf.
-  std::vector<F> none(saved_elements(s), -std::numeric_limits<F>::infinity());
-  backend_->device().from_host(saved, none.data(), none.size() * sizeof(F));
+  none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
+  backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   if (variant_ == CpAttention::ring) {
     k_->copy_rows(w.kv[0], P, qkv + s.C, s.width(), rows, P);  // this rank's k | v, packed

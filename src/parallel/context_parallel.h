@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "kernels/backend.h"
@@ -63,7 +64,8 @@ class CpSplit {
       r += n;
     }
   }
-  /** Copies this rank's rows of B sequences: local (B, 2c, width) from full (B, T, width). */
+  /** Copies this rank's rows of B sequences: local (B, 2c, width) from full (B, T, width). Host
+   *  memory: the token ids and targets a rank feeds its model. */
   template <typename V>
   void take(V* local, const V* full, int B, int width = 1) const;
   /** The inverse: this rank's rows of full (B, T, width) from local (B, 2c, width). */
@@ -137,6 +139,7 @@ class ContextAttention {
   CpAttention variant_;
   int cp_ = 1, rank_ = 0;
   CpCounters counters_;
+  std::vector<F> none_;  // -inf, the log-sum-exp of no block, copied into forward's saved state
 };
 
 }  // namespace tetra::parallel

@@ -42,7 +42,8 @@ class RunLayout {
   int pp_size() const { return pp_size_; }
   int pp_rank() const { return pp_rank_; }
   const comm::Communicator& world() const { return world_; }
-  const comm::Communicator& dp() const { return dp_; }  // invalid for a single process
+  // The dp x cp replica group (dp_size() ranks); invalid for a single process.
+  const comm::Communicator& dp() const { return dp_; }
   const comm::Communicator& pp() const { return pp_; }  // invalid for a single process
   /** The first and last pipeline stage's group, which hold the tied wte (invalid elsewhere). */
   const comm::Communicator& embedding() const { return embedding_; }

@@ -30,21 +30,25 @@ Layout cp_layout(int64_t cp, int64_t dp = 1) {
   return l;
 }
 
-// The seeds' ledger: activations (every layer's per-token bytes, the logits) are exactly 1/cp;
-// ZeRO-1's optimizer shard is over dp * cp ranks, so dp 2 x cp 2 holds what dp 4 does.
+// The seeds' ledger: activations (every layer's per-token bytes, the logits) are exactly 1/cp with
+// a flash kernel; with a materialized one cp also drops the T x T scores, since the split's
+// attention is blockwise. ZeRO-1's optimizer shard is over dp * cp ranks, so dp 2 x cp 2 holds
+// what dp 4 does.
 TEST(ContextParallel, LedgerActivationsScaleByOneOverCp) {
   const ModelSpec m = small_model();
-  for (Attention a : {Attention::flash, Attention::materialized}) {
-    TrainingSpec t;
-    t.attention = a;
-    const MemoryBreakdown one = memory_per_device(m, t, cp_layout(1));
-    for (int64_t cp : {2, 4}) {
-      SCOPED_TRACE(cp);
-      const MemoryBreakdown split = memory_per_device(m, t, cp_layout(cp));
-      EXPECT_DOUBLE_EQ(split.activations * double(cp), one.activations);
-      EXPECT_DOUBLE_EQ(split.params, one.params);
-    }
+  TrainingSpec flash, materialized;
+  flash.attention = Attention::flash;
+  materialized.attention = Attention::materialized;
+  const MemoryBreakdown one = memory_per_device(m, flash, cp_layout(1));
+  for (int64_t cp : {2, 4}) {
+    SCOPED_TRACE(cp);
+    const MemoryBreakdown split = memory_per_device(m, flash, cp_layout(cp));
+    EXPECT_DOUBLE_EQ(split.activations * double(cp), one.activations);
+    EXPECT_DOUBLE_EQ(split.params, one.params);
+    EXPECT_DOUBLE_EQ(memory_per_device(m, materialized, cp_layout(cp)).activations,
+                     split.activations);
   }
+  EXPECT_GT(memory_per_device(m, materialized, cp_layout(1)).activations, one.activations);
   const TrainingSpec t;
   const MemoryBreakdown dp2cp2 = memory_per_device(m, t, cp_layout(2, 2));
   const MemoryBreakdown dp4 = memory_per_device(m, t, cp_layout(1, 4));
@@ -53,23 +57,29 @@ TEST(ContextParallel, LedgerActivationsScaleByOneOverCp) {
   EXPECT_LT(dp2cp2.optimizer, memory_per_device(m, t, cp_layout(1, 2)).optimizer);
 }
 
-// tetra's own ledger (run_memory): its activations and backward temporaries are per token (the
-// attention state T/cp queries x T keys), so exactly 1/cp; its flat layout pads and shards over
-// dp * cp.
+// tetra's own ledger (run_memory): every per-token buffer is exactly 1/cp. Attention's saved state
+// becomes each local row's log-sum-exp (B·NH·T/cp per layer) where the CPU kernel kept the T x T
+// probabilities and a flash one the log-sum-exp of all T rows; the flat layout pads and shards
+// over dp * cp.
 TEST(ContextParallel, RunMemoryPerTokenCategoriesScaleByOneOverCp) {
   const ModelSpec m = small_model();
   TrainingSpec t;
   t.precision = Precision::Fp32;
+  const double L = double(m.layers), B = 2, NH = double(m.heads), T = double(m.seq), f32 = 4;
   for (bool flash : {false, true}) {
+    SCOPED_TRACE(flash);
     RunOptions o;
     o.flash_attention = flash;
     const RunMemory one = run_memory(run_shape(m, t, cp_layout(1), o));
+    // Held per layer and micro-batch in flight (1F1B on one stage keeps one).
+    const double state_one = L * B * NH * T * (flash ? 1.0 : T) * f32;
     for (int64_t cp : {2, 4}) {
       SCOPED_TRACE(cp);
       const RunMemory split = run_memory(run_shape(m, t, cp_layout(cp), o));
-      EXPECT_DOUBLE_EQ(split.activations * double(cp), one.activations);
-      EXPECT_DOUBLE_EQ(split.temporaries * double(cp), one.temporaries);
+      const double lse = L * B * NH * T / double(cp) * f32;
+      EXPECT_DOUBLE_EQ(split.activations, (one.activations - state_one) / double(cp) + lse);
       EXPECT_DOUBLE_EQ(split.params, one.params);
+      EXPECT_LT(split.temporaries, one.temporaries);
     }
   }
   const RunShape dp2cp2 = run_shape(m, t, cp_layout(2, 2));
