@@ -15,11 +15,11 @@
 //
 //   cp_split_bench [--threads 1,2] [--reps 7] [--T 1024,2048] [--cp 2,4]
 //
-// Each rank's time is the median of --reps timed calls after one warm-up call. "idle" is the share
-// of the step a rank waits for the slowest one, 1 − ms / max ms, with the block model's prediction
-// beside it; "step" is the max over ranks and "contig/bal" the ratio of the two splits' steps
-// (predicted (4cp−2)/(2cp)). Busy machines read noisy: the 1-minute load average is printed before
-// each table.
+// Each rank's time is the median of --reps timed calls after one warm-up call, the ranks and splits
+// of a shape taking turns. "idle" is the share of the step a rank waits for the slowest one,
+// 1 − ms / max ms, with the block model's prediction beside it; "step" is the max over ranks and
+// "contig/bal" the ratio of the two splits' steps (predicted (4cp−2)/(2cp)). Busy machines read
+// noisy: the 1-minute load average is printed after each table's timing.
 #include <omp.h>
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -50,18 +51,25 @@ std::vector<int> split_ints(const std::string& s) {
   return out;
 }
 
-template <typename Fn>
-double median_ms(Fn fn, int reps) {
+double elapsed_ms(const std::function<void()>& fn) {
+  const auto a = std::chrono::steady_clock::now();
   fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto a = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count();
+}
+
+// The median time of each of `fns` over `reps` rounds after one warm-up call each; a round calls
+// every one once, so that a busy machine's slow spells fall on all of them alike.
+std::vector<double> median_ms(const std::vector<std::function<void()>>& fns, int reps) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> t(fns.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < fns.size(); ++i) t[i].push_back(elapsed_ms(fns[i]));
+  std::vector<double> out;
+  for (std::vector<double>& v : t) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return out;
 }
 
 double load_average() {
@@ -167,14 +175,17 @@ void compare(int threads, const Head& h, int T, int cp, int reps) {
   const int B = 1, C = h.NH * h.hs;
   RankBuffers buf(B, T / cp, C, h.NH, cp);
   const Split splits[2] = {Split::balanced, Split::contiguous};
+  std::vector<std::function<void()>> calls;
+  for (const Split s : splits)
+    for (int r = 0; r < cp; ++r) calls.push_back([&buf, s, r] { buf.step(s, r); });
+  const std::vector<double> all = median_ms(calls, reps);
   std::vector<double> ms[2];
   double step[2], model_max[2];
   for (int s = 0; s < 2; ++s) {
+    ms[s].assign(all.begin() + s * cp, all.begin() + (s + 1) * cp);
     model_max[s] = 0;
-    for (int r = 0; r < cp; ++r) {
-      ms[s].push_back(median_ms([&] { buf.step(splits[s], r); }, reps));
+    for (int r = 0; r < cp; ++r)
       model_max[s] = std::max(model_max[s], model_blocks(splits[s], r, cp));
-    }
     step[s] = *std::max_element(ms[s].begin(), ms[s].end());
   }
   std::printf(
