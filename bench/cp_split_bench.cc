@@ -206,6 +206,7 @@ void compare(int threads, const Head& h, int T, int cp, int reps) {
       "step (max over ranks): balanced %.2f ms, contiguous %.2f ms; contig/bal %.2fx "
       "(model %.2fx)\n",
       step[0], step[1], step[1] / step[0], model_max[1] / model_max[0]);
+  std::fflush(stdout);
 }
 
 }  // namespace
