@@ -22,10 +22,10 @@ long sequences, T = 1024 and 2048, in one run. Two tables:
                                        [--repeats 3] [--T 1024,2048] [--json out.json]
 
 Timings are medians over the steps after --warmup, then over --repeats runs of each throughput
-variant (the variants taking turns; min-max is the spread of tokens/s over those runs); about 5
-minutes on 2 cores. Ranks share the machine's cores (mpirun
---oversubscribe --bind-to none) and other work: the CPU and the 1-minute load average before and
-after each table are printed with it, and a busy machine shows in the step times first.
+variant (the variants taking turns; min-max is the spread of tokens/s over those runs); about 4
+minutes on 2 cores. Ranks share the machine's cores (mpirun --oversubscribe --bind-to none) and
+other work: the CPU and the 1-minute load average before and after each table are printed with
+it, and a busy machine shows in the step times first.
 """
 import argparse
 import json
