@@ -66,20 +66,28 @@ TEST(ContextParallel, RunMemoryPerTokenCategoriesScaleByOneOverCp) {
   TrainingSpec t;
   t.precision = Precision::Fp32;
   const double L = double(m.layers), B = 2, NH = double(m.heads), T = double(m.seq), f32 = 4;
+  const double KV = double(m.d_model);  // GPT-2: as many key/value columns as query ones
   for (bool flash : {false, true}) {
     SCOPED_TRACE(flash);
     RunOptions o;
     o.flash_attention = flash;
     const RunMemory one = run_memory(run_shape(m, t, cp_layout(1), o));
-    // Held per layer and micro-batch in flight (1F1B on one stage keeps one).
-    const double state_one = L * B * NH * T * (flash ? 1.0 : T) * f32;
+    // Attention's state per layer and micro-batch in flight (one, on one stage), and in backward
+    // its saved state and scratch once: the probabilities (or a flash kernel's log-sum-exp) at
+    // cp = 1.
+    const double state_one = B * NH * T * (flash ? 1.0 : T) * f32;
     for (int64_t cp : {2, 4}) {
       SCOPED_TRACE(cp);
       const RunMemory split = run_memory(run_shape(m, t, cp_layout(cp), o));
-      const double lse = L * B * NH * T / double(cp) * f32;
-      EXPECT_DOUBLE_EQ(split.activations, (one.activations - state_one) / double(cp) + lse);
+      const double Tl = T / double(cp), c = Tl / 2, lse = B * NH * Tl * f32;
+      EXPECT_DOUBLE_EQ(split.activations, (one.activations - L * state_one) / double(cp) + L * lse);
+      // The ring's scratch: the local rows' packed K|V six times, the delta rows, and on the CPU
+      // one c x c block's scores and probabilities.
+      const double ring =
+          (6 * B * Tl * 2 * KV + B * Tl * NH + (flash ? 0.0 : 2 * B * NH * c * c)) * f32;
+      EXPECT_DOUBLE_EQ(split.temporaries,
+                       (one.temporaries - 2 * state_one) / double(cp) + lse + ring);
       EXPECT_DOUBLE_EQ(split.params, one.params);
-      EXPECT_LT(split.temporaries, one.temporaries);
     }
   }
   const RunShape dp2cp2 = run_shape(m, t, cp_layout(2, 2));
