@@ -285,8 +285,7 @@ TEST_F(PlanVsRunLlama, ContextParallel) {
   check(2, "llama_cp_ring", "--parallel.cp=2", {"cp"});
   check(2, "llama_cp_all_gather", "--parallel.cp=2 --cp.attention=all_gather", {"cp"});
   check(4, "llama_cp2_dp2_zero3_full",
-        "--parallel.cp=2 --zero.stage=3 --train.recompute=full --train.grad_accum=2",
-        {"cp", "dp"});
+        "--parallel.cp=2 --zero.stage=3 --train.recompute=full --train.grad_accum=2", {"cp", "dp"});
   check(4, "llama_cp2_tp2_sp", "--parallel.cp=2 --parallel.tp=2 --tp.sequence_parallel=true",
         {"cp", "tp", "dp"});
 }
