@@ -89,6 +89,30 @@ struct AttentionShape {
   int64_t width() const { return int64_t(C) + 2 * int64_t(kv_width()); }  // W: a row of qkv
 };
 
+/** Rows of a (B, T, ·) activation inside a larger buffer: element (b, t, j) is
+ *  p[b·batch + t·row + j]. Blockwise attention reads its chunks of q, k and v, and writes its
+ *  outputs, through these, so a chunk of a fused qkv buffer or of a received key/value block is
+ *  addressed where it lies. */
+template <typename P>
+struct Rows {
+  P* p = nullptr;
+  int64_t row = 0, batch = 0;
+};
+
+/** One block of blockwise (ring) attention, context parallelism (docs/context_parallel.md): the
+ *  Tq queries of one chunk of each of B sequences against the Tk keys and values of another chunk
+ *  of the same sequences. C, NH and KVH as in AttentionShape (this rank's heads): q rows are
+ *  (NH, hs), k and v rows (KVH, hs), hs = C/NH, query head h reads key/value head h / (NH/KVH).
+ *  causal: the two chunks are the same positions (Tq == Tk) and key j is visible to query i iff
+ *  j <= i; otherwise every key is visible (a chunk wholly before the queries). The scale is
+ *  1/sqrt(hs), as attention_forward's. */
+struct AttentionBlock {
+  int B = 0, Tq = 0, Tk = 0, C = 0, NH = 0, KVH = 0;
+  bool causal = false;
+  int kv_heads() const { return KVH > 0 ? KVH : NH; }
+  int head_size() const { return C / NH; }
+};
+
 /** A contiguous run [offset, offset + count) of a flat buffer. */
 struct FlatRange {
   size_t offset = 0, count = 0;
@@ -182,6 +206,28 @@ class Kernels {
    *  query attends to cached positions 0..its own. out (B,T,C). */
   virtual void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scratch, int pos0,
                                 const AttentionShape& s, int maxT) = 0;
+
+  // ---- blockwise attention (context parallelism: a sequence's chunks on several ranks) --------
+  // A query chunk's attention is the online-softmax merge of its blocks against every key chunk
+  // it can see, in any order; backward needs only the merged output and log-sum-exp.
+  /** Elements of the scratch the two calls below take for block b. */
+  virtual size_t attention_block_scratch_elements(const AttentionBlock& b) const = 0;
+  /** Merges block b into a running result: out rows (B,Tq,C) and lse rows (B,Tq,NH) hold the
+   *  normalised output and the per-head row log-sum-exp (of the scaled scores) of the blocks merged
+   *  so far (lse = -inf everywhere: none yet, out's values ignored); afterwards, of those blocks
+   *  and b. q rows (B,Tq,C); k and v rows (B,Tk,KVH·hs). */
+  virtual void attention_block_forward(Rows<F> out, Rows<F> lse, Rows<const F> q, Rows<const F> k,
+                                       Rows<const F> v, const AttentionBlock& b, F* scratch) = 0;
+  /** delta rows (B,Tq,NH) = per head, the dot product of dout and out over its hs channels:
+   *  the softmax backward's row term, computed once per query chunk. */
+  virtual void attention_block_delta(Rows<F> delta, Rows<const F> dout, Rows<const F> out,
+                                     const AttentionBlock& b) = 0;
+  /** Backward of block b given the merged out's dout, delta and lse: dq rows (B,Tq,C), dk and dv
+   *  rows (B,Tk,KVH·hs) accumulate this block's share of their gradients. */
+  virtual void attention_block_backward(Rows<F> dq, Rows<F> dk, Rows<F> dv, Rows<const F> dout,
+                                        Rows<const F> delta, Rows<const F> lse, Rows<const F> q,
+                                        Rows<const F> k, Rows<const F> v, const AttentionBlock& b,
+                                        F* scratch) = 0;
 
   // ---- element-wise (GELU is the tanh form, GPT-2's gelu_new) ---------------------------------
   /** SwiGLU (Llama's MLP): out (N) = silu(gate) · up, silu(x) = x · sigmoid(x). */

@@ -9,12 +9,16 @@
 namespace tetra {
 
 template <typename F>
-AttentionSizes AttentionSizes::of(Kernels<F>& k, const GptConfig& c, int B, int T) {
+AttentionSizes AttentionSizes::of(Kernels<F>& k, const GptConfig& c, int B, int T,
+                                  const parallel::ContextAttention<F>* cp) {
   const AttentionShape shape = c.attention(B, T);
+  if (cp && cp->cp() > 1) return {cp->saved_elements(shape), cp->scratch_elements(shape)};
   return {k.attention_saved_elements(shape), k.attention_scratch_elements(shape)};
 }
-template AttentionSizes AttentionSizes::of<float>(Kernels<float>&, const GptConfig&, int, int);
-template AttentionSizes AttentionSizes::of<double>(Kernels<double>&, const GptConfig&, int, int);
+template AttentionSizes AttentionSizes::of<float>(Kernels<float>&, const GptConfig&, int, int,
+                                                  const parallel::ContextAttention<float>*);
+template AttentionSizes AttentionSizes::of<double>(Kernels<double>&, const GptConfig&, int, int,
+                                                   const parallel::ContextAttention<double>*);
 
 template <typename F>
 size_t BlockActs<F>::elements(const GptConfig& c, int B, int T, size_t saved, const MoeShape* moe) {
@@ -225,11 +229,13 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
   if (c_.llama()) {
     k_proj_->forward(a.qkv + shape.C, a.ln1, BT);
     v_proj_->forward(a.qkv + shape.C + shape.kv_width(), a.ln1, BT);
-    k.rope(a.qkv, shape, pos0, c_.rope_theta, /*inverse=*/false);
+    rope(a.qkv, shape, pos0, /*inverse=*/false);
   }
   if (cache) {
     k.attention_decode(a.atty, a.qkv, cache->keys, cache->values, cache->scratch, pos0, shape,
                        c_.max_seq);
+  } else if (context_parallel()) {
+    env_.cp->forward(a.atty, a.attn, a.qkv, shape, attn_scratch_);
   } else {
     k.attention_forward(a.atty, a.attn, a.qkv, shape, env_.bf16);
   }
@@ -247,6 +253,25 @@ void BlockT<F>::forward(const F* x, F* y, const BlockActs<F>& a, int B, int T,
     c_fc_.forward_gelu(a.fch_gelu, a.fch, a.ln2, BT);
   }
   mlp_proj_.forward(y, a.residual2, a.fch_gelu, BT, tmp);
+}
+
+template <typename F>
+void BlockT<F>::rope(F* qkv, const AttentionShape& shape, int pos0, bool inverse) {
+  Kernels<F>& k = env_.kernels();
+  if (!context_parallel()) {
+    k.rope(qkv, shape, pos0, c_.rope_theta, inverse);
+    return;
+  }
+  TETRA_CHECK(pos0 == 0, "[model] internal: context-parallel rotary embedding at position {}",
+              pos0);
+  const int64_t W = shape.width();
+  env_.cp->split(shape.T).for_each_run(0, int64_t(shape.B) * shape.T,
+                                       [&](int64_t r, int pos, int64_t n) {
+                                         AttentionShape run = shape;
+                                         run.B = 1;
+                                         run.T = int(n);
+                                         k.rope(qkv + r * W, run, pos, c_.rope_theta, inverse);
+                                       });
 }
 
 template <typename F>
@@ -309,12 +334,17 @@ void BlockT<F>::backward(F* dres, const F* x, const BlockActs<F>& a, const Block
   attn_proj_.backward(s.datty, dres, a.atty, BT, s.full);
   const AttentionShape shape = c_.attention(B, T);
   const F* saved = a.attn;
-  if (!saved) {
-    k.attention_recompute(s.attn_saved, a.qkv, shape, env_.bf16);
-    saved = s.attn_saved;
+  if (context_parallel()) {
+    TETRA_CHECK(saved, "[model] internal: context-parallel attention without its log-sum-exp");
+    env_.cp->backward(s.dqkv, s.datty, a.qkv, a.atty, saved, shape, s.attn_scratch);
+  } else {
+    if (!saved) {
+      k.attention_recompute(s.attn_saved, a.qkv, shape, env_.bf16);
+      saved = s.attn_saved;
+    }
+    k.attention_backward(s.dqkv, s.attn_scratch, s.datty, a.qkv, a.atty, saved, shape, env_.bf16);
   }
-  k.attention_backward(s.dqkv, s.attn_scratch, s.datty, a.qkv, a.atty, saved, shape, env_.bf16);
-  if (c_.llama()) k.rope(s.dqkv, shape, 0, c_.rope_theta, /*inverse=*/true);
+  if (c_.llama()) rope(s.dqkv, shape, 0, /*inverse=*/true);
   c_attn_.backward(s.dln, s.dqkv, a.ln1, BT);
   if (c_.llama()) {
     k_proj_->backward(s.dln, s.dqkv + shape.C, a.ln1, BT, /*accumulate=*/true);

@@ -32,8 +32,10 @@ namespace tetra {
  *  what forward saves for backward, backward's scratch, and decoding's scratch. */
 struct AttentionSizes {
   size_t saved = 0, scratch = 0;
+  /** The backend's attention, or context-parallel attention across `cp` (null: none). */
   template <typename F>
-  static AttentionSizes of(Kernels<F>& k, const GptConfig& c, int B, int T);
+  static AttentionSizes of(Kernels<F>& k, const GptConfig& c, int B, int T,
+                           const parallel::ContextAttention<F>* cp = nullptr);
 };
 
 /** What one micro-batch's forward through a block leaves for backward. Pointers into memory the
@@ -114,8 +116,12 @@ class BlockT {
   int layer() const { return layer_; }
   /** The MoE MLP; null in a dense block. */
   MoeMlp<F>* moe() { return moe_.get(); }
-  /** Scratch for a MoE block's forward under expert parallelism (the model's BlockScratch's). */
-  void set_moe_scratch(const MoeScratch<F>& s) { moe_scratch_ = s; }
+  /** The model's BlockScratch, parts of which forward uses too: a MoE block's under expert
+   *  parallelism, context-parallel attention's (attn_scratch). */
+  void set_forward_scratch(const BlockScratch<F>& s) {
+    moe_scratch_ = s.moe;
+    attn_scratch_ = s.attn_scratch;
+  }
 
  private:
   // The block's tensors, registered before the layers that use them are built. GPT-2: c_attn is
@@ -129,6 +135,11 @@ class BlockT {
   static Ids register_tensors(const GptConfig& c, int layer, const parallel::LayerEnv<F>& env);
   static Ids register_llama(const GptConfig& c, int layer, const parallel::LayerEnv<F>& env);
   void moe_forward(F* y, const BlockActs<F>& a, int B, int T, F* tmp, BlockPass pass);
+  // Whether attention runs across a context-parallel group.
+  bool context_parallel() const { return env_.cp && env_.cp->cp() > 1; }
+  // The rotary embedding of qkv (B,T,W) at positions pos0.. (or, under context parallelism, this
+  // rank's positions); inverse for the gradient.
+  void rope(F* qkv, const AttentionShape& shape, int pos0, bool inverse);
   void moe_backward(F* dln, const F* dres, const BlockActs<F>& a, const BlockScratch<F>& s, int B,
                     int T, float loss_scale);
 
@@ -143,6 +154,7 @@ class BlockT {
   parallel::NormGradSum<F> norm_grads_;
   std::unique_ptr<MoeMlp<F>> moe_;
   MoeScratch<F> moe_scratch_;
+  F* attn_scratch_ = nullptr;
 };
 
 }  // namespace tetra

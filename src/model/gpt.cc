@@ -12,7 +12,7 @@ namespace tetra {
 template <typename F>
 GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
               Recompute r, MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part,
-              parallel::ExpertParallel* ep)
+              parallel::ExpertParallel* ep, parallel::ContextAttention<F>* cp)
     : backend_(backend),
       k_(backend.kernels<F>()),
       config_(config),
@@ -24,6 +24,7 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
       tp_(tp ? tp : &own_tp_),
       own_ep_(backend),
       ep_(ep ? ep : &own_ep_),
+      cp_(cp && cp->cp() > 1 ? cp : nullptr),
       part_(std::move(part)) {
   Device& device = backend.device();
   TETRA_CHECK(&store.device() == &device && &tp_->backend() == &backend,
@@ -37,10 +38,16 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
               "[model] internal: a model shaped for ep={} on an expert-parallel group of {}",
               config.moe.ep, ep_->size());
   TETRA_CHECK(B > 0, "[model] micro-batch must be positive (got {})", B);
-  TETRA_CHECK(T > 0 && T <= config.max_seq,
+  TETRA_CHECK(!cp_ || (&cp_->backend() == &backend && r != Recompute::selective && T % 2 == 0 &&
+                       config.moe.experts == 0),
+              "[model] internal: context parallelism with recompute {}, {} local tokens, {} "
+              "experts or on another backend",
+              int(r), T, config.moe.experts);
+  const int whole_T = T * (cp_ ? cp_->cp() : 1);  // under context parallelism T is a share
+  TETRA_CHECK(T > 0 && whole_T <= config.max_seq,
               "[model] sequence length {} must be in 1..model.max_seq={}; raise model.max_seq or "
               "lower train.seq_len",
-              T, config.max_seq);
+              whole_T, config.max_seq);
   TETRA_CHECK(
       !config.sequence_parallel || (int64_t(B) * T) % config.tp == 0,
       "[model] tp.sequence_parallel splits the B*T = {}*{} = {} token rows of a micro-batch "
@@ -57,7 +64,7 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
                 "model",
                 c, k.first, k.end, k.slots, L);
   }
-  attention_ = AttentionSizes::of(k_, config, B, T);
+  attention_ = AttentionSizes::of(k_, config, B, T, cp_);
   if (config.bf16) {
     const std::string unsupported = backend.bf16_unsupported();
     TETRA_CHECK(unsupported.empty(), "[model] {}", unsupported);
@@ -75,7 +82,7 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     bf16_ = std::make_unique<Bf16Operands>(device, elements + 32,
                                            MemTag{ledger, MemCategory::temporaries});
   }
-  const parallel::LayerEnv<F> env{store, *tp_, bf16_.get()};
+  const parallel::LayerEnv<F> env{store, *tp_, bf16_.get(), cp_};
   // Units in backward order: a head without the embedding (its backward comes first: its copy of
   // the tied wte, then ln_f), the chunks from last to first with their blocks from last to first,
   // then the embedding — wte and the root (wpe; with wte and ln_f when the head is here too, the
@@ -193,7 +200,7 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     work_out_ = take(BTC);
   }
   for (auto& block : blocks_) {
-    if (block) block->set_moe_scratch(scratch_.moe);
+    if (block) block->set_forward_scratch(scratch_);
   }
 }
 
@@ -346,11 +353,11 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
   const bool root_next = ch.embedding && !ch.head;
   for (int i = n - 1; i >= 0; --i) {
     before_backward_block(ch.first + i, i > 0 ? unit(i - 1) : (root_next ? root_unit_ : -1));
-    const BlockActs<F> saved = saved_acts(s, ch.first, i);
+    BlockActs<F> saved = saved_acts(s, ch.first, i);
     if (recompute_ == Recompute::full) {
-      BlockActs<F> a = saved;
-      a.attn = scratch_.attn_saved;
-      blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], work_out_, a, B_, T_, nullptr, 0,
+      // The block's forward again, attention's saved state included: backward reads it.
+      saved.attn = scratch_.attn_saved;
+      blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], work_out_, saved, B_, T_, nullptr, 0,
                                              scratch_.full, BlockPass::recompute);
     }
     blocks_[size_t(ch.first + i)]->backward(dres_, s.x[size_t(i)], saved, scratch_, B_, T_,

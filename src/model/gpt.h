@@ -52,11 +52,13 @@ class GptT {
    *  charged to `ledger`. `tp` is the tensor-parallel group of config.tp ranks (null: one rank),
    *  `ep` the expert-parallel group of config.moe.ep ranks (null: one rank); they must outlive
    *  the model. A MoE block's experts are a unit of their own ("h.<N>.experts", in the store's
-   *  expert shard group) just before the block's. */
+   *  expert shard group) just before the block's. `cp` is context-parallel attention across
+   *  config.cp ranks (null: one rank): T is then this rank's T/cp tokens of every sequence, and
+   *  inputs and targets are those tokens (parallel::CpSplit). */
   GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
        Recompute r = Recompute::none, MemoryLedger* ledger = nullptr,
        parallel::TensorParallel* tp = nullptr, GptPart part = {},
-       parallel::ExpertParallel* ep = nullptr);
+       parallel::ExpertParallel* ep = nullptr, parallel::ContextAttention<F>* cp = nullptr);
 
   /** The residency manager the model reports to (null: every unit is always resident). */
   void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
@@ -205,6 +207,7 @@ class GptT {
   parallel::TensorParallel* tp_;
   parallel::ExpertParallel own_ep_;  // one rank, when none is given
   parallel::ExpertParallel* ep_;
+  parallel::ContextAttention<F>* cp_;
 
   // Mixed precision (config.bf16): the bf16 copies of a product's operands, charged to the ledger
   // as temporaries; null in fp32.

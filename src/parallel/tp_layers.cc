@@ -250,15 +250,33 @@ void VocabParallelEmbedding<F>::forward(F* out, const int32_t* tokens, int B, in
   ParamStoreT<F>& s = env_.store;
   Kernels<F>& k = env_.kernels();
   const F* wpe = wpe_ >= 0 ? s.param(wpe_) : nullptr;
+  // Under context parallelism the rows' positions come in runs (a chunk each), added run by run.
+  const bool runs = wpe && env_.cp && env_.cp->cp() > 1;
+  TETRA_CHECK(!runs || pos0 == 0, "[model] internal: a context-parallel embedding at position {}",
+              pos0);
+  auto add_positions = [&](F* rows_out, int64_t first, int64_t rows) {
+    if (!runs) {
+      k.add_positions(rows_out, wpe, first, rows, T, C_);
+      return;
+    }
+    const parallel::CpSplit split = env_.cp->split(T);
+    split.for_each_run(first, rows, [&](int64_t r, int pos, int64_t n) {
+      k.add_positions(rows_out + (r - first) * C_, wpe, pos, n, split.T(), C_);
+    });
+  };
+  const int64_t BT = int64_t(B) * T;
   if (tp.size() == 1) {
-    k.embedding_forward(out, tokens, s.param(wte_), wpe, B, T, C_, pos0, 0, 0);
+    k.embedding_forward(out, tokens, s.param(wte_), runs ? nullptr : wpe, B, T, C_, pos0, 0, 0);
+    if (runs) add_positions(out, 0, BT);
     return;
   }
-  const size_t BTC = size_t(B) * T * C_;
+  const size_t BTC = size_t(BT) * C_;
   const int v0 = tp.rank() * Vl_;
   if (!tp.sequence_parallel()) {  // wpe once, then the sum of every rank's lookups
-    k.embedding_forward(out, tokens, s.param(wte_), tp.rank() == 0 ? wpe : nullptr, B, T, C_, pos0,
+    const bool here = tp.rank() == 0 && wpe;
+    k.embedding_forward(out, tokens, s.param(wte_), here && !runs ? wpe : nullptr, B, T, C_, pos0,
                         v0, Vl_);
+    if (here && runs) add_positions(out, 0, BT);
     tp.all_reduce(out, BTC);
     return;
   }
@@ -268,7 +286,7 @@ void VocabParallelEmbedding<F>::forward(F* out, const int32_t* tokens, int B, in
   tp.reduce_scatter(tmp, out, n);
   // This rank's rows are rows [rank·N, (rank+1)·N) of (B·T): positions (row mod T).
   const int64_t N = int64_t(n) / C_;
-  if (wpe) k.add_positions(out, wpe, tp.rank() * N, N, T, C_);
+  if (wpe) add_positions(out, tp.rank() * N, N);
 }
 
 template <typename F>
@@ -282,8 +300,17 @@ void VocabParallelEmbedding<F>::backward(const F* dout, const int32_t* tokens, i
     dout = tmp;
   }
   const int Vl = tp.size() == 1 ? 0 : Vl_;
-  env_.kernels().embedding_backward(s.grad(wte_), wpe_ >= 0 ? s.grad(wpe_) : nullptr, dout, tokens,
-                                    B, T, C_, tp.rank() * Vl, Vl);
+  Kernels<F>& k = env_.kernels();
+  F* dwpe = wpe_ >= 0 ? s.grad(wpe_) : nullptr;
+  if (!dwpe || !env_.cp || env_.cp->cp() == 1) {
+    k.embedding_backward(s.grad(wte_), dwpe, dout, tokens, B, T, C_, tp.rank() * Vl, Vl);
+    return;
+  }
+  // Context parallelism: each run of rows (a chunk) adds to the wpe rows of its positions.
+  env_.cp->split(T).for_each_run(0, int64_t(B) * T, [&](int64_t r, int pos, int64_t n) {
+    k.embedding_backward(s.grad(wte_), dwpe + int64_t(pos) * C_, dout + r * C_, tokens + r, 1,
+                         int(n), C_, tp.rank() * Vl, Vl);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

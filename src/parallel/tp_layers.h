@@ -29,6 +29,7 @@
 
 #include "core/param_store.h"
 #include "kernels/kernels.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tetra::parallel {
@@ -40,6 +41,9 @@ struct LayerEnv {
   ParamStoreT<F>& store;
   TensorParallel& tp;
   Bf16Operands* bf16 = nullptr;
+  // Context parallelism (null: none): the sequence's chunks this rank holds and attention across
+  // the cp group. Positions of the rows come from its split.
+  ContextAttention<F>* cp = nullptr;
   Kernels<F>& kernels() const { return tp.backend().template kernels<F>(); }
 };
 

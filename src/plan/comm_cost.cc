@@ -1,5 +1,7 @@
 #include "plan/comm_cost.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -121,6 +123,37 @@ std::string allreduce_algorithm(double bytes, const GroupPlacement& g, const Clu
   return tree ? "tree" : "ring";
 }
 
+RingTraffic cp_ring_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_t kv_width,
+                            double dtype_bytes) {
+  RingTraffic r;
+  if (cp <= 1) return r;
+  r.hops = cp - 1;
+  r.hop = double(micro_batch) * (double(seq) / double(cp)) * 2.0 * double(kv_width) * dtype_bytes;
+  r.forward = double(r.hops) * r.hop;
+  r.backward = 2.0 * r.forward;
+  return r;
+}
+
+std::string cp_ring_description(int64_t cp) {
+  return fmt::format(
+      "ring attention: K,V fwd over cp-1 = {} hop(s), K,V + dK,dV bwd, per layer and micro-batch",
+      cp - 1);
+}
+
+double cp_ring_seconds(const RingTraffic& r, const GroupPlacement& g, const ClusterSpec& c) {
+  if (r.hops == 0) return 0.0;
+  // Neighbours of the ring: two ranks of one node, or of two when the group spans nodes (the
+  // ring runs at its slowest hop).
+  const int64_t gpn = c.gpus_per_node;
+  const GroupPlacement pair = place_group(g.nodes > 1 ? gpn : 1, 2, gpn);
+  return double(r.hops) * (collective_seconds(Collective::send, r.hop, pair, c) +
+                           collective_seconds(Collective::send, 2.0 * r.hop, pair, c));
+}
+
+double ring_exposed_seconds(double comm, double compute, double overlap) {
+  return comm - overlap * std::min(comm, std::max(0.0, compute));
+}
+
 double straggler_fraction(int64_t n, double jitter) {
   if (n < 2 || jitter <= 0) return 0.0;
   // Blom's approximation of the expected maximum of n standard normals: the normal quantile of
@@ -151,21 +184,25 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
                                    const Layout& l, double microbatch_seconds) {
   std::vector<DimComm> out;
   const double ab = act_bytes(t.precision);
-  const double tokens = double(l.micro_batch * m.seq);
+  // A rank's tokens of a micro-batch: context parallelism splits each sequence cp ways.
+  const double tokens = double(l.micro_batch * m.seq) / double(l.cp);
   const int64_t layers = max_rank_layers(l, m.layers);  // the slowest stage paces the pipeline
   const double mb = double(l.microbatches);
   const int64_t gpn = c.gpus_per_node;
 
-  if (l.dp > 1) {
-    // Dense gradients reduce over dp; expert gradients over the dp/ep replicas of each expert.
+  const int64_t dpcp = l.dp_cp();
+  if (dpcp > 1) {
+    // Dense gradients reduce over dp * cp (the token-local layers saw every cp rank's tokens: the
+    // dp x cp ranks tp apart, consecutive in the rank order); expert gradients over the dp/ep
+    // replicas of each expert.
     const LocalParams lp = local_params(m, l);
     const StateBytes sb = state_bytes_per_param(t.precision);
-    const int64_t expert_dp = std::max<int64_t>(1, l.dp / l.ep);
-    const GroupPlacement dense_g = place_group(l.tp, l.dp, gpn);
-    const GroupPlacement expert_g = place_group(l.tp * l.ep, expert_dp, gpn);
+    const int64_t expert_dp = std::max<int64_t>(1, dpcp / l.ep);
+    const GroupPlacement dense_g = place_group(l.tp, dpcp, gpn);
+    const GroupPlacement expert_g = place_group(l.tp * l.cp * l.ep, expert_dp, gpn);
     DimComm d;
     d.dim = "dp";
-    d.group = l.dp;
+    d.group = dpcp;
     d.placement = dense_g;
     // Whole-model collectives go in buckets (dp.bucket_mb; Megatron's and DDP's buckets).
     const double bucket = std::max(1.0, t.bucket_bytes);
@@ -193,8 +230,8 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
       d.what = t.reshard_after_forward
                    ? "all-gather params (fwd+bwd) + reduce-scatter grads, per micro-batch"
                    : "all-gather params + reduce-scatter grads, per micro-batch";
-      bytes = mb * (gathers * (ring_gather_bytes(dw, l.dp) + ring_gather_bytes(ew, expert_dp)) +
-                    ring_gather_bytes(dg, l.dp) + ring_gather_bytes(eg, expert_dp));
+      bytes = mb * (gathers * (ring_gather_bytes(dw, dpcp) + ring_gather_bytes(ew, expert_dp)) +
+                    ring_gather_bytes(dg, dpcp) + ring_gather_bytes(eg, expert_dp));
       d.seconds = per_unit(Collective::all_gather, dw, dense_g, mb * gathers) +
                   per_unit(Collective::all_gather, ew, expert_g, mb * gathers) +
                   per_unit(Collective::reduce_scatter, dg, dense_g, mb) +
@@ -205,8 +242,8 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
       // Sharded gradients cannot accumulate across micro-batches: each micro-batch
       // reduce-scatters its gradients, then the updated parameters are gathered once.
       d.what = "reduce-scatter grads per micro-batch + all-gather params";
-      bytes = mb * (ring_gather_bytes(dg, l.dp) + ring_gather_bytes(eg, expert_dp)) +
-              ring_gather_bytes(dw, l.dp) + ring_gather_bytes(ew, expert_dp);
+      bytes = mb * (ring_gather_bytes(dg, dpcp) + ring_gather_bytes(eg, expert_dp)) +
+              ring_gather_bytes(dw, dpcp) + ring_gather_bytes(ew, expert_dp);
       const double rs = bucketed(Collective::reduce_scatter, dg, dense_g) +
                         bucketed(Collective::reduce_scatter, eg, expert_g);
       calls += int64_t(mb - 1) * calls;
@@ -218,7 +255,7 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
       // ZeRO-1 splits the all-reduce into its two halves; the bytes are the same.
       d.what =
           l.zero == 0 ? "ring all-reduce of gradients" : "reduce-scatter grads + all-gather params";
-      bytes = ring_allreduce_bytes(dg, l.dp) + ring_allreduce_bytes(eg, expert_dp);
+      bytes = ring_allreduce_bytes(dg, dpcp) + ring_allreduce_bytes(eg, expert_dp);
       if (l.zero == 0) {
         d.seconds = bucketed(Collective::all_reduce, dg, dense_g) +
                     bucketed(Collective::all_reduce, eg, expert_g);
@@ -266,12 +303,13 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     d.group = l.pp;
     const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
     d.calls = 2 * l.microbatches * v;
-    d.placement = place_group(l.tp * l.dp, l.pp, gpn);
+    const int64_t stride = l.tp * l.cp * l.dp;
+    d.placement = place_group(stride, l.pp, gpn);
     d.intra_node = d.placement.nodes == 1;
     const double send = tokens * double(m.d_model) * ab / double(l.tp);
     d.bytes = double(d.calls) * send;
     d.seconds = double(d.calls) *
-                collective_seconds(Collective::send, send, place_group(l.tp * l.dp, 2, gpn), c);
+                collective_seconds(Collective::send, send, place_group(stride, 2, gpn), c);
     d.algorithm = "p2p";
     out.push_back(d);
   }
@@ -286,13 +324,32 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     if (l.recompute == Recompute::full) d.what += " + 2 in the recomputed fwd";
     d.group = l.ep;
     d.calls = (l.recompute == Recompute::full ? 6 : 4) * moe * l.microbatches;
-    d.placement = place_group(l.tp, l.ep, gpn);
+    d.placement = place_group(l.tp * l.cp, l.ep, gpn);
     d.intra_node = d.placement.nodes == 1;
     const double payload = tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
     d.bytes = double(d.calls) * ring_gather_bytes(payload, l.ep);
     d.seconds =
         double(d.calls) * collective_seconds(Collective::all_to_all, payload, d.placement, c);
     d.algorithm = "all-to-all";
+    out.push_back(d);
+  }
+  if (l.cp > 1) {
+    // Ring attention on every layer of the rank holding the most, every micro-batch: K and V of
+    // its tokens (this tp rank's KVH/tp heads, or the whole heads it replicates) around the cp
+    // ranks, tp apart.
+    const int64_t hs = m.d_model / m.heads;
+    const int64_t kv_width = hs * std::max<int64_t>(1, m.kv_heads / l.tp);
+    const RingTraffic ring = cp_ring_traffic(l.micro_batch, m.seq, l.cp, kv_width, ab);
+    DimComm d;
+    d.dim = "cp";
+    d.what = cp_ring_description(l.cp);
+    d.group = l.cp;
+    d.calls = 2 * ring.hops * layers * l.microbatches;
+    d.placement = place_group(l.tp, l.cp, gpn);
+    d.intra_node = d.placement.nodes == 1;
+    d.bytes = ring.total() * double(layers * l.microbatches);
+    d.seconds = cp_ring_seconds(ring, d.placement, c) * double(layers * l.microbatches);
+    d.algorithm = "p2p";
     out.push_back(d);
   }
   return out;

@@ -3,11 +3,11 @@
 //
 // Time is the α-β model NCCL's own tuner uses (docs/plan.md, "Collectives"): every step of an
 // algorithm pays the link's latency α, every byte 1/β. A group is placed by the rank order (tp
-// fastest, then dp, then pp): `per_node` of its ranks share a node and it spans `nodes` nodes.
-// Collectives over several nodes are hierarchical (inside the node, then across, on every rank's
-// own NIC at once); across nodes an all-reduce takes a ring or a double binary tree, whichever is
-// faster at its size (NCCL's choice); bandwidth is derated for small messages, and above the
-// non-blocking tier of an oversubscribed fabric.
+// fastest, then cp, then dp, then pp): `per_node` of its ranks share a node and it spans `nodes`
+// nodes. Collectives over several nodes are hierarchical (inside the node, then across, on every
+// rank's own NIC at once); across nodes an all-reduce takes a ring or a double binary tree,
+// whichever is faster at its size (NCCL's choice); bandwidth is derated for small messages, and
+// above the non-blocking tier of an oversubscribed fabric.
 #pragma once
 
 #include <cstdint>
@@ -48,9 +48,35 @@ double collective_seconds(Collective kind, double bytes, const GroupPlacement& g
 /** "ring" or "tree": the inter-node all-reduce algorithm collective_seconds takes for `bytes`. */
 std::string allreduce_algorithm(double bytes, const GroupPlacement& g, const ClusterSpec& c);
 
+/** Ring attention's traffic (context parallelism, docs/plan.md "Context parallelism"), per rank,
+ *  for one layer and one micro-batch of `micro_batch` sequences of `seq` tokens split over `cp`
+ *  ranks (T/cp tokens each: two chunks of T/(2cp)). `kv_width`: the elements of one token's K (and
+ *  as many of its V) on this rank, KVH/tp heads of hs; `dtype_bytes` per element.
+ *    hop      = B * (T/cp) * 2 * kv_width * dtype_bytes    (one rank's K and V chunk pair)
+ *    forward  = (cp - 1) * hop                               (K, V travel cp-1 hops)
+ *    backward = 2 * forward                                  (K, V again, and dK, dV back)
+ *  Each hop is one send to the ring's next rank; cp = 1 sends nothing. */
+struct RingTraffic {
+  double hop = 0, forward = 0, backward = 0;
+  int64_t hops = 0;  // sends forward (as many backward, each of 2 * hop)
+  double total() const { return forward + backward; }
+};
+RingTraffic cp_ring_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_t kv_width,
+                            double dtype_bytes);
+/** "ring attention: K,V fwd over cp-1 = 1 hop(s), K,V + dK,dV bwd, per layer and micro-batch" */
+std::string cp_ring_description(int64_t cp);
+/** Seconds the ring's sends take on the link between neighbours of group `g` (cp ranks tp apart:
+ *  inside a node when tp * cp fits one), forward and backward of one layer and micro-batch. */
+double cp_ring_seconds(const RingTraffic& r, const GroupPlacement& g, const ClusterSpec& c);
+/** The part of `comm` seconds of ring traffic left on the critical path when it overlaps
+ *  `compute` seconds of the block's attention (a hop's chunk arrives while the previous one is
+ *  attended to) as far as `overlap` (the cluster's comm_overlap) lets it: comm - overlap *
+ *  min(comm, compute); with full overlap max(0, comm - compute). */
+double ring_exposed_seconds(double comm, double compute, double overlap);
+
 /** One parallel dimension's traffic in one optimizer step, per rank. */
 struct DimComm {
-  std::string dim;   // dp, tp, pp, ep
+  std::string dim;   // dp (over dp * cp ranks), tp, pp, ep, cp
   std::string what;  // the collectives
   int64_t group = 1;
   bool intra_node = true;
@@ -64,7 +90,8 @@ struct DimComm {
 };
 
 /** Traffic of every active dimension. `microbatch_seconds`: forward + backward compute of one
- *  micro-batch on one device; it sets how much of the DP traffic can overlap. */
+ *  micro-batch on one device; it sets how much of the DP traffic can overlap. The cp ring's overlap
+ *  is left 0 here: evaluate_layout sets it against the attention compute it hides behind. */
 std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                                    const Layout& l, double microbatch_seconds);
 

@@ -1,5 +1,5 @@
-// A parallel layout: how the GPUs are split into TP x PP x DP (EP borrowing DP ranks), the ZeRO
-// stage, and the pipeline schedule.
+// A parallel layout: how the GPUs are split into TP x CP x PP x DP (EP borrowing DP ranks), the
+// ZeRO stage, and the pipeline schedule.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +15,10 @@ namespace tetra::plan {
 using Schedule = pipeline::Kind;
 using pipeline::to_string;
 
-/** gpus = tp * pp * dp. Rank order is tp fastest, then dp, then pp (DESIGN.md: tp-ep-dp-pp);
- *  the ep expert groups are carved out of consecutive dp ranks, so ep divides dp. */
+/** gpus = tp * cp * pp * dp. Rank order is tp fastest, then cp, then dp, then pp (parallel/mesh.h:
+ *  tp-cp-ep-dp-pp); the ep expert groups are carved out of consecutive dp ranks, so ep divides dp.
+ *  Context parallelism (cp) splits every sequence over cp ranks: what is per token is divided by
+ *  cp, and gradients are reduced (and ZeRO shards) over the dp * cp ranks. */
 struct Layout {
   int64_t tp = 1;
   int64_t pp = 1;
@@ -29,6 +31,9 @@ struct Layout {
   int64_t microbatches = 1;  // m: micro-batches per step per pipeline
   std::vector<int> split;    // layers per virtual stage (pp*v); empty: layers/(pp*v) each
   Recompute recompute = Recompute::selective;  // what backward recomputes instead of keeping
+  int64_t cp = 1;  // context parallel: ranks one sequence is split over (ring attention)
+  /** The ranks gradients are reduced and ZeRO-sharded over: dp * cp. */
+  int64_t dp_cp() const { return dp * cp; }
 };
 
 /** Layers of virtual stage `stage` (0..pp*v-1). */
@@ -42,7 +47,8 @@ int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank);
 /** The most layers any pipeline rank holds. */
 int64_t max_rank_layers(const Layout& l, int64_t layers);
 
-/** "TP 8 x PP 4 x DP 16, ZeRO-1, 1f1b, mbs=1 m=32, recompute selective" */
+/** "TP 8 x PP 4 x DP 16, ZeRO-1, 1f1b, mbs=1 m=32, recompute selective"; with context parallelism
+ *  "TP 8 x CP 2 x PP 4 x DP 16, ..." */
 std::string describe(const Layout& l);
 
 }  // namespace tetra::plan

@@ -59,10 +59,12 @@ std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l
 std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const TrainingSpec& t,
                            const Layout& l) {
   const int64_t gpn = c.gpus_per_node;
-  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.ep < 1 || l.micro_batch < 1 || l.microbatches < 1) {
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.ep < 1 || l.cp < 1 || l.micro_batch < 1 ||
+      l.microbatches < 1) {
     return fmt::format(
-        "[plan] layout sizes must be >= 1 (tp={}, pp={}, dp={}, ep={}, micro_batch={}, m={})", l.tp,
-        l.pp, l.dp, l.ep, l.micro_batch, l.microbatches);
+        "[plan] layout sizes must be >= 1 (tp={}, cp={}, pp={}, dp={}, ep={}, micro_batch={}, "
+        "m={})",
+        l.tp, l.cp, l.pp, l.dp, l.ep, l.micro_batch, l.microbatches);
   }
   if (l.tp > gpn) {
     return fmt::format(
@@ -75,7 +77,28 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
         "divisor of {}",
         l.tp, gpn, gpn);
   }
-  if (l.tp * l.pp * l.dp != c.gpus) {
+  if (l.cp > 1) {
+    if (l.tp * l.cp * l.pp * l.dp != c.gpus) {
+      return fmt::format(
+          "[plan] tp*cp*pp*dp = {}*{}*{}*{} = {} but cluster.gpus = {}; {}", l.tp, l.cp, l.pp, l.dp,
+          l.tp * l.cp * l.pp * l.dp, c.gpus,
+          c.gpus % (l.tp * l.cp * l.pp) == 0
+              ? fmt::format("set dp = gpus/(tp*cp*pp) = {}", c.gpus / (l.tp * l.cp * l.pp))
+              : std::string("choose tp, cp and pp whose product divides the GPU count"));
+    }
+    if (m.seq % (2 * l.cp) != 0) {
+      return fmt::format(
+          "[plan] seq={} is not divisible by 2*cp = {}: each rank holds two chunks of T/(2cp) "
+          "tokens; use a seq that is a multiple of 2*cp, e.g. {}",
+          m.seq, 2 * l.cp, std::max<int64_t>(1, m.seq / (2 * l.cp)) * 2 * l.cp);
+    }
+    if (is_moe(m)) {
+      return fmt::format(
+          "[plan] cp={} with model '{}' ({} experts): context parallelism is planned for dense "
+          "models only; use cp=1 for a MoE model",
+          l.cp, m.name, m.experts);
+    }
+  } else if (l.tp * l.pp * l.dp != c.gpus) {
     const int64_t mp = l.tp * l.pp;
     return c.gpus % mp == 0
                ? fmt::format(
@@ -230,6 +253,7 @@ double critical_seconds(const std::vector<DimComm>& comm) {
   double s = 0;
   for (const auto& d : comm) {
     if (d.dim == "tp" || d.dim == "ep") s += d.seconds;
+    if (d.dim == "cp") s += d.exposed();
   }
   return s;
 }
@@ -268,8 +292,9 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   e.usable_bytes = c.memory_bytes * c.usable_fraction;
   e.fits = e.memory.total() <= e.usable_bytes;
 
-  // Kernels of one micro-batch on one device: the whole model's work over tp x pp devices.
-  const double tokens = double(l.micro_batch * m.seq);
+  // Kernels of one micro-batch on one device: the whole model's work over tp x cp x pp devices
+  // (context parallelism's causal chunks balanced: every cp rank has the same attention work).
+  const double tokens = double(l.micro_batch * m.seq) / double(l.cp);
   const double share = tokens / double(l.tp * l.pp);
   const FlopsPerToken f = flops_per_token(m, l.recompute);
   const bool flash = t.attention == Attention::flash;
@@ -306,6 +331,13 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
 
   e.comm = comm ? comm(e.microbatch_seconds) : comm_per_step(m, c, t, l, e.microbatch_seconds);
   const double mb = double(l.microbatches);
+  for (auto& d : e.comm) {
+    // The cp ring's hops hide behind the attention they feed: each chunk pair arrives while the
+    // previous one is attended to (forward and backward), as far as the cluster overlaps at all.
+    if (d.dim != "cp" || d.seconds <= 0) continue;
+    const double exposed = ring_exposed_seconds(d.seconds, mb * k.attention, c.comm_overlap);
+    d.overlap = 1.0 - exposed / d.seconds;
+  }
   // TP and EP collectives stretch every pipeline slot, so the bubble scales them too.
   const double critical = critical_seconds(e.comm);
   const double slot = e.microbatch_seconds + critical / mb;
@@ -341,7 +373,7 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   // The update: what this rank owns of the state, memory-bound.
   const LocalParams lp = rank_params(m, l, e.memory.rank);
   const double owned =
-      (lp.dense + lp.expert) / (l.zero >= 1 ? double(std::max<int64_t>(1, l.dp)) : 1.0);
+      (lp.dense + lp.expert) / (l.zero >= 1 ? double(std::max<int64_t>(1, l.dp_cp())) : 1.0);
   e.optimizer_seconds = kUpdateBytesPerParam * owned / c.mem_bw;
 
   e.time.data = 0;
@@ -366,6 +398,7 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   l.pp = k.pp;
   l.dp = k.dp;
   l.ep = k.ep ? k.ep : 1;
+  l.cp = std::max<int64_t>(1, k.cp);
   l.zero = k.zero;
   l.schedule = k.schedule.value_or(Schedule::one_f_one_b);
   l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1;

@@ -88,6 +88,7 @@ pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
 /** Layout keys fixed by the user; unset ones (0, -1, nullopt) are searched. */
 struct LayoutConstraints {
   int64_t tp = 0, pp = 0, dp = 0, ep = 0;
+  int64_t cp = 1;  // layout.cp: context parallel, fixed (the search keeps cp = 1)
   int zero = -1;
   std::optional<Schedule> schedule;
   int64_t v = 0;

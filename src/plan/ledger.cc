@@ -5,6 +5,7 @@
 
 #include "pipeline/schedule.h"
 #include "plan/bubble.h"
+#include "plan/comm_cost.h"
 
 namespace tetra::plan {
 
@@ -134,18 +135,23 @@ std::vector<double> held_layer_microbatches(const Layout& l, int64_t layers) {
 }
 
 MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, const Layout& l) {
-  const double tokens = double(l.micro_batch * m.seq);
+  // A rank's tokens of a micro-batch: context parallelism splits each sequence cp ways, and every
+  // per-token tensor with it. Its attention is blockwise (parallel/context_parallel.h): a rank
+  // keeps each of its rows' log-sum-exp, as a flash kernel does, whatever kernel runs at cp = 1.
+  const double tokens = double(l.micro_batch * m.seq) / double(l.cp);
   const double ab = act_bytes(t.precision);
   const ParamCounts pc = count_params(m);
   const std::vector<double> held = held_layer_microbatches(l, m.layers);
-  const Attention a = t.attention == Attention::automatic ? Attention::flash : t.attention;
+  const Attention a =
+      t.attention == Attention::automatic || l.cp > 1 ? Attention::flash : t.attention;
   const double per_layer = activation_bytes_per_token_layer(m, l.recompute, t.precision, l.tp, a);
   MemoryBreakdown worst;
   for (int64_t r = 0; r < l.pp; ++r) {
     const LocalParams lp = rank_params(m, l, r);
-    const StateMemory dense = zero_state_memory(lp.dense, l.dp, l.zero, t.precision);
+    // ZeRO shards over the ranks that reduce the gradients: dp * cp.
+    const StateMemory dense = zero_state_memory(lp.dense, l.dp_cp(), l.zero, t.precision);
     const StateMemory expert =
-        zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp / l.ep), l.zero, t.precision);
+        zero_state_memory(lp.expert, std::max<int64_t>(1, l.dp_cp() / l.ep), l.zero, t.precision);
     MemoryBreakdown mem;
     mem.rank = r;
     mem.params = dense.params + expert.params;
@@ -176,6 +182,15 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
       // Dispatch and combine buffers at capacity factor 1.25.
       mem.comm_buffers +=
           2.0 * 1.25 * tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
+    }
+    if (l.cp > 1) {
+      // Ring attention (parallel/context_parallel.cc): the K, V chunks being attended to and the
+      // next ones arriving, and in backward two partial sums of their gradients travelling, the
+      // rank's own share and the one arriving: six of a hop's bytes.
+      const int64_t hs = m.d_model / m.heads;
+      mem.comm_buffers += 6.0 * cp_ring_traffic(l.micro_batch, m.seq, l.cp,
+                                                hs * std::max<int64_t>(1, m.kv_heads / l.tp), ab)
+                                    .hop;
     }
     if (r == 0 || mem.total() > worst.total()) worst = mem;
   }

@@ -40,7 +40,9 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
 
 /** Memory of one device under a layout, by category: the pipeline rank with the largest total
  *  (its layers' activations times the micro-batches its schedule holds in flight, and the
- *  embedding on the first stage or the head and its logits on the last). */
+ *  embedding on the first stage or the head and its logits on the last). Context parallelism
+ *  divides every per-token category (activations, logits, tp/pp/ep buffers) by cp, adds the ring's
+ *  two K,V chunk buffers and shards ZeRO over dp * cp. */
 struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0;
   int64_t rank = 0;  // the pipeline rank these are of

@@ -90,6 +90,8 @@ const ConfigSchema& plan_schema() {
       {"layout.dp", ValueKind::Int, "0", "data parallel (0 = search)", "[0, 10000000]"},
       {"layout.ep", ValueKind::Int, "0", "expert parallel, within dp (0 = search)",
        "[0, 10000000]"},
+      {"layout.cp", ValueKind::Int, "1",
+       "context parallel: ranks each sequence is split over (the search keeps 1)", "[1, 10000000]"},
       {"layout.zero", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]"},
       {"layout.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
        "\"\" | gpipe | 1f1b | interleaved"},
@@ -183,6 +185,7 @@ LayoutConstraints layout_from(const Config& cfg) {
   k.pp = cfg.i("layout.pp");
   k.dp = cfg.i("layout.dp");
   k.ep = cfg.i("layout.ep");
+  k.cp = cfg.i("layout.cp");
   k.zero = int(cfg.i("layout.zero"));
   k.v = cfg.i("layout.v");
   k.microbatches = cfg.i("layout.microbatches");
@@ -286,11 +289,15 @@ PlanInputs plan_inputs(const Config& config) {
                 "layout.pp; set layout.pp, or use layout.pp_layers=auto",
                 k.pp_layers);
   }
-  const int64_t fixed = (k.tp ? k.tp : 1) * (k.pp ? k.pp : 1) * (k.dp ? k.dp : 1);
+  TETRA_CHECK(k.cp == 1 || k.complete(),
+              "[plan] layout.cp={} needs the whole layout given (layout.tp, layout.pp, layout.dp "
+              "and layout.zero): the search keeps cp=1; set them, or drop layout.cp",
+              k.cp);
+  const int64_t fixed = (k.tp ? k.tp : 1) * (k.pp ? k.pp : 1) * (k.dp ? k.dp : 1) * k.cp;
   TETRA_CHECK(c.gpus % fixed == 0,
-              "[plan] the fixed layout dimensions (tp={} pp={} dp={}) multiply to {}, which does "
-              "not divide cluster.gpus={}; choose degrees whose product divides the GPU count",
-              k.tp, k.pp, k.dp, fixed, c.gpus);
+              "[plan] the fixed layout dimensions (tp={} cp={} pp={} dp={}) multiply to {}, which "
+              "does not divide cluster.gpus={}; choose degrees whose product divides the GPU count",
+              k.tp, k.cp, k.pp, k.dp, fixed, c.gpus);
   return in;
 }
 

@@ -40,6 +40,7 @@ json layout_json(const LayoutEstimate& e) {
           {"pp", l.pp},
           {"dp", l.dp},
           {"ep", l.ep},
+          {"cp", l.cp},
           {"zero", l.zero},
           {"schedule", to_string(l.schedule)},
           {"v", l.v},
@@ -291,6 +292,23 @@ json plan_report(const PlanInputs& in, int top) {
                     {"exposed_seconds", d.exposed()}});
   }
   r["communication"] = comm;
+  if (l.cp > 1) {
+    // Ring attention's formula for one layer and micro-batch (plan/comm_cost.h, cp_ring_traffic).
+    const int64_t hs = m.d_model / m.heads;
+    const int64_t kv_width = hs * std::max<int64_t>(1, m.kv_heads / l.tp);
+    const double dtype = t.precision == Precision::Fp32 ? 4.0 : 2.0;
+    const RingTraffic ring = cp_ring_traffic(l.micro_batch, m.seq, l.cp, kv_width, dtype);
+    r["cp_ring"] = {{"cp", l.cp},
+                    {"micro_batch", l.micro_batch},
+                    {"seq", m.seq},
+                    {"kv_width", kv_width},
+                    {"dtype_bytes", dtype},
+                    {"hop_bytes", ring.hop},
+                    {"forward_bytes", ring.forward},
+                    {"backward_bytes", ring.backward},
+                    {"layers", max_rank_layers(l, m.layers)},
+                    {"microbatches", l.microbatches}};
+  }
 
   // 4. Bubble.
   r["bubble"] = {{"schedule", to_string(l.schedule)},
@@ -451,6 +469,16 @@ std::string format_report(const json& r, bool explain) {
                      d["what"].get<std::string>()));
   }
   if (r["communication"].empty()) line("  none: a single device");
+  if (r.contains("cp_ring")) {
+    const json& g = r["cp_ring"];
+    line(fmt::format(
+        "  cp ring per layer and micro-batch: fwd (cp-1) x B x T/cp x 2 x kv_width x bytes = {} x "
+        "{} x {} x 2 x {} x {:g} = {}, bwd 2x = {}; x {} layers x {} micro-batches per step",
+        g["cp"].get<int64_t>() - 1, g["micro_batch"].get<int64_t>(),
+        g["seq"].get<int64_t>() / g["cp"].get<int64_t>(), g["kv_width"].get<int64_t>(),
+        g["dtype_bytes"].get<double>(), hb(g["forward_bytes"]), hb(g["backward_bytes"]),
+        g["layers"].get<int64_t>(), g["microbatches"].get<int64_t>()));
+  }
 
   const json& b = r["bubble"];
   line("");

@@ -77,7 +77,7 @@ MoeRows moe_rows(const RunShape& s) {
 
 FlatLayout flat_layout(const RunShape& s) {
   const int64_t C = s.d_model, tp = s.tp;
-  const int64_t unit = 16 * std::max<int64_t>(1, s.dp), expert_unit = 16 * s.edp();
+  const int64_t unit = 16 * s.dp_cp(), expert_unit = 16 * s.edp();
   int64_t block = 0, moe_block = align(s.experts * C, 16);
   if (s.llama) {
     // A Llama block (model/block.cc, register_llama): mlp.down_proj (C, ffn), mlp.up_proj and
@@ -158,7 +158,7 @@ FlatLayout flat_layout(const RunShape& s) {
   if (s.embedding) {
     for (double e : f.ends) f.units.push_back({e, false, false});
   }
-  const double N = double(std::max<int64_t>(1, s.dp)), edp = double(s.edp());
+  const double N = double(s.dp_cp()), edp = double(s.edp());
   for (const FlatUnit& u : f.units) {
     f.total += u.elements;
     if (u.expert) f.expert_total += u.elements;
@@ -168,16 +168,29 @@ FlatLayout flat_layout(const RunShape& s) {
 }
 
 RunMemory run_memory(const RunShape& s) {
-  const double B = double(s.micro_batch), T = double(s.seq), C = double(s.d_model);
-  const double NH = double(s.heads);
-  const double tp = double(s.tp), BT = B * T, BTC = BT * C;
+  // This rank's tokens of a sequence: T/cp under context parallelism.
+  const double B = double(s.micro_batch), T = double(s.seq), Tl = T / double(s.cp);
+  const double C = double(s.d_model), NH = double(s.heads);
+  const double tp = double(s.tp), BT = B * Tl, BTC = BT * C;
   // This rank's query columns C/tp, columns of the fused q, k, v activation W (3C/tp; Llama's
   // C/tp + 2·(KVH/tp)·hs) and MLP channels Hl (4C/tp; Llama's ffn/tp).
   const double Cl = C / tp, KVl = double(s.kv_head_count()) / tp * (C / NH);
   const double W = Cl + 2 * KVl, Hl = double(s.mlp_width()) / tp;
   // Attention's saved state and backward scratch per layer (RunShape::flash_attention): per query
-  // head, whatever the key/value heads.
-  const double att = B * NH / tp * T * (s.flash_attention ? 1.0 : T);
+  // head, whatever the key/value heads. Under context parallelism (parallel/context_parallel.cc)
+  // the saved state is each local row's log-sum-exp, and the scratch holds the packed K|V of the
+  // local rows (n elements) six times for the ring (two in flight, two partial gradient sums, this
+  // rank's own share and the one arriving) or three times cp for the all-gather (every rank's,
+  // their gradients, the all-to-all's), the delta rows, and one c x c block's scratch of the
+  // backend's kernel (the CPU's scores and probabilities; none on the GPU), c = T/(2cp).
+  const double NHl = NH / tp;
+  const bool cp = s.cp > 1;
+  const double att_saved = cp ? B * NHl * Tl : B * NHl * Tl * (s.flash_attention ? 1.0 : T);
+  const double n_kv = B * Tl * 2 * KVl, chunk = Tl / 2;
+  const double att_scratch = !cp ? att_saved
+                                 : (s.cp_all_gather ? 3.0 * double(s.cp) : 6.0) * n_kv +
+                                       B * Tl * NHl +
+                                       (s.flash_attention ? 0.0 : 2 * B * NHl * chunk * chunk);
   const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
   // A norm's statistics per row: a LayerNorm's mean and rstd, an RMSNorm's rstd.
   const double stats = s.llama ? 1.0 : 2.0;
@@ -204,7 +217,7 @@ RunMemory run_memory(const RunShape& s) {
   const double moe_acts = N * E + N * k + R * (2 * C + 2 * H) + send * C;
   const double mlp_acts = BT * Hl * (s.llama ? 3.0 : 2.0);
   auto block_saves = [&](bool with_att, bool moe_block) {
-    return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att : 0.0) +
+    return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att_saved : 0.0) +
            (moe_block ? moe_acts : mlp_acts);
   };
   // A MoE block's routing kept from forward to backward (MoeRoute): its int32 index vectors, a
@@ -236,7 +249,8 @@ RunMemory run_memory(const RunShape& s) {
   // with its output, and a MoE model's routing for it.
   const double moe_scratch = moe ? N * E + N * k + (recv + send + R) * C + R * H : 0.0;
   const double norm_grads = s.llama ? 2 * C : 4 * C;
-  const double scratch = BTC + BT * W + 2 * att + BT * Cl + BT * Hl * (s.llama ? 2.0 : 1.0) +
+  const double scratch = BTC + BT * W + att_saved + att_scratch + BT * Cl +
+                         BT * Hl * (s.llama ? 2.0 : 1.0) +
                          (s.sequence_parallel ? BTC + norm_grads : 0.0) + moe_scratch;
   const double rerun =
       s.recompute == Recompute::full
@@ -256,7 +270,7 @@ RunMemory run_memory(const RunShape& s) {
   // copies' formula).
   if (s.bf16) {
     const double V = double(s.padded_vocab) / tp;
-    const double attention = s.flash_attention ? 0.0 : BT * W + att;
+    const double attention = s.flash_attention ? 0.0 : BT * W + att_saved;
     const double experts = moe ? R * H + std::max(H, R) * C : 0.0;
     m.temporaries += 2.0 * std::max({BT * Hl + std::max(Hl, BT) * C, BT * V + std::max(BT, V) * C,
                                      experts, attention});
@@ -278,7 +292,7 @@ RunMemory run_memory(const RunShape& s) {
   // dp.reduce_dtype=bf16: a bf16 staging buffer of the flat gradient (stages 0, 1) or of each
   // workspace whose reductions communicate (2, 3: the dense ones over dp > 1 ranks, the experts'
   // over edp > 1).
-  if (s.reduce_bf16 && s.dp > 1) {
+  if (s.reduce_bf16 && s.dp_cp() > 1) {
     m.comm += s.zero < 2 ? 2.0 * flat.total : 2.0 * dense_ws + (s.edp() > 1 ? 2.0 * expert_ws : 0);
   }
   return m;
@@ -294,7 +308,7 @@ RunMemory expert_memory(const RunShape& s) {
   m.grads = f32 * (s.zero >= 2 ? shard : flat.expert_total);
   m.optimizer = 2 * f32 * (s.zero >= 1 ? shard : flat.expert_total);
   const double ws = workspace_bound(s, double(s.local_moe_layers())) * flat.experts;
-  m.comm = f32 * ws * (s.reduce_bf16 && s.dp > 1 && s.zero >= 2 && s.edp() > 1 ? 1.5 : 1.0);
+  m.comm = f32 * ws * (s.reduce_bf16 && s.dp_cp() > 1 && s.zero >= 2 && s.edp() > 1 ? 1.5 : 1.0);
   return m;
 }
 

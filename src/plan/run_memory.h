@@ -31,6 +31,12 @@ struct RunShape {
   int zero = 0;
   int64_t dp = 1;
   int64_t tp = 1;  // tensor parallel: heads, kv_heads, the MLP and padded_vocab split tp ways
+  // Context parallel: each sequence split over cp ranks (T/cp tokens each, ring attention). Every
+  // per-token buffer holds T/cp rows; attention saves each row's log-sum-exp only, its scratch
+  // holds the K/V chunks in flight (parallel/context_parallel.h); gradients are reduced and
+  // ZeRO-sharded over dp·cp ranks.
+  int64_t cp = 1;
+  bool cp_all_gather = false;      // cp.attention = all_gather: every rank's K and V held at once
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
@@ -64,8 +70,9 @@ struct RunShape {
   /** Whether block `layer` is a MoE block, and how many of this rank's blocks are. */
   bool is_moe(int64_t layer) const;
   int64_t local_moe_layers() const;
-  /** The ranks a unit is sharded over: dp for dense units, dp/ep (edp) for expert units. */
-  int64_t edp() const { return std::max<int64_t>(1, dp / std::max<int64_t>(1, ep)); }
+  /** The ranks a unit is sharded over: dp·cp for dense units, dp·cp/ep (edp) for expert units. */
+  int64_t dp_cp() const { return std::max<int64_t>(1, dp) * std::max<int64_t>(1, cp); }
+  int64_t edp() const { return std::max<int64_t>(1, dp_cp() / std::max<int64_t>(1, ep)); }
   /** The MLP's width (ffn, else GPT-2's 4C) and key/value heads (kv_heads, else heads). */
   int64_t mlp_width() const { return ffn > 0 ? ffn : 4 * d_model; }
   int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -88,7 +95,8 @@ struct RunMemory {
   double total() const { return params + grads + optimizer + activations + comm + temporaries; }
 };
 
-/** One unit of the flat layout (core/param_store.h), padded to 16 x the ranks of its group. */
+/** One unit of the flat layout (core/param_store.h), padded to 16 x the ranks of its group (dp·cp;
+ *  dp·cp/ep for expert units). */
 struct FlatUnit {
   double elements = 0;
   bool block = false;   // "h.N": a block (dense, or a MoE block's attention, norms and router)

@@ -33,6 +33,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.zero = l.zero;
   s.dp = l.dp;
   s.tp = l.tp;
+  s.cp = l.cp;
   s.sequence_parallel = o.sequence_parallel && l.tp > 1;
   s.reshard_after_forward = t.reshard_after_forward;
   s.prefetch = t.zero_prefetch;
@@ -40,6 +41,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.bf16 = t.precision == Precision::Bf16Mixed;
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
+  s.cp_all_gather = o.cp_all_gather;
   if (is_moe(m)) {
     s.experts = m.experts;
     s.top_k = m.top_k;
@@ -97,17 +99,21 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
   const double mb = double(l.microbatches);
   const double L = double(s.local_layers()), moe = double(s.local_moe_layers());
   const FlatLayout flat = flat_layout(s);
-  if (l.dp > 1) {
+  // This rank's tokens of a micro-batch: B·T/cp under context parallelism.
+  const double BT = double(s.micro_batch * s.seq) / double(s.cp);
+  const int64_t dpcp = s.dp_cp();
+  if (dpcp > 1) {
     // parallel/data_parallel.cc: stage 0 all-reduces the flat gradient in buckets, cut where the
     // units' group changes; the others work unit by unit, reduce-scattering (in bf16 with
-    // dp.reduce_dtype=bf16) and all-gathering f32 parameters. Dense units run over the dp group,
-    // expert units over their edp group (dp/ep ranks; with one rank, a local copy: nothing sent).
-    GroupTraffic g{"dp", l.dp, {}};
+    // dp.reduce_dtype=bf16) and all-gathering f32 parameters. Dense units run over the dp group
+    // (the dp·cp ranks under context parallelism), expert units over their edp group (dp·cp/ep
+    // ranks; with one rank, a local copy: nothing sent).
+    GroupTraffic g{"dp", dpcp, {}};
     const double red = s.reduce_bf16 ? 2.0 : f32;
     const int64_t edp = s.edp();
-    auto group_of = [&](const FlatUnit& u) { return u.expert ? edp : l.dp; };
+    auto group_of = [&](const FlatUnit& u) { return u.expert ? edp : dpcp; };
     auto op = [&](Collective kind, double buffer, double count, int64_t group) {
-      if (group > 1 && count > 0) g.ops.push_back({kind, buffer, count, group == l.dp ? 0 : group});
+      if (group > 1 && count > 0) g.ops.push_back({kind, buffer, count, group == dpcp ? 0 : group});
     };
     auto per_unit = [&](Collective kind, double bytes_per_elem, double times,
                         bool ends_once = false) {
@@ -153,7 +159,7 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // has no row-parallel product to reduce, its backward gathers the output's gradient in place
     // of the MLP's row-parallel one.
     GroupTraffic g{"tp", l.tp, {}};
-    const double BT = double(s.micro_batch * s.seq), BTC = BT * double(s.d_model) * f32;
+    const double BTC = BT * double(s.d_model) * f32;
     const double C = double(s.d_model) * f32;
     const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
     const double reductions = mb * (L * (2 * forwards + 2) - moe * forwards);
@@ -195,7 +201,7 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // its input's gradient back unless it is the first; rank 0's chunks are stages c x pp.
     GroupTraffic g{"pp", l.pp, {}};
     const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
-    const double rows = double(s.micro_batch * s.seq) / (s.sequence_parallel ? double(s.tp) : 1.0);
+    const double rows = BT / (s.sequence_parallel ? double(s.tp) : 1.0);
     const double boundary = rows * double(s.d_model) * f32;
     double sends = 0;
     for (int64_t c = 0; c < v; ++c) {
@@ -213,8 +219,22 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // bytes are the (ep-1)/ep of them that leave the rank).
     GroupTraffic g{"ep", s.ep, {}};
     const double exchanges = s.recompute == Recompute::full ? 6.0 : 4.0;
-    const double rows = double(s.micro_batch * s.seq * s.top_k);
+    const double rows = BT * double(s.top_k);
     g.ops.push_back({Collective::all_to_all, rows * double(s.d_model) * f32, mb * moe * exchanges});
+    out.push_back(std::move(g));
+  }
+  if (s.cp > 1) {
+    // Ring attention over the cp group: every block's forward passes this rank's f32 K and V (its
+    // tp rank's KVH/tp heads) cp-1 hops on, its backward K and V again with dK and dV
+    // (plan/comm_cost.h, cp_ring_traffic); sends to the ring's next rank.
+    GroupTraffic g{"cp", s.cp, {}};
+    const int64_t hs = s.d_model / s.heads;
+    const RingTraffic ring = cp_ring_traffic(
+        s.micro_batch, s.seq, s.cp, hs * std::max<int64_t>(1, s.kv_head_count() / s.tp), f32);
+    // Full recomputation runs every block's forward, and so its ring, again in backward.
+    const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
+    g.ops.push_back({Collective::send, ring.hop, forwards * mb * L * double(ring.hops)});
+    g.ops.push_back({Collective::send, 2.0 * ring.hop, mb * L * double(ring.hops)});
     out.push_back(std::move(g));
   }
   return out;
@@ -227,18 +247,25 @@ std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const La
     DimComm d;
     d.dim = g.dim;
     d.group = g.group;
-    // Ranks are ordered tp fastest, then dp, then pp; an ep group is consecutive dp ranks and an
-    // edp group (ZeRO's expert units) dp ranks ep apart.
-    const int64_t stride = g.dim == "tp" ? 1 : g.dim == "dp" || g.dim == "ep" ? l.tp : l.tp * l.dp;
+    // Ranks are ordered tp fastest, then cp, then dp, then pp: a cp group and the dp·cp group are
+    // ranks tp apart, an ep group consecutive dp ranks (tp·cp apart) and an edp group (ZeRO's
+    // expert units) dp ranks ep apart.
+    const int64_t stride = g.dim == "tp"                    ? 1
+                           : g.dim == "dp" || g.dim == "cp" ? l.tp
+                           : g.dim == "ep"                  ? l.tp * l.cp
+                                                            : l.tp * l.cp * l.dp;
     d.placement = place_group(stride, g.group, c.gpus_per_node);
     d.intra_node = d.placement.nodes == 1;
     d.bytes = g.bytes();
     d.calls = int64_t(std::llround(g.calls()));
-    const GroupPlacement pair = place_group(stride, 2, c.gpus_per_node);
+    // A pipeline's sends go to the next stage; a ring's between neighbours, as cp_ring_seconds.
+    const GroupPlacement pair =
+        g.dim == "cp" ? place_group(d.placement.nodes > 1 ? c.gpus_per_node : 1, 2, c.gpus_per_node)
+                      : place_group(stride, 2, c.gpus_per_node);
     for (const TrafficOp& op : g.ops) {
       const GroupPlacement where = op.kind == Collective::send ? pair
                                    : op.group > 0
-                                       ? place_group(l.tp * l.ep, op.group, c.gpus_per_node)
+                                       ? place_group(l.tp * l.cp * l.ep, op.group, c.gpus_per_node)
                                        : d.placement;
       d.seconds += op.count * collective_seconds(op.kind, op.buffer, where, c);
     }
@@ -247,8 +274,9 @@ std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const La
              : g.dim == "ep" ? "tetra's expert-parallel all-to-all of rows, 4 per MoE block and "
                                "micro-batch (6 with full recomputation) (parallel/"
                                "expert_parallel.cc)"
+             : g.dim == "cp" ? cp_ring_description(g.group)
                              : "tetra's pipeline sends (pipeline/executor.cc)";
-    d.algorithm = g.dim == "pp" ? "p2p" : g.dim == "ep" ? "all-to-all" : "ring";
+    d.algorithm = g.dim == "pp" || g.dim == "cp" ? "p2p" : g.dim == "ep" ? "all-to-all" : "ring";
     if (g.dim == "dp" && d.seconds > 0) {
       // Reductions run behind the last micro-batch's backward, as far as the cluster lets
       // collectives overlap compute at all (the cpu cluster's ranks: not). The experts' exchanges

@@ -22,6 +22,7 @@ struct RunOptions {
   bool checkpoint = false;         // ckpt.dir set: the host snapshot a save writes
   bool reduce_bf16 = false;        // dp.reduce_dtype = bf16
   bool flash_attention = false;    // run.device = cuda: attention keeps no T x T matrix
+  bool cp_all_gather = false;      // cp.attention = all_gather (else the ring)
 };
 
 /** The per-rank shape of a tetra run of GPT-2 or Llama model `m` (m.gpt2_style; GPT-2:
@@ -45,9 +46,10 @@ struct TrafficOp {
   int64_t group = 0;
 };
 /** One group's traffic per step and rank, as the trainer counts it (comm::Work::sent_bytes: the
- *  ring model's bytes): "dp" (parallel/data_parallel.cc, expert units over their edp group), "tp"
- *  (parallel/tp_layers.cc), "pp" (pipeline/executor.cc), "ep" (parallel/expert_parallel.cc: the
- *  MoE blocks' all-to-alls, of which (ep-1)/ep of the rows leave the rank). */
+ *  ring model's bytes): "dp" (parallel/data_parallel.cc, over dp·cp ranks, expert units over their
+ *  edp group), "tp" (parallel/tp_layers.cc), "pp" (pipeline/executor.cc), "ep"
+ *  (parallel/expert_parallel.cc: the MoE blocks' all-to-alls, of which (ep-1)/ep of the rows leave
+ *  the rank), "cp" (ring attention's K,V and dK,dV sends, cp_ring_traffic in f32). */
 struct GroupTraffic {
   std::string dim;
   int64_t group = 1;

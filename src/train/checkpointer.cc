@@ -77,7 +77,7 @@ bool same_dir(const fs::path& a, const fs::path& b) {
 }  // namespace
 
 int64_t Checkpointer::global_batch() const {
-  return int64_t(opt_.micro_batch) * opt_.grad_accum * layout_.dp_size();
+  return int64_t(opt_.micro_batch) * opt_.grad_accum * layout_.data_size();
 }
 
 ResumedState Checkpointer::read_state(const ckpt::Manifest& m) const {
@@ -386,7 +386,8 @@ std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double 
   const nlohmann::json header = {{"trainer", std::move(trainer)},
                                  {"layout",
                                   {{"world", layout_.world_size()},
-                                   {"dp", layout_.dp_size()},
+                                   {"dp", layout_.data_size()},
+                                   {"cp", layout_.cp_size()},
                                    {"tp", layout_.tp().size()},
                                    {"pp", layout_.pp_size()},
                                    {"ep", opt_.mesh.ep},

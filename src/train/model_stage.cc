@@ -3,20 +3,32 @@
 namespace tetra {
 
 void ModelStage::begin_training(const Batch& batch, int micro_batches) {
+  begin(batch.inputs, batch.targets, micro_batches);
   training_ = true;
-  m_ = micro_batches;
-  inputs_ = batch.inputs.data();
-  targets_ = batch.targets.data();
-  loss_ = 0.0;
 }
 
 void ModelStage::begin_evaluation(const std::vector<int32_t>& inputs,
                                   const std::vector<int32_t>& targets, int micro_batches) {
+  begin(inputs, targets, micro_batches);
   training_ = false;
+}
+
+void ModelStage::begin(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets,
+                       int micro_batches) {
   m_ = micro_batches;
+  loss_ = 0.0;
   inputs_ = inputs.data();
   targets_ = targets.data();
-  loss_ = 0.0;
+  if (!cp_) return;
+  // This rank's two chunks of every sequence (parallel::CpSplit).
+  const parallel::CpSplit split = cp_->split(model_.seq());
+  const int sequences = int(inputs.size() / size_t(split.T()));
+  local_inputs_.resize(inputs.size() / size_t(split.cp()));
+  local_targets_.resize(local_inputs_.size());
+  split.take(local_inputs_.data(), inputs.data(), sequences);
+  split.take(local_targets_.data(), targets.data(), sequences);
+  inputs_ = local_inputs_.data();
+  targets_ = local_targets_.data();
 }
 
 void ModelStage::forward(int mb, int chunk, const float* input, float* output) {

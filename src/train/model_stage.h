@@ -16,11 +16,15 @@ namespace tetra {
 
 class ModelStage final : public pipeline::StageModel {
  public:
-  ModelStage(Gpt& model, parallel::DataParallel& zero) : model_(model), zero_(zero) {}
+  /** `cp`: context-parallel attention across more than one rank, whose split of each sequence
+   *  the model gets (null: whole sequences). */
+  ModelStage(Gpt& model, parallel::DataParallel& zero, parallel::ContextAttention<float>* cp)
+      : model_(model), zero_(zero), cp_(cp && cp->cp() > 1 ? cp : nullptr) {}
 
   /** The next run trains on `batch` in `micro_batches` micro-batches. */
   void begin_training(const Batch& batch, int micro_batches);
-  /** The next run evaluates `inputs` and `targets` (host memory, micro_batches·B·T each). */
+  /** The next run evaluates `inputs` and `targets` (host memory, micro_batches·B·T each, whole
+   *  sequences). */
   void begin_evaluation(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets,
                         int micro_batches);
   /** The mean loss of the last run's micro-batches (0 off the last pipeline stage). */
@@ -32,13 +36,17 @@ class ModelStage final : public pipeline::StageModel {
 
  private:
   size_t row(int mb) const { return size_t(mb) * size_t(model_.batch()) * size_t(model_.seq()); }
+  void begin(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets,
+             int micro_batches);
 
   Gpt& model_;
   parallel::DataParallel& zero_;
   bool training_ = true;
   int m_ = 1;
+  parallel::ContextAttention<float>* cp_;
   const int32_t* inputs_ = nullptr;
   const int32_t* targets_ = nullptr;
+  std::vector<int32_t> local_inputs_, local_targets_;  // context parallelism: this rank's rows
   double loss_ = 0.0;
 };
 

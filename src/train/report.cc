@@ -136,13 +136,18 @@ void Reporter::header() const {
            train.num_samples(), opt_.seq_len, train.num_tokens(), train.shards().size(),
            opt_.shuffle ? ", shuffled" : "");
   log_info("[train] step: {} ranks x {} micro-batches x {} x {} = {} tokens; {} steps; lr {} ({})",
-           layout_.dp_size(), opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(),
+           layout_.data_size(), opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(),
            opt_.steps, opt_.schedule.lr,
            opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
   log_info(
-      "[train] tensor parallel {}; ZeRO stage {} over {} data-parallel rank(s){}, gradients "
+      "[train] tensor parallel {}{}; ZeRO stage {} over {} data-parallel rank(s){}, gradients "
       "reduced in {}; recompute {}",
-      layout_.tp().size(), opt_.zero.stage, layout_.dp_size(),
+      layout_.tp().size(),
+      layout_.cp_size() > 1
+          ? fmt::format("; context parallel {} ({} attention, {} tokens per rank)",
+                        layout_.cp_size(), opt_.cp_attention, opt_.seq_len / layout_.cp_size())
+          : "",
+      opt_.zero.stage, layout_.dp_size(),
       opt_.zero.stage == 3 ? fmt::format(", reshard after forward {}, prefetch {}",
                                          opt_.zero.reshard_after_forward, opt_.zero.prefetch)
                            : "",
@@ -227,6 +232,9 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
     layout_.world().all_reduce(std::span<float>(&sum, 1), comm::ReduceOp::sum).wait();
     ep_bytes_ = double(sum) / layout_.world_size();
   }
+  // Context-parallel attention's ring: every rank sends the same bytes.
+  const parallel::CpCounters& cpc = layout_.cp().counters();
+  cp_bytes_ = cpc.sent_bytes;
   const double mfu =
       plan_.prediction.flops_per_token * tps / (peak_gflops_ * 1e9 * layout_.world_size());
   last_mfu_ = mfu;
@@ -265,6 +273,10 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
                         {"tp_all_gather", tpc.all_gather},
                         {"tp_reduce_scatter", tpc.reduce_scatter},
                         {"pp_p2p_ms", 1e3 * pipe.p2p_wait_s}};
+  if (layout_.cp_size() > 1) {
+    rec["cp_comm_ms"] = cpc.wait_ms;
+    rec["cp_comm_bytes"] = cpc.sent_bytes;
+  }
   for (size_t c = 0; c < kMemCategories; ++c) {
     rec[fmt::format("mem_{}", mem_category_name(MemCategory(c)))] = ledger_.peak(MemCategory(c));
   }
@@ -298,9 +310,10 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
   tp_wait_ms_.push_back(tpc.wait_ms);
   pp_wait_ms_.push_back(1e3 * pipe.p2p_wait_s);
   ep_wait_ms_.push_back(layout_.ep().counters().wait_ms);
+  cp_wait_ms_.push_back(cpc.wait_ms);
   compute_ms_.push_back(std::max(0.0, 1e3 * step_s - data_ms - dp_wait_ms_.back() -
                                           tp_wait_ms_.back() - pp_wait_ms_.back() -
-                                          ep_wait_ms_.back()));
+                                          ep_wait_ms_.back() - cp_wait_ms_.back()));
   return rec;
 }
 
@@ -451,9 +464,9 @@ void Reporter::plan_vs_measured() {
   log_info(
       "[plan]   memory/rank   predicted {:>10.2f} MiB measured {:>10.2f} MiB (peak)    {:+.1f}%",
       planned_memory / double(1 << 20), memory / double(1 << 20), pct(planned_memory, memory));
-  const double measured_bytes[] = {dp_bytes_, tp_bytes_, pp_bytes_, ep_bytes_};
-  const char* const groups[] = {"dp", "tp", "pp", "ep"};
-  for (int g = 0; g < 4; ++g) {
+  const double measured_bytes[] = {dp_bytes_, tp_bytes_, pp_bytes_, ep_bytes_, cp_bytes_};
+  const char* const groups[] = {"dp", "tp", "pp", "ep", "cp"};
+  for (int g = 0; g < 5; ++g) {
     double planned = 0;
     bool present = false;
     for (const plan::GroupTraffic& t : plan_.traffic) {
@@ -507,24 +520,24 @@ nlohmann::json Reporter::audit(const std::vector<double>& rank_compute_ms) const
   const double ideal = 1e3 * plan_.prediction.flops_per_token * double(tokens_per_step()) /
                        (peak_gflops_ * 1e9 * layout_.world_size());
   const double bubble = mean(bubble_ms_);
-  double comm[4] = {mean(dp_wait_ms_), mean(tp_wait_ms_), mean(pp_wait_ms_) - bubble,
-                    mean(ep_wait_ms_)};
+  double comm[5] = {mean(dp_wait_ms_), mean(tp_wait_ms_), mean(pp_wait_ms_) - bubble,
+                    mean(ep_wait_ms_), mean(cp_wait_ms_)};
   // A slower rank makes this one wait in its next collective: the slowest rank's compute less
   // this rank's (the last telemetry window's means) is taken out of the waits, in proportion.
   double stragglers = 0;
   if (rank_compute_ms.size() > size_t(layout_.rank())) {
     stragglers = *std::max_element(rank_compute_ms.begin(), rank_compute_ms.end()) -
                  rank_compute_ms[size_t(layout_.rank())];
-    const double waits = comm[0] + comm[1] + comm[2] + comm[3];
+    const double waits = comm[0] + comm[1] + comm[2] + comm[3] + comm[4];
     stragglers = std::min(stragglers, waits);
     if (waits > 0) {
       for (double& c : comm) c *= 1.0 - stragglers / waits;
     }
   }
   const double kernels = std::max(0.0, mean(compute_ms_) - ideal);
-  const char* const groups[4] = {"comm_dp", "comm_tp", "comm_pp", "comm_ep"};
-  const bool present[4] = {layout_.dp_size() > 1, layout_.tp().size() > 1, layout_.pp_size() > 1,
-                           opt_.model.moe.ep > 1};
+  const char* const groups[5] = {"comm_dp", "comm_tp", "comm_pp", "comm_ep", "comm_cp"};
+  const bool present[5] = {layout_.dp_size() > 1, layout_.tp().size() > 1, layout_.pp_size() > 1,
+                           opt_.model.moe.ep > 1, layout_.cp_size() > 1};
   nlohmann::json parts = nlohmann::json::array();
   double sum = 0;
   auto part = [&](const char* name, double ms) {
@@ -533,7 +546,7 @@ nlohmann::json Reporter::audit(const std::vector<double>& rank_compute_ms) const
   };
   part("ideal", ideal);
   part("data", mean(data_wait_s_, 1e3));
-  for (int g = 0; g < 4; ++g) {
+  for (int g = 0; g < 5; ++g) {
     if (present[g] || comm[g] > 0) part(groups[g], comm[g]);
   }
   if (layout_.pp_size() > 1) part("bubble", bubble);

@@ -84,7 +84,8 @@ class Reporter {
  private:
   std::string memory_table(const char* when) const;
   void header() const;
-  int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * layout_.dp_size(); }
+  // Whole sequences of every data-parallel rank (the cp ranks of one share its sequences).
+  int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * layout_.data_size(); }
 
   const TrainOptions& opt_;
   RunLayout& layout_;
@@ -108,8 +109,9 @@ class Reporter {
   // bytes per group.
   std::vector<double> step_s_, bubbles_, data_wait_s_;
   // What the audit splits each step into (ms): exposed waits per group, the bubble, compute.
-  std::vector<double> dp_wait_ms_, tp_wait_ms_, pp_wait_ms_, ep_wait_ms_, bubble_ms_, compute_ms_;
-  double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0, ep_bytes_ = 0;
+  std::vector<double> dp_wait_ms_, tp_wait_ms_, pp_wait_ms_, ep_wait_ms_, cp_wait_ms_, bubble_ms_,
+      compute_ms_;
+  double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0, ep_bytes_ = 0, cp_bytes_ = 0;
   bool mfu_warned_ = false, tty_ = false;
   double last_mfu_ = 0.0, last_tps_ = 0.0;
   Stopwatch clock_;

@@ -17,32 +17,40 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
   if (!world_.valid()) {
     // One process runs a mesh of one: every dimension asked for beyond 1 (dp=0 means "what the
     // world leaves", 1 here) needs that many ranks, which only a launcher provides; ep borrows
-    // its ranks from dp. Each is at most 2^20, so the product fits in int64.
+    // its ranks from dp. Each is at most 2^20: the product of the four, up to 2^80, is counted in
+    // double (exact for any real job).
     std::vector<std::string> dims, ones;
     for (const auto& [key, n] : {std::pair{"parallel.dp", shape.dp},
                                  {"parallel.tp", shape.tp},
                                  {"parallel.pp", shape.pp},
-                                 {"parallel.ep", shape.ep}}) {
+                                 {"parallel.ep", shape.ep},
+                                 {"parallel.cp", shape.cp}}) {
       if (n <= 1) continue;
       dims.push_back(fmt::format("{}={}", key, n));
       ones.push_back(fmt::format("{}=1", key));
     }
-    const int64_t ranks =
-        int64_t(std::max(shape.dp, shape.ep)) * std::max(shape.tp, 1) * std::max(shape.pp, 1);
+    const double ranks = double(std::max(shape.dp, shape.ep)) * std::max(shape.tp, 1) *
+                         std::max(shape.pp, 1) * std::max(shape.cp, 1);
     TETRA_CHECK(dims.empty(),
-                "[train] {} needs {} ranks but this is a single process; run it as `tetra launch "
-                "-n {} -- train ...` (or under mpirun), or set {}",
+                "[train] {} needs {:.0f} ranks but this is a single process; run it as `tetra "
+                "launch -n {:.0f} -- train ...` (or under mpirun), or set {}",
                 fmt::join(dims, " "), ranks, ranks, fmt::join(ones, " "));
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
     ep_ = std::make_unique<parallel::ExpertParallel>(backend);
+    cp_ = std::make_unique<parallel::ContextAttention<float>>(
+        backend, comm::Communicator(), parallel::cp_attention_from_string(opt.cp_attention));
     return;
   }
   mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
   rank_ = world_.rank();
   world_size_ = world_.size();
-  dp_ = mesh_->dp();
+  // Gradients are averaged, and ZeRO shards, over dp x cp (cp fastest: the dp group at cp = 1).
+  dp_ = mesh_->dp_cp();
   dp_size_ = dp_.size();
   dp_rank_ = dp_.rank();
+  cp_size_ = mesh_->cp().size();
+  cp_ = std::make_unique<parallel::ContextAttention<float>>(
+      backend, mesh_->cp(), parallel::cp_attention_from_string(opt.cp_attention));
   pp_ = mesh_->pp();
   pp_size_ = pp_.size();
   pp_rank_ = pp_.rank();
@@ -50,7 +58,9 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
   log_state().rank = rank_;
   tp_ = std::make_unique<parallel::TensorParallel>(backend, mesh_->tp(), sp);
   ep_ = std::make_unique<parallel::ExpertParallel>(backend, mesh_->ep());
-  edp_ = mesh_->edp();
+  // Without expert parallelism (which context parallelism refuses) every replica holds the same
+  // experts: the expert-data-parallel group is the replica group, dp x cp.
+  edp_ = cp_size_ > 1 ? dp_ : mesh_->edp();
   std::vector<std::string> hosts;
   for (int r = 0; r < world_size_; ++r) hosts.push_back(world_.host(r));
   const std::string warning = parallel::tp_placement_warning(mesh_->layout(), hosts);

@@ -27,12 +27,23 @@ class RunLayout {
   bool is_root() const { return rank_ == 0; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  /** The ranks holding the same parameters (ZeRO's shards, the gradients' reduction, the
+   *  checkpoint's replicas): the data-parallel ranks, and under context parallelism each of them
+   *  times cp (the dp x cp group: a cp rank's gradients are another share of the same batch). */
   int dp_size() const { return dp_size_; }
   int dp_rank() const { return dp_rank_; }
+  /** The data-parallel ranks proper, which draw different samples (the cp ranks of one share
+   *  them): dp_size() / cp_size(). */
+  int data_size() const { return dp_size_ / cp_size_; }
+  int data_rank() const { return dp_rank_ / cp_size_; }
+  int cp_size() const { return cp_size_; }
+  /** Context-parallel attention across the cp group (one rank: the plain kernels run). */
+  parallel::ContextAttention<float>& cp() { return *cp_; }
   int pp_size() const { return pp_size_; }
   int pp_rank() const { return pp_rank_; }
   const comm::Communicator& world() const { return world_; }
-  const comm::Communicator& dp() const { return dp_; }  // invalid for a single process
+  // The dp x cp replica group (dp_size() ranks); invalid for a single process.
+  const comm::Communicator& dp() const { return dp_; }
   const comm::Communicator& pp() const { return pp_; }  // invalid for a single process
   /** The first and last pipeline stage's group, which hold the tied wte (invalid elsewhere). */
   const comm::Communicator& embedding() const { return embedding_; }
@@ -63,6 +74,8 @@ class RunLayout {
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<parallel::ExpertParallel> ep_;
+  std::unique_ptr<parallel::ContextAttention<float>> cp_;
+  int cp_size_ = 1;
   int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
 };
 

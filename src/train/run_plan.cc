@@ -80,6 +80,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   k.pp = o.mesh.pp;
   k.dp = dp;
   k.ep = g.moe.experts > 0 ? g.moe.ep : 1;  // expert parallelism borrows dp's ranks
+  k.cp = o.mesh.cp;
   k.zero = o.zero.stage;
   k.schedule = o.pp_kind;
   k.v = o.pp_kind == pipeline::Kind::interleaved ? o.pp_chunks : 1;
@@ -94,10 +95,50 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   p.options.checkpoint = !o.ckpt.dir.empty();
   p.options.reduce_bf16 = o.zero.reduce_bf16;
   p.options.flash_attention = o.device == DeviceKind::cuda;
+  p.options.cp_all_gather = o.cp_attention == "all_gather";
   p.shape = plan::run_shape(m, t, p.layout, p.options);
   p.prediction = plan::predict_run(m, t, p.layout, p.options);
   p.traffic = plan::run_traffic(p.shape, p.layout, t.bucket_bytes);
   return p;
+}
+
+void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank) {
+  if (o.memory_limit_gb <= 0) return;
+  auto planned = [&](const TrainOptions& x, int world) {
+    const RunPlan p = plan_run(x, world);
+    return plan::run_memory(plan::run_shape(p.model, p.training, p.layout, p.options, pp_rank));
+  };
+  const double limit = o.memory_limit_gb * 1e9;
+  const plan::RunMemory m = planned(o, world_size);
+  if (m.total() <= limit) return;
+  std::vector<std::string> fits;
+  // Context parallelism divides every per-token buffer by cp (on cp times the ranks, each
+  // sequence split into 2·cp chunks).
+  for (int cp = 2 * o.mesh.cp; cp <= 64 && o.seq_len % (2 * cp) == 0; cp *= 2) {
+    TrainOptions x = o;
+    x.mesh.cp = cp;
+    if (x.recompute == "selective") x.recompute = "none";
+    const double bytes = planned(x, world_size / o.mesh.cp * cp).total();
+    if (bytes <= limit) {
+      fits.push_back(fmt::format("parallel.cp={} on {} ranks ({:.3g} GB per rank)", cp,
+                                 world_size / o.mesh.cp * cp, bytes / 1e9));
+      break;
+    }
+  }
+  if (o.recompute != "full") {
+    TrainOptions x = o;
+    x.recompute = "full";
+    const double bytes = planned(x, world_size).total();
+    if (bytes <= limit) {
+      fits.push_back(fmt::format("train.recompute=full ({:.3g} GB per rank)", bytes / 1e9));
+    }
+  }
+  fail(
+      "[train] this rank's memory by the ledger's plan is {:.3g} GB (activations {:.3g} GB, "
+      "temporaries {:.3g} GB), above run.memory_limit_gb={:g}; {}",
+      m.total() / 1e9, m.activations / 1e9, m.temporaries / 1e9, o.memory_limit_gb,
+      fits.empty() ? std::string("lower train.micro_batch or train.seq_len, or raise the limit")
+                   : "use " + fmt::format("{}", fmt::join(fits, ", or ")));
 }
 
 plan::ClusterSpec run_cluster(int world, double peak_gflops, const plan::MeasuredLink& link,
@@ -125,8 +166,9 @@ plan::LayoutEstimate predict_step(const RunPlan& p, const plan::ClusterSpec& c) 
 }
 
 std::string run_plan_line(const RunPlan& p, const std::string& config_path) {
-  const int64_t model_parallel = p.layout.tp * p.layout.pp;
-  // Without parallel.dp the plan takes dp x tp x pp ranks with dp = 1 unless told the world size.
+  const int64_t model_parallel = p.layout.tp * p.layout.cp * p.layout.pp;
+  // Without parallel.dp the plan takes dp x tp x cp x pp ranks with dp = 1 unless told the world
+  // size.
   const std::string world = p.configured_dp == 0 && p.world > model_parallel
                                 ? fmt::format(" --cluster.gpus={}", p.world)
                                 : std::string();
@@ -284,6 +326,7 @@ const std::vector<std::pair<std::string, std::string>>& plan_key_aliases() {
       {"layout.pp", "parallel.pp"},
       {"layout.dp", "parallel.dp"},
       {"layout.ep", "parallel.ep"},
+      {"layout.cp", "parallel.cp"},
       {"layout.zero", "zero.stage"},
       {"layout.schedule", "pp.schedule"},
       {"layout.v", "pp.chunks"},
@@ -357,7 +400,7 @@ TrainingPlan plan_training_config(const std::string& config_path,
   o.model.bf16 = bf16;
 
   const Config all = Config::load(schema, config_path, overrides);
-  const int model_parallel = o.mesh.tp * o.mesh.pp;
+  const int model_parallel = o.mesh.tp * o.mesh.cp * o.mesh.pp;
   const int world = all.is_set("cluster.gpus") ? int(all.i("cluster.gpus"))
                                                : (o.mesh.dp > 0 ? o.mesh.dp : 1) * model_parallel;
   out.run = plan_run(o, world);

@@ -42,6 +42,12 @@ struct RunPlan {
  *  The trainer calls it once its world is known. */
 RunPlan plan_run(const TrainOptions& o, int world_size);
 
+/** Refuses, before anything is allocated, a run whose pipeline rank `pp_rank` would hold more
+ *  than run.memory_limit_gb by the ledger's plan (run_memory: what the trainer allocates, to the
+ *  byte on the CPU backend), naming what would fit: the smallest context-parallel size (on that
+ *  many times the ranks) and full recomputation. A no-op when the limit is 0. */
+void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank);
+
 /** The cpu cluster a run's `world` ranks form on this machine (tetra launch runs them on one
  *  node): each rank a device at `peak_gflops` (the run's MFU denominator, at `threads` threads;
  *  shared out when world x threads exceeds the cores) with RAM / world, its MPI link `link` when

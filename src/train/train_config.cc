@@ -175,6 +175,11 @@ const std::vector<TrainKey>& train_keys() {
         "machine and thread count, and cached)",
         "[0, 1e9]"},
        into<&O::peak_gflops>()},
+      {{"run.memory_limit_gb", ValueKind::Float, "0",
+        "refuse to start when the memory ledger's plan for a rank (what it allocates) exceeds "
+        "this many GB (1e9 bytes), naming the layouts that fit; 0: no limit",
+        "[0, 1e9]"},
+       into<&O::memory_limit_gb>()},
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
        into<&O::progress>()},
@@ -362,6 +367,11 @@ const std::vector<TrainKey>& train_keys() {
         "layers per pipeline stage: \"\" (even), parallel.pp x pp.chunks counts such as "
         "\"5,6,6,5\", or auto (balanced by modelled compute, the head counted)"},
        into<&O::pp_layers>()},
+      {{"cp.attention", ValueKind::String, "\"ring\"",
+        "context-parallel attention (parallel.cp > 1): ring passes K/V chunks around the cp ring "
+        "overlapped with the blocks; all_gather gathers every chunk first",
+        "ring | all_gather"},
+       into<&O::cp_attention>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
         "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},
@@ -442,6 +452,34 @@ TrainOptions TrainOptions::from(const Config& c) {
               "ckpt.dir or give ckpt.resume a checkpoint directory");
   o.comm = comm::CommOptions::from_config(c);
   o.mesh = parallel::MeshShape::from_config(c);
+  if (o.mesh.cp > 1) {
+    // Context parallelism (docs/training.md): each sequence in 2*cp chunks, two per cp rank.
+    const int cp = o.mesh.cp, chunks = 2 * cp;
+    TETRA_CHECK(o.mesh.ep == 1,
+                "[config] parallel.cp={} with parallel.ep={}: context parallelism does not combine "
+                "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep",
+                cp, o.mesh.ep);
+    TETRA_CHECK(o.model.moe.experts == 0,
+                "[config] parallel.cp={} with model.moe_experts={}: context parallelism runs dense "
+                "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts",
+                cp, o.model.moe.experts);
+    TETRA_CHECK(o.recompute != "selective",
+                "[config] parallel.cp={} with train.recompute=selective: context-parallel "
+                "attention keeps only each row's log-sum-exp (T/cp values per head), so there are "
+                "no attention probabilities to recompute; use train.recompute=none or full",
+                cp);
+    TETRA_CHECK(!o.model.bf16,
+                "[config] parallel.cp={} with train.precision=bf16: context-parallel attention's "
+                "blockwise kernels compute in f32 only; use train.precision=fp32 with cp, or "
+                "parallel.cp=1 with bf16",
+                cp);
+    TETRA_CHECK(o.seq_len % chunks == 0,
+                "[config] train.seq_len={} is not divisible by 2*parallel.cp = {}: each rank holds "
+                "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. {}, "
+                "or a parallel.cp with 2*cp dividing {}",
+                o.seq_len, chunks, o.seq_len >= chunks ? o.seq_len / chunks * chunks : chunks,
+                o.seq_len);
+  }
   o.pp_kind = pipeline::parse_kind(o.pp_schedule);
   try {
     // The schedule's and the split's refusals, before anything is allocated.

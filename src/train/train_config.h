@@ -48,9 +48,10 @@ struct TrainOptions {
   int eval_every = 0, eval_batches = 4;
   std::string run_dir;
   int threads = 0;
-  double peak_gflops = 0;  // the MFU denominator per rank; 0: measured (and cached) per machine
-  std::string progress;    // "auto" | "always" | "never"
-  bool profile = false;    // per-kernel profile: table at the end, profile.json in run_dir
+  double peak_gflops = 0;      // the MFU denominator per rank; 0: measured (and cached) per machine
+  double memory_limit_gb = 0;  // run.memory_limit_gb: the planned bytes per rank must fit; 0: any
+  std::string progress;        // "auto" | "always" | "never"
+  bool profile = false;        // per-kernel profile: table at the end, profile.json in run_dir
   std::string init_from, save_final, dump_grads, dump_logits;
   int64_t nan_grad_step = 0;  // 1-based step whose gradient gets a NaN injected; 0 = never
   int nan_grad_rank = 0;      // the rank that injects it
@@ -67,6 +68,8 @@ struct TrainOptions {
   parallel::ZeroOptions zero;  // stage, resharding, prefetch, stage-0 buckets, overlap
   comm::CommOptions comm;
   parallel::MeshShape mesh;
+  // Context parallelism over mesh.cp ranks (docs/context_parallel.md): attention's exchange.
+  std::string cp_attention = "ring";  // "ring" | "all_gather"
   // Pipeline parallelism over mesh.pp ranks (docs/pipeline.md); train.grad_accum micro-batches.
   std::string pp_schedule = "1f1b", pp_layers;
   pipeline::Kind pp_kind = pipeline::Kind::one_f_one_b;

@@ -38,22 +38,22 @@ TrainData::TrainData(const TrainOptions& opt, const RunLayout& layout)
                 val_->num_samples(), opt.eval_batches, opt.micro_batch,
                 int64_t(opt.eval_batches) * opt.micro_batch);
   }
-  const int64_t global_batch = int64_t(opt.micro_batch) * opt.grad_accum * layout.dp_size();
+  const int64_t global_batch = int64_t(opt.micro_batch) * opt.grad_accum * layout.data_size();
   if (global_batch > train_->num_samples()) {
     log_warn(
         "[train] a step takes {} sequences ({} ranks x {} micro-batches x {}) but data.train "
         "has only {} samples of {} tokens: every step repeats samples. Lower train.micro_batch, "
         "train.grad_accum or the rank count, or use more data",
-        global_batch, layout.dp_size(), opt.grad_accum, opt.micro_batch, train_->num_samples(),
+        global_batch, layout.data_size(), opt.grad_accum, opt.micro_batch, train_->num_samples(),
         opt.seq_len);
   }
 }
 
 void TrainData::start(const std::optional<SamplerState>& resumed) {
   // A global batch is every rank's micro-batches of one step; rank r takes its slice.
-  const int64_t global_batch = int64_t(opt_.micro_batch) * opt_.grad_accum * layout_.dp_size();
-  Sampler sampler(train_->num_samples(), opt_.shuffle, opt_.seed, global_batch, layout_.dp_rank(),
-                  layout_.dp_size());
+  const int64_t global_batch = int64_t(opt_.micro_batch) * opt_.grad_accum * layout_.data_size();
+  Sampler sampler(train_->num_samples(), opt_.shuffle, opt_.seed, global_batch, layout_.data_rank(),
+                  layout_.data_size());
   if (resumed) sampler.restore(*resumed);
   prefetch_ = std::make_unique<Prefetcher>(*train_, std::move(sampler));
 }

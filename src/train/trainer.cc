@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "model/gpt_io.h"
+#include "train/run_plan.h"
 
 namespace tetra {
 
@@ -39,6 +40,7 @@ TrainResult Trainer::run() {
 
 void Trainer::setup(const std::string& config_toml) {
   layout_ = std::make_unique<RunLayout>(opt_, world_, backend_);
+  refuse_over_memory_limit(opt_, layout_->world_size(), layout_->pp_rank());
   const int threads = opt_.threads > 0 ? opt_.threads : default_threads();
   backend_.set_threads(threads);
   const Recompute recompute = parse_recompute(opt_.recompute, "train.recompute");
@@ -62,9 +64,10 @@ void Trainer::setup(const std::string& config_toml) {
   executor_ =
       std::make_unique<pipeline::Executor>(std::move(schedule), layout_->pp(), backend_.device());
   store_ = std::make_unique<ParamStore>(backend_.device());
-  model_ =
-      std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch, opt_.seq_len,
-                            recompute, &ledger_, &layout_->tp(), std::move(part), &layout_->ep());
+  // Under context parallelism the model holds this rank's seq_len/cp tokens of every sequence.
+  model_ = std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch,
+                                 opt_.seq_len / layout_->cp_size(), recompute, &ledger_,
+                                 &layout_->tp(), std::move(part), &layout_->ep(), &layout_->cp());
   // Expert units are sharded and reduced over the ranks holding the same experts (edp).
   const comm::Communicator& edp = layout_->edp();
   store_->finalize(parallel::DataParallel::sharding_for(
@@ -88,7 +91,7 @@ void Trainer::setup(const std::string& config_toml) {
   sdc_ = std::make_unique<SdcCheck>(opt_, *layout_, backend_, *store_, *zero_);
   faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *sdc_, *store_);
   model_->set_hooks(faults_.get());
-  stage_ = std::make_unique<ModelStage>(*model_, *zero_);
+  stage_ = std::make_unique<ModelStage>(*model_, *zero_, &layout_->cp());
   if (!opt_.init_from.empty()) {
     // A pipeline stage, or an expert-parallel rank holding some of the experts, knows the file's
     // other tensors from the whole model's registrations (all experts; it allocates activations
@@ -139,6 +142,18 @@ double Trainer::evaluate() {
   stage_->begin_evaluation(inputs, targets, opt_.eval_batches);
   executor_->run_forward(*stage_, opt_.eval_batches);
   double loss = stage_->loss();
+  if (layout_->cp_size() > 1) {
+    // Each cp rank's loss is over its chunks (the same number of tokens on every rank): the
+    // sequences' loss is their mean, summed in rank order.
+    const comm::Communicator& cp = layout_->mesh()->cp();
+    std::vector<double> all(size_t(cp.size()));
+    cp.all_gather(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(&loss), sizeof loss),
+          std::span<std::byte>(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof loss))
+        .wait();
+    loss = 0;
+    for (double l : all) loss += l / double(all.size());
+  }
   // The loss is the last stage's (pipeline rank p - 1 holds the last virtual stage).
   if (layout_->pp_size() > 1) {
     layout_->pp()
@@ -175,6 +190,7 @@ TrainResult Trainer::train() {
     // reduction, and the update.
     zero_->begin_step();
     layout_->tp().reset_counters();
+    layout_->cp().reset_counters();
     moe_report_->begin_step();
     faults_->begin_step(step);
     sdc_->begin_step(step);

@@ -23,6 +23,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -907,6 +908,186 @@ TYPED_TEST(Conformance, AttentionDecode) {
         }
     this->check("attention_decode", shape, "kcache", got_k, want_k, Tol::exact);
     this->check("attention_decode", shape, "vcache", got_v, want_v, Tol::exact);
+  }
+}
+
+// Blockwise (ring) attention: a causal attention over T positions cut into chunks, each query
+// chunk the merge of its blocks (the chunks before it whole, itself causal) in a shuffled order,
+// against the whole sequence's reference. The running out starts as NaN poison under lse = -inf
+// (nothing merged), which the first merge must ignore. q, k and v are read through Rows: straight
+// from the fused qkv buffer (row W, batch T·W), or k and v from a packed k|v buffer per chunk
+// (row 2·KVH·hs, batch its positions' rows), as a block received from another rank lies; dk and
+// dv accumulate into the same layouts, pre-filled with random values, as does dq.
+TYPED_TEST(Conformance, AttentionBlocks) {
+  using F = typename TestFixture::F;
+  Kernels<F>& k = this->k();
+  struct Case {
+    int B, NH, hs, KVH;  // KVH 0: NH
+    std::vector<int> chunks;
+  };
+  // 70 and 66 cross the CPU's 64-row causal blocks; 1 is a single position.
+  const std::vector<Case> cases = {{2, 3, 12, 0, {5, 7, 5, 7}},
+                                   {2, 4, 7, 2, {7, 5, 3, 5}},
+                                   {1, 4, 16, 1, {70, 5, 66}},
+                                   {2, 6, 32, 3, {1, 9, 4, 6}},
+                                   {1, 2, 64, 0, {3, 1}}};
+  for (const Case& cs : cases) {
+    const int B = cs.B, NH = cs.NH, C = cs.NH * cs.hs, nc = int(cs.chunks.size());
+    std::vector<int> at{0};  // chunk c holds positions [at[c], at[c + 1])
+    for (int n : cs.chunks) at.push_back(at.back() + n);
+    const int T = at.back();
+    const AttentionShape s{B, T, C, NH, cs.KVH};
+    const int KVH = s.kv_heads();
+    const int64_t W = s.width(), KV = s.kv_width();
+    std::string shape = shape_str({{"B", B}, {"NH", NH}, {"hs", cs.hs}});
+    if (cs.KVH) shape += " KVH=" + std::to_string(cs.KVH);
+    shape += " chunks";
+    for (int n : cs.chunks) shape.append(" ").append(std::to_string(n));
+    Inputs in(seed_of("attention_block", uint64_t(B * 1000000 + T * 1000 + NH * 100 + cs.hs) +
+                                             uint64_t(cs.KVH) * 1000000000ull));
+    const std::vector<F> qkv = in.values<F>(size_t(B) * T * size_t(W), 0.2, 2.0),
+                         dout = in.values<F>(size_t(B) * T * C);
+    Vec r_out, r_p;
+    ref::attention_forward(r_out, r_p, wide(qkv), B, T, C, NH, KVH);
+    const Vec r_dqkv = ref::attention_backward(wide(dout), wide(qkv), r_p, B, T, C, NH, KVH);
+    Vec r_delta(size_t(B) * T * NH, 0.0);
+    for (size_t row = 0; row < size_t(B) * T; ++row)
+      for (int h = 0; h < NH; ++h)
+        for (int d = 0; d < cs.hs; ++d) {
+          const size_t i = row * size_t(C) + size_t(h * cs.hs + d);
+          r_delta[row * size_t(NH) + size_t(h)] += double(dout[i]) * r_out[i];
+        }
+    // Each query chunk's blocks (key chunks 0..c), in an order drawn per case.
+    std::vector<std::vector<int>> order(cs.chunks.size());
+    std::mt19937 shuffle_gen(uint32_t(seed_of("attention_block order", uint64_t(T))));
+    for (int c = 0; c < nc; ++c) {
+      for (int kc = 0; kc <= c; ++kc) order[size_t(c)].push_back(kc);
+      std::shuffle(order[size_t(c)].begin(), order[size_t(c)].end(), shuffle_gen);
+    }
+    // Packed k|v (B, n, 2·KV) of each chunk, and the gradients' initial values.
+    std::vector<std::vector<F>> kv_host(cs.chunks.size());
+    for (int c = 0; c < nc; ++c) {
+      const int n = cs.chunks[size_t(c)];
+      kv_host[size_t(c)].resize(size_t(B) * n * 2 * size_t(KV));
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < n; ++t)
+          std::copy_n(qkv.begin() + (int64_t(b) * T + at[size_t(c)] + t) * W + C, 2 * KV,
+                      kv_host[size_t(c)].begin() + (int64_t(b) * n + t) * 2 * KV);
+    }
+    const std::vector<F> dqkv0 = in.values<F>(qkv.size());
+    Buffer<F> d_qkv = this->upload(qkv), d_dout = this->upload(dout);
+
+    // Pass 0 reads everything from qkv, pass 1 k and v from the packed buffers, pass 2 repeats
+    // pass 0, which it must match bit for bit (the kernels are deterministic).
+    std::vector<F> first_out, first_lse, first_dqkv;
+    for (int pass = 0; pass < 3; ++pass) {
+      const bool packed = pass == 1;
+      const std::string tag = packed ? " (k, v packed per chunk)" : " (q, k, v in qkv)";
+      std::vector<Buffer<F>> d_kv, d_dkv;
+      std::vector<std::vector<F>> dkv0(cs.chunks.size());
+      for (int c = 0; c < nc; ++c) {
+        d_kv.push_back(this->upload(kv_host[size_t(c)]));
+        dkv0[size_t(c)] = in.values<F>(kv_host[size_t(c)].size());
+        d_dkv.push_back(this->upload(dkv0[size_t(c)]));
+      }
+      // Rows of chunk c: of a (B,T,width) buffer at column col, or of chunk c's packed k|v.
+      auto rows = [&](auto* p, int c, int64_t width, int64_t col) {
+        using P = std::remove_pointer_t<decltype(p)>;
+        return Rows<P>{p + int64_t(at[size_t(c)]) * width + col, width, int64_t(T) * width};
+      };
+      auto kv_rows = [&](auto* p, int c, int64_t col) {
+        using P = std::remove_pointer_t<decltype(p)>;
+        return Rows<P>{p + col, 2 * KV, int64_t(cs.chunks[size_t(c)]) * 2 * KV};
+      };
+      const F* q = d_qkv.data();
+      auto key = [&](int c, int part) {  // part 0: k, 1: v
+        return packed ? kv_rows(static_cast<const F*>(d_kv[size_t(c)].data()), c, part * KV)
+                      : rows(q, c, W, C + part * KV);
+      };
+      Buffer<F> out = this->poisoned(size_t(B) * T * C),
+                lse = this->upload(std::vector<F>(size_t(B) * T * NH, -INFINITY)),
+                delta = this->poisoned(size_t(B) * T * NH), dqkv = this->upload(dqkv0);
+      auto block = [&](int c, int kc) {
+        return AttentionBlock{B,      cs.chunks[size_t(c)], cs.chunks[size_t(kc)], C, NH, cs.KVH,
+                              kc == c};
+      };
+      for (int c = 0; c < nc; ++c) {
+        for (int kc : order[size_t(c)]) {
+          const AttentionBlock blk = block(c, kc);
+          Buffer<F> scratch = this->poisoned(k.attention_block_scratch_elements(blk));
+          k.attention_block_forward(rows(out.data(), c, C, 0), rows(lse.data(), c, NH, 0),
+                                    rows(q, c, W, 0), key(kc, 0), key(kc, 1), blk, scratch.data());
+        }
+      }
+      this->check("attention_block_forward", shape, "out" + tag, out, r_out, Tol::arith);
+      for (int c = 0; c < nc; ++c) {
+        const AttentionBlock diag = block(c, c);
+        k.attention_block_delta(rows(delta.data(), c, NH, 0),
+                                rows(static_cast<const F*>(d_dout.data()), c, C, 0),
+                                rows(static_cast<const F*>(out.data()), c, C, 0), diag);
+        for (int kc : order[size_t(c)]) {
+          const AttentionBlock blk = block(c, kc);
+          Buffer<F> scratch = this->poisoned(k.attention_block_scratch_elements(blk));
+          F* dk = packed ? d_dkv[size_t(kc)].data() : dqkv.data();
+          auto grad = [&](int64_t col) {
+            return packed ? kv_rows(dk, kc, col) : rows(dk, kc, W, C + col);
+          };
+          k.attention_block_backward(rows(dqkv.data(), c, W, 0), grad(0), grad(KV),
+                                     rows(static_cast<const F*>(d_dout.data()), c, C, 0),
+                                     rows(static_cast<const F*>(delta.data()), c, NH, 0),
+                                     rows(static_cast<const F*>(lse.data()), c, NH, 0),
+                                     rows(q, c, W, 0), key(kc, 0), key(kc, 1), blk, scratch.data());
+        }
+      }
+      this->check("attention_block_delta", shape, "delta" + tag, delta, r_delta, Tol::arith);
+      // Each gradient's increment over its initial values, held to the reference as a tensor.
+      const std::vector<F> got_dqkv = this->download(dqkv);
+      std::vector<std::vector<F>> got_dkv(cs.chunks.size());
+      for (int c = 0; c < nc; ++c) got_dkv[size_t(c)] = this->download(d_dkv[size_t(c)]);
+      for (int part = 0; part < 3; ++part) {
+        Vec got, want;
+        for (int b = 0; b < B; ++b)
+          for (int c = 0; c < nc; ++c)
+            for (int t = at[size_t(c)]; t < at[size_t(c) + 1]; ++t) {
+              const int64_t row = int64_t(b) * T + t;
+              const int64_t width = part == 0 ? C : KV, col = part == 0 ? 0 : C + (part - 1) * KV;
+              for (int64_t j = 0; j < width; ++j) {
+                const size_t i = size_t(row * W + col + j);
+                want.push_back(r_dqkv[i]);
+                if (packed && part > 0) {
+                  const size_t pi =
+                      size_t((int64_t(b) * cs.chunks[size_t(c)] + t - at[size_t(c)]) * 2 * KV +
+                             (part - 1) * KV + j);
+                  got.push_back(double(got_dkv[size_t(c)][pi]) - double(dkv0[size_t(c)][pi]));
+                } else {
+                  got.push_back(double(got_dqkv[i]) - double(dqkv0[i]));
+                }
+              }
+            }
+        this->check("attention_block_backward", shape,
+                    std::string("d") + "qkv"[part] + " increment" + tag, got, want, Tol::arith);
+      }
+      if (packed) {  // dk and dv went to the packed buffers: dqkv's k and v columns are untouched
+        Vec got, want;
+        for (int64_t row = 0; row < int64_t(B) * T; ++row)
+          for (int64_t c = C; c < W; ++c) {
+            got.push_back(got_dqkv[size_t(row * W + c)]);
+            want.push_back(dqkv0[size_t(row * W + c)]);
+          }
+        this->check("attention_block_backward", shape, "dqkv k, v (untouched)" + tag, got, want,
+                    Tol::exact);
+      } else if (pass == 0) {
+        first_out = this->download(out), first_lse = this->download(lse), first_dqkv = got_dqkv;
+      } else {
+        const std::string again = " (repeated: bit for bit)";
+        this->check("attention_block_forward", shape, "out" + again, out, wide(first_out),
+                    Tol::exact);
+        this->check("attention_block_forward", shape, "lse" + again, lse, wide(first_lse),
+                    Tol::exact);
+        this->check("attention_block_backward", shape, "dqkv" + again, wide(got_dqkv),
+                    wide(first_dqkv), Tol::exact);
+      }
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -262,6 +263,52 @@ TEST(GradCheck, GroupedQueryAttention) {
   EXPECT_LT(attention_grad_error({2, 5, 24, 4, 1}, 25), kGradTolerance);
   EXPECT_LT(attention_grad_error({1, 70, 8, 4, 2}, 27), kGradTolerance);
   EXPECT_LT(attention_grad_error({1, 70, 6, 3, 1}, 29), kGradTolerance);
+}
+
+// Blockwise attention (context parallelism): the queries of chunk 1 of each sequence (positions
+// T0..T0+T1) against chunk 0 whole, then against themselves causally, merged; the gradients of
+// sum(out * r) with respect to the whole qkv buffer (B, T0 + T1, W) come from one delta and the
+// two blocks' backward calls, through Rows into qkv.
+double attention_block_grad_error(int B, int T0, int T1, int C, int NH, int KVH, uint32_t seed) {
+  const AttentionShape s{B, T0 + T1, C, NH, KVH};
+  const int64_t W = s.width(), KV = s.kv_width(), T = s.T;
+  Vec qkv = random_vector(size_t(B * T * W), seed), r = random_vector(size_t(B) * T1 * C, seed + 1);
+  Vec out(r.size()), lse(size_t(B) * T1 * NH), delta(lse.size());
+  const AttentionBlock past{B, T1, T0, C, NH, KVH, false}, diag{B, T1, T1, C, NH, KVH, true};
+  Vec scratch(
+      std::max(attention_block_scratch_elements(past), attention_block_scratch_elements(diag)));
+  auto in = [&](const Vec& x, int t0, int64_t col) {
+    return Rows<const double>{x.data() + t0 * W + col, W, T * W};
+  };
+  const Rows<double> o{out.data(), C, int64_t(T1) * C}, l{lse.data(), NH, int64_t(T1) * NH};
+  auto loss = [&] {
+    std::fill(lse.begin(), lse.end(), -INFINITY);
+    attention_block_forward(o, l, in(qkv, T0, 0), in(qkv, 0, C), in(qkv, 0, C + KV), past,
+                            scratch.data());
+    attention_block_forward(o, l, in(qkv, T0, 0), in(qkv, T0, C), in(qkv, T0, C + KV), diag,
+                            scratch.data());
+    return dot(out, r);
+  };
+  loss();
+  const Rows<const double> dy{r.data(), C, int64_t(T1) * C}, d{delta.data(), NH, int64_t(T1) * NH},
+      lc{lse.data(), NH, int64_t(T1) * NH};
+  attention_block_delta(Rows<double>{delta.data(), NH, int64_t(T1) * NH}, dy,
+                        Rows<const double>{out.data(), C, int64_t(T1) * C}, diag);
+  Vec dqkv(qkv.size(), 0.0);
+  auto grad = [&](int t0, int64_t col) {
+    return Rows<double>{dqkv.data() + t0 * W + col, W, T * W};
+  };
+  attention_block_backward(grad(T0, 0), grad(0, C), grad(0, C + KV), dy, d, lc, in(qkv, T0, 0),
+                           in(qkv, 0, C), in(qkv, 0, C + KV), past, scratch.data());
+  attention_block_backward(grad(T0, 0), grad(T0, C), grad(T0, C + KV), dy, d, lc, in(qkv, T0, 0),
+                           in(qkv, T0, C), in(qkv, T0, C + KV), diag, scratch.data());
+  return max_grad_error(qkv, dqkv, loss);
+}
+
+TEST(GradCheck, AttentionBlocksMergedCausalAndPast) {
+  EXPECT_LT(attention_block_grad_error(2, 3, 4, 8, 2, 0, 31), kGradTolerance);
+  // Grouped-query attention: dk and dv of a key/value head sum over its query heads.
+  EXPECT_LT(attention_block_grad_error(2, 5, 3, 12, 4, 2, 33), kGradTolerance);
 }
 
 // qkv (B,T,C + 2·KVH·hs) of grouped-query attention as multi-head qkv (B,T,3C): every key and

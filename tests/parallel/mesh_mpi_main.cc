@@ -1,4 +1,4 @@
-// Builds the mesh for every valid (dp, tp, pp, ep) shape of the launched world and checks that
+// Builds the mesh for every valid (dp, tp, pp, ep, cp) shape of the launched world and checks that
 // each group's communicator holds exactly the ranks the layout names, in coordinate order, and
 // that a reduction over it sums exactly those ranks. Exit 1 if any rank saw a mismatch.
 #include <fmt/format.h>
@@ -24,26 +24,32 @@ int main(int argc, char** argv) {
     };
     for (int tp = 1; tp <= n; ++tp) {
       for (int pp = 1; pp <= n; ++pp) {
-        if (n % (tp * pp)) continue;
-        int dp = n / (tp * pp);
-        for (int ep = 1; ep <= dp; ++ep) {
-          if (dp % ep) continue;
-          Mesh mesh = Mesh::build(world, MeshShape{0, tp, pp, ep});
-          ++shapes;
-          std::string shape = fmt::format("dp {} tp {} pp {} ep {}", dp, tp, pp, ep);
-          for (MeshDim d : {MeshDim::tp, MeshDim::dp, MeshDim::pp, MeshDim::ep, MeshDim::edp}) {
-            const comm::Communicator& g = mesh.group(d);
-            std::vector<int> want = mesh.layout().group_ranks(d, r);
-            expect(g.world_ranks() == want, shape + " " + mesh_dim_name(d) + " members");
-            expect(g.rank() == mesh.layout().coordinate(d, r),
-                   shape + " " + mesh_dim_name(d) + " rank");
-            std::vector<int32_t> v{r};
-            g.all_reduce(std::span<int32_t>(v)).wait();
-            expect(v[0] == std::accumulate(want.begin(), want.end(), 0),
-                   shape + " " + mesh_dim_name(d) + " all_reduce");
+        for (int cp = 1; cp <= n; ++cp) {
+          if (n % (tp * pp * cp)) continue;
+          int dp = n / (tp * pp * cp);
+          for (int ep = 1; ep <= dp; ++ep) {
+            if (dp % ep) continue;
+            Mesh mesh = Mesh::build(world, MeshShape{0, tp, pp, ep, cp});
+            ++shapes;
+            std::string shape = fmt::format("dp {} tp {} pp {} ep {} cp {}", dp, tp, pp, ep, cp);
+            expect(mesh.cp().world_ranks() == mesh.group(MeshDim::cp).world_ranks() &&
+                       mesh.dp_cp().world_ranks() == mesh.group(MeshDim::dpcp).world_ranks(),
+                   shape + " cp() and dp_cp() accessors");
+            for (MeshDim d : {MeshDim::tp, MeshDim::dp, MeshDim::pp, MeshDim::ep, MeshDim::edp,
+                              MeshDim::cp, MeshDim::dpcp}) {
+              const comm::Communicator& g = mesh.group(d);
+              std::vector<int> want = mesh.layout().group_ranks(d, r);
+              expect(g.world_ranks() == want, shape + " " + mesh_dim_name(d) + " members");
+              expect(g.rank() == mesh.layout().coordinate(d, r),
+                     shape + " " + mesh_dim_name(d) + " rank");
+              std::vector<int32_t> v{r};
+              g.all_reduce(std::span<int32_t>(v)).wait();
+              expect(v[0] == std::accumulate(want.begin(), want.end(), 0),
+                     shape + " " + mesh_dim_name(d) + " all_reduce");
+            }
+            if (tp == 2 && ep == 1 && pp == 1 && cp <= 2 && r == 0)
+              std::printf("%s", mesh.layout_table().c_str());
           }
-          if (tp == 2 && ep == 1 && pp == 1 && r == 0)
-            std::printf("%s", mesh.layout_table().c_str());
         }
       }
     }

@@ -399,3 +399,35 @@ TEST(PlanDocs, KeyTableMatchesTheSchema) {
 }
 
 }  // namespace
+
+// A training config with parallel.cp=2 (tiny: B = 8, T = 128, 4 layers of 4 heads of 32, fp32) on
+// 2 ranks: the layout names CP 2, the communication section has the ring's row and formula, and
+// the run's own traffic is the ring's f32 sends plus the gradients reduced over dp x cp = 2 ranks.
+TEST(PlanCli, ContextParallelRunShowsTheRing) {
+  const std::string args = "--config configs/tiny.toml --parallel.cp=2 --cluster.gpus=2";
+  const CliResult r = tetra_plan(args + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["cp"], 2);
+  EXPECT_EQ(j["layout"]["dp"], 1);
+  // A hop: 8 sequences x 64 tokens x K and V x 128 channels x 4 bytes.
+  const double hop = 8 * 64 * 2 * 128 * 4.0;
+  EXPECT_EQ(j["cp_ring"]["hop_bytes"].get<double>(), hop);
+  EXPECT_EQ(j["cp_ring"]["forward_bytes"].get<double>(), hop);
+  EXPECT_EQ(j["cp_ring"]["backward_bytes"].get<double>(), 2 * hop);
+  EXPECT_EQ(j["run"]["bytes_per_step"]["cp"].get<double>(), 4 * 3 * hop);
+  EXPECT_GT(j["run"]["bytes_per_step"]["dp"].get<double>(), 0);
+
+  const CliResult table = tetra_plan(args);
+  ASSERT_EQ(table.code, 0) << table.out;
+  EXPECT_TRUE(has(table, "TP 1 x CP 2 x PP 1 x DP 1")) << table.out;
+  EXPECT_TRUE(has(table, "ring attention: K,V fwd over cp-1 = 1 hop(s)")) << table.out;
+  EXPECT_TRUE(has(table,
+                  "cp ring per layer and micro-batch: fwd (cp-1) x B x T/cp x 2 x kv_width "
+                  "x bytes = 1 x 8 x 64 x 2 x 128 x 4 = "))
+      << table.out;
+
+  const CliResult odd = tetra_plan("--config configs/tiny.toml --parallel.cp=3 --cluster.gpus=3");
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_TRUE(has(odd, "train.seq_len=128 is not divisible by 2*parallel.cp = 6")) << odd.out;
+}

@@ -114,6 +114,43 @@ TEST_F(TrainCli, TensorParallelSizeMustSplitTheHeadsAndHaveItsRanks) {
                  "`tetra launch -n 2 -- train ...`");
 }
 
+// Context parallelism (parallel.cp): each rank holds two chunks of T/(2cp) tokens, dense models
+// only, no expert parallelism, no selective recomputation or bf16; a single process has one rank.
+TEST_F(TrainCli, ContextParallelSizeIsChecked) {
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=0"),
+                 "'parallel.cp' must be an integer in [1, 1048576], got '0'");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=3"),
+                 "[config] train.seq_len=16 is not divisible by 2*parallel.cp = 6: each rank holds "
+                 "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. 12");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=16"), "multiple of 2*cp, e.g. 32");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4"),
+                 "[config] parallel.cp=2 with model.moe_experts=4: context parallelism runs dense "
+                 "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4 --parallel.ep=2"),
+                 "[config] parallel.cp=2 with parallel.ep=2: context parallelism does not combine "
+                 "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --train.recompute=selective"),
+                 "[config] parallel.cp=2 with train.recompute=selective: context-parallel "
+                 "attention keeps only each row's log-sum-exp");
+  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2"),
+                 "[train] parallel.cp=2 needs 2 ranks but this is a single process; run it as "
+                 "`tetra launch -n 2 -- train ...`");
+}
+
+// run.memory_limit_gb: a run the ledger plans above the limit is refused before anything is
+// allocated or written, naming what fits.
+TEST_F(TrainCli, MemoryLimitRefusesWithWhatFits) {
+  const std::string longer = base() + " --model.max_seq=256 --train.seq_len=256";
+  EXPECT_REFUSED(tetra(longer + " --run.memory_limit_gb=0.01"),
+                 "is 0.015 GB (activations 0.00896 GB, temporaries 0.00551 GB), above "
+                 "run.memory_limit_gb=0.01; use parallel.cp=2 on 2 ranks (0.00467 GB per rank), or "
+                 "train.recompute=full (0.00899 GB per rank)");
+  EXPECT_REFUSED(tetra(longer + " --run.memory_limit_gb=0.003"),
+                 "use parallel.cp=4 on 4 ranks (0.00256 GB per rank)");
+  EXPECT_REFUSED(tetra(base() + " --run.memory_limit_gb=1e-6"),
+                 "above run.memory_limit_gb=1e-06; lower train.micro_batch or train.seq_len");
+}
+
 TEST_F(TrainCli, TokenIdBeyondVocabIsRefused) {
   EXPECT_REFUSED(tetra(base() + " --model.vocab_size=50"),
                  "holds token id 60 but model.vocab_size=50");

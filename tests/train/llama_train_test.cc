@@ -63,13 +63,14 @@ class LlamaTrain : public ::testing::Test {
                                     run / "w.safetensors");
   }
 
-  static void expect_same_run(const LayoutRun& serial, const LayoutRun& r) {
+  static void expect_same_run(const LayoutRun& serial, const LayoutRun& r,
+                              double weights_tol = 1e-5) {
     ASSERT_EQ(r.code, 0) << r.output;
     ASSERT_EQ(r.loss.size(), size_t(kSteps));
     for (size_t s = 0; s < size_t(kSteps); ++s) {
       EXPECT_NEAR(r.loss[s], serial.loss[s], 1e-5 * serial.loss[s]) << "step " << s + 1;
     }
-    testing::expect_same_weights(serial, r, 1e-5);
+    testing::expect_same_weights(serial, r, weights_tol);
   }
 
   static fs::path dir_;
@@ -103,10 +104,15 @@ TEST_F(LlamaTrain, TiedHeadAndRecomputationReproduceTheSerialRun) {
   const LayoutRun serial = train(1, 1, 8, "tied_serial", "--model.tie_embeddings=true");
   ASSERT_EQ(serial.code, 0) << serial.output;
   // The tied embedding crosses the pipeline (a copy on the last stage) and tensor parallelism.
-  expect_same_run(
-      serial, train(4, 1, 2, "tied_tp2_pp2",
-                    "--model.tie_embeddings=true --parallel.tp=2 --parallel.pp=2 --pp.layers=auto "
-                    "--train.recompute=full"));
+  // Its o_proj ends 9.75e-6 norm-relative from the serial run on an AMD EPYC when the machine is
+  // quiet and 1.02e-5 under the test suite's load, where the per-shape choice of matmul library
+  // (measured on the spot in a test's fresh HOME) can differ: float noise at the 1e-5 scale of
+  // any layout, held to 2e-5.
+  expect_same_run(serial,
+                  train(4, 1, 2, "tied_tp2_pp2",
+                        "--model.tie_embeddings=true --parallel.tp=2 --parallel.pp=2 "
+                        "--pp.layers=auto --train.recompute=full"),
+                  2e-5);
   expect_same_run(serial, train(2, 2, 4, "tied_dp2_selective",
                                 "--model.tie_embeddings=true --zero.stage=2 "
                                 "--train.recompute=selective"));

@@ -12,6 +12,7 @@
 #include "core/profile.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -104,6 +105,25 @@ class CpuKernels final : public Kernels<F> {
   void attention_decode(F* out, const F* qkv, F* kcache, F* vcache, F* scratch, int pos0,
                         const AttentionShape& s, int maxT) override {
     cpu::attention_decode(out, qkv, kcache, vcache, scratch, pos0, s, maxT);
+  }
+
+  // Blockwise attention: scratch holds a block's scores and their gradient (B,NH,Tq,Tk) each.
+  size_t attention_block_scratch_elements(const AttentionBlock& b) const override {
+    return cpu::attention_block_scratch_elements(b);
+  }
+  void attention_block_forward(Rows<F> out, Rows<F> lse, Rows<const F> q, Rows<const F> k,
+                               Rows<const F> v, const AttentionBlock& b, F* scratch) override {
+    cpu::attention_block_forward(out, lse, q, k, v, b, scratch);
+  }
+  void attention_block_delta(Rows<F> delta, Rows<const F> dout, Rows<const F> out,
+                             const AttentionBlock& b) override {
+    cpu::attention_block_delta(delta, dout, out, b);
+  }
+  void attention_block_backward(Rows<F> dq, Rows<F> dk, Rows<F> dv, Rows<const F> dout,
+                                Rows<const F> delta, Rows<const F> lse, Rows<const F> q,
+                                Rows<const F> k, Rows<const F> v, const AttentionBlock& b,
+                                F* scratch) override {
+    cpu::attention_block_backward(dq, dk, dv, dout, delta, lse, q, k, v, b, scratch);
   }
 
   void swiglu_forward(F* out, const F* gate, const F* up, int64_t N) override {

@@ -74,6 +74,20 @@ void check_attention(const AttentionShape& s) {
               s.C / s.NH, s.C, s.NH, launch::kAttentionMaxHeadSize);
 }
 
+// A block's heads as check_attention's, a causal block square, sizes >= 0.
+void check_block(const AttentionBlock& b) {
+  check_attention(AttentionShape{b.B, b.Tq, b.C, b.NH, b.KVH});
+  TETRA_CHECK(b.Tq >= 0 && b.Tk >= 0, "[cuda] attention block: Tq = {}, Tk = {} must be >= 0", b.Tq,
+              b.Tk);
+  TETRA_CHECK(!b.causal || b.Tq == b.Tk,
+              "[cuda] attention block: a causal block is one chunk against itself: Tq = {} != Tk "
+              "= {}",
+              b.Tq, b.Tk);
+}
+
+launch::RowsOut rows(Rows<float> r) { return {r.p, r.row, r.batch}; }
+launch::RowsIn rows(Rows<const float> r) { return {r.p, r.row, r.batch}; }
+
 // rope's cos and sin of a position, 8·hs/2 bytes of shared memory, stay within the default 48 KiB.
 constexpr int kRopeMaxHeadSize = 8192;
 
@@ -190,6 +204,33 @@ class CudaKernels final : public Kernels<float> {
     const KernelScope profile(ProfKind::attention, "decode");
     launch::attention_decode(out, qkv, kcache, vcache, pos0, s.B, s.T, s.C, s.NH, s.kv_heads(),
                              maxT);
+  }
+
+  // ---- blockwise attention: a warp per row, nothing kept between the calls ------------------
+  size_t attention_block_scratch_elements(const AttentionBlock&) const override { return 0; }
+  void attention_block_forward(Rows<float> out, Rows<float> lse, Rows<const float> q,
+                               Rows<const float> k, Rows<const float> v, const AttentionBlock& b,
+                               float*) override {
+    check_block(b);
+    const KernelScope profile(ProfKind::attention, "block forward");
+    launch::attention_block_forward(rows(out), rows(lse), rows(q), rows(k), rows(v), b.B, b.Tq,
+                                    b.Tk, b.C, b.NH, b.kv_heads(), b.causal);
+  }
+  void attention_block_delta(Rows<float> delta, Rows<const float> dout, Rows<const float> out,
+                             const AttentionBlock& b) override {
+    check_block(b);
+    const KernelScope profile(ProfKind::attention, "block delta");
+    launch::attention_block_delta(rows(delta), rows(dout), rows(out), b.B, b.Tq, b.C, b.NH);
+  }
+  void attention_block_backward(Rows<float> dq, Rows<float> dk, Rows<float> dv,
+                                Rows<const float> dout, Rows<const float> delta,
+                                Rows<const float> lse, Rows<const float> q, Rows<const float> k,
+                                Rows<const float> v, const AttentionBlock& b, float*) override {
+    check_block(b);
+    const KernelScope profile(ProfKind::attention, "block backward");
+    launch::attention_block_backward(rows(dq), rows(dk), rows(dv), rows(dout), rows(delta),
+                                     rows(lse), rows(q), rows(k), rows(v), b.B, b.Tq, b.Tk, b.C,
+                                     b.NH, b.kv_heads(), b.causal);
   }
 
   // ---- element-wise -------------------------------------------------------------------------

@@ -109,6 +109,28 @@ void attention_backward(float* dqkv, float* dvec, const float* dout, const float
 void attention_decode(float* out, const float* qkv, float* kcache, float* vcache, int pos0, int B,
                       int T, int C, int NH, int KVH, int maxT);
 
+// ---- blockwise attention (attention_block.cu) ---------------------------------------------------
+/** Rows of a (B, T, ·) activation: element (b, t, j) at p[b·batch + t·row + j] (kernels.h's
+ *  Rows, without its header). */
+struct RowsIn {
+  const float* p;
+  int64_t row, batch;
+};
+struct RowsOut {
+  float* p;
+  int64_t row, batch;
+};
+/** Kernels<float>::attention_block_forward: merges the block of Tq queries (NH heads of C/NH <=
+ *  kAttentionMaxHeadSize) against Tk keys (KVH heads) into out (B,Tq,C) and lse (B,Tq,NH). */
+void attention_block_forward(RowsOut out, RowsOut lse, RowsIn q, RowsIn k, RowsIn v, int B, int Tq,
+                             int Tk, int C, int NH, int KVH, bool causal);
+/** delta (B,Tq,NH) = per head, dout · out over its channels. */
+void attention_block_delta(RowsOut delta, RowsIn dout, RowsIn out, int B, int Tq, int C, int NH);
+/** dq (B,Tq,C), dk and dv (B,Tk,KVH·hs) accumulate the block's gradients. */
+void attention_block_backward(RowsOut dq, RowsOut dk, RowsOut dv, RowsIn dout, RowsIn delta,
+                              RowsIn lse, RowsIn q, RowsIn k, RowsIn v, int B, int Tq, int Tk,
+                              int C, int NH, int KVH, bool causal);
+
 // ---- softmax + cross-entropy (loss.cu)
 // ------------------------------------------------------------
 /** losses (N); logits (N,Vp), first V columns real; with `backward` logits become the gradient. */

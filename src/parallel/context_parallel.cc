@@ -1,0 +1,344 @@
+#include "parallel/context_parallel.h"
+
+#include <algorithm>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "core/error.h"
+#include "core/profile.h"
+#include "core/timer.h"
+
+namespace tetra::parallel {
+
+namespace {
+
+// Point-to-point tags of the ring: keys and values, and the partial sums of their gradients.
+constexpr int kKvTag = 41, kDkvTag = 42;
+
+}  // namespace
+
+CpSplit::CpSplit(int T, int cp, int rank) : T_(T), cp_(cp), rank_(rank) {
+  TETRA_CHECK(cp >= 1 && rank >= 0 && rank < cp, "[cp] internal: rank {} of a cp group of {}", rank,
+              cp);
+  TETRA_CHECK(
+      T > 0 && T % (2 * cp) == 0,
+      "[cp] parallel.cp={} splits each sequence into 2·cp = {} chunks, but train.seq_len={} "
+      "is not a multiple of {}; use seq_len {} or {}, or a cp that 2·cp divides {} by",
+      cp, 2 * cp, T, 2 * cp, T / (2 * cp) * (2 * cp), (T / (2 * cp) + 1) * (2 * cp), T);
+}
+
+int CpSplit::position(int t) const {
+  const int c = chunk();
+  return t < c ? rank_ * c + t : chunk_of(rank_, 1, cp_) * c + (t - c);
+}
+
+template <typename V>
+void CpSplit::take(V* local, const V* full, int B, int width) const {
+  const size_t c = size_t(chunk()) * size_t(width);
+  for (int b = 0; b < B; ++b) {
+    const V* seq = full + size_t(b) * size_t(T_) * size_t(width);
+    V* out = local + size_t(b) * 2 * c;
+    std::copy_n(seq + size_t(chunk_of(rank_, 0, cp_)) * c, c, out);
+    std::copy_n(seq + size_t(chunk_of(rank_, 1, cp_)) * c, c, out + c);
+  }
+}
+
+template <typename V>
+void CpSplit::put(V* full, const V* local, int B, int width) const {
+  const size_t c = size_t(chunk()) * size_t(width);
+  for (int b = 0; b < B; ++b) {
+    V* seq = full + size_t(b) * size_t(T_) * size_t(width);
+    const V* in = local + size_t(b) * 2 * c;
+    std::copy_n(in, c, seq + size_t(chunk_of(rank_, 0, cp_)) * c);
+    std::copy_n(in + c, c, seq + size_t(chunk_of(rank_, 1, cp_)) * c);
+  }
+}
+
+template void CpSplit::take<int32_t>(int32_t*, const int32_t*, int, int) const;
+template void CpSplit::take<float>(float*, const float*, int, int) const;
+template void CpSplit::take<double>(double*, const double*, int, int) const;
+template void CpSplit::put<int32_t>(int32_t*, const int32_t*, int, int) const;
+template void CpSplit::put<float>(float*, const float*, int, int) const;
+template void CpSplit::put<double>(double*, const double*, int, int) const;
+
+CpAttention cp_attention_from_string(const std::string& s) {
+  if (s == "ring") return CpAttention::ring;
+  if (s == "all_gather") return CpAttention::all_gather;
+  fail(
+      "[cp] cp.attention='{}': use ring (K/V passed around the cp ring, overlapped) or "
+      "all_gather (K/V gathered once)",
+      s);
+}
+
+const char* cp_attention_name(CpAttention a) {
+  return a == CpAttention::ring ? "ring" : "all_gather";
+}
+
+// The scratch of one call. ring: kv[2], acc[2], mine and rin, (B,2c,2·kvw) each; all_gather:
+// kv[0] every rank's K/V (cp of them), acc[0] their gradients, rin the all-to-all's (cp each).
+template <typename F>
+struct ContextAttention<F>::Scratch {
+  F* kv[2] = {nullptr, nullptr};
+  F* acc[2] = {nullptr, nullptr};
+  F* mine = nullptr;  // ring: this rank's queries' share of its own keys' and values' gradients
+  F* rin = nullptr;
+  F* delta = nullptr;
+  F* block = nullptr;
+  size_t n = 0;  // elements of one rank's packed K/V: B·2c·2·kvw
+  size_t total = 0;
+};
+
+namespace {
+
+// Every block of a rank is c x c (c = T/2 local rows): the largest scratch a block call takes.
+template <typename F>
+size_t block_scratch(const Kernels<F>& k, const AttentionShape& s) {
+  AttentionBlock b{s.B, s.T / 2, s.T / 2, s.C, s.NH, s.KVH, false};
+  size_t n = k.attention_block_scratch_elements(b);
+  b.causal = true;
+  return std::max(n, k.attention_block_scratch_elements(b));
+}
+
+}  // namespace
+
+template <typename F>
+ContextAttention<F>::ContextAttention(Backend& backend, comm::Communicator group,
+                                      CpAttention variant)
+    : backend_(&backend), k_(&backend.kernels<F>()), group_(std::move(group)), variant_(variant) {
+  if (group_.valid()) {
+    cp_ = group_.size();
+    rank_ = group_.rank();
+  }
+}
+
+template <typename F>
+size_t ContextAttention<F>::saved_elements(const AttentionShape& s) const {
+  return size_t(s.B) * size_t(s.T) * size_t(s.NH);
+}
+
+template <typename F>
+typename ContextAttention<F>::Scratch ContextAttention<F>::carve(F* p,
+                                                                 const AttentionShape& s) const {
+  TETRA_CHECK(s.T % 2 == 0, "[cp] internal: {} local rows are not two chunks", s.T);
+  Scratch r;
+  r.n = size_t(s.B) * size_t(s.T) * 2 * size_t(s.kv_width());
+  const size_t copies = variant_ == CpAttention::ring ? 1 : size_t(cp_);
+  size_t off = 0;
+  auto take = [&](size_t count) {
+    F* q = p ? p + off : nullptr;
+    off += count;
+    return q;
+  };
+  r.kv[0] = take(copies * r.n);
+  r.acc[0] = take(copies * r.n);
+  if (variant_ == CpAttention::ring) {
+    r.kv[1] = take(r.n);
+    r.acc[1] = take(r.n);
+    r.mine = take(r.n);
+  }
+  r.rin = take(copies * r.n);
+  r.delta = take(size_t(s.B) * size_t(s.T) * size_t(s.NH));
+  r.block = take(block_scratch(*k_, s));
+  r.total = off;
+  return r;
+}
+
+template <typename F>
+size_t ContextAttention<F>::scratch_elements(const AttentionShape& s) const {
+  return carve(nullptr, s).total;
+}
+
+template <typename F>
+comm::Work ContextAttention<F>::send(const F* data, size_t n, int dst, int tag) const {
+  return group_.send(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(data), n * sizeof(F)), dst,
+      tag);
+}
+
+template <typename F>
+comm::Work ContextAttention<F>::recv(F* data, size_t n, int src, int tag) const {
+  return group_.recv(std::span<std::byte>(reinterpret_cast<std::byte*>(data), n * sizeof(F)), src,
+                     tag);
+}
+
+template <typename F>
+void ContextAttention<F>::wait(comm::Work& w) {
+  const ProfileScope scope(ProfKind::comm, "cp attention wait");
+  Stopwatch sw;
+  w.wait();
+  counters_.wait_ms += sw.elapsed_ms();
+  counters_.sent_bytes += w.sent_bytes();
+  w = comm::Work();
+}
+
+template <typename F>
+void ContextAttention<F>::forward_blocks(F* out, F* lse, const F* qkv, const F* kv, int src,
+                                         const AttentionShape& s, F* block_scratch) {
+  const int c = s.T / 2, kvw = s.kv_width();
+  const int64_t W = s.width(), P = 2 * int64_t(kvw), T = s.T;
+  for (int qi = 0; qi < 2; ++qi) {
+    const int gq = CpSplit::chunk_of(rank_, qi, cp_);
+    for (int kj = 0; kj < 2; ++kj) {
+      const int gk = CpSplit::chunk_of(src, kj, cp_);
+      if (gk > gq) continue;  // wholly in the queries' future
+      const AttentionBlock b{s.B, c, c, s.C, s.NH, s.KVH, gk == gq};
+      const Rows<F> o{out + int64_t(qi) * c * s.C, s.C, T * s.C};
+      const Rows<F> l{lse + int64_t(qi) * c * s.NH, s.NH, T * s.NH};
+      const Rows<const F> q{qkv + int64_t(qi) * c * W, W, T * W};
+      const Rows<const F> kr{kv + int64_t(kj) * c * P, P, T * P};
+      const Rows<const F> vr{kr.p + kvw, P, T * P};
+      k_->attention_block_forward(o, l, q, kr, vr, b, block_scratch);
+      counters_.blocks += b.causal ? 1 : 2;
+    }
+  }
+}
+
+template <typename F>
+void ContextAttention<F>::backward_blocks(F* dqkv, F* dkv, const F* dout, const F* delta,
+                                          const F* lse, const F* qkv, const F* kv, int src,
+                                          const AttentionShape& s, F* block_scratch) {
+  const int c = s.T / 2, kvw = s.kv_width();
+  const int64_t W = s.width(), P = 2 * int64_t(kvw), T = s.T;
+  for (int qi = 0; qi < 2; ++qi) {
+    const int gq = CpSplit::chunk_of(rank_, qi, cp_);
+    for (int kj = 0; kj < 2; ++kj) {
+      const int gk = CpSplit::chunk_of(src, kj, cp_);
+      if (gk > gq) continue;
+      const AttentionBlock b{s.B, c, c, s.C, s.NH, s.KVH, gk == gq};
+      const int64_t qrow = int64_t(qi) * c, krow = int64_t(kj) * c;
+      const Rows<F> dq{dqkv + qrow * W, W, T * W};
+      const Rows<F> dk{dkv + krow * P, P, T * P};
+      const Rows<F> dv{dk.p + kvw, P, T * P};
+      const Rows<const F> go{dout + qrow * s.C, s.C, T * s.C};
+      const Rows<const F> dl{delta + qrow * s.NH, s.NH, T * s.NH};
+      const Rows<const F> l{lse + qrow * s.NH, s.NH, T * s.NH};
+      const Rows<const F> q{qkv + qrow * W, W, T * W};
+      const Rows<const F> kr{kv + krow * P, P, T * P};
+      const Rows<const F> vr{kr.p + kvw, P, T * P};
+      k_->attention_block_backward(dq, dk, dv, go, dl, l, q, kr, vr, b, block_scratch);
+      counters_.blocks += b.causal ? 1 : 2;
+    }
+  }
+}
+
+template <typename F>
+void ContextAttention<F>::forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
+                                  F* scratch) {
+  const Scratch w = carve(scratch, s);
+  const int64_t rows = int64_t(s.B) * s.T, P = 2 * int64_t(s.kv_width());
+  // Nothing merged yet: every row's log-sum-exp is -inf.
+  none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
+  backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  if (variant_ == CpAttention::ring) {
+    k_->copy_rows(w.kv[0], P, qkv + s.C, s.width(), rows, P);  // this rank's k | v, packed
+    for (int step = 0; step < cp_; ++step) {
+      const F* cur = w.kv[step % 2];
+      comm::Work sent, got;
+      if (step + 1 < cp_) {
+        got = recv(w.kv[(step + 1) % 2], w.n, prev, kKvTag);
+        sent = send(cur, w.n, next, kKvTag);
+      }
+      forward_blocks(out, saved, qkv, cur, (rank_ - step + cp_) % cp_, s, w.block);
+      wait(sent);
+      wait(got);
+    }
+    return;
+  }
+  k_->copy_rows(w.rin, P, qkv + s.C, s.width(), rows, P);
+  if (cp_ > 1) {
+    comm::Work g = group_.all_gather(
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.rin), w.n * sizeof(F)),
+        std::span<std::byte>(reinterpret_cast<std::byte*>(w.kv[0]), size_t(cp_) * w.n * sizeof(F)));
+    wait(g);
+  } else {
+    k_->copy(w.kv[0], w.rin, w.n);
+  }
+  for (int step = 0; step < cp_; ++step) {
+    const int src = (rank_ - step + cp_) % cp_;
+    forward_blocks(out, saved, qkv, w.kv[0] + size_t(src) * w.n, src, s, w.block);
+  }
+}
+
+template <typename F>
+void ContextAttention<F>::backward(F* dqkv, const F* dout, const F* qkv, const F* out,
+                                   const F* saved, const AttentionShape& s, F* scratch) {
+  const Scratch w = carve(scratch, s);
+  const int64_t rows = int64_t(s.B) * s.T, W = s.width(), P = 2 * int64_t(s.kv_width());
+  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
+  k_->zero(dqkv, size_t(rows) * size_t(W));
+  const AttentionBlock all{s.B, s.T, s.T, s.C, s.NH, s.KVH, false};
+  k_->attention_block_delta(Rows<F>{w.delta, s.NH, int64_t(s.T) * s.NH},
+                            Rows<const F>{dout, s.C, int64_t(s.T) * s.C},
+                            Rows<const F>{out, s.C, int64_t(s.T) * s.C}, all);
+  const F* own = nullptr;  // this rank's key/value gradients, summed over every rank's queries
+  if (variant_ == CpAttention::ring) {
+    // The gradients of rank o's keys and values start at rank o+1 (step 1), gather each next
+    // rank's share and arrive home from rank o−1 after cp−1 hops, where o adds its own (step 0).
+    k_->copy_rows(w.kv[0], P, qkv + s.C, W, rows, P);
+    comm::Work acc_sent[2];
+    for (int step = 0; step < cp_; ++step) {
+      const F* cur = w.kv[step % 2];
+      F* acc = step == 0 ? w.mine : w.acc[step % 2];
+      comm::Work sent, got, partial;
+      if (step + 1 < cp_) {
+        got = recv(w.kv[(step + 1) % 2], w.n, prev, kKvTag);
+        sent = send(cur, w.n, next, kKvTag);
+      }
+      if (step >= 2) partial = recv(w.rin, w.n, prev, kDkvTag);
+      wait(acc_sent[step % 2]);  // acc left two steps ago; it must be gone before it is reused
+      k_->zero(acc, w.n);
+      backward_blocks(dqkv, acc, dout, w.delta, saved, qkv, cur, (rank_ - step + cp_) % cp_, s,
+                      w.block);
+      if (step >= 2) {
+        wait(partial);
+        k_->add(acc, w.rin, w.n);
+      }
+      if (step >= 1) acc_sent[step % 2] = send(acc, w.n, next, kDkvTag);
+      wait(sent);
+      wait(got);
+    }
+    if (cp_ > 1) {
+      comm::Work home = recv(w.rin, w.n, prev, kDkvTag);
+      wait(home);
+      k_->add(w.mine, w.rin, w.n);
+    }
+    for (comm::Work& a : acc_sent) wait(a);
+    own = w.mine;
+  } else {
+    k_->copy_rows(w.rin, P, qkv + s.C, W, rows, P);
+    const size_t all_n = size_t(cp_) * w.n;
+    if (cp_ > 1) {
+      comm::Work g = group_.all_gather(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.rin), w.n * sizeof(F)),
+          std::span<std::byte>(reinterpret_cast<std::byte*>(w.kv[0]), all_n * sizeof(F)));
+      wait(g);
+    } else {
+      k_->copy(w.kv[0], w.rin, w.n);
+    }
+    k_->zero(w.acc[0], all_n);
+    for (int step = 0; step < cp_; ++step) {
+      const int src = (rank_ - step + cp_) % cp_;
+      backward_blocks(dqkv, w.acc[0] + size_t(src) * w.n, dout, w.delta, saved, qkv,
+                      w.kv[0] + size_t(src) * w.n, src, s, w.block);
+    }
+    own = w.acc[0];
+    if (cp_ > 1) {
+      // Block j of every rank's gradients goes to rank j, which sums what it gets in rank order.
+      comm::Work a = group_.all_to_all(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.acc[0]),
+                                     all_n * sizeof(F)),
+          std::span<std::byte>(reinterpret_cast<std::byte*>(w.rin), all_n * sizeof(F)));
+      wait(a);
+      for (int j = 1; j < cp_; ++j) k_->add(w.rin, w.rin + size_t(j) * w.n, w.n);
+      own = w.rin;
+    }
+  }
+  k_->copy_rows(dqkv + s.C, W, own, P, rows, P);
+}
+
+template class ContextAttention<float>;
+template class ContextAttention<double>;
+
+}  // namespace tetra::parallel

@@ -1,0 +1,145 @@
+// Context parallelism (seed 004, "ロングシーケンスと低精度"; docs/context_parallel.md): the cp
+// ranks of a group each hold T/cp tokens of every sequence, so every per-token activation is ÷ cp.
+// Attention is the one layer that mixes tokens; it runs blockwise over the key/value chunks of the
+// other ranks, merged with the log-sum-exp rule (Kernels::attention_block_*).
+//
+// The split. A sequence is cut into 2·cp chunks of c = T/(2cp) tokens; cp rank r holds chunk r and
+// chunk 2cp−1−r, in that order, as its local rows [0, c) and [c, 2c). Under the causal mask query
+// chunk q sees key chunks 0..q, q full blocks and the causal diagonal (½): rank r's pair costs
+// (r + ½) + (2cp−1−r + ½) = 2cp blocks, the same on every rank, where a contiguous split (chunks
+// 2r and 2r+1) costs 4r + 2: 2 on rank 0 and 4cp−2 on the last.
+//
+// Ring attention (CpAttention::ring). Step s = 0..cp−1 computes the local queries against the key
+// and value chunks of rank r−s, while the next step's keys and values come in from rank r−1 and
+// this step's go out to rank r+1 (cp−1 exchanges of the local K and V, overlapped with the blocks).
+// At every step a rank computes two chunk blocks' worth (step 0: two causal diagonal blocks and one
+// full block; later steps: two full blocks; the rest are masked and skipped). Backward sends the
+// keys and values around again; the gradients of rank o's keys and values start at rank o+1, which
+// sends its share on, each next rank adds its own (the partial sum arrives while it computes), and
+// after cp−1 hops they reach o, which adds its own share. Per layer and micro-batch a rank sends
+// (cp−1)·B·2c·2·kv_width elements forward and twice that backward.
+//
+// All-gather (CpAttention::all_gather), for comparison: every rank's K and V gathered up front
+// (the same (cp−1)/cp of the bytes, in one exposed collective), the blocks computed locally, and
+// the key/value gradients of every chunk summed onto their owners by an all-to-all in rank order.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "kernels/backend.h"
+#include "kernels/kernels.h"
+
+namespace tetra::parallel {
+
+/** Where rank `rank` of a cp group's tokens lie in a sequence of T tokens. */
+class CpSplit {
+ public:
+  /** Refuses T that 2·cp does not divide, saying what would. */
+  CpSplit(int T, int cp, int rank);
+
+  int T() const { return T_; }
+  int cp() const { return cp_; }
+  int rank() const { return rank_; }
+  /** c = T / (2·cp): tokens per chunk. */
+  int chunk() const { return T_ / (2 * cp_); }
+  /** 2c = T / cp: tokens this rank holds per sequence. */
+  int local_tokens() const { return T_ / cp_; }
+  /** The global chunk index of local chunk i (0 or 1) of cp rank r. */
+  static int chunk_of(int r, int i, int cp) { return i == 0 ? r : 2 * cp - 1 - r; }
+  /** The sequence position of local row t (0 <= t < 2c). */
+  int position(int t) const;
+  /** Calls f(row, position, count) for each run of local rows among [first, first + rows) of
+   *  (B·2c) whose positions are consecutive: a chunk of a sequence, or its part in range. */
+  template <typename Fn>
+  void for_each_run(int64_t first, int64_t rows, Fn&& f) const {
+    const int64_t c = chunk();
+    for (int64_t r = first, end = first + rows; r < end;) {
+      const int64_t n = std::min(c - r % c, end - r);
+      f(r, position(int(r % (2 * c))), n);
+      r += n;
+    }
+  }
+  /** Copies this rank's rows of B sequences: local (B, 2c, width) from full (B, T, width). Host
+   *  memory: the token ids and targets a rank feeds its model. */
+  template <typename V>
+  void take(V* local, const V* full, int B, int width = 1) const;
+  /** The inverse: this rank's rows of full (B, T, width) from local (B, 2c, width). */
+  template <typename V>
+  void put(V* full, const V* local, int B, int width = 1) const;
+
+ private:
+  int T_, cp_, rank_;
+};
+
+enum class CpAttention { ring, all_gather };
+/** "ring" | "all_gather"; throws naming both on anything else. */
+CpAttention cp_attention_from_string(const std::string& s);
+const char* cp_attention_name(CpAttention a);
+
+/** What the attention exchanges moved, and how long the compute thread waited for them. */
+struct CpCounters {
+  double sent_bytes = 0.0;  // ring model (comm::Work::sent_bytes): K/V forward, K/V and dK/dV back
+  double wait_ms = 0.0;     // exposed: time blocked on an exchange after the blocks it overlaps
+  int64_t blocks = 0;       // chunk blocks computed (causal ones count ½)
+};
+
+/** Causal self-attention of one cp rank's 2c tokens of B sequences (AttentionShape with T = 2c
+ *  local rows; C, NH, KVH this rank's heads), across the cp group. */
+template <typename F>
+class ContextAttention {
+ public:
+  /** Over `group` (the mesh's cp group; its size is cp, its rank this rank's chunk pair). */
+  ContextAttention(Backend& backend, comm::Communicator group, CpAttention variant);
+
+  Backend& backend() const { return *backend_; }
+  int cp() const { return cp_; }
+  int rank() const { return rank_; }
+  CpAttention variant() const { return variant_; }
+  /** This rank's split of sequences of which it holds `local_T` = 2c tokens. */
+  CpSplit split(int local_T) const { return CpSplit(local_T * cp_, cp_, rank_); }
+
+  /** Elements forward keeps for backward next to its output: the row log-sum-exp (B, 2c, NH). */
+  size_t saved_elements(const AttentionShape& s) const;
+  /** Elements of the scratch forward and backward take. */
+  size_t scratch_elements(const AttentionShape& s) const;
+  /** out (B,2c,C) = causal attention of the local queries over the whole sequences' keys and
+   *  values; qkv (B,2c,W) is the local rows' fused [q | k | v]. Collective over the group. */
+  void forward(F* out, F* saved, const F* qkv, const AttentionShape& s, F* scratch);
+  /** dqkv (B,2c,W) overwritten from dout (B,2c,C), given forward's qkv, out and saved.
+   *  Collective over the group. */
+  void backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* saved,
+                const AttentionShape& s, F* scratch);
+
+  const CpCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = CpCounters(); }
+
+ private:
+  struct Scratch;
+  Scratch carve(F* scratch, const AttentionShape& s) const;
+  // The blocks of the local queries against the key/value chunks of rank `src` held in kv
+  // (B,2c,2·kv_width): forward merges into out/lse; backward accumulates dq into dqkv and dk/dv
+  // into dkv (same layout as kv).
+  void forward_blocks(F* out, F* lse, const F* qkv, const F* kv, int src, const AttentionShape& s,
+                      F* block_scratch);
+  void backward_blocks(F* dqkv, F* dkv, const F* dout, const F* delta, const F* lse, const F* qkv,
+                       const F* kv, int src, const AttentionShape& s, F* block_scratch);
+  comm::Work send(const F* data, size_t n, int dst, int tag) const;
+  comm::Work recv(F* data, size_t n, int src, int tag) const;
+  // Waits for w, counting the time and its bytes, and leaves it done (a no-op to wait again).
+  void wait(comm::Work& w);
+
+  Backend* backend_;
+  Kernels<F>* k_;
+  comm::Communicator group_;
+  CpAttention variant_;
+  int cp_ = 1, rank_ = 0;
+  CpCounters counters_;
+  std::vector<F> none_;  // -inf, the log-sum-exp of no block, copied into forward's saved state
+};
+
+}  // namespace tetra::parallel
