@@ -173,53 +173,54 @@ void ContextAttention<F>::wait(comm::Work& w) {
 }
 
 template <typename F>
-void ContextAttention<F>::forward_blocks(F* out, F* lse, const F* qkv, const F* kv, int src,
-                                         const AttentionShape& s, F* block_scratch) {
-  const int c = s.T / 2, kvw = s.kv_width();
-  const int64_t W = s.width(), P = 2 * int64_t(kvw), T = s.T;
+template <typename Fn>
+void ContextAttention<F>::for_each_block(int src, const AttentionShape& s, Fn&& f) {
+  const int c = s.T / 2;
   for (int qi = 0; qi < 2; ++qi) {
     const int gq = CpSplit::chunk_of(rank_, qi, cp_);
     for (int kj = 0; kj < 2; ++kj) {
       const int gk = CpSplit::chunk_of(src, kj, cp_);
       if (gk > gq) continue;  // wholly in the queries' future
       const AttentionBlock b{s.B, c, c, s.C, s.NH, s.KVH, gk == gq};
-      const Rows<F> o{out + int64_t(qi) * c * s.C, s.C, T * s.C};
-      const Rows<F> l{lse + int64_t(qi) * c * s.NH, s.NH, T * s.NH};
-      const Rows<const F> q{qkv + int64_t(qi) * c * W, W, T * W};
-      const Rows<const F> kr{kv + int64_t(kj) * c * P, P, T * P};
-      const Rows<const F> vr{kr.p + kvw, P, T * P};
-      k_->attention_block_forward(o, l, q, kr, vr, b, block_scratch);
+      f(int64_t(qi) * c, int64_t(kj) * c, b);
       counters_.blocks += b.causal ? 1 : 2;
     }
   }
 }
 
 template <typename F>
+void ContextAttention<F>::forward_blocks(F* out, F* lse, const F* qkv, const F* kv, int src,
+                                         const AttentionShape& s, F* block_scratch) {
+  const int kvw = s.kv_width();
+  const int64_t W = s.width(), P = 2 * int64_t(kvw), T = s.T;
+  for_each_block(src, s, [&](int64_t qrow, int64_t krow, const AttentionBlock& b) {
+    const Rows<F> o{out + qrow * s.C, s.C, T * s.C};
+    const Rows<F> l{lse + qrow * s.NH, s.NH, T * s.NH};
+    const Rows<const F> q{qkv + qrow * W, W, T * W};
+    const Rows<const F> kr{kv + krow * P, P, T * P};
+    const Rows<const F> vr{kr.p + kvw, P, T * P};
+    k_->attention_block_forward(o, l, q, kr, vr, b, block_scratch);
+  });
+}
+
+template <typename F>
 void ContextAttention<F>::backward_blocks(F* dqkv, F* dkv, const F* dout, const F* delta,
                                           const F* lse, const F* qkv, const F* kv, int src,
                                           const AttentionShape& s, F* block_scratch) {
-  const int c = s.T / 2, kvw = s.kv_width();
+  const int kvw = s.kv_width();
   const int64_t W = s.width(), P = 2 * int64_t(kvw), T = s.T;
-  for (int qi = 0; qi < 2; ++qi) {
-    const int gq = CpSplit::chunk_of(rank_, qi, cp_);
-    for (int kj = 0; kj < 2; ++kj) {
-      const int gk = CpSplit::chunk_of(src, kj, cp_);
-      if (gk > gq) continue;
-      const AttentionBlock b{s.B, c, c, s.C, s.NH, s.KVH, gk == gq};
-      const int64_t qrow = int64_t(qi) * c, krow = int64_t(kj) * c;
-      const Rows<F> dq{dqkv + qrow * W, W, T * W};
-      const Rows<F> dk{dkv + krow * P, P, T * P};
-      const Rows<F> dv{dk.p + kvw, P, T * P};
-      const Rows<const F> go{dout + qrow * s.C, s.C, T * s.C};
-      const Rows<const F> dl{delta + qrow * s.NH, s.NH, T * s.NH};
-      const Rows<const F> l{lse + qrow * s.NH, s.NH, T * s.NH};
-      const Rows<const F> q{qkv + qrow * W, W, T * W};
-      const Rows<const F> kr{kv + krow * P, P, T * P};
-      const Rows<const F> vr{kr.p + kvw, P, T * P};
-      k_->attention_block_backward(dq, dk, dv, go, dl, l, q, kr, vr, b, block_scratch);
-      counters_.blocks += b.causal ? 1 : 2;
-    }
-  }
+  for_each_block(src, s, [&](int64_t qrow, int64_t krow, const AttentionBlock& b) {
+    const Rows<F> dq{dqkv + qrow * W, W, T * W};
+    const Rows<F> dk{dkv + krow * P, P, T * P};
+    const Rows<F> dv{dk.p + kvw, P, T * P};
+    const Rows<const F> go{dout + qrow * s.C, s.C, T * s.C};
+    const Rows<const F> dl{delta + qrow * s.NH, s.NH, T * s.NH};
+    const Rows<const F> l{lse + qrow * s.NH, s.NH, T * s.NH};
+    const Rows<const F> q{qkv + qrow * W, W, T * W};
+    const Rows<const F> kr{kv + krow * P, P, T * P};
+    const Rows<const F> vr{kr.p + kvw, P, T * P};
+    k_->attention_block_backward(dq, dk, dv, go, dl, l, q, kr, vr, b, block_scratch);
+  });
 }
 
 template <typename F>

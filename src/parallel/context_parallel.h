@@ -121,6 +121,10 @@ class ContextAttention {
  private:
   struct Scratch;
   Scratch carve(F* scratch, const AttentionShape& s) const;
+  // Calls f(query row, key row, block) for the blocks of the local query chunks (rows [0, c) and
+  // [c, 2c)) against rank src's key/value chunks that the causal mask leaves, and counts them.
+  template <typename Fn>
+  void for_each_block(int src, const AttentionShape& s, Fn&& f);
   // The blocks of the local queries against the key/value chunks of rank `src` held in kv
   // (B,2c,2·kv_width): forward merges into out/lse; backward accumulates dq into dqkv and dk/dv
   // into dkv (same layout as kv).

@@ -10,6 +10,7 @@
 // backward). Exit 1 if any rank saw a mismatch.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -48,6 +49,39 @@ std::vector<F> gather(const comm::Communicator& world, const F* v, size_t n) {
   return all;
 }
 
+// The weights of `store` from its init, every element perturbed so that biases and norms carry
+// signal, copied (converted) into each of `copies`.
+template <typename F, typename... Copies>
+void same_weights(std::mt19937& gen, ParamStoreT<F>& store, Copies&... copies) {
+  store.init(7);
+  std::normal_distribution<double> noise(0.0, 0.1);
+  for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
+    F* d = store.param(id);
+    const int64_t n = store.tensor(id).numel();
+    for (int64_t i = 0; i < n; ++i) d[i] += F(noise(gen));
+    (std::copy(d, d + n, copies.param(id)), ...);
+  }
+}
+
+// B random sequences of T tokens and targets, and this rank's chunks of them.
+struct Batch {
+  std::vector<int32_t> inputs, targets, local_inputs, local_targets;
+};
+Batch random_batch(std::mt19937& gen, int vocab, int B, const CpSplit& split) {
+  Batch b;
+  b.inputs.resize(size_t(B) * size_t(split.T()));
+  b.targets.resize(b.inputs.size());
+  for (size_t i = 0; i < b.inputs.size(); ++i) {
+    b.inputs[i] = int32_t(gen() % uint32_t(vocab));
+    b.targets[i] = int32_t(gen() % uint32_t(vocab));
+  }
+  b.local_inputs.resize(b.inputs.size() / size_t(split.cp()));
+  b.local_targets.resize(b.local_inputs.size());
+  split.take(b.local_inputs.data(), b.inputs.data(), B);
+  split.take(b.local_targets.data(), b.targets.data(), B);
+  return b;
+}
+
 template <typename F>
 void run(const comm::Communicator& world, const GptConfig& c, CpAttention variant, Recompute r,
          const std::string& name) {
@@ -60,27 +94,12 @@ void run(const comm::Communicator& world, const GptConfig& c, CpAttention varian
                       &attention);
   whole_store.finalize({});
   cp_store.finalize({});
-  // The same weights in both, every element perturbed so that biases and norms carry signal.
-  whole_store.init(7);
   std::mt19937 gen(11);
-  std::normal_distribution<double> noise(0.0, 0.1);
-  for (TensorId id = 0; id < TensorId(whole_store.tensors().size()); ++id) {
-    F* d = whole_store.param(id);
-    for (int64_t i = 0; i < whole_store.tensor(id).numel(); ++i) d[i] += F(noise(gen));
-    std::copy(d, d + whole_store.tensor(id).numel(), cp_store.param(id));
-  }
-  std::vector<int32_t> inputs(size_t(B) * T), targets(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = int32_t(gen() % uint32_t(c.vocab_size));
-    targets[i] = int32_t(gen() % uint32_t(c.vocab_size));
-  }
-  const CpSplit split = attention.split(T / cp);
-  std::vector<int32_t> local_in(inputs.size() / size_t(cp)), local_tg(local_in.size());
-  split.take(local_in.data(), inputs.data(), B);
-  split.take(local_tg.data(), targets.data(), B);
-
-  const double loss = whole.forward_backward(inputs.data(), targets.data(), 1.0f);
-  const double local = split_model.forward_backward(local_in.data(), local_tg.data(), 1.0f);
+  same_weights(gen, whole_store, cp_store);
+  const Batch batch = random_batch(gen, c.vocab_size, B, attention.split(T / cp));
+  const double loss = whole.forward_backward(batch.inputs.data(), batch.targets.data(), 1.0f);
+  const double local =
+      split_model.forward_backward(batch.local_inputs.data(), batch.local_targets.data(), 1.0f);
   const std::vector<double> losses = gather(world, &local, 1);
   double mean = 0;
   for (double l : losses) mean += l / cp;
@@ -131,29 +150,12 @@ void float_error_against_double(const comm::Communicator& world, const GptConfig
   exact_store.finalize({});
   whole_store.finalize({});
   cp_store.finalize({});
-  whole_store.init(7);
   std::mt19937 gen(13);
-  std::normal_distribution<double> noise(0.0, 0.1);
-  for (TensorId id = 0; id < TensorId(whole_store.tensors().size()); ++id) {
-    float* d = whole_store.param(id);
-    for (int64_t i = 0; i < whole_store.tensor(id).numel(); ++i) {
-      d[i] += float(noise(gen));
-      exact_store.param(id)[i] = d[i];
-      cp_store.param(id)[i] = d[i];
-    }
-  }
-  std::vector<int32_t> inputs(size_t(B) * T), targets(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i] = int32_t(gen() % uint32_t(c.vocab_size));
-    targets[i] = int32_t(gen() % uint32_t(c.vocab_size));
-  }
-  const CpSplit split = attention.split(T / cp);
-  std::vector<int32_t> local_in(inputs.size() / size_t(cp)), local_tg(local_in.size());
-  split.take(local_in.data(), inputs.data(), B);
-  split.take(local_tg.data(), targets.data(), B);
-  exact.forward_backward(inputs.data(), targets.data(), 1.0f);
-  whole.forward_backward(inputs.data(), targets.data(), 1.0f);
-  split_model.forward_backward(local_in.data(), local_tg.data(), 1.0f);
+  same_weights(gen, whole_store, exact_store, cp_store);
+  const Batch batch = random_batch(gen, c.vocab_size, B, attention.split(T / cp));
+  exact.forward_backward(batch.inputs.data(), batch.targets.data(), 1.0f);
+  whole.forward_backward(batch.inputs.data(), batch.targets.data(), 1.0f);
+  split_model.forward_backward(batch.local_inputs.data(), batch.local_targets.data(), 1.0f);
   double worst_whole = 0, worst_split = 0;
   for (TensorId id = 0; id < TensorId(exact_store.tensors().size()); ++id) {
     const size_t n = size_t(exact_store.tensor(id).numel());
