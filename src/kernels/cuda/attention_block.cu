@@ -57,6 +57,22 @@ __device__ __forceinline__ float dot(const float* s, const float* x, int hs) {
   return acc;
 }
 
+// acc (this lane's slots of an hs-wide row) += coef_t · row t's elements for the count rows t of a
+// tile, where lane t holds coef_t.
+__device__ __forceinline__ void add_tile(float (&acc)[kSlots], float coef, int count, int hs,
+                                         const float* first, int64_t stride) {
+  const int lane = int(threadIdx.x & 31);
+  for (int t = 0; t < count; ++t) {
+    const float ct = __shfl_sync(kFullMask, coef, t);
+    const float* row = first + t * stride;
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const int c = lane + 32 * u;
+      if (c < hs) acc[u] = fmaf(ct, row[c], acc[u]);
+    }
+  }
+}
+
 // A warp per query row i of head h of sequence b, i fastest (see the file comment).
 __global__ void __launch_bounds__(kThreads)
     block_forward_kernel(RowsOut out, RowsOut lse, RowsIn q, RowsIn k, RowsIn v, Sizes z) {
@@ -81,15 +97,7 @@ __global__ void __launch_bounds__(kThreads)
     m = m_new;
 #pragma unroll
     for (int u = 0; u < kSlots; ++u) acc[u] *= corr;
-    for (int t = 0; t < count; ++t) {
-      const float pt = __shfl_sync(kFullMask, p, t);
-      const float* vr = at(v, b, j0 + t) + kv;
-#pragma unroll
-      for (int u = 0; u < kSlots; ++u) {
-        const int c = lane + 32 * u;
-        if (c < hs) acc[u] = fmaf(pt, vr[c], acc[u]);
-      }
-    }
+    add_tile(acc, p, count, hs, at(v, b, j0) + kv, v.row);
   }
   // Merge with the running result: lse_new = logaddexp(lse, lse_blk), out = out·exp(lse -
   // lse_new) + out_blk·exp(lse_blk - lse_new), out_blk = acc / l. A running lse of -inf (nothing
@@ -159,15 +167,7 @@ __global__ void __launch_bounds__(kThreads)
       const float p = expf(dot(qs, at(k, b, j) + kv, hs) - l);
       ds = p * (dot(dys, at(v, b, j) + kv, hs) - dl);
     }
-    for (int t = 0; t < count; ++t) {
-      const float dst = __shfl_sync(kFullMask, ds, t);
-      const float* kr = at(k, b, j0 + t) + kv;
-#pragma unroll
-      for (int u = 0; u < kSlots; ++u) {
-        const int c = lane + 32 * u;
-        if (c < hs) acc[u] = fmaf(dst, kr[c], acc[u]);
-      }
-    }
+    add_tile(acc, ds, count, hs, at(k, b, j0) + kv, k.row);
   }
   float* g = at(dq, b, i) + int64_t(h) * hs;
 #pragma unroll
@@ -206,19 +206,8 @@ __global__ void __launch_bounds__(kThreads)
         p = expf(dot(ks, at(q, b, i) + qc, hs) - at(lse, b, i)[h]);
         ds = p * (dot(vs, at(dout, b, i) + qc, hs) - at(delta, b, i)[h]);
       }
-      for (int t = 0; t < count; ++t) {
-        const float pt = __shfl_sync(kFullMask, p, t), dst = __shfl_sync(kFullMask, ds, t);
-        const float* qr = at(q, b, i0 + t) + qc;
-        const float* dyr = at(dout, b, i0 + t) + qc;
-#pragma unroll
-        for (int u = 0; u < kSlots; ++u) {
-          const int c = lane + 32 * u;
-          if (c < hs) {
-            adv[u] = fmaf(pt, dyr[c], adv[u]);
-            adk[u] = fmaf(dst, qr[c], adk[u]);
-          }
-        }
-      }
+      add_tile(adv, p, count, hs, at(dout, b, i0) + qc, dout.row);
+      add_tile(adk, ds, count, hs, at(q, b, i0) + qc, q.row);
     }
   }
   float* gk = at(dk, b, j) + kv;
