@@ -22,7 +22,9 @@ struct Report {
   int32_t group = 0;          // its dp group: the group's first world rank
   int32_t known_answer = -1;  // 1: right, 0: wrong, -1: not run this step
   int32_t threads = 0;        // the sums' thread count (their order of additions)
-  int32_t unused = 0;
+  // Its cp coordinate: under context parallelism the ranks of a dp group hold different chunks of
+  // the sequences (other positions, other tokens), so only ranks of one coordinate are alike.
+  int32_t cp_rank = 0;
 };
 
 // The spread of log norms is taken as at least this (5%), so that ranks whose norms agree
@@ -80,9 +82,10 @@ SdcCheck::SdcCheck(const TrainOptions& options, RunLayout& layout, Backend& back
 
 void SdcCheck::begin_step(int64_t step) {
   const HealthOptions& h = opt_.health;
-  // The replica check needs two data-parallel ranks, the z-score three.
+  // The replica check needs two replicas, the z-score three data-parallel ranks alike (of one cp
+  // coordinate).
   grad_due_ = h.grad_check_every > 0 && step % h.grad_check_every == 0 &&
-              layout_.dp_size() >= (opt_.zero.stage == 0 ? 2 : 3);
+              (opt_.zero.stage == 0 ? layout_.dp_size() >= 2 : layout_.data_size() >= 3);
   kat_due_ = h.known_answer_every > 0 && step % h.known_answer_every == 0;
   pre_sq_ = 0.0;
   ms_ = 0.0;
@@ -94,7 +97,8 @@ void SdcCheck::begin_step(int64_t step) {
 void SdcCheck::after_backward(int unit) {
   const ParamUnit& u = store_.units()[size_t(unit)];
   // A unit's gradient as the reduction receives it (dense units: experts differ by design).
-  if (calls_.reduces(unit) && grad_due_ && layout_.dp_size() >= 3 && u.group == ShardGroup::dense) {
+  if (calls_.reduces(unit) && grad_due_ && layout_.data_size() >= 3 &&
+      u.group == ShardGroup::dense) {
     Stopwatch sw;
     const float* g = store_.grad(u.first) - (store_.tensor(u.first).offset - u.offset);
     pre_sq_ += k_.sum_squares(g, int64_t(u.size));
@@ -144,6 +148,7 @@ std::vector<BadRank> SdcCheck::check(int64_t step) {
   mine.group = layout_.dp().valid() ? layout_.dp().world_ranks()[0] : layout_.rank();
   mine.known_answer = kat_due_ ? (known_answer(step) ? 1 : 0) : -1;
   mine.threads = omp_get_max_threads();
+  mine.cp_rank = layout_.dp_rank() % layout_.cp_size();  // cp is the fastest in the dp x cp group
   const int world = layout_.world_size();
   std::vector<Report> all(static_cast<size_t>(world));
   if (world > 1) {
@@ -211,19 +216,24 @@ std::vector<BadRank> SdcCheck::check(int64_t step) {
                                  all[size_t(r)].replica_sq, n));
         }
       }
-      if (n >= 3) {
+      for (int c = 0; c < layout_.cp_size(); ++c) {
+        std::vector<int> alike;  // the members of cp coordinate c
+        for (int r : members) {
+          if (all[size_t(r)].cp_rank == c) alike.push_back(r);
+        }
+        if (alike.size() < 3) continue;
         std::vector<double> x;
-        for (int r : members) x.push_back(0.5 * std::log(std::max(all[size_t(r)].pre_sq, 1e-300)));
+        for (int r : alike) x.push_back(0.5 * std::log(std::max(all[size_t(r)].pre_sq, 1e-300)));
         const double m = median(x);
         std::vector<double> dev;
         for (double v : x) dev.push_back(std::abs(v - m));
         // 1.4826 MAD estimates a normal distribution's standard deviation.
         const double sigma = std::max(1.4826 * median(dev), kMinLogSpread);
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; i < alike.size(); ++i) {
           const double z = (x[i] - m) / sigma;
           max_z_ = std::max(max_z_, std::abs(z));
           if (!(std::abs(z) <= opt_.health.grad_zscore)) {
-            name(members[i], "zscore",
+            name(alike[i], "zscore",
                  fmt::format("its local gradient norm {:.6g} is {:.3g}x its dp group's median "
                              "(z={:.1f}, health.grad_zscore={})",
                              std::exp(x[i]), std::exp(x[i] - m), z, opt_.health.grad_zscore));
