@@ -73,14 +73,25 @@ __device__ __forceinline__ void add_tile(float (&acc)[kSlots], float coef, int c
   }
 }
 
+// This warp's query row i of head h of sequence b (i fastest); valid: the row exists.
+struct QueryRow {
+  int lane, warp, i = 0, h = 0, b = 0;
+  bool valid;
+  __device__ __forceinline__ explicit QueryRow(const Sizes& z)
+      : lane(int(threadIdx.x & 31)), warp(int(threadIdx.x >> 5)) {
+    const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+    valid = row < int64_t(z.B) * z.Tq * z.NH;
+    if (valid) i = int(row % z.Tq), h = int(row / z.Tq % z.NH), b = int(row / z.Tq / z.NH);
+  }
+};
+
 // A warp per query row i of head h of sequence b, i fastest (see the file comment).
 __global__ void __launch_bounds__(kThreads)
     block_forward_kernel(RowsOut out, RowsOut lse, RowsIn q, RowsIn k, RowsIn v, Sizes z) {
   __shared__ float sq[kWarps][kAttentionMaxHeadSize];
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  if (row >= int64_t(z.B) * z.Tq * z.NH) return;
-  const int i = int(row % z.Tq), h = int(row / z.Tq % z.NH), b = int(row / z.Tq / z.NH);
+  const QueryRow w(z);
+  if (!w.valid) return;
+  const int lane = w.lane, warp = w.warp, i = w.i, h = w.h, b = w.b;
   const int hs = z.hs, kv = (h / z.G) * hs, n = z.keys(i);
   float* qs = sq[warp];
   stage(qs, at(q, b, i) + int64_t(h) * hs, hs, z.scale);
@@ -147,10 +158,9 @@ __global__ void __launch_bounds__(kThreads)
     block_backward_q_kernel(RowsOut dq, RowsIn dout, RowsIn delta, RowsIn lse, RowsIn q, RowsIn k,
                             RowsIn v, Sizes z) {
   __shared__ float sq[kWarps][kAttentionMaxHeadSize], sdy[kWarps][kAttentionMaxHeadSize];
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  if (row >= int64_t(z.B) * z.Tq * z.NH) return;
-  const int i = int(row % z.Tq), h = int(row / z.Tq % z.NH), b = int(row / z.Tq / z.NH);
+  const QueryRow w(z);
+  if (!w.valid) return;
+  const int lane = w.lane, warp = w.warp, i = w.i, h = w.h, b = w.b;
   const int hs = z.hs, kv = (h / z.G) * hs, n = z.keys(i);
   float* qs = sq[warp];
   float* dys = sdy[warp];
