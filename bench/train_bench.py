@@ -65,6 +65,10 @@ SHAPES = {
                  steps=20, warmup=3),
     "gpt2-124m-T1024": dict(vocab=50257, n_layer=12, d_model=768, n_head=12, max_seq=1024, T=1024,
                             B=1, steps=4, warmup=2),
+    # A shape no config ships: between the demo and gpt2-124m in width, depth, vocabulary and
+    # context (about 28 M parameters, 1,024 tokens a step).
+    "mid": dict(vocab=8192, n_layer=6, d_model=512, n_head=8, max_seq=256, T=256, B=4,
+                steps=8, warmup=2),
     # Llama blocks (docs/llama.md) with the demo's active parameters: q and o (2C²), k and v over
     # 2 of 4 heads (C²) and SwiGLU's three C x 768 matrices (9C²) are GPT-2's 4C² + 8C² exactly;
     # the head is tied as GPT-2's (only wpe's 32,768 parameters are missing).

@@ -1,5 +1,6 @@
 // Every matmul library against the f64 reference loop in every layout the model uses (plain,
-// transposed A, transposed B, both, strided batches as attention takes them, bias, accumulation);
+// transposed A, transposed B, both, strided batches as attention takes them, bias, accumulation),
+// at 1, 2 and 3 threads (the split libraries cut the output by rows or by columns);
 // and the per-machine choice: measured once, read back from the cache, a damaged cache measured
 // again with a warning, another machine's replaced.
 #include "kernels/cpu/matmul_choice.h"
@@ -90,30 +91,70 @@ const std::vector<Layout>& layouts() {
       {"batched nt, strided (q.k^T)", 2, 3, 7, 7, 4, false, true, 3, false, false},
       {"batched tn + accumulate (dv)", 2, 3, 7, 4, 7, true, false, 2, false, true},
       {"batched nn (att.v)", 2, 3, 7, 4, 7, false, false, 0, false, false},
+      {"nt + bias, wide (column slabs)", 1, 1, 20, 70, 33, false, true, 3, true, false},
+      {"tt + accumulate, wide", 1, 1, 6, 50, 9, true, true, 0, false, true},
   };
   return l;
 }
 
+// Sets the OpenMP thread count while it lives.
+class Threads {
+ public:
+  explicit Threads(int n) : before_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~Threads() { omp_set_num_threads(before_); }
+  Threads(const Threads&) = delete;
+  Threads& operator=(const Threads&) = delete;
+
+ private:
+  int before_;
+};
+
 TEST(MatmulLibraries, EveryLibraryMatchesTheF64ReferenceInEveryLayout) {
-  for (const Layout& l : layouts()) {
-    int ran = 0;
-    for (MatmulLib lib : kMatmulLibs) {
-      MatmulArgs x;
-      x.b0 = l.b0, x.b1 = l.b1, x.M = l.M, x.N = l.N, x.K = l.K;
-      const int64_t lda = (l.at ? l.M : l.K) + l.pad, ldb = (l.bt ? l.K : l.N) + l.pad;
-      x.a.strides = {0, 0, l.at ? 1 : lda, l.at ? lda : 1};
-      x.b.strides = {0, 0, l.bt ? 1 : ldb, l.bt ? ldb : 1};
-      x.c_strides = {0, 0, l.N + l.pad, 1};
-      const bool batched = l.b0 * l.b1 > 1;
-      // Which library runs which layout is part of the contract: no silent skips.
-      const bool expected = lib != MatmulLib::onednn_copy || (!batched && (l.at || l.bt));
-      ASSERT_EQ(matmul_lib_supports(lib, x), expected) << l.name << " " << matmul_lib_name(lib);
-      if (!expected) continue;
-      ++ran;
-      EXPECT_LT(relative_error(l, lib), 1e-6) << l.name << " on " << matmul_lib_name(lib);
+  for (int threads : {1, 2, 3}) {
+    const Threads scope(threads);
+    for (const Layout& l : layouts()) {
+      int ran = 0;
+      for (MatmulLib lib : kMatmulLibs) {
+        MatmulArgs x;
+        x.b0 = l.b0, x.b1 = l.b1, x.M = l.M, x.N = l.N, x.K = l.K;
+        const int64_t lda = (l.at ? l.M : l.K) + l.pad, ldb = (l.bt ? l.K : l.N) + l.pad;
+        x.a.strides = {0, 0, l.at ? 1 : lda, l.at ? lda : 1};
+        x.b.strides = {0, 0, l.bt ? 1 : ldb, l.bt ? ldb : 1};
+        x.c_strides = {0, 0, l.N + l.pad, 1};
+        const bool batched = l.b0 * l.b1 > 1;
+        // Which library runs which layout is part of the contract: no silent skips. A split
+        // needs threads to split between and more than one 16-row (or column) slab.
+        const bool splits = threads > 1 && !batched && std::max(l.M, l.N) > 16;
+        bool expected = true;
+        if (lib == MatmulLib::onednn_copy) expected = !batched && (l.at || l.bt);
+        if (lib == MatmulLib::onednn_split || lib == MatmulLib::openblas_split) expected = splits;
+        ASSERT_EQ(matmul_lib_supports(lib, x), expected)
+            << l.name << " " << matmul_lib_name(lib) << " at " << threads << " threads";
+        if (!expected) continue;
+        ++ran;
+        EXPECT_LT(relative_error(l, lib), 1e-6)
+            << l.name << " on " << matmul_lib_name(lib) << " at " << threads << " threads";
+      }
+      EXPECT_GE(ran, 2) << l.name;
     }
-    EXPECT_GE(ran, 2) << l.name;
   }
+}
+
+TEST(MatmulLibraries, SplitsAreNotOfferedInsideAParallelRegion) {
+  const Threads scope(2);
+  MatmulArgs x;
+  x.M = 64, x.N = 64, x.K = 8;
+  x.a.strides = {0, 0, 8, 1};
+  x.b.strides = {0, 0, 64, 1};
+  x.c_strides = {0, 0, 64, 1};
+  EXPECT_TRUE(matmul_lib_supports(MatmulLib::onednn_split, x));
+  bool inside = true;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp critical
+    inside = inside && !matmul_lib_supports(MatmulLib::onednn_split, x);
+  }
+  EXPECT_TRUE(inside);
 }
 
 TEST(MatmulLibraries, OpenBlasRefusesWhatItCannotRead) {
@@ -148,8 +189,13 @@ class MatmulChoice : public ::testing::Test {
     x_.b.strides = {0, 0, 32, 1};
     x_.c_strides = {0, 0, 32, 1};
     x_.role = "mlp.c_fc weight grad";
+    threads_before_ = omp_get_max_threads();
+    omp_set_num_threads(1);  // the split libraries are offered from 2 threads (their own test)
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    omp_set_num_threads(threads_before_);
+    fs::remove_all(dir_);
+  }
 
   MatmulChoiceSource source(std::map<MatmulLib, double> rates, const std::string& machine) {
     return {[this, rates](MatmulLib lib, const MatmulArgs&) {
@@ -170,6 +216,7 @@ class MatmulChoice : public ::testing::Test {
   fs::path dir_, cache_;
   MatmulArgs x_;
   int measurements_ = 0;
+  int threads_before_ = 1;
   const std::map<MatmulLib, double> blas_wins_ = {
       {MatmulLib::onednn, 30.0}, {MatmulLib::openblas, 75.0}, {MatmulLib::onednn_copy, 50.0}};
 };
@@ -185,7 +232,7 @@ TEST_F(MatmulChoice, MeasuredOnceThenReadBackFromTheCache) {
     EXPECT_EQ(measurements_, 6);  // each library in each of two rounds
   }
   const json j = cache();
-  EXPECT_EQ(j["schema"], 1);
+  EXPECT_EQ(j["schema"], 2);
   EXPECT_EQ(j["machine"], "Test CPU");
   const std::string k = matmul_choice_key(x_, omp_get_max_threads());
   ASSERT_TRUE(j["products"].contains(k)) << j.dump(1);
@@ -213,13 +260,41 @@ TEST_F(MatmulChoice, MeasuredOnceThenReadBackFromTheCache) {
   EXPECT_EQ(cache()["products"].size(), 2u);
 }
 
+TEST_F(MatmulChoice, WithTwoThreadsTheSplitLibrariesAreMeasuredToo) {
+  omp_set_num_threads(2);
+  MatmulChooser chooser(cache_, source({{MatmulLib::onednn, 30.0},
+                                        {MatmulLib::openblas, 75.0},
+                                        {MatmulLib::onednn_copy, 50.0},
+                                        {MatmulLib::onednn_split, 90.0},
+                                        {MatmulLib::openblas_split, 80.0}},
+                                       "Test CPU"));
+  EXPECT_EQ(chooser.choose(x_), MatmulLib::onednn_split);
+  EXPECT_EQ(measurements_, 10);  // five libraries, two rounds
+  const json e = cache()["products"][matmul_choice_key(x_, 2)];
+  EXPECT_EQ(e["library"], "onednn-split");
+  EXPECT_EQ(e["gflops"]["openblas-split"], 80.0);
+}
+
+TEST_F(MatmulChoice, AnOlderSchemaIsMeasuredAgain) {
+  const std::string k = matmul_choice_key(x_, omp_get_max_threads());
+  write(R"({"schema": 1, "machine": "Test CPU", "products": {")" + k +
+        R"(": {"library": "onednn", "gflops": {"onednn": 1}}}})");
+  MatmulChooser chooser(cache_, source(blas_wins_, "Test CPU"));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(chooser.choose(x_), MatmulLib::openblas);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("has schema 1, not 2"), std::string::npos) << err;
+  EXPECT_EQ(chooser.measured(), 1);
+  EXPECT_EQ(cache()["schema"], 2);
+}
+
 TEST_F(MatmulChoice, DamagedCacheIsMeasuredAgainWithAWarning) {
   const std::string k = matmul_choice_key(x_, omp_get_max_threads());
   const std::vector<std::pair<std::string, std::string>> damaged = {
       {"{\"schema\": 1, \"machine\"", "is not valid JSON"},
       {"[1, 2]", "is not a JSON object"},
-      {R"({"schema": 1, "machine": "Test CPU", "products": 7})", "has no \"products\" object"},
-      {R"({"schema": 1, "machine": "Test CPU", "products": {")" + k +
+      {R"({"schema": 2, "machine": "Test CPU", "products": 7})", "has no \"products\" object"},
+      {R"({"schema": 2, "machine": "Test CPU", "products": {")" + k +
            R"(": {"library": "magic", "gflops": {}}}})",
        "has a malformed entry for \"" + k + "\""},
   };
@@ -245,7 +320,7 @@ TEST_F(MatmulChoice, AnEntryNamingALibraryThatCannotRunTheProductIsMeasuredAgain
   MatmulArgs nn = x_;
   nn.a.strides = {0, 0, 16, 1};  // no transposed operand: the copy path cannot run it
   const std::string k = matmul_choice_key(nn, omp_get_max_threads());
-  write(R"({"schema": 1, "machine": "Test CPU", "products": {")" + k +
+  write(R"({"schema": 2, "machine": "Test CPU", "products": {")" + k +
         R"(": {"library": "onednn-copy", "gflops": {}}}})");
   MatmulChooser chooser(cache_, source(blas_wins_, "Test CPU"));
   ::testing::internal::CaptureStderr();
@@ -258,7 +333,7 @@ TEST_F(MatmulChoice, AnEntryNamingALibraryThatCannotRunTheProductIsMeasuredAgain
 
 TEST_F(MatmulChoice, AnotherMachinesCacheIsReplaced) {
   const std::string k = matmul_choice_key(x_, omp_get_max_threads());
-  write(R"({"schema": 1, "machine": "Other CPU", "products": {")" + k +
+  write(R"({"schema": 2, "machine": "Other CPU", "products": {")" + k +
         R"(": {"library": "onednn", "gflops": {"onednn": 1}}}})");
   MatmulChooser chooser(cache_, source(blas_wins_, "Test CPU"));
   EXPECT_EQ(chooser.choose(x_), MatmulLib::openblas);
@@ -286,6 +361,7 @@ TEST(MatmulChoiceMachine, MeasuresThisCpu) {
   x.c = c.data();
   x.c_strides = {n * n, n * n, n, 1};
   const MatmulChoiceSource machine = machine_matmul_source();
+  const Threads scope(2);  // every library, the split ones too
   for (MatmulLib lib : kMatmulLibs) {
     const double g = machine.measure(lib, x);
     EXPECT_GT(g, 0.0) << matmul_lib_name(lib);

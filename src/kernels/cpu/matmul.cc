@@ -1,10 +1,12 @@
 #include "kernels/cpu/matmul.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <exception>
 #include <map>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -32,6 +34,7 @@ struct Cached {
 struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
+  std::vector<dnnl::stream> slab_streams;  // one per thread of a split product (see below)
   std::map<Key, Cached> cache;
   std::vector<float> scratch_a, scratch_b;  // bf16 operands widened to f32 (fallback path)
   std::vector<bf16> scratch_b16;            // a transposed bf16 B made row-major (see below)
@@ -220,12 +223,13 @@ void matmul_reference(const MatmulArgs& x) {
 
 namespace {
 
-// C = A·B through a cached oneDNN primitive (f32 or, where bf16_matmul_path() is native, bf16
-// operands).
-void onednn_matmul(const MatmulArgs& x) {
+// The cached oneDNN primitive of this product (f32 or, where bf16_matmul_path() is native, bf16
+// operands), created on first use. `slab` tells apart the slabs of a split product, which may
+// have one shape but run at once: each needs memory objects of its own.
+Cached& onednn_primitive(const MatmulArgs& x, int64_t slab = 0) {
   Key key = {
-      x.b0,        x.b1, x.M, x.N, x.K, int64_t(x.a.dtype), int64_t(x.b.dtype), x.bias != nullptr,
-      x.accumulate};
+      x.b0,         x.b1, x.M, x.N, x.K, int64_t(x.a.dtype), int64_t(x.b.dtype), x.bias != nullptr,
+      x.accumulate, slab};
   for (auto s : x.a.strides) key.push_back(s);
   for (auto s : x.b.strides) key.push_back(s);
   for (auto s : x.c_strides) key.push_back(s);
@@ -272,14 +276,23 @@ void onednn_matmul(const MatmulArgs& x) {
     }
     it = e.cache.emplace(key, std::move(c)).first;
   }
+  return it->second;
+}
 
-  Cached& c = it->second;
+// Runs `c`, the primitive of `x`, on x's operands.
+void onednn_run(Cached& c, const MatmulArgs& x, dnnl::stream& stream) {
   c.src.set_data_handle(const_cast<void*>(x.a.data));
   c.weights.set_data_handle(const_cast<void*>(x.b.data));
   c.dst.set_data_handle(x.c);
   if (x.bias) c.bias.set_data_handle(const_cast<void*>(x.bias));
-  c.prim.execute(e.stream, c.args);
-  e.stream.wait();
+  c.prim.execute(stream, c.args);
+  stream.wait();
+}
+
+// C = A·B through a cached oneDNN primitive.
+void onednn_matmul(const MatmulArgs& x) {
+  Engine& e = engine();
+  onednn_run(onednn_primitive(x), x, e.stream);
 }
 
 using Strides = std::array<int64_t, 4>;
@@ -376,6 +389,86 @@ void onednn_copy_matmul(const MatmulArgs& x) {
   onednn_matmul(d);
 }
 
+// A product split between the threads: the output cut into one slab per thread along its larger
+// dimension (rows of A and C, or columns of B, C and the bias), in multiples of kSlabAlign, each
+// slab a single-threaded product of its own. A library parallelises inside one product; on the
+// small products of small models at two threads that partition, its barriers and each thread
+// packing the shared operand cost 10-25% of the rate, which slabs of a few hundred rows do not
+// (bench/kernel_lab.py). Which one wins is measured per product like any other library choice.
+constexpr int64_t kSlabAlign = 16;
+
+// The slab length along the cut dimension, and that dimension; 0 slabs outside parallel use.
+struct SlabCut {
+  bool rows = true;
+  int64_t step = 0, parts = 0;
+};
+
+SlabCut slab_cut(const MatmulArgs& x) {
+  SlabCut cut;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads < 2 || x.b0 * x.b1 != 1) return cut;
+  cut.rows = x.M >= x.N;
+  const int64_t dim = cut.rows ? x.M : x.N;
+  cut.step = (dim + threads - 1) / threads;
+  cut.step = (cut.step + kSlabAlign - 1) / kSlabAlign * kSlabAlign;
+  cut.parts = (dim + cut.step - 1) / cut.step;
+  return cut;
+}
+
+MatmulArgs slab(const MatmulArgs& x, const SlabCut& cut, int64_t p) {
+  MatmulArgs s = x;
+  const int64_t begin = p * cut.step;
+  float* c = static_cast<float*>(x.c);
+  if (cut.rows) {
+    s.M = std::min(x.M - begin, cut.step);
+    s.a.data = static_cast<const float*>(x.a.data) + begin * x.a.strides[2];
+    s.c = c + begin * x.c_strides[2];
+  } else {
+    s.N = std::min(x.N - begin, cut.step);
+    s.b.data = static_cast<const float*>(x.b.data) + begin * x.b.strides[3];
+    s.c = c + begin * x.c_strides[3];
+    if (x.bias) s.bias = static_cast<const float*>(x.bias) + begin;
+  }
+  return s;
+}
+
+// Runs body(p) for every slab p on thread p; an exception thrown on a thread is rethrown after.
+template <typename Body>
+void for_each_slab(const SlabCut& cut, Body&& body) {
+  std::exception_ptr error;
+#pragma omp parallel num_threads(int(cut.parts))
+  {
+    try {
+      body(int64_t(omp_get_thread_num()));
+    } catch (...) {
+#pragma omp critical(tetra_matmul_slab_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// oneDNN per slab: the primitives are found or created first, on this thread (the cache is not
+// shared between threads), then run one per thread, each on a stream of its own.
+void onednn_split_matmul(const MatmulArgs& x) {
+  const SlabCut cut = slab_cut(x);
+  Engine& e = engine();
+  std::vector<MatmulArgs> slabs;
+  std::vector<Cached*> prims;
+  for (int64_t p = 0; p < cut.parts; ++p) {
+    slabs.push_back(slab(x, cut, p));
+    prims.push_back(&onednn_primitive(slabs.back(), p + 1));
+  }
+  while (int64_t(e.slab_streams.size()) < cut.parts) e.slab_streams.emplace_back(e.engine);
+  for_each_slab(cut, [&](int64_t p) { onednn_run(*prims[p], slabs[p], e.slab_streams[p]); });
+}
+
+// OpenBLAS per slab (inside a parallel region its sgemm runs on the calling thread alone).
+void openblas_split_matmul(const MatmulArgs& x) {
+  const SlabCut cut = slab_cut(x);
+  for_each_slab(cut, [&](int64_t p) { openblas_matmul(slab(x, cut, p)); });
+}
+
 }  // namespace
 
 const char* matmul_lib_name(MatmulLib lib) {
@@ -386,6 +479,10 @@ const char* matmul_lib_name(MatmulLib lib) {
       return "openblas";
     case MatmulLib::onednn_copy:
       return "onednn-copy";
+    case MatmulLib::onednn_split:
+      return "onednn-split";
+    case MatmulLib::openblas_split:
+      return "openblas-split";
   }
   return "unknown";
 }
@@ -400,6 +497,10 @@ bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& x) {
              blas_layout(x.b.strides, x.K, x.N) && blas_layout(x.c_strides, x.M, x.N) == 'n';
     case MatmulLib::onednn_copy:
       return f32 && x.b0 * x.b1 == 1 && (x.a.strides[3] != 1 || x.b.strides[3] != 1);
+    case MatmulLib::onednn_split:
+      return f32 && slab_cut(x).parts > 1;
+    case MatmulLib::openblas_split:
+      return matmul_lib_supports(MatmulLib::openblas, x) && slab_cut(x).parts > 1;
   }
   return false;
 }
@@ -415,6 +516,10 @@ void matmul_with(MatmulLib lib, const MatmulArgs& x) {
       return openblas_matmul(x);
     case MatmulLib::onednn_copy:
       return onednn_copy_matmul(x);
+    case MatmulLib::onednn_split:
+      return onednn_split_matmul(x);
+    case MatmulLib::openblas_split:
+      return openblas_split_matmul(x);
   }
 }
 

@@ -6,12 +6,14 @@
 //
 // f32 products have more than one implementation (MatmulLib): oneDNN's matmul primitive (cached
 // per shape), OpenBLAS's sgemm (batched products as one single-threaded sgemm per matrix, the
-// batch spread over the threads, so a head costs no parallel region of its own), and oneDNN on a
-// contiguous copy of a transposed operand. Which one is fastest depends on the shape, the layout,
-// the thread count and the CPU (oneDNN's AVX2 kernels run some backward layouts at a third of
-// OpenBLAS's rate; on AVX-512 oneDNN mostly wins), so each product is measured once per machine
-// and the choice cached (kernels/cpu/matmul_choice.h). The libraries round differently, so a
-// run's numbers depend on the choices made; they are fixed per machine once cached.
+// batch spread over the threads, so a head costs no parallel region of its own), oneDNN on a
+// contiguous copy of a transposed operand, and either library with the product split between the
+// threads instead of inside the library (one output slab per thread). Which one is fastest depends
+// on the shape, the layout, the thread count and the CPU (oneDNN's AVX2 kernels run some backward
+// layouts at a third of OpenBLAS's rate; on AVX-512 oneDNN mostly wins), so each product is
+// measured once per machine and the choice cached (kernels/cpu/matmul_choice.h). The libraries
+// round differently, so a run's numbers depend on the choices made; they are fixed per machine once
+// cached.
 //
 // bf16 operands: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16 and
 // AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one at
@@ -41,14 +43,16 @@ namespace tetra::cpu {
 /** C = A·B (+ bias) (+ C) through the library chosen for this product on this machine. */
 void matmul(const MatmulArgs& args);
 
-enum class MatmulLib : uint8_t { onednn, openblas, onednn_copy };
-constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas,
-                                     MatmulLib::onednn_copy};
-/** "onednn", "openblas", "onednn-copy". */
+enum class MatmulLib : uint8_t { onednn, openblas, onednn_copy, onednn_split, openblas_split };
+constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas, MatmulLib::onednn_copy,
+                                     MatmulLib::onednn_split, MatmulLib::openblas_split};
+/** "onednn", "openblas", "onednn-copy", "onednn-split", "openblas-split". */
 const char* matmul_lib_name(MatmulLib lib);
 /** Whether `lib` runs this f32 product: OpenBLAS needs each of A and B with a unit column or row
  *  stride and C with a unit column stride; the copy path needs an unbatched product with a
- *  transposed A or B. oneDNN runs every product. */
+ *  transposed A or B; the split paths (the output cut into one slab per OpenMP thread, each a
+ *  single-threaded product of that library) an unbatched product, more than one thread and an
+ *  output of more than 16 rows or columns, outside a parallel region. oneDNN runs every product. */
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& args);
 /** The product through `lib` (f32 operands; must be supported), bypassing the choice: for the
  *  choice's measurements and for tests. */
