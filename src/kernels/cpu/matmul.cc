@@ -432,14 +432,15 @@ MatmulArgs slab(const MatmulArgs& x, const SlabCut& cut, int64_t p) {
   return s;
 }
 
-// Runs body(p) for every slab p on thread p; an exception thrown on a thread is rethrown after.
+// Runs body(p) for every slab p, slab p on thread p (a thread takes more slabs if the runtime gives
+// the region fewer threads than asked); an exception thrown on a thread is rethrown after.
 template <typename Body>
 void for_each_slab(const SlabCut& cut, Body&& body) {
   std::exception_ptr error;
 #pragma omp parallel num_threads(int(cut.parts))
   {
     try {
-      body(int64_t(omp_get_thread_num()));
+      for (int64_t p = omp_get_thread_num(); p < cut.parts; p += omp_get_num_threads()) body(p);
     } catch (...) {
 #pragma omp critical(tetra_matmul_slab_error)
       if (!error) error = std::current_exception();
