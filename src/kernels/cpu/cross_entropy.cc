@@ -35,12 +35,16 @@ const SimdKernels* vector_kernels() {
 
 // One row of the fused loss with the vector branch k (F is float): the loss, and with `backward`
 // x overwritten by dloss * (softmax - onehot) and 0 in the padding. Exponentials are computed once:
-// exp(x - max) is stored in x and then scaled by dloss / sum.
+// exp(x - max) is stored in x and then scaled by dloss / sum. `next` (the thread's next row, or
+// null) is fetched into the cache while the exponentials are computed, so the max pass of a long
+// row (gpt2's 200 KB) does not wait on memory with the vector units idle.
 template <typename F>
-F xent_row(const SimdKernels& k, F* x, int y, int V, int Vp, bool backward, F dloss) {
+F xent_row(const SimdKernels& k, F* x, const F* next, int y, int V, int Vp, bool backward,
+           F dloss) {
   float* xf = reinterpret_cast<float*>(x);  // F is float wherever k exists
+  const float* nf = reinterpret_cast<const float*>(next);
   const float mx = k.max(xf, V), target = xf[y];
-  const float sum = backward ? k.exp_sum_inplace(xf, V, mx) : k.sum_exp(xf, V, mx);
+  const float sum = backward ? k.exp_sum_inplace(xf, V, mx, nf) : k.sum_exp(xf, V, mx, nf);
   const float loss = std::log(sum) + mx - target;
   if (backward) {
     k.scale(xf, V, float(dloss) / sum);
@@ -60,7 +64,8 @@ double softmax_xent_forward_backward(F* losses, F* logits, const int32_t* target
   if (const SimdKernels* k = vector_kernels<F>()) {
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (int64_t i = 0; i < N; ++i) {
-      losses[i] = xent_row(*k, logits + i * Vp, targets[i], V, Vp, true, dloss);
+      const F* next = i + 1 < N ? logits + (i + 1) * Vp : nullptr;
+      losses[i] = xent_row(*k, logits + i * Vp, next, targets[i], V, Vp, true, dloss);
       total += losses[i];
     }
     return total;
@@ -89,7 +94,9 @@ double softmax_xent_forward(F* losses, const F* logits, const int32_t* targets, 
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (int64_t i = 0; i < N; ++i) {
       // The forward branch reads x only; the cast away from const is never written through.
-      losses[i] = xent_row(*k, const_cast<F*>(logits + i * Vp), targets[i], V, Vp, false, F(0));
+      const F* next = i + 1 < N ? logits + (i + 1) * Vp : nullptr;
+      losses[i] =
+          xent_row(*k, const_cast<F*>(logits + i * Vp), next, targets[i], V, Vp, false, F(0));
       total += losses[i];
     }
     return total;
@@ -137,7 +144,9 @@ double softmax_xent_vocab_parallel(F* losses, F* logits, const int32_t* targets,
       // With backward, exp(x - max) is kept in x for the last pass to scale (one exponential per
       // logit); forward leaves the logits untouched.
       float* xf = reinterpret_cast<float*>(x);  // F is float wherever k exists
-      sum = F(backward ? k->exp_sum_inplace(xf, real, float(m)) : k->sum_exp(xf, real, float(m)));
+      const float* next = i + 1 < N ? reinterpret_cast<const float*>(x + Vl) : nullptr;
+      sum = F(backward ? k->exp_sum_inplace(xf, real, float(m), next)
+                       : k->sum_exp(xf, real, float(m), next));
     } else {
 #pragma omp simd reduction(+ : sum)
       for (int v = 0; v < real; ++v) sum += exp_approx(x[v] - m);

@@ -52,10 +52,10 @@ struct SimdKernels {
                           const float* up, int64_t n);
   // max of x[0..n), n >= 1.
   float (*max)(const float* x, int n);
-  // sum of exp(x[v] - shift), v < n.
-  float (*sum_exp)(const float* x, int n, float shift);
-  // x[v] = exp(x[v] - shift) in place; returns their sum.
-  float (*exp_sum_inplace)(float* x, int n, float shift);
+  // sum of exp(x[v] - shift), v < n; next[0..n) (the next row, or null) is prefetched meanwhile.
+  float (*sum_exp)(const float* x, int n, float shift, const float* next);
+  // x[v] = exp(x[v] - shift) in place; returns their sum; prefetches next like sum_exp.
+  float (*exp_sum_inplace)(float* x, int n, float shift, const float* next);
   // x[v] *= s.
   void (*scale)(float* x, int n, float s);
 };

@@ -183,39 +183,69 @@ TETRA_SIMD_FN void gelu_bias_backward_rows(float* dinp, float* acc, const float*
   }
 }
 
+// The row reductions keep four (max) or two (sums) partial vectors, so that consecutive vectors
+// do not wait on one another's result.
 TETRA_SIMD_FN float max_n(const float* x, int n) {
   const float lowest = std::numeric_limits<float>::lowest();
-  VF m = splat(lowest);
+  VF m0 = splat(lowest), m1 = m0, m2 = m0, m3 = m0;
   int v = 0;
-  for (; v + W <= n; v += W) m = vmax(m, load(x + v));
-  if (v < n) m = vmax(m, load_tail(x + v, n - v, lowest));
+  for (; v + 4 * W <= n; v += 4 * W) {
+    m0 = vmax(m0, load(x + v));
+    m1 = vmax(m1, load(x + v + W));
+    m2 = vmax(m2, load(x + v + 2 * W));
+    m3 = vmax(m3, load(x + v + 3 * W));
+  }
+  for (; v + W <= n; v += W) m0 = vmax(m0, load(x + v));
+  if (v < n) m0 = vmax(m0, load_tail(x + v, n - v, lowest));
+  const VF m = vmax(vmax(m0, m1), vmax(m2, m3));
   float r = m[0];
   for (int i = 1; i < W; ++i) r = r > m[i] ? r : m[i];
   return r;
 }
 
-TETRA_SIMD_FN float sum_exp_n(const float* x, int n, float shift) {
+// Asks for the cache line of next[v] (the next row, which the next max_n then reads from cache
+// rather than memory while this pass computes its exponentials); nothing when next is null.
+TETRA_SIMD_INLINE void prefetch_line(const float* next, int v) {
+  if (next && v % 16 == 0) __builtin_prefetch(next + v, 0, 3);
+}
+
+TETRA_SIMD_FN float sum_exp_n(const float* x, int n, float shift, const float* next) {
   const VF s = splat(shift);
-  VF acc = {};
+  VF a0 = {}, a1 = {};
   int v = 0;
-  for (; v + W <= n; v += W) acc += vexp(load(x + v) - s);
+  for (; v + 2 * W <= n; v += 2 * W) {
+    prefetch_line(next, v);
+    prefetch_line(next, v + W);
+    a0 += vexp(load(x + v) - s);
+    a1 += vexp(load(x + v + W) - s);
+  }
+  for (; v + W <= n; v += W) a0 += vexp(load(x + v) - s);
   float tail = 0;
   if (v < n) {
     // Lanes past the row are not added (exp_approx never returns exactly 0).
     const VF e = vexp(load_tail(x + v, n - v, shift) - s);
     for (int i = 0; i < n - v; ++i) tail += e[i];
   }
-  return hsum(acc) + tail;
+  return hsum(a0 + a1) + tail;
 }
 
-TETRA_SIMD_FN float exp_sum_inplace_n(float* x, int n, float shift) {
+TETRA_SIMD_FN float exp_sum_inplace_n(float* x, int n, float shift, const float* next) {
   const VF s = splat(shift);
-  VF acc = {};
+  VF a0 = {}, a1 = {};
   int v = 0;
+  for (; v + 2 * W <= n; v += 2 * W) {
+    prefetch_line(next, v);
+    prefetch_line(next, v + W);
+    const VF e0 = vexp(load(x + v) - s), e1 = vexp(load(x + v + W) - s);
+    store(x + v, e0);
+    store(x + v + W, e1);
+    a0 += e0;
+    a1 += e1;
+  }
   for (; v + W <= n; v += W) {
     const VF e = vexp(load(x + v) - s);
     store(x + v, e);
-    acc += e;
+    a0 += e;
   }
   float tail = 0;
   if (v < n) {
@@ -223,7 +253,7 @@ TETRA_SIMD_FN float exp_sum_inplace_n(float* x, int n, float shift) {
     store_tail(x + v, e, n - v);
     for (int i = 0; i < n - v; ++i) tail += e[i];
   }
-  return hsum(acc) + tail;
+  return hsum(a0 + a1) + tail;
 }
 
 TETRA_SIMD_FN void scale_n(float* x, int n, float s) {

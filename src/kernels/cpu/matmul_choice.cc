@@ -127,7 +127,8 @@ void MatmulChooser::load(bool warn) {
 }
 
 MatmulLib MatmulChooser::choose(const MatmulArgs& x) {
-  const std::string key = matmul_choice_key(x, omp_get_max_threads());
+  // Inside a parallel region a product runs on the calling thread alone (and is not split).
+  const std::string key = matmul_choice_key(x, omp_in_parallel() ? 1 : omp_get_max_threads());
   if (!loaded_) {
     load(true);
     loaded_ = true;
