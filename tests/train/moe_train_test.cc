@@ -1,10 +1,10 @@
 // Mixture of experts under every layout (docs/moe.md): with capacity factor 0 (nothing dropped)
 // and 1.25 (drops), expert parallelism ep = 1, 2, 4 on dp 4, ep 2 with ZeRO-3, with a pipeline and
 // with tensor parallelism reproduce the serial run: the same routing (drops and tokens per expert
-// at every step), losses within 1e-5 and final weights within 3e-5. The all-to-all bytes equal the
-// seed's formula when nothing is dropped; checkpoints reshard the experts to another ep; an MoE
-// model exports as a model directory that generate reads; bad settings are refused with what
-// would work. Ranks are real processes under mpirun.
+// at every step), losses within 1e-5 and final weights within 1e-5 (1e-4 per tensor). The
+// all-to-all bytes equal the seed's formula when nothing is dropped; checkpoints reshard the
+// experts to another ep; an MoE model exports as a model directory that generate reads; bad
+// settings are refused with what would work. Ranks are real processes under mpirun.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -79,7 +79,13 @@ class MoeTrain : public ::testing::Test {
   }
 
   // The same routing at every step (drops and tokens per expert), losses within 1e-5 relative,
-  // final weights within 3e-5 norm-relative.
+  // final weights within 1e-5 norm-relative over the whole model and 1e-4 per tensor. Per tensor,
+  // one element can dominate a small bias: h.3's value bias [12] has a gradient of 8e-8 at step 1
+  // (the sum over tokens nearly cancels), 1/12 of eps, where Adam's g / (|g| + eps) turns the
+  // layouts' 0.5% float noise in it into a 3.3e-6 difference in the weight: 2.6e-5 of that
+  // 72-element tensor at ep2 x tp2 here (AMD EPYC), 4.1e-5 on another CI machine, while the whole
+  // model sits at 1.2e-6. A layout bug (a missing reduction, a wrong scale or shard) moves a
+  // tensor by 1e-2 and more, far above 1e-4.
   static void expect_same_run(const MoeRun& serial, const MoeRun& r) {
     ASSERT_EQ(r.run.code, 0) << r.run.output;
     ASSERT_EQ(r.metrics.size(), size_t(kSteps));
@@ -96,7 +102,7 @@ class MoeTrain : public ::testing::Test {
                   double(serial.metrics[size_t(s)]["moe_aux"]), 1e-5)
           << "step " << s + 1;
     }
-    testing::expect_same_weights(serial.run, r.run, 3e-5);
+    testing::expect_same_weights(serial.run, r.run, 1e-5, 1e-4);
   }
 
   static void every_layout(const std::string& cf) {
