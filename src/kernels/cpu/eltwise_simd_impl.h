@@ -26,6 +26,7 @@ namespace {
 #define TETRA_SIMD_INLINE TETRA_SIMD_FN __attribute__((always_inline)) inline
 
 constexpr int W = TETRA_SIMD_W;
+constexpr int kCurrentRounding = 4;  // _MM_FROUND_CUR_DIRECTION
 typedef float VF __attribute__((vector_size(W * sizeof(float))));
 typedef int32_t VI __attribute__((vector_size(W * sizeof(int32_t))));
 
@@ -50,8 +51,23 @@ TETRA_SIMD_INLINE float hsum(VF v) {
   for (int i = 0; i < W; ++i) s += v[i];
   return s;
 }
-TETRA_SIMD_INLINE VF vmin(VF a, VF b) { return a < b ? a : b; }
-TETRA_SIMD_INLINE VF vmax(VF a, VF b) { return a > b ? a : b; }
+// a < b ? a : b and a > b ? a : b, which are exactly what minps and maxps compute (the second
+// operand where either is NaN); written as the conditional, GCC emits a compare and a blend, two
+// instructions where one does: 15% of GELU's time.
+TETRA_SIMD_INLINE VF vmin(VF a, VF b) {
+#if TETRA_SIMD_W == 16
+  return __builtin_ia32_minps512_mask(a, b, a, static_cast<uint16_t>(0xFFFF), kCurrentRounding);
+#else
+  return __builtin_ia32_minps256(a, b);
+#endif
+}
+TETRA_SIMD_INLINE VF vmax(VF a, VF b) {
+#if TETRA_SIMD_W == 16
+  return __builtin_ia32_maxps512_mask(a, b, a, static_cast<uint16_t>(0xFFFF), kCurrentRounding);
+#else
+  return __builtin_ia32_maxps256(a, b);
+#endif
+}
 
 // exp_approx (vec_math.h) on W lanes, the same reduction and polynomial.
 TETRA_SIMD_INLINE VF vexp(VF x) {
