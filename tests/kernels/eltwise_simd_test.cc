@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -182,6 +183,53 @@ TEST_F(Branches, SoftmaxCrossEntropy) {
       EXPECT_EQ(untouched, logits) << "vocab-parallel forward leaves the logits";
       expect_near(vloss, rloss, "vocab-parallel forward losses");
     }
+  });
+}
+
+// Non-finite and huge inputs give what the portable loops give (exactly where not finite): the
+// branches clamp exp's argument with minps/maxps, whose NaN rule (the second operand) is the
+// portable loops' `a < b ? a : b`. GELU's NaN stays NaN through x; a +inf logit (the row max) gives
+// the same loss in every branch.
+TEST_F(Branches, NonFiniteInputsGiveWhatThePortableLoopsGive) {
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> specials = {nan, inf, -inf, 1e30f, -1e30f, 100.0f, -100.0f, 0.0f};
+  std::vector<float> x(37, 0.5f), dy(37, 1.0f);  // a vector body and a tail at both widths
+  for (size_t i = 0; i < specials.size(); ++i) {
+    x[i] = specials[i];
+    x[36 - i] = specials[i];
+  }
+  std::vector<float> logits(2 * 40, 1.0f);
+  logits[3] = inf;  // row 0's max
+  const std::vector<int32_t> targets = {5, 7};
+  struct Out {
+    std::vector<float> gelu, grad, loss;
+  };
+  auto run = [&] {
+    Out o{std::vector<float>(x.size()), std::vector<float>(x.size()), std::vector<float>(2)};
+    gelu_forward(o.gelu.data(), x.data(), int64_t(x.size()));
+    gelu_backward(o.grad.data(), x.data(), dy.data(), int64_t(x.size()));
+    softmax_xent_forward(o.loss.data(), logits.data(), targets.data(), 2, 40, 40);
+    return o;
+  };
+  // Non-finite values must match exactly (NaN for NaN, the same infinity); finite ones to the
+  // rounding the branches' fused multiply-adds change (1e-5 relative).
+  auto same = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool ok = std::isfinite(got[i]) && std::isfinite(want[i])
+                          ? std::abs(got[i] - want[i]) <= 1e-5f * std::abs(want[i])
+                          : (std::isnan(got[i]) && std::isnan(want[i])) || got[i] == want[i];
+      EXPECT_TRUE(ok) << what << " [" << i << "]: " << got[i] << " against " << want[i];
+    }
+  };
+  set_simd_isa(SimdIsa::generic);
+  const Out want = run();
+  EXPECT_TRUE(std::isnan(want.gelu[0]) && std::isnan(want.grad[0])) << "NaN stays NaN";
+  each([&] {
+    const Out got = run();
+    same(got.gelu, want.gelu, "gelu_forward");
+    same(got.grad, want.grad, "gelu_backward");
+    same(got.loss, want.loss, "softmax_xent_forward");
   });
 }
 
