@@ -6,16 +6,47 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
-scripts/install-deps.sh
+# Wall time per stage, printed at the end (pass or fail) with the slowest tests of each ctest run.
+stages=()
+timed() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  "$@" || status=$?
+  stages+=("$(printf '%6d s  %s%s' $((SECONDS - start)) "$name" "$([ $status -eq 0 ] || echo ' (failed)')")")
+  return $status
+}
+# ctest with its log kept, so that the summary can list the slowest tests.
+ctest_logged() {
+  local log=$1
+  shift
+  ctest "$@" 2>&1 | tee "$log"
+}
+summary() {
+  echo
+  echo "== wall time by stage"
+  printf '%s\n' "${stages[@]}"
+  printf '%6d s  total\n' "$SECONDS"
+  for log in build/ctest.log build-asan/ctest.log; do
+    [ -f "$log" ] || continue
+    echo "== the 20 slowest tests of $log"
+    sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" |
+      sort -rn | head -n 20 | awk '{printf "%8.1f s  %s\n", $1, $2}'
+  done
+}
+trap summary EXIT
+
+timed deps scripts/install-deps.sh
 # The CUDA toolkit of the machine image, where it is not on PATH already (CMake looks for nvcc).
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
 
 echo "== release build (-Werror; the CUDA backend too where nvcc is found) and full suite"
+rm -f build/ctest.log build-asan/ctest.log
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTETRA_WERROR=ON >/dev/null
-cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+timed "release build" cmake --build build -j "$jobs"
+timed "release ctest (every test)" ctest_logged build/ctest.log --test-dir build \
+  --output-on-failure -j "$jobs" --timeout 600
 
 # The instrumented builds compile at -O1 with line tables only (-g1): half the compile time of
 # RelWithDebInfo's -O2 -g, and sanitizer reports still name file and line.
@@ -27,11 +58,11 @@ echo "== ASan/UBSan build of the unit tests"
 # watch the host code.
 cmake -S . -B build-asan -G Ninja "${instrumented_flags[@]}" -DTETRA_SANITIZE=ON \
   -DTETRA_BUILD_BENCH=OFF -DTETRA_CUDA=OFF >/dev/null
-cmake --build build-asan --target unit_tests -j "$jobs"
+timed "asan build" cmake --build build-asan --target unit_tests -j "$jobs"
 # Multi-rank (mpi), PyTorch parity and CLI-driving tests run in the release build above; here
 # the unit tests run in-process under the sanitizers.
-ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure -j "$jobs" \
-  --timeout 900 -LE 'mpi|parity|train|cli'
+ASAN_OPTIONS=detect_leaks=0 timed "asan ctest (unit tests)" ctest_logged build-asan/ctest.log \
+  --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -LE 'mpi|parity|train|cli'
 
 echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-10} s each"
 # Only the libraries the fuzzers link are built. Each target starts from its committed seeds
@@ -43,8 +74,9 @@ cmake -S . -B build-fuzz -G Ninja "${instrumented_flags[@]}" -DCMAKE_C_COMPILER=
   -DCMAKE_CXX_COMPILER=clang++ -DTETRA_FUZZ=ON -DTETRA_BUILD_TESTS=OFF -DTETRA_BUILD_BENCH=OFF \
   -DTETRA_CUDA=OFF \
   >/dev/null
-cmake --build build-fuzz --target fuzzers -j "$jobs"
+timed "fuzz build" cmake --build build-fuzz --target fuzzers -j "$jobs"
 mkdir -p build-fuzz/artifacts
+fuzz_start=$SECONDS
 for src in fuzz/*_fuzz.cc; do
   name=$(basename "$src" .cc)
   format=${name%_fuzz}
@@ -65,3 +97,4 @@ for src in fuzz/*_fuzz.cc; do
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "build-fuzz/$name.log")
   echo "[fuzz] $name: $runs runs, $rate runs/s, no crash"
 done
+stages+=("$(printf '%6d s  %s' $((SECONDS - fuzz_start)) "fuzzing")")

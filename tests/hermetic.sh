@@ -17,4 +17,8 @@ dir=$(mktemp -d "$root/XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 mkdir "$dir/home" "$dir/tmp"
 export HOME="$dir/home" TMPDIR="$dir/tmp" XDG_CACHE_HOME="$dir/home/.cache"
+# Every product of every test on oneDNN (docs/testing.md): a test's runs then compute each product
+# the same way, whatever the machine's timings would have chosen per product in each run's HOME,
+# and no test spends its time measuring libraries. Tests of the choice itself say so explicitly.
+export TETRA_MATMUL=onednn
 "$@"

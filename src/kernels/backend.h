@@ -36,6 +36,10 @@ class Backend {
   virtual std::string describe() = 0;
   /** How the products of a run in this precision are computed, for the header and metrics. */
   virtual std::string matmul_path(bool bf16) = 0;
+  /** Which library computes each f32 product (kernels.matmul: auto | onednn | openblas, given by
+   *  `key`): one fixed library makes two runs compute every product alike whatever the machine's
+   *  timings. A backend with one library accepts only auto. */
+  virtual void set_matmul_policy(const std::string& policy, const std::string& key) = 0;
   /** Empty when mixed precision (train.precision = bf16) runs here; otherwise why not and what to
    *  change. */
   virtual std::string bf16_unsupported() = 0;

@@ -1,5 +1,6 @@
 #include "train/train_config.h"
 
+#include <cstdlib>
 #include <functional>
 #include <type_traits>
 
@@ -35,7 +36,7 @@ Reader into() {
 
 struct TrainKey {
   KeySpec spec;
-  Reader read;  // empty: read by gpt_config_from (model.*)
+  Reader read;  // empty: read by gpt_config_from (model.*) or in TrainOptions::from
 };
 
 // The one table of `tetra train` keys: type, default, help, valid range and the field it fills.
@@ -180,6 +181,13 @@ const std::vector<TrainKey>& train_keys() {
         "this many GB (1e9 bytes), naming the layouts that fit; 0: no limit",
         "[0, 1e9]"},
        into<&O::memory_limit_gb>()},
+      {{"kernels.matmul", ValueKind::String, "\"auto\"",
+        "the library of each f32 product on the CPU: auto (the fastest per product, measured once "
+        "per machine and cached), or one library for every product, so that runs compare number "
+        "for number whatever the machine's timings: onednn, or openblas (oneDNN where OpenBLAS "
+        "cannot run a product); unset, TETRA_MATMUL decides (else auto)",
+        "auto | onednn | openblas"},
+       {}},
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
        into<&O::progress>()},
@@ -445,6 +453,14 @@ TrainOptions TrainOptions::from(const Config& c) {
   if (o.model.bf16) {
     const std::string unsupported = backend.bf16_unsupported();
     TETRA_CHECK(unsupported.empty(), "[config] {}", unsupported);
+  }
+  // kernels.matmul, else TETRA_MATMUL on the CPU (the CPU backend's own default, read here too so
+  // that a bad value is refused before anything runs), else the backend's choice per product.
+  if (c.is_set("kernels.matmul")) {
+    o.matmul = {c.s("kernels.matmul"), "kernels.matmul"};
+  } else if (const char* env = std::getenv("TETRA_MATMUL");
+             env && *env && o.device == DeviceKind::cpu) {
+    o.matmul = {env, "TETRA_MATMUL"};
   }
   o.schedule.total_steps = o.steps;
   TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),

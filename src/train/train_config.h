@@ -48,6 +48,11 @@ struct TrainOptions {
   int eval_every = 0, eval_batches = 4;
   std::string run_dir;
   int threads = 0;
+  // The f32 products' library policy ("auto" | "onednn" | "openblas") and the key or variable
+  // that set it; an empty policy leaves the backend's default.
+  struct {
+    std::string policy, source;
+  } matmul;
   double peak_gflops = 0;      // the MFU denominator per rank; 0: measured (and cached) per machine
   double memory_limit_gb = 0;  // run.memory_limit_gb: the planned bytes per rank must fit; 0: any
   std::string progress;        // "auto" | "always" | "never"

@@ -43,6 +43,8 @@ void Trainer::setup(const std::string& config_toml) {
   refuse_over_memory_limit(opt_, layout_->world_size(), layout_->pp_rank());
   const int threads = opt_.threads > 0 ? opt_.threads : default_threads();
   backend_.set_threads(threads);
+  if (!opt_.matmul.policy.empty())
+    backend_.set_matmul_policy(opt_.matmul.policy, opt_.matmul.source);
   const Recompute recompute = parse_recompute(opt_.recompute, "train.recompute");
   TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");

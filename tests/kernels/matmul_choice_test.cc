@@ -348,6 +348,59 @@ TEST_F(MatmulChoice, TheThreadCountIsPartOfTheKey) {
   EXPECT_EQ(matmul_choice_key(batched, 1), "64x16x32 b4 tn t1");
 }
 
+// A fixed policy runs every product on its library (bit for bit what that library gives) without
+// asking the chooser; openblas leaves to oneDNN what OpenBLAS cannot read.
+TEST(MatmulPolicy, AFixedLibraryRunsEveryProductWithoutMeasuring) {
+  const int64_t n = 48;
+  const auto a = random_floats(size_t(n * n), 7), b = random_floats(size_t(n * n), 8);
+  MatmulArgs x;
+  x.M = x.N = x.K = n;
+  x.a = {a.data(), {n * n, n * n, 1, n}};  // transposed A
+  x.b = {b.data(), {n * n, n * n, n, 1}};
+  x.c_strides = {n * n, n * n, n, 1};
+  x.role = "test";
+  auto run = [&](auto&& product) {
+    std::vector<float> c(size_t(n * n));
+    MatmulArgs y = x;
+    y.c = c.data();
+    product(y);
+    return c;
+  };
+  const MatmulPolicy before = matmul_policy();
+  const int measured = matmul_chooser().measured();
+  for (MatmulLib lib : {MatmulLib::onednn, MatmulLib::openblas}) {
+    set_matmul_policy(lib == MatmulLib::onednn ? MatmulPolicy::onednn : MatmulPolicy::openblas,
+                      "test");
+    EXPECT_EQ(run([](const MatmulArgs& y) { matmul(y); }),
+              run([&](const MatmulArgs& y) { matmul_with(lib, y); }))
+        << matmul_lib_name(lib);
+  }
+  // A batch whose rows are neither contiguous nor unit-strided in either direction: oneDNN's.
+  x.a.strides = {n * n, n * n, 2, 2 * n};
+  x.M = x.K = n / 2;
+  ASSERT_FALSE(matmul_lib_supports(MatmulLib::openblas, x));
+  EXPECT_EQ(run([](const MatmulArgs& y) { matmul(y); }),
+            run([](const MatmulArgs& y) { matmul_with(MatmulLib::onednn, y); }));
+  EXPECT_EQ(matmul_chooser().measured(), measured) << "a fixed policy asked the chooser";
+  EXPECT_EQ(matmul_policy_describe(), "openblas for every product it runs (test)");
+  set_matmul_policy(before, "test");
+}
+
+TEST(MatmulPolicy, UnknownPoliciesAreRefusedWithTheValuesThatWork) {
+  EXPECT_EQ(parse_matmul_policy("auto", "k"), MatmulPolicy::choose);
+  EXPECT_EQ(parse_matmul_policy("onednn", "k"), MatmulPolicy::onednn);
+  EXPECT_EQ(parse_matmul_policy("openblas", "k"), MatmulPolicy::openblas);
+  try {
+    parse_matmul_policy("OneDNN", "kernels.matmul");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernels.matmul=\"OneDNN\" is not a matmul library "
+                                         "policy; use auto"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The real machine: each library measured on a real product gives a positive rate, and the
 // process's chooser picks one that runs the product.
 TEST(MatmulChoiceMachine, MeasuresThisCpu) {

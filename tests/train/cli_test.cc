@@ -327,6 +327,46 @@ TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElse
   EXPECT_EQ(attention_casts, 2 * (1 + 3)) << prof.dump(1);
 }
 
+// kernels.matmul (and TETRA_MATMUL, its default) fixes one library for every f32 product, so no
+// product is measured and nothing is cached; auto measures each product and caches the choice in
+// the process's HOME; an unknown policy is refused before step 1, naming where it came from.
+TEST_F(TrainCli, MatmulPolicyFixesOneLibraryOrChoosesPerProduct) {
+  const char* cache_home = std::getenv("XDG_CACHE_HOME");  // hermetic.sh's
+  ASSERT_NE(cache_home, nullptr);
+  const fs::path cache = fs::path(cache_home) / "tetra" / "matmul.json";
+  fs::remove(cache);
+  ::setenv("TETRA_MATMUL", "onednn", 1);
+  CliRun r = tetra(base() + " --train.steps=1 --run.dir=" + path("env"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(metrics(path("env"))[0]["matmul_path"], "f32: onednn for every product (TETRA_MATMUL)");
+  EXPECT_FALSE(fs::exists(cache)) << "a fixed library measured products";
+
+  r = tetra(base() + " --train.steps=1 --kernels.matmul=openblas --run.dir=" + path("blas"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(metrics(path("blas"))[0]["matmul_path"],
+            "f32: openblas for every product it runs (kernels.matmul)");
+  EXPECT_FALSE(fs::exists(cache));
+
+  r = tetra(base() + " --train.steps=1 --kernels.matmul=auto --run.dir=" + path("auto"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(metrics(path("auto"))[0]["matmul_path"],
+            "f32: library chosen per product (kernels.matmul)");
+  ASSERT_TRUE(fs::exists(cache)) << "auto measured nothing";
+  std::ifstream in(cache);
+  EXPECT_GE(nlohmann::json::parse(in)["products"].size(), 10u);
+
+  ::setenv("TETRA_MATMUL", "mkl", 1);
+  r = tetra(base() + " --train.steps=1 --run.dir=" + path("bad"));
+  ::setenv("TETRA_MATMUL", "onednn", 1);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("[matmul] TETRA_MATMUL=\"mkl\" is not a matmul library policy; use "
+                          "auto"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[memory]"), std::string::npos) << "refused after the set-up";
+  EXPECT_REFUSED(tetra(base() + " --kernels.matmul=mkl"), "one of: auto, onednn, openblas");
+}
+
 TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {
   Config c = Config::from_overrides(train_config_schema(), {"data.train=x.bin"});
   TrainOptions o = TrainOptions::from(c);

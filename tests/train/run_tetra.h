@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,8 +37,24 @@ inline Ran run_command(const std::string& cmd, bool with_stderr = true) {
   return r;
 }
 
+/** `args` of a `tetra train` run as the floor measurement asks (docs/testing.md,
+ *  scripts/measure-floors.sh): TETRA_TEST_SEED adds --train.seed, TETRA_TEST_THREADS replaces
+ *  --run.threads=1. Unset, as in every ctest run, `args` is returned as given. */
+inline std::string with_measurement_knobs(std::string args) {
+  if (args.rfind("train ", 0) != 0) return args;
+  if (const char* seed = std::getenv("TETRA_TEST_SEED"); seed && *seed)
+    args += std::string(" --train.seed=") + seed;
+  if (const char* threads = std::getenv("TETRA_TEST_THREADS"); threads && *threads) {
+    const std::string one = "--run.threads=1 ";
+    if (const size_t at = (args + " ").find(one); at != std::string::npos)
+      args.replace(at, one.size() - 1, std::string("--run.threads=") + threads);
+  }
+  return args;
+}
+
 /** `tetra <args>` on one process, or under mpirun on `ranks` ranks. */
-inline std::string tetra_command(int ranks, const std::string& args) {
+inline std::string tetra_command(int ranks, const std::string& args_given) {
+  const std::string args = with_measurement_knobs(args_given);
   if (ranks <= 1) return std::string(TETRA_BINARY) + " " + args;
   return std::string(TETRA_MPIEXEC) +
          " --oversubscribe --allow-run-as-root --bind-to none --mca btl self,vader -np " +

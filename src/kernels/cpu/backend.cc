@@ -265,7 +265,10 @@ class CpuBackend final : public Backend {
 
   std::string describe() override { return "cpu: " + cpu::matmul_machine(); }
   std::string matmul_path(bool bf16) override {
-    return bf16 ? cpu::bf16_matmul_path().describe() : "f32 (library chosen per product)";
+    return bf16 ? cpu::bf16_matmul_path().describe() : "f32: " + cpu::matmul_policy_describe();
+  }
+  void set_matmul_policy(const std::string& policy, const std::string& key) override {
+    cpu::set_matmul_policy(cpu::parse_matmul_policy(policy, key), key);
   }
   std::string bf16_unsupported() override {
     const cpu::Bf16MatmulPath& path = cpu::bf16_matmul_path();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
@@ -524,6 +525,64 @@ void matmul_with(MatmulLib lib, const MatmulArgs& x) {
   }
 }
 
+namespace {
+
+struct PolicyState {
+  MatmulPolicy policy = MatmulPolicy::choose;
+  std::string source;  // "" for the default
+};
+
+PolicyState& policy_state() {
+  static PolicyState state = [] {
+    PolicyState s;
+    if (const char* env = std::getenv("TETRA_MATMUL"); env && *env) {
+      s.policy = parse_matmul_policy(env, "TETRA_MATMUL");
+      s.source = "TETRA_MATMUL";
+    }
+    return s;
+  }();
+  return state;
+}
+
+// The library this f32 product runs on under the policy in force.
+MatmulLib f32_library(const MatmulArgs& x) {
+  switch (matmul_policy()) {
+    case MatmulPolicy::onednn:
+      return MatmulLib::onednn;
+    case MatmulPolicy::openblas:
+      return matmul_lib_supports(MatmulLib::openblas, x) ? MatmulLib::openblas : MatmulLib::onednn;
+    case MatmulPolicy::choose:
+      break;
+  }
+  return matmul_chooser().choose(x);
+}
+
+}  // namespace
+
+MatmulPolicy parse_matmul_policy(const std::string& text, const std::string& what) {
+  if (text == "auto") return MatmulPolicy::choose;
+  if (text == "onednn") return MatmulPolicy::onednn;
+  if (text == "openblas") return MatmulPolicy::openblas;
+  throw Error(fmt::format(
+      "[matmul] {}=\"{}\" is not a matmul library policy; use auto (the fastest library per "
+      "product, measured once per machine), onednn or openblas (one library for every product)",
+      what, text));
+}
+
+MatmulPolicy matmul_policy() { return policy_state().policy; }
+
+void set_matmul_policy(MatmulPolicy policy, const std::string& source) {
+  policy_state() = {policy, source};
+}
+
+std::string matmul_policy_describe() {
+  const PolicyState& s = policy_state();
+  const char* what = s.policy == MatmulPolicy::onednn     ? "onednn for every product"
+                     : s.policy == MatmulPolicy::openblas ? "openblas for every product it runs"
+                                                          : "library chosen per product";
+  return s.source.empty() ? what : fmt::format("{} ({})", what, s.source);
+}
+
 std::string matmul_machine() {
   return fmt::format("{} (oneDNN {}, OpenBLAS {})", cpu_model(), onednn_isa(),
                      openblas_get_corename());
@@ -553,7 +612,7 @@ void matmul(const MatmulArgs& x) {
   }
   if (x.a.dtype == DType::f64) return matmul_reference(x);
   const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
-  if (!has_bf16) return matmul_with(matmul_chooser().choose(x), x);
+  if (!has_bf16) return matmul_with(f32_library(x), x);
   Engine& e = engine();
   if (bf16_matmul_path().native) {
     if (x.b.dtype != DType::bf16 || !transposed_b_needs_copy(x)) return onednn_matmul(x);

@@ -13,7 +13,9 @@
 // layouts at a third of OpenBLAS's rate; on AVX-512 oneDNN mostly wins), so each product is
 // measured once per machine and the choice cached (kernels/cpu/matmul_choice.h). The libraries
 // round differently, so a run's numbers depend on the choices made; they are fixed per machine once
-// cached.
+// cached. A run that must compute every product the same way whatever the machine's timings (two
+// runs compared number for number, as the layout tests do) fixes one library instead: the policy
+// (kernels.matmul, or the TETRA_MATMUL environment variable for every tetra process) below.
 //
 // bf16 operands: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16 and
 // AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one at
@@ -48,6 +50,20 @@ constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas, Mat
                                      MatmulLib::onednn_split, MatmulLib::openblas_split};
 /** "onednn", "openblas", "onednn-copy", "onednn-split", "openblas-split". */
 const char* matmul_lib_name(MatmulLib lib);
+/** Which library runs each f32 product: `choose` measures and caches the fastest per product
+ *  (kernels.matmul=auto); `onednn` runs every product on oneDNN's primitive; `openblas` every
+ *  product OpenBLAS can run (unit-stride operands) on OpenBLAS and the others on oneDNN. */
+enum class MatmulPolicy : uint8_t { choose, onednn, openblas };
+/** "auto", "onednn" or "openblas"; anything else throws tetra::Error naming `what` (the key or
+ *  variable it came from) and the accepted values. */
+MatmulPolicy parse_matmul_policy(const std::string& text, const std::string& what);
+/** The policy in force: the last set_matmul_policy, else $TETRA_MATMUL (read once), else auto. */
+MatmulPolicy matmul_policy();
+/** Sets the process's policy; `source` names where it came from (for matmul_policy_describe). */
+void set_matmul_policy(MatmulPolicy policy, const std::string& source);
+/** "library chosen per product" or "onednn for every product (TETRA_MATMUL)", for run headers
+ *  and metrics. */
+std::string matmul_policy_describe();
 /** Whether `lib` runs this f32 product: OpenBLAS needs each of A and B with a unit column or row
  *  stride and C with a unit column stride; the copy path needs an unbatched product with a
  *  transposed A or B; the split paths (the output cut into one slab per OpenMP thread, each a

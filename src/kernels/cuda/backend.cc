@@ -453,6 +453,12 @@ class CudaBackend final : public Backend {
   std::string matmul_path(bool bf16) override {
     return bf16 ? "cublaslt-bf16 (f32 accumulate)" : "cublaslt-f32 (no tf32)";
   }
+  void set_matmul_policy(const std::string& policy, const std::string& key) override {
+    TETRA_CHECK(policy == "auto",
+                "[cuda] {}={} chooses between the CPU's matmul libraries; on run.device=cuda every "
+                "product runs on cuBLASLt: leave {} at auto",
+                key, policy, key);
+  }
   std::string bf16_unsupported() override {
     const cudaDeviceProp& p = runtime().prop;
     if (p.major >= 8) return "";
