@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -63,6 +64,7 @@ inline void expect_same_weights(const LayoutRun& a, const LayoutRun& b, double t
   // The key third of c_attn.bias is therefore compared on its own: it must stay at noise level.
   if (tensor_tol == 0) tensor_tol = tol;
   double worst = 0, diff = 0, ref = 1e-30;
+  std::string worst_name;
   ASSERT_EQ(a.weights.tensors.size(), b.weights.tensors.size());
   for (const auto& [name, t] : a.weights.tensors) {
     auto x = t.to_f32(), y = b.weights.tensors.at(name).to_f32();
@@ -76,7 +78,7 @@ inline void expect_same_weights(const LayoutRun& a, const LayoutRun& b, double t
       }
     }
     const double rel = norm_rel_error(x, y);
-    worst = std::max(worst, rel);
+    if (rel > worst) worst = rel, worst_name = " (" + name + ")";
     EXPECT_LT(rel, tensor_tol) << name;
     for (size_t i = 0; i < x.size(); ++i) {
       diff += double(x[i] - y[i]) * (x[i] - y[i]);
@@ -87,6 +89,12 @@ inline void expect_same_weights(const LayoutRun& a, const LayoutRun& b, double t
   EXPECT_LT(whole, tol) << "all weights together";
   ::testing::Test::RecordProperty("max_weight_rel_error", std::to_string(worst));
   ::testing::Test::RecordProperty("weight_rel_error", std::to_string(whole));
+  // One line per comparison, in the test's order, for scripts/measure-floors.sh (docs/testing.md).
+  static int comparisons = 0;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::cout << "[ floor    ] " << info->test_suite_name() << "." << info->name() << " #"
+            << ++comparisons << " whole " << whole << " tensor " << worst << " bounds " << tol
+            << " " << tensor_tol << worst_name << std::endl;
 }
 
 /** Every step's loss within `tol` relative, grad norms within 1e-4, final weights within `tol`
@@ -95,10 +103,14 @@ inline void expect_same_trajectory(const LayoutRun& a, const LayoutRun& b, doubl
                                    size_t steps) {
   ASSERT_EQ(a.loss.size(), steps);
   ASSERT_EQ(a.loss.size(), b.loss.size());
+  double loss = 0, norm = 0;
   for (size_t i = 0; i < a.loss.size(); ++i) {
     EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
     EXPECT_NEAR(b.grad_norm[i], a.grad_norm[i], 1e-4 * a.grad_norm[i]) << "step " << i + 1;
+    loss = std::max(loss, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
+    norm = std::max(norm, std::abs(b.grad_norm[i] - a.grad_norm[i]) / a.grad_norm[i]);
   }
+  std::cout << "[ floor    ] loss " << loss << " grad_norm " << norm << std::endl;
   expect_same_weights(a, b, tol);
 }
 
