@@ -1,12 +1,11 @@
 // Context parallelism end to end (docs/context_parallel.md): `tetra train` with each sequence split
 // over cp ranks reproduces the serial run — losses within 1e-5 relative at every step, final
-// weights within 3e-5 norm-relative (see expect_same_run), the validation loss within 1e-5 — at
-// T = 512 for cp 2 and 4 (GPT-2's
-// learned positions and Llama's rotary ones, grouped-query attention), ring and all-gather,
-// and composed with tensor parallelism (sequence parallel), a pipeline and ZeRO-3 over dp x cp.
-// The ring's bytes per step are the formula's; a checkpoint written at cp 2 resumes at cp 1 and
-// at dp 2; layouts that cannot work are refused with what would, before anything is trained.
-// Ranks are real processes under mpirun.
+// weights within 3e-5 norm-relative over the model and 1e-4 per tensor (see expect_same_run), the
+// validation loss within 1e-5 — at T = 512 for cp 2 and 4 (GPT-2's learned positions and Llama's
+// rotary ones, grouped-query attention), ring and all-gather, and composed with tensor parallelism
+// (sequence parallel), a pipeline and ZeRO-3 over dp x cp. The ring's bytes per step are the
+// formula's; a checkpoint written at cp 2 resumes at cp 1 and at dp 2; layouts that cannot work are
+// refused with what would, before anything is trained. Ranks are real processes under mpirun.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -107,9 +106,10 @@ class ContextParallelTrain : public ::testing::Test {
     // Blockwise attention is another float32 computation of the same softmax (pieces merged by
     // their log-sum-exp, probabilities recomputed from it in backward): its gradients are as far
     // from float64 as the whole model's (tests/model/context_parallel_mpi_main.cc) but not the
-    // same roundings, and four AdamW steps at lr 1e-2 over T = 512 carry that to 0.6-1.6e-5
-    // in the weights (measured), where dp and tp reorderings give 1.6-4.4e-6.
-    testing::expect_same_weights(serial, r, 3e-5);
+    // same roundings, and four AdamW steps at lr 1e-2 over T = 512 carry that to 1.8e-6 over
+    // the model and 2.7e-5 in one tensor (Llama's v_proj, seed 7; GPT-2's worst 9.9e-6),
+    // measured over seeds, threads and ISAs: held to 3e-5 and 1e-4 (docs/testing.md).
+    testing::expect_same_weights(serial, r, 3e-5, 1e-4);
     const double v = val_loss(serial_name);
     EXPECT_NEAR(val_loss(name), v, 1e-5 * v);
   }

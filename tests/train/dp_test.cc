@@ -60,8 +60,12 @@ class DataParallel : public ::testing::Test {
                                     run / "w.safetensors");
   }
 
+  // Losses within 1e-5; final weights within 3e-5 over the model and 2e-4 per tensor
+  // (docs/testing.md): over seeds 1337 and 7, 1 and 2 threads per rank, native and AVX2, dp2's
+  // reordered reduction ends at most 8.6e-6 and 4.4e-5 (wpe.weight, seed 7: four AdamW steps at
+  // lr 1e-2 carry the float noise of rows whose gradients nearly cancel).
   static void expect_same_trajectory(const Result& a, const Result& b, double tol) {
-    testing::expect_same_trajectory(a, b, tol, kSteps);
+    testing::expect_same_trajectory(a, b, tol, kSteps, 3e-5, 2e-4);
   }
 
   static fs::path dir_;

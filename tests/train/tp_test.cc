@@ -120,7 +120,8 @@ TEST_F(TensorParallel, EveryLayoutReproducesTheSerialRun) {
     const std::string flags = l.zero0 ? l.flags : l.flags + " --debug.dump_grads=";
     const TpRun r = train(l.ranks, l.micro_batch, l.accum, fmt::format("l{}", n++), flags);
     ASSERT_EQ(r.run.code, 0) << r.run.output;
-    testing::expect_same_trajectory(serial.run, r.run, kTol, kSteps);
+    // Weights per tensor: 3.9e-6 measured (h.0.mlp.c_proj.weight), held to 2e-5 (docs/testing.md).
+    testing::expect_same_trajectory(serial.run, r.run, kTol, kSteps, kTol, 2e-5);
     expect_same_logits(serial, r);
     if (l.zero0) expect_same_grads(serial, r);
   }
