@@ -65,12 +65,13 @@ std::optional<Beat> read_beat(const fs::path& file) {
   ::close(fd);
   if (n <= 0) return std::nullopt;
   long long step = -1, ckpt = -1;
-  int end = 0;
-  if (std::sscanf(buf, " %lld %lld %n", &step, &ckpt, &end) != 2 || end != n || step < 0 ||
-      ckpt < 0) {
+  int phase = 0, end = 0;
+  // "<step> <checkpoint> <phase>"; the phase is absent in an older tetra's beats.
+  const int fields = std::sscanf(buf, " %lld %lld %n%d %n", &step, &ckpt, &end, &phase, &end);
+  if (fields < 2 || end != n || step < 0 || ckpt < 0 || phase < 0 || phase > 1) {
     return std::nullopt;
   }
-  return Beat{step, ckpt};
+  return Beat{step, ckpt, phase == 1};
 }
 
 // One process of /proc: its parent, state letter and start time (clock ticks after boot, which
@@ -211,7 +212,9 @@ class Watch {
       const std::optional<Beat> b = read_beat(it->path());
       if (!b) continue;
       RankState& s = ranks_[size_t(r)];
-      if (s.beat && s.beat->step == b->step && s.beat->checkpoint == b->checkpoint) continue;
+      if (s.beat && s.beat->step == b->step && s.beat->checkpoint == b->checkpoint &&
+          s.beat->finishing == b->finishing)
+        continue;
       if (s.beats > 0) s.slowest = std::max(s.slowest, t - s.changed_at);
       s.beat = b;
       s.beats += 1;
@@ -307,11 +310,13 @@ class Watch {
   // longer, so that a timeout below the step time does not stop a job that is progressing. Its
   // first step is not timed yet and does one-time work (the first collective connects the
   // ranks, matmul kernels are chosen, memory is first touched), so until it ends the start-up
-  // deadline applies as well; a stopped process is hung whatever its step time.
+  // deadline applies as well; so it does to the end of the run (the final save and summary, past
+  // the last step, are no step either); a stopped process is hung whatever its step time.
   double allowed(const RankState& s) const {
     const bool stopped = s.state == 'T' || s.state == 't';
     if (stopped) return opt_.heartbeat_timeout_s;
-    if (in_first_step(s)) return std::max(opt_.heartbeat_timeout_s, opt_.startup_timeout_s);
+    if (in_first_step(s) || s.beat->finishing)
+      return std::max(opt_.heartbeat_timeout_s, opt_.startup_timeout_s);
     return std::max(opt_.heartbeat_timeout_s, 2 * s.slowest);
   }
 
@@ -353,9 +358,10 @@ class Watch {
         fmt::format("rank {} made no progress for {} s after step {} (heartbeat timeout {} s)",
                     culprit, secs(t - s.changed_at), s.beat->step, secs(opt_.heartbeat_timeout_s));
     if (allowed(s) > opt_.heartbeat_timeout_s) {
-      why += fmt::format(
-          ", allowed {} s as {}", secs(allowed(s)),
-          in_first_step(s) ? "its first step (the start-up deadline)" : "twice its slowest step");
+      why += fmt::format(", allowed {} s as {}", secs(allowed(s)),
+                         in_first_step(s)    ? "its first step (the start-up deadline)"
+                         : s.beat->finishing ? "the end of the run (the start-up deadline)"
+                                             : "twice its slowest step");
     }
     details_.clear();
     if (s.pid > 0) {

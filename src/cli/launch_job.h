@@ -37,6 +37,7 @@ struct WatchOptions {
 /** A rank's newest heartbeat: the step it finished last and the newest checkpoint it knows. */
 struct Beat {
   int64_t step = 0, checkpoint = 0;
+  bool finishing = false;  // past its last step: the final save, the summary, the exit
 };
 
 struct JobOutcome {

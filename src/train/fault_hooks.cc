@@ -103,10 +103,11 @@ Heartbeat::~Heartbeat() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Heartbeat::beat(int64_t step, int64_t newest_checkpoint) {
+void Heartbeat::beat(int64_t step, int64_t newest_checkpoint, bool finishing) {
   if (fd_ < 0) return;
   // Fixed width, so each beat overwrites the last in place.
-  const std::string beat = fmt::format("{:>20} {:>20}\n", step, newest_checkpoint);
+  const std::string beat =
+      fmt::format("{:>20} {:>20} {}\n", step, newest_checkpoint, finishing ? 1 : 0);
   (void)!::pwrite(fd_, beat.data(), beat.size(), 0);
 }
 

@@ -45,15 +45,16 @@ class FaultInjection final : public UnitHooks {
   bool nan_ = false, fail_ = false, corrupt_ = false;
 };
 
-/** "<step> <newest checkpoint step>" in TETRA_HEARTBEAT_DIR/rank-N after every step, overwritten
- *  in place; nothing when the variable is unset. */
+/** "<step> <newest checkpoint step> <phase>" in TETRA_HEARTBEAT_DIR/rank-N after every step,
+ *  overwritten in place; phase 1 once the rank has left the step loop (finishing: the launcher
+ *  then allows the end of the run the start-up deadline); nothing when the variable is unset. */
 class Heartbeat {
  public:
   explicit Heartbeat(int rank);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
-  void beat(int64_t step, int64_t newest_checkpoint);
+  void beat(int64_t step, int64_t newest_checkpoint, bool finishing = false);
 
  private:
   int fd_ = -1;

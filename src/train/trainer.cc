@@ -248,6 +248,8 @@ TrainResult Trainer::train() {
     report_->progress(step, update);
     result.final_loss = update.loss;
   }
+  // Past the last step: the final save, the checkpoint's end and the summary are no step.
+  heartbeat_->beat(std::max(start_step_, opt_.steps), ckpt_->newest_step(), true);
   result.skipped = updater_->skips().total;
   result = report_->finish(result, health_->window_compute_ms());
   if (!opt_.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);
