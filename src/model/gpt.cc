@@ -212,6 +212,13 @@ void GptT<F>::reset_moe_stats() {
 }
 
 template <typename F>
+void GptT<F>::record_moe_routes(bool on) {
+  for (auto& block : blocks_) {
+    if (block && block->moe()) block->moe()->record_routes(on);
+  }
+}
+
+template <typename F>
 void GptT<F>::before_forward_block(int layer, int next) {
   const int block = block_unit_[size_t(layer)], experts = expert_unit_[size_t(layer)];
   if (experts >= 0) {

@@ -128,6 +128,8 @@ class GptT {
   }
   /** Clears every MoE block's routing statistics (a step begins). */
   void reset_moe_stats();
+  /** Every held MoE block keeps its training micro-batches' decisions in its statistics. */
+  void record_moe_routes(bool on);
   size_t activation_bytes() const { return acts_mem_.bytes(); }
   size_t temporary_bytes() const { return tmp_mem_.bytes(); }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -147,6 +148,28 @@ void MoeMlp<F>::reset_stats() {
   stats_.load.assign(size_t(c_.moe.experts), 0);
 }
 
+namespace {
+
+// `r`'s decisions and, per token, the logit gap between its k-th choice and the best expert left.
+MoeRouteRecord route_record(const MoeRouting& r) {
+  MoeRouteRecord rec{r.S, r.T, r.k, r.expert, r.kept, {}};
+  const int64_t N = r.tokens();
+  rec.margin.resize(size_t(N));
+  for (int64_t n = 0; n < N; ++n) {
+    const double* p = r.prob.data() + n * r.E;
+    const int32_t* chosen = r.expert.data() + n * r.k;
+    double next = 0.0;
+    for (int e = 0; e < r.E; ++e) {
+      if (std::find(chosen, chosen + r.k, e) == chosen + r.k) next = std::max(next, p[e]);
+    }
+    rec.margin[size_t(n)] = next > 0.0 ? float(std::log(p[chosen[r.k - 1]] / next))
+                                       : std::numeric_limits<float>::infinity();
+  }
+  return rec;
+}
+
+}  // namespace
+
 template <typename F>
 void MoeMlp<F>::plan(MoeRoute& route, const F* logits, int B, int T, Pass pass) {
   const ProfileScope profile(ProfKind::moe, "routing");
@@ -165,6 +188,7 @@ void MoeMlp<F>::plan(MoeRoute& route, const F* logits, int B, int T, Pass pass) 
     stats_.aux += r.aux;
     stats_.z += r.z;
     for (int e = 0; e < E; ++e) stats_.load[size_t(e)] += r.load[size_t(e)];
+    if (record_) stats_.records.push_back(route_record(r));
   }
   // Host images of the index vectors, laid out as route.index.
   const MoeShape shape = MoeShape::of(c_, B, T, pass != Pass::decode);

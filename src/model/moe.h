@@ -85,11 +85,23 @@ struct MoeScratch {
   static MoeScratch carve(F* p, const MoeShape& s);
 };
 
+/** One training micro-batch's routing decisions, kept when asked (MoeMlp::record_routes): what a
+ *  layout test compares decision by decision with the serial run's. */
+struct MoeRouteRecord {
+  int B = 0, T = 0, k = 0;
+  std::vector<int32_t> expert;  // (B·T, k): the chosen experts, by descending probability
+  std::vector<uint8_t> kept;    // (B·T, k): 0 where dropped over capacity
+  // (B·T): log(p_k / p_next), the logit gap between the k-th chosen expert and the best expert not
+  // chosen (infinite when every expert is chosen): how far the token is from a top-k tie.
+  std::vector<float> margin;
+};
+
 /** One block's routing over a step on this rank: sums over its training micro-batches. */
 struct MoeStats {
   int64_t micro_batches = 0, routes = 0, dropped = 0;
   double aux = 0.0, z = 0.0;
-  std::vector<int64_t> load;  // (E): kept routes per expert
+  std::vector<int64_t> load;            // (E): kept routes per expert
+  std::vector<MoeRouteRecord> records;  // each micro-batch's, in order, when recording
 };
 
 template <typename F>
@@ -121,6 +133,8 @@ class MoeMlp {
 
   const MoeStats& stats() const { return stats_; }
   void reset_stats();
+  /** Keep every training micro-batch's decisions in stats().records (debug.dump_routes). */
+  void record_routes(bool on) { record_ = on; }
   /** The last forward's (any pass) losses and drops, for gradient checks. */
   struct Last {
     double aux = 0.0, z = 0.0;
@@ -141,6 +155,7 @@ class MoeMlp {
   std::vector<ExpertIds> experts_;
   MoeStats stats_;
   Last last_;
+  bool record_ = false;
 };
 
 }  // namespace tetra

@@ -3,15 +3,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <span>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 
 namespace tetra {
 
 MoeReport::MoeReport(const GptConfig& config, RunLayout& layout, Gpt& model, int micro_batches,
                      int B, int T, bool recompute_full)
-    : config_(config), layout_(layout), model_(model) {
+    : config_(config), layout_(layout), model_(model), micro_batches_(micro_batches), B_(B) {
   for (int l = 0; l < config.n_layer; ++l) {
     if (config.is_moe(l)) layers_.push_back(l);
   }
@@ -100,6 +102,43 @@ void MoeReport::add_to(nlohmann::json& rec) {
   rec["a2a_bytes"] = bytes;
   rec["a2a_bytes_predicted"] = predicted_bytes_;
   rec["a2a_ms"] = wait;
+  if (routes_) write_routes(rec["step"].get<int64_t>());
+}
+
+void MoeReport::dump_routes_to(const std::string& dir) {
+  if (!active() || layout_.tp().rank() != 0) return;
+  std::error_code ec;  // rank 0 checked it is writable; another rank may get here first
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = fmt::format("{}/routes-rank-{}.jsonl", dir, layout_.rank());
+  routes_ = std::make_unique<std::ofstream>(path, std::ios::trunc);
+  TETRA_CHECK(*routes_, "[train] debug.dump_routes: cannot write {}", path);
+  model_.record_moe_routes(true);
+}
+
+void MoeReport::write_routes(int64_t step) {
+  const int64_t first = int64_t(layout_.data_rank()) * B_ * micro_batches_;
+  for (int layer : layers_) {
+    const MoeMlp<float>* moe = model_.moe(layer);
+    if (!moe) continue;
+    const std::vector<MoeRouteRecord>& records = moe->stats().records;
+    for (size_t m = 0; m < records.size(); ++m) {
+      const MoeRouteRecord& r = records[m];
+      const size_t per = size_t(r.T) * size_t(r.k);
+      for (int b = 0; b < r.B; ++b) {
+        const size_t at = size_t(b) * per, t0 = size_t(b) * size_t(r.T);
+        // (An infinite margin, every expert chosen, is written as null.)
+        const nlohmann::json line = {
+            {"step", step},
+            {"layer", layer},
+            {"seq", first + int64_t(m) * r.B + b},
+            {"expert", std::vector<int32_t>(r.expert.begin() + at, r.expert.begin() + at + per)},
+            {"kept", std::vector<int>(r.kept.begin() + at, r.kept.begin() + at + per)},
+            {"margin", std::vector<float>(r.margin.begin() + t0, r.margin.begin() + t0 + r.T)}};
+        *routes_ << line.dump() << '\n';
+      }
+    }
+  }
+  routes_->flush();
 }
 
 std::string MoeReport::summary() const {

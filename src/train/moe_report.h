@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,8 +30,17 @@ class MoeReport {
   void add_to(nlohmann::json& rec);
   /** The per-block table over the run so far (rank 0 prints it). */
   std::string summary() const;
+  /** From now on, every step's routing decisions go to `dir`/routes-rank-N.jsonl (the model records
+   *  them, Gpt::record_moe_routes): one line per step, MoE block and
+   *  sequence of the global batch, {"step", "layer", "seq", "expert", "kept", "margin"}, written by
+   *  the ranks of tp rank 0 that hold the block. "seq" numbers the step's global batch as the
+   *  sampler deals it (data rank r's micro-batch m, sequence b: r·B·accum + m·B + b), so every
+   *  layout's lines name the same sequences. */
+  void dump_routes_to(const std::string& dir);
 
  private:
+  void write_routes(int64_t step);
+
   const GptConfig& config_;
   RunLayout& layout_;
   Gpt& model_;
@@ -44,6 +55,8 @@ class MoeReport {
   std::vector<Totals> totals_;
   int64_t steps_ = 0;
   double bytes_ = 0.0, wait_ms_ = 0.0;
+  int micro_batches_ = 0, B_ = 0;
+  std::unique_ptr<std::ofstream> routes_;  // debug.dump_routes, when asked
 };
 
 }  // namespace tetra

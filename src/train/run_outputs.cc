@@ -131,6 +131,7 @@ RunOutputs::RunOutputs(const TrainOptions& opt, RunLayout& layout, const TrainDa
   if (!is_model_dir_target(opt.save_final)) prepare_output_file("save.final", opt.save_final);
   prepare_output_file("debug.dump_grads", opt.dump_grads);
   prepare_output_file("debug.dump_logits", opt.dump_logits);
+  if (!opt.dump_routes.empty()) prepare_dir(opt.dump_routes, "debug.dump_routes", opt.dump_routes);
   if (is_model_dir_target(opt.save_final)) {
     // A model directory holds the tokenizer: the one the training data was prepared with.
     TETRA_CHECK(!data.train().tokenizer_path().empty(),

@@ -208,6 +208,10 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::dump_grads>()},
       {{"debug.dump_logits", ValueKind::String, "\"\"", "safetensors of step 1's first logits"},
        into<&O::dump_logits>()},
+      {{"debug.dump_routes", ValueKind::String, "\"\"",
+        "a mixture-of-experts run's routing decisions of every step, per sequence, MoE block and "
+        "rank, into this directory (routes-rank-N.jsonl; the layout tests compare them)"},
+       into<&O::dump_routes>()},
       {{"debug.nan_grad_step", ValueKind::Int, "0",
         "inject a NaN into one gradient at this 1-based step (0: never); for tests", "[0, inf)"},
        into<&O::nan_grad_step>()},

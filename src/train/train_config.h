@@ -58,6 +58,7 @@ struct TrainOptions {
   std::string progress;        // "auto" | "always" | "never"
   bool profile = false;        // per-kernel profile: table at the end, profile.json in run_dir
   std::string init_from, save_final, dump_grads, dump_logits;
+  std::string dump_routes;    // debug.dump_routes: a directory for each rank's routing decisions
   int64_t nan_grad_step = 0;  // 1-based step whose gradient gets a NaN injected; 0 = never
   int nan_grad_rank = 0;      // the rank that injects it
   int64_t skip_step = 0;      // 1-based step whose update is skipped as if non-finite; 0 = never

@@ -46,6 +46,10 @@ void Trainer::setup(const std::string& config_toml) {
   if (!opt_.matmul.policy.empty())
     backend_.set_matmul_policy(opt_.matmul.policy, opt_.matmul.source);
   const Recompute recompute = parse_recompute(opt_.recompute, "train.recompute");
+  TETRA_CHECK(opt_.dump_routes.empty() || opt_.model.moe.experts > 0,
+              "[train] debug.dump_routes={} records a mixture-of-experts model's routing, and this "
+              "model has none: set model.moe_experts, or leave debug.dump_routes unset",
+              opt_.dump_routes);
   TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
   // The first micro-batch's logits exist only on the last stage, before any step; not gathered.
@@ -129,6 +133,7 @@ void Trainer::setup(const std::string& config_toml) {
   moe_report_ =
       std::make_unique<MoeReport>(opt_.model, *layout_, *model_, opt_.grad_accum, opt_.micro_batch,
                                   opt_.seq_len, recompute == Recompute::full);
+  if (!opt_.dump_routes.empty()) moe_report_->dump_routes_to(opt_.dump_routes);
   report_->measure_peak(threads);
   ckpt_->start(start_step_, ledger_);
   heartbeat_ = std::make_unique<Heartbeat>(layout_->rank());
