@@ -30,12 +30,12 @@ class MoeReport {
   void add_to(nlohmann::json& rec);
   /** The per-block table over the run so far (rank 0 prints it). */
   std::string summary() const;
-  /** From now on, every step's routing decisions go to `dir`/routes-rank-N.jsonl (the model records
-   *  them, Gpt::record_moe_routes): one line per step, MoE block and
-   *  sequence of the global batch, {"step", "layer", "seq", "expert", "kept", "margin"}, written by
-   *  the ranks of tp rank 0 that hold the block. "seq" numbers the step's global batch as the
-   *  sampler deals it (data rank r's micro-batch m, sequence b: r·B·accum + m·B + b), so every
-   *  layout's lines name the same sequences. */
+  /** From now on, every step's routing decisions go to `dir`/routes-rank-N.jsonl (the model
+   *  records them, Gpt::record_moe_routes): one line per step, MoE block and sequence of the
+   *  global batch, {"step", "layer", "seq", "expert", "kept", "margin"}, written by the ranks of
+   *  tp rank 0 that hold the block. "seq" numbers the step's global batch as the sampler deals it
+   *  (data rank r's micro-batch m, sequence b: r·B·accum + m·B + b), so every layout's lines name
+   *  the same sequences. */
   void dump_routes_to(const std::string& dir);
 
  private:
