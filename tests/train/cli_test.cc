@@ -280,11 +280,18 @@ TEST_F(TrainCli, CudaDeviceIsRefusedWhereItCannotRun) {
 // machine can do) it is refused before step 1, naming the ISA found.
 TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElsewhere) {
   const std::string bf16 = base() + " --train.precision=bf16 --train.steps=4 --optim.lr=1e-2";
-  // This process probes its own CPU first; the cap then applies to the child alone.
+  // This process probes its own CPU first; the cap then applies to the child alone, and the
+  // caller's own cap (a run standing in for an AVX2 machine) is put back for the children after.
   const cpu::Bf16MatmulPath& mp = cpu::bf16_matmul_path();
+  const char* caller_cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const std::string caller = caller_cap ? caller_cap : "";
   ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
   const CliRun capped = tetra(bf16);
-  ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  if (caller_cap) {
+    ::setenv("ONEDNN_MAX_CPU_ISA", caller.c_str(), 1);
+  } else {
+    ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  }
   EXPECT_REFUSED(capped,
                  "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
                  "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA avx2");
