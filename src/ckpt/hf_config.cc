@@ -40,6 +40,7 @@ struct Family {
 };
 constexpr Family kGpt2{"GPT-2", "GPT2Config", "wte"};
 constexpr Family kLlama{"Llama", "LlamaConfig", "embed_tokens"};
+constexpr Family kMixtral{"Mixtral", "MixtralConfig", "embed_tokens"};
 
 class Reader {
  public:
@@ -226,8 +227,10 @@ std::string rope_scaling_type(const json& v) {
 }
 
 HfLlamaConfig llama_from(const json& root, const std::string& origin, const std::string& module) {
-  const Reader r(root, origin, module, kLlama);
-  r.require("model_type", "llama", true);
+  const json* type = root.contains("model_type") ? &root["model_type"] : nullptr;
+  const bool mixtral = type && type->is_string() && type->get<std::string>() == "mixtral";
+  const Reader r(root, origin, module, mixtral ? kMixtral : kLlama);
+  if (!mixtral) r.require("model_type", "llama", true);
   r.require("hidden_act", "silu");
   r.require("attention_bias", false);
   r.require("mlp_bias", false);
@@ -303,6 +306,26 @@ HfLlamaConfig llama_from(const json& root, const std::string& origin, const std:
   c.rope_theta =
       r.positive("rope_theta", 10000.0, L::rope_theta, false, "the rotary base, model.rope_theta");
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  if (mixtral) {
+    c.num_local_experts = r.shape("num_local_experts", L::experts, "experts, model.moe_experts");
+    c.num_experts_per_tok =
+        r.shape("num_experts_per_tok", c.num_local_experts, "experts per token, model.moe_top_k");
+    c.router_aux_loss_coef =
+        r.given("router_aux_loss_coef") ? r.nonnegative("router_aux_loss_coef") : 0.001;
+    // Training-time noise on the router's logits changes the routing tetra reproduces.
+    r.require("router_jitter_noise", 0.0);
+    // Sliding-window attention attends to the last sliding_window positions only; tetra's is full
+    // causal attention, the same model while sequences stay within the window.
+    if (const json* v = r.given("sliding_window")) {
+      TETRA_CHECK(
+          v->is_number_integer() && as_int64(*v) && *as_int64(*v) >= c.max_position_embeddings,
+          "[{}] {}: sliding_window is {}: attention over the last {} positions only, and "
+          "tetra's attention is full causal attention; a model whose window covers "
+          "max_position_embeddings ({}) computes the same, so set sliding_window to null "
+          "or lower max_position_embeddings to the window",
+          module, origin, json_excerpt(*v), json_excerpt(*v), c.max_position_embeddings);
+    }
+  }
   r.token_ids(c.vocab_size, c.bos_token_id, c.eos_token_ids, c.pad_token_id);
   return c;
 }
@@ -330,15 +353,15 @@ HfLlamaConfig parse_hf_llama_config(std::string_view text, const std::string& or
 
 HfModelConfig parse_hf_model_config(std::string_view text, const std::string& origin,
                                     const std::string& module) {
-  const json root = parse_root(text, origin, module, "GPT2Config or LlamaConfig");
+  const json root = parse_root(text, origin, module, "GPT2Config, LlamaConfig or MixtralConfig");
   auto it = root.find("model_type");
   if (it != root.end() && it->is_string()) {
     const std::string type = it->get<std::string>();
-    if (type == "llama") return llama_from(root, origin, module);
+    if (type == "llama" || type == "mixtral") return llama_from(root, origin, module);
     TETRA_CHECK(type == "gpt2" || type == kMoeModelType,
                 "[{}] {}: model_type is {}; tetra reads \"gpt2\" (GPT2LMHeadModel), \"llama\" "
-                "(LlamaForCausalLM) and \"{}\" (tetra's GPT-2 mixture of experts) model "
-                "directories; this model cannot be loaded",
+                "(LlamaForCausalLM), \"mixtral\" (MixtralForCausalLM) and \"{}\" (tetra's "
+                "GPT-2 mixture of experts) model directories; this model cannot be loaded",
                 module, origin, json_excerpt(*it), kMoeModelType);
   }
   return gpt2_from(root, origin, module);

@@ -77,6 +77,12 @@ struct HfLlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
+  // A MixtralConfig (model_type "mixtral"): every block's MLP a mixture of num_local_experts
+  // SwiGLU experts of intermediate_size channels, each token routed to num_experts_per_tok of
+  // them with no capacity. 0: a dense Llama.
+  int num_local_experts = 0;
+  int num_experts_per_tok = 0;
+  double router_aux_loss_coef = 0.0;
   std::optional<int> bos_token_id;
   std::vector<int> eos_token_ids;
   std::optional<int> pad_token_id;

@@ -21,6 +21,8 @@ struct SafeTensor {
 
   /** The values converted to f32 (from F32 or BF16); throws for integer dtypes. */
   std::vector<float> to_f32() const;
+  /** The same values in the same encoding. */
+  bool operator==(const SafeTensor&) const = default;
 };
 
 struct SafeTensorsFile {

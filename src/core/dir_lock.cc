@@ -11,18 +11,13 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/staged_dir.h"
 
 namespace tetra {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
 
 // The owner line a holder wrote, or a note that it wrote none (it is between open and write).
 std::string holder_of(int fd) {

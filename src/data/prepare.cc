@@ -2,7 +2,6 @@
 // into train and validation shards, and describe the result in manifest.json.
 #include "data/prepare.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -25,6 +24,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/paths.h"
+#include "core/staged_dir.h"
 #include "core/timer.h"
 #include "data/bpe_train.h"
 #include "data/pretokenize.h"
@@ -269,112 +269,32 @@ class OutputLock {
   bool committed_ = false;
 };
 
-// A temporary folder beside the output (same file system, so the final rename is atomic),
-// removed on failure; commit() puts it in the output's place and removes the old dataset. Made
-// only under the output's lock (OutputLock), so no other prepare into the output is running.
-class StagingDir {
- public:
-  explicit StagingDir(const fs::path& out) : out_(out) {
-    std::error_code ec;
-    path_ = out.parent_path() /
-            fmt::format(".{}.prepare-{}", out.filename().string(), static_cast<long>(::getpid()));
-    fs::remove_all(path_, ec);  // left by a killed run that had our pid
-    // Leftovers of other runs: under the lock no other prepare into `out` is running, so they
-    // were left by a run that was killed. They are named, not deleted: .old-PID may hold the only
-    // copy of the previous dataset (a run killed between its two renames).
-    const std::string prefix = fmt::format(".{}.", out.filename().string());
-    for (auto it = fs::directory_iterator(out.parent_path(), ec);
-         !ec && it != fs::directory_iterator(); it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      const std::string rest = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : "";
-      if (rest.rfind("prepare-", 0) == 0) {
-        log_warn(
-            "[data] {} is the unfinished dataset of a tetra data prepare that was killed (none is "
-            "running on {} now: this run holds its lock); delete it",
-            it->path().string(), out.string());
-      } else if (rest.rfind("old-", 0) == 0) {
-        log_warn(
-            "[data] {} is a dataset a killed tetra data prepare moved aside from {}; if {} is "
-            "missing or not the dataset you want, move it back, else delete it",
-            it->path().string(), out.string(), out.string());
-      }
-    }
-    TETRA_CHECK(fs::create_directory(path_, ec) && !ec,
-                "[data] cannot create the temporary folder {} beside --out ({}); check that {} is "
-                "writable",
-                path_.string(), ec.message(), out.parent_path().string());
-  }
-  ~StagingDir() {
-    if (!committed_) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
+// The staging folder of a prepare into `out` (core/staged_dir.h), beside it. Made only under the
+// output's lock (OutputLock), so no other prepare into `out` is running: the leftovers of other
+// runs were left by a run that was killed. They are named, not deleted: .old-* may hold the only
+// copy of the previous dataset (a run killed between its two renames).
+fs::path dataset_staging(const fs::path& out) {
+  std::error_code ec;
+  const std::string prefix = fmt::format(".{}.", out.filename().string());
+  for (auto it = fs::directory_iterator(out.parent_path(), ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string rest = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : "";
+    if (rest.rfind("prepare-", 0) == 0 && rest != fmt::format("prepare-{}", ::getpid())) {
+      log_warn(
+          "[data] {} is the unfinished dataset of a tetra data prepare that was killed (none is "
+          "running on {} now: this run holds its lock); delete it",
+          it->path().string(), out.string());
+    } else if (rest.rfind("old-", 0) == 0) {
+      log_warn(
+          "[data] {} is a dataset a killed tetra data prepare moved aside from {}; if {} is "
+          "missing or not the dataset you want, move it back, else delete it",
+          it->path().string(), out.string(), out.string());
     }
   }
-  StagingDir(const StagingDir&) = delete;
-  StagingDir& operator=(const StagingDir&) = delete;
-
-  const fs::path& path() const { return path_; }
-
-  void commit() {
-    std::error_code ec;
-    const bool replace = fs::exists(out_, ec);
-    // The new dataset carries the lock file itself (a hard link: the same file, still locked by
-    // this run), so that --out names a locked file at every moment of the swap and a run started
-    // meanwhile is refused rather than locking a file about to be deleted.
-    const fs::path lock = DirLock::file_of(out_);
-    if (replace && fs::exists(lock, ec)) fs::create_hard_link(lock, DirLock::file_of(path_), ec);
-    if (replace) fs::permissions(path_, fs::status(out_, ec).permissions(), ec);
-    fs::path old;
-    if (!replace) {
-      rename_or_fail(path_, out_);
-    } else if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) == 0) {
-      old = path_;  // the exchange left the previous dataset at the staging path
-    } else {
-      // File systems without RENAME_EXCHANGE: two renames, with a moment without out_.
-      TETRA_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP,
-                  "[data] cannot put the new dataset in place of {} ({}); the old one is "
-                  "unchanged",
-                  out_.string(), std::strerror(errno));
-      old = out_.parent_path() /
-            fmt::format(".{}.old-{}", out_.filename().string(), static_cast<long>(::getpid()));
-      rename_or_fail(out_, old);
-      if (::rename(path_.c_str(), out_.c_str()) != 0) {
-        const int err = errno;
-        ::rename(old.c_str(), out_.c_str());
-        fail("[data] cannot put the new dataset in place of {} ({}); the old one is unchanged",
-             out_.string(), std::strerror(err));
-      }
-    }
-    committed_ = true;
-    sync_dir(out_.parent_path());
-    if (!old.empty()) {
-      fs::remove_all(old, ec);
-      if (ec) {
-        log_warn(
-            "[data] the new dataset is in {}, but removing the old one at {} failed ({}); "
-            "delete it by hand",
-            out_.string(), old.string(), ec.message());
-      }
-    }
-  }
-
- private:
-  static void rename_or_fail(const fs::path& from, const fs::path& to) {
-    TETRA_CHECK(::rename(from.c_str(), to.c_str()) == 0,
-                "[data] cannot rename {} to {} ({}); the old dataset is unchanged", from.string(),
-                to.string(), std::strerror(errno));
-  }
-  static void sync_dir(const fs::path& dir) {
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-      ::fsync(fd);
-      ::close(fd);
-    }
-  }
-
-  fs::path out_, path_;
-  bool committed_ = false;
-};
+  return out.parent_path() /
+         fmt::format(".{}.prepare-{}", out.filename().string(), static_cast<long>(::getpid()));
+}
 
 std::unique_ptr<Tokenizer> train_tokenizer(size_t vocab, const std::vector<std::string>& files,
                                            int threads) {
@@ -464,7 +384,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   }
 
   OutputLock lock(out, o.out_dir);
-  StagingDir staging(out);
+  StagedDir staging(out, dataset_staging(out), "data", "dataset");
   try {
     const std::unique_ptr<Tokenizer> tok = choice.train_vocab > 0
                                                ? train_tokenizer(choice.train_vocab, files, threads)
@@ -608,7 +528,14 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     fail("{} (while writing the new dataset beside {}; {} is unchanged)", e.what(), o.out_dir,
          o.out_dir);
   }
-  staging.commit();
+  // The new dataset carries the lock file itself (a hard link: the same file, still locked by this
+  // run), so that --out names a locked file at every moment of the swap and a run started
+  // meanwhile is refused rather than locking a file about to be deleted.
+  staging.commit([&] {
+    std::error_code ec;
+    const fs::path lock = DirLock::file_of(out);
+    if (fs::exists(lock, ec)) fs::create_hard_link(lock, DirLock::file_of(staging.path()), ec);
+  });
   lock.committed();
 
   std::fprintf(stderr,

@@ -9,6 +9,21 @@
 
 namespace tetra {
 
+namespace {
+
+// The family's dense block and a MoE block (a dense one in a dense model): the shapes of buffers
+// that every block of the kind shares.
+BlockSpec dense_block(const GptConfig& c) {
+  GptConfig dense = c;
+  dense.moe = MoeConfig{};
+  return block_spec(dense, 0);
+}
+BlockSpec moe_block(const GptConfig& c) {
+  return c.moe.experts > 0 ? block_spec(c, c.moe.every - 1) : dense_block(c);
+}
+
+}  // namespace
+
 template <typename F>
 GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, int B, int T,
               Recompute r, MemoryLedger* ledger, parallel::TensorParallel* tp, GptPart part,
@@ -74,10 +89,11 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     // the probabilities) can be larger at long T.
     const size_t BT = size_t(B) * T, C = size_t(config.d_model);
     const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
-    // A MoE block's expert products read up to all its expert rows R with a (4C,C) weight.
+    // A MoE block's expert products read up to all its expert rows R with an (ffn,C) weight.
     const size_t R = config.moe.experts > 0 ? size_t(MoeShape::of(config, B, T).expert_rows) : 0;
+    const size_t He = size_t(config.ffn);
     const size_t elements = std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
-                                      R * 4 * C + std::max(4 * C, R) * C,
+                                      R * He + std::max(He, R) * C,
                                       k_.attention_bf16_elements(config.attention(B, T))});
     bf16_ = std::make_unique<Bf16Operands>(device, elements + 32,
                                            MemTag{ledger, MemCategory::temporaries});
@@ -110,7 +126,8 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
       if (config_.is_moe(l)) {
         expert_unit_[size_t(l)] =
             store.begin_unit("h." + std::to_string(l) + ".experts", ShardGroup::expert);
-        experts = MoeMlp<F>::register_experts(config_, l, store, ep_->rank());
+        experts = MoeMlp<F>::register_experts(config_, block_spec(config_, l).experts, store,
+                                              ep_->rank());
         store.end_unit();
       }
       block_unit_[size_t(l)] = store.begin_unit("h." + std::to_string(l));
@@ -141,7 +158,7 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   const size_t saved = r == Recompute::none ? attention_.saved : 0;
   const MoeShape moe = MoeShape::of(config, B, T);
   auto per_layer = [&](int l) {
-    return BlockActs<F>::elements(config, B, T, saved, config.is_moe(l) ? &moe : nullptr);
+    return BlockActs<F>::elements(blocks_[size_t(l)]->spec(), config, B, T, saved, moe);
   };
   size_t total = part_.head ? HeadActs<F>::elements(config, B, T) : 0;
   for (const GptPart::Chunk& k : part_.chunks) {
@@ -163,11 +180,11 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     for (Slot& s : ch.slots) {
       for (int l = k.first; l <= k.end; ++l) s.x.push_back(take(BTC));
       for (int l = k.first; keep_layers && l < k.end; ++l) {
-        const MoeShape* m = config.is_moe(l) ? &moe : nullptr;
-        s.acts.push_back(BlockActs<F>::carve(take(per_layer(l)), config, B, T, saved, m));
-        s.routes.push_back(
-            m ? std::make_unique<MoeRoute>(moe, device, MemTag{ledger, MemCategory::activations})
-              : nullptr);
+        const BlockSpec& spec = blocks_[size_t(l)]->spec();
+        s.acts.push_back(BlockActs<F>::carve(take(per_layer(l)), spec, config, B, T, saved, moe));
+        s.routes.push_back(spec.moe ? std::make_unique<MoeRoute>(
+                                          moe, device, MemTag{ledger, MemCategory::activations})
+                                    : nullptr);
       }
       if (ch.embedding) s.tokens = Buffer<int32_t>(size_t(B) * T, {}, device);
     }
@@ -180,9 +197,10 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   if (part_.head) targets_ = Buffer<int32_t>(size_t(B) * T, {}, device);
   const size_t scratch = BlockScratch<F>::elements(config, B, T, attention_);
   const bool any_moe = config.moe.experts > 0;
+  const BlockSpec dense_spec = dense_block(config), moe_spec = moe_block(config);
   const size_t work_acts =
-      std::max(BlockActs<F>::elements(config, B, T, 0),
-               any_moe ? BlockActs<F>::elements(config, B, T, 0, &moe) : size_t(0));
+      std::max(BlockActs<F>::elements(dense_spec, config, B, T, 0, moe),
+               any_moe ? BlockActs<F>::elements(moe_spec, config, B, T, 0, moe) : size_t(0));
   const size_t work = r == Recompute::full ? work_acts + BTC : 0;
   tmp_mem_ = Buffer<F>(BTC + scratch + work, {ledger, MemCategory::temporaries}, device);
   p = tmp_mem_.data();
@@ -190,9 +208,9 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   scratch_ = BlockScratch<F>::carve(take(scratch), config, B, T, attention_);
   if (r == Recompute::full) {
     // One block at a time: a dense and a MoE block's views of the same memory.
-    work_acts_ = BlockActs<F>::carve(p, config, B, T, 0);
+    work_acts_ = BlockActs<F>::carve(p, dense_spec, config, B, T, 0, moe);
     if (any_moe) {
-      work_moe_acts_ = BlockActs<F>::carve(p, config, B, T, 0, &moe);
+      work_moe_acts_ = BlockActs<F>::carve(p, moe_spec, config, B, T, 0, moe);
       work_route_ =
           std::make_unique<MoeRoute>(moe, device, MemTag{ledger, MemCategory::temporaries});
     }
@@ -315,7 +333,7 @@ void GptT<F>::forward_pass(const ChunkState& ch, Slot& s, const int32_t* inputs,
     before_forward_block(ch.first + i, i + 1 < n ? unit(i + 1) : (ch.head ? head_unit_ : -1));
     // Without saved probabilities the forward still needs somewhere to put them.
     BlockActs<F> a = saved_acts(s, ch.first, i);
-    if (!a.attn) a.attn = scratch_.attn_saved;
+    if (!a.attn.saved) a.attn.saved = scratch_.attn.attn_saved;
     blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], s.x[size_t(i) + 1], a, B_, T_, nullptr,
                                            0, scratch_.full, pass);
     after_forward_block(ch.first + i);
@@ -363,7 +381,7 @@ double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const 
     BlockActs<F> saved = saved_acts(s, ch.first, i);
     if (recompute_ == Recompute::full) {
       // The block's forward again, attention's saved state included: backward reads it.
-      saved.attn = scratch_.attn_saved;
+      saved.attn.saved = scratch_.attn.attn_saved;
       blocks_[size_t(ch.first + i)]->forward(s.x[size_t(i)], work_out_, saved, B_, T_, nullptr, 0,
                                              scratch_.full, BlockPass::recompute);
     }
@@ -445,8 +463,10 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   auto st = std::make_unique<DecodeState>();
   st->B = B;
   const MoeShape moe = MoeShape::of(c, B, 1, /*capacity=*/false);
-  const size_t acts = BlockActs<F>::elements(c, B, 1, 0), head = HeadActs<F>::elements(c, B, 1);
-  const size_t moe_acts = c.moe.experts > 0 ? BlockActs<F>::elements(c, B, 1, 0, &moe) : 0;
+  const BlockSpec dense_spec = dense_block(c), moe_spec = moe_block(c);
+  const size_t acts = BlockActs<F>::elements(dense_spec, c, B, 1, 0, moe);
+  const size_t head = HeadActs<F>::elements(c, B, 1);
+  const size_t moe_acts = c.moe.experts > 0 ? BlockActs<F>::elements(moe_spec, c, B, 1, 0, moe) : 0;
   Device& device = backend_.device();
   st->mem =
       Buffer<F>(L * 2 * kv + scratch + acts + moe_acts + head + 2 * size_t(B) * C, {}, device);
@@ -461,9 +481,9 @@ std::unique_ptr<typename GptT<F>::DecodeState> GptT<F>::make_decode_state(int B)
   }
   F* decode_scratch = take(scratch);
   for (auto& kc : st->cache) kc.scratch = decode_scratch;
-  st->acts = BlockActs<F>::carve(take(acts), c, B, 1, 0);
+  st->acts = BlockActs<F>::carve(take(acts), dense_spec, c, B, 1, 0, moe);
   if (c.moe.experts > 0) {
-    st->moe_acts = BlockActs<F>::carve(take(moe_acts), c, B, 1, 0, &moe);
+    st->moe_acts = BlockActs<F>::carve(take(moe_acts), moe_spec, c, B, 1, 0, moe);
     st->route = std::make_unique<MoeRoute>(moe, device, MemTag{});
     st->moe_acts.route = st->route.get();
   }

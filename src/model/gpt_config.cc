@@ -114,11 +114,6 @@ void GptConfig::set_llama(const LlamaShape& l) {
   TETRA_CHECK(l.norm_eps > 0 && l.norm_eps < 1,
               "[model] model.norm_eps must be in (0, 1) (got {}; Llama uses 1e-5 or 1e-6)",
               l.norm_eps);
-  TETRA_CHECK(moe.experts == 0,
-              "[model] model.arch=llama with model.moe_experts={}: MoE blocks have GELU experts "
-              "(GPT-2 style); use model.arch=gpt2 for a mixture of experts, or "
-              "model.moe_experts=0",
-              moe.experts);
   arch = Arch::llama;
   n_kv_head = kvh;
   ffn = width;
@@ -128,11 +123,6 @@ void GptConfig::set_llama(const LlamaShape& l) {
 }
 
 void GptConfig::set_moe(const MoeConfig& m) {
-  TETRA_CHECK(m.experts == 0 || !llama(),
-              "[model] model.moe_experts={} on model.arch=llama: MoE blocks have GELU experts "
-              "(GPT-2 style); use model.arch=gpt2 for a mixture of experts, or "
-              "model.moe_experts=0",
-              m.experts);
   if (m.experts == 0) {
     TETRA_CHECK(m.ep == 1,
                 "[model] parallel.ep={} spreads experts, but model.moe_experts=0 makes a dense "

@@ -1,6 +1,5 @@
 #include "model/gpt_io.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
@@ -16,7 +15,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <string_view>
 #include <variant>
 
@@ -25,6 +23,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/paths.h"
+#include "core/staged_dir.h"
 #include "model/gpt_config.h"
 
 namespace tetra {
@@ -49,14 +48,6 @@ bool ignorable(const std::string& name) {
   // is compared with embed_tokens before it is left out).
   return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq") ||
          name == "lm_head.weight";
-}
-
-constexpr const char* kLlamaEmbedding = "model.embed_tokens.weight";
-constexpr const char* kLmHead = "lm_head.weight";
-
-// Whether two file tensors hold the same values in the same encoding.
-bool same_tensor(const SafeTensor& a, const SafeTensor& b) {
-  return a.dtype == b.dtype && a.shape == b.shape && a.bytes == b.bytes;
 }
 
 // The first non-finite value of v, or -1.
@@ -99,7 +90,7 @@ void load_safetensors_into(ParamStore& store, const SafeTensorsFile& file, const
   const bool llama_tied = known(kLlamaEmbedding) && !known(kLmHead);
   if (auto head = file.tensors.find(kLmHead); llama_tied && head != file.tensors.end()) {
     auto emb = file.tensors.find(kLlamaEmbedding);
-    TETRA_CHECK(emb != file.tensors.end() && same_tensor(head->second, emb->second),
+    TETRA_CHECK(emb != file.tensors.end() && head->second == emb->second,
                 "[init] {}: the file holds an lm_head.weight that is not its "
                 "model.embed_tokens.weight, i.e. an untied head, but this model ({}) ties the "
                 "head to the embedding; set model.tie_embeddings=false",
@@ -222,11 +213,14 @@ void write_text(const fs::path& path, const std::string& text, const std::string
 }
 
 // LlamaConfig (transformers' configuration_llama.py) for tetra's Llama: SiLU-gated MLP, plain
-// RoPE (no rope_scaling), no biases, no dropout in tetra's training.
+// RoPE (no rope_scaling), no biases, no dropout in tetra's training. With MoE blocks, a
+// MixtralConfig (configuration_mixtral.py): every block's MLP num_local_experts SwiGLU experts,
+// full causal attention (no sliding window), no router noise.
 ordered_json llama_config(const GptConfig& shape, uint32_t eos_id) {
   ordered_json c;
-  c["architectures"] = {"LlamaForCausalLM"};
-  c["model_type"] = "llama";
+  const bool moe = shape.moe.experts > 0;
+  c["architectures"] = {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+  c["model_type"] = moe ? "mixtral" : "llama";
   c["vocab_size"] = shape.vocab_size;
   c["hidden_size"] = shape.d_model;
   c["intermediate_size"] = shape.ffn;
@@ -239,10 +233,19 @@ ordered_json llama_config(const GptConfig& shape, uint32_t eos_id) {
   c["rms_norm_eps"] = shape.norm_eps;
   c["rope_theta"] = shape.rope_theta;
   c["rope_scaling"] = nullptr;
-  c["attention_bias"] = false;
   c["attention_dropout"] = 0.0;
-  c["mlp_bias"] = false;
-  c["pretraining_tp"] = 1;
+  if (moe) {
+    c["sliding_window"] = nullptr;
+    c["num_local_experts"] = shape.moe.experts;
+    c["num_experts_per_tok"] = shape.moe.top_k;
+    c["output_router_logits"] = false;
+    c["router_aux_loss_coef"] = shape.moe.aux_loss_coeff;
+    c["router_jitter_noise"] = 0.0;
+  } else {
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+    c["pretraining_tp"] = 1;
+  }
   c["initializer_range"] = 0.02;
   c["use_cache"] = true;
   c["tie_word_embeddings"] = shape.tie_embeddings;
@@ -304,121 +307,36 @@ ordered_json tokenizer_config(const GptConfig& shape, const HfTokenizerFiles& to
   return c;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("host");
+// The staging folder of an export into `target` (core/staged_dir.h), beside it: named for this
+// host and process, so that two exports into one target never share one, and one left by a
+// killed export of this host with this pid (which is gone, since the pid is ours) is ours to
+// replace. The staging folders of other exports from this host whose process is gone were left by
+// a killed export: incomplete copies, removed. Any other (a live export, another host's) is left
+// alone.
+fs::path model_dir_staging(const fs::path& target, const std::string& module) {
+  std::error_code ec;
+  fs::create_directories(target.parent_path(), ec);
+  TETRA_CHECK(fs::is_directory(target.parent_path(), ec),
+              "[{}] cannot create the folder {} for the model directory ({}); check the path "
+              "and permissions",
+              module, target.parent_path().string(), ec.message());
+  const std::string prefix = fmt::format(".{}.export-{}-", target.filename().string(), host_name());
+  for (auto it = fs::directory_iterator(target.parent_path(), ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    long pid = 0;
+    const char* digits = name.data() + prefix.size();
+    const auto [end, err] = std::from_chars(digits, name.data() + name.size(), pid);
+    if (err != std::errc() || end != name.data() + name.size() || pid <= 0) continue;
+    if (pid != ::getpid() && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+      if (!rm) log_info("[{}] removed {}, left by an export that was killed", module, name);
+    }
+  }
+  return target.parent_path() / fmt::format("{}{}", prefix, static_cast<long>(::getpid()));
 }
-
-void sync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-// A model directory's files written as one set: into a folder beside the target (same file
-// system, so the swap is a rename), put in the target's place by commit() only when every file
-// is complete; removed, with the target untouched, when anything fails before.
-class StagedModelDir {
- public:
-  StagedModelDir(const fs::path& target, const std::string& module)
-      : target_(target), module_(module) {
-    std::error_code ec;
-    fs::create_directories(target.parent_path(), ec);
-    TETRA_CHECK(fs::is_directory(target.parent_path(), ec),
-                "[{}] cannot create the folder {} for the model directory ({}); check the path "
-                "and permissions",
-                module, target.parent_path().string(), ec.message());
-    // Host and pid: two exports into one target never share a staging folder, and one left by a
-    // killed export of this host with this pid (which is gone, since the pid is ours) is ours to
-    // replace.
-    const std::string prefix =
-        fmt::format(".{}.export-{}-", target.filename().string(), host_name());
-    path_ = target.parent_path() / fmt::format("{}{}", prefix, static_cast<long>(::getpid()));
-    fs::remove_all(path_, ec);
-    // The staging folders of exports from this host whose process is gone were left by a killed
-    // export: incomplete copies, removed. Any other (a live export, another host's) is left alone.
-    for (auto it = fs::directory_iterator(target.parent_path(), ec);
-         !ec && it != fs::directory_iterator(); it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.rfind(prefix, 0) != 0) continue;
-      long pid = 0;
-      const char* digits = name.data() + prefix.size();
-      const auto [end, err] = std::from_chars(digits, name.data() + name.size(), pid);
-      if (err != std::errc() || end != name.data() + name.size() || pid <= 0) continue;
-      if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
-        std::error_code rm;
-        fs::remove_all(it->path(), rm);
-        if (!rm) log_info("[{}] removed {}, left by an export that was killed", module, name);
-      }
-    }
-    TETRA_CHECK(fs::create_directory(path_, ec) && !ec,
-                "[{}] cannot create the staging folder {} beside the model directory ({}); check "
-                "that {} is writable",
-                module, path_.string(), ec.message(), target.parent_path().string());
-  }
-  ~StagedModelDir() {
-    if (!committed_) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  StagedModelDir(const StagedModelDir&) = delete;
-  StagedModelDir& operator=(const StagedModelDir&) = delete;
-
-  const fs::path& path() const { return path_; }
-
-  void commit() {
-    std::error_code ec;
-    const bool replace = fs::exists(target_, ec);
-    if (replace) fs::permissions(path_, fs::status(target_, ec).permissions(), ec);
-    fs::path old;
-    if (!replace) {
-      TETRA_CHECK(::rename(path_.c_str(), target_.c_str()) == 0,
-                  "[{}] cannot rename {} to {} ({}); nothing was replaced", module_, path_.string(),
-                  target_.string(), std::strerror(errno));
-    } else if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) ==
-               0) {
-      old = path_;  // the exchange left the previous directory at the staging path
-    } else {
-      // File systems without RENAME_EXCHANGE: two renames, with a moment without the target.
-      TETRA_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP,
-                  "[{}] cannot put the new model directory in place of {} ({}); the old one is "
-                  "unchanged",
-                  module_, target_.string(), std::strerror(errno));
-      old = target_.parent_path() / fmt::format(".{}.old-{}-{}", target_.filename().string(),
-                                                host_name(), static_cast<long>(::getpid()));
-      TETRA_CHECK(::rename(target_.c_str(), old.c_str()) == 0,
-                  "[{}] cannot move {} aside ({}); the old model directory is unchanged", module_,
-                  target_.string(), std::strerror(errno));
-      if (::rename(path_.c_str(), target_.c_str()) != 0) {
-        const int err = errno;
-        ::rename(old.c_str(), target_.c_str());
-        fail(
-            "[{}] cannot put the new model directory in place of {} ({}); the old one is "
-            "unchanged",
-            module_, target_.string(), std::strerror(err));
-      }
-    }
-    committed_ = true;
-    sync_dir(target_.parent_path());
-    if (!old.empty()) {
-      fs::remove_all(old, ec);
-      if (ec) {
-        log_warn(
-            "[{}] the new model directory is in {}, but removing the old one at {} failed ({}); "
-            "delete it by hand",
-            module_, target_.string(), old.string(), ec.message());
-      }
-    }
-  }
-
- private:
-  fs::path target_, path_;
-  std::string module_;
-  bool committed_ = false;
-};
 
 }  // namespace
 
@@ -467,8 +385,14 @@ void check_hf_model_dir_target(const std::string& dir, const std::string& module
 void save_hf_model_dir(const std::string& dir, const GptConfig& shape,
                        const SafeTensorsFile& weights, const HfTokenizerFiles& tokenizer,
                        const std::string& module) {
+  TETRA_CHECK(!shape.llama() || shape.moe.experts == 0 || shape.moe.every == 1,
+              "[{}] a Llama model with MoE blocks every {} blocks has no Hugging Face class: "
+              "MixtralForCausalLM routes every block; train it with model.moe_every=1 to export "
+              "it as Mixtral, or write a tetra checkpoint or a .safetensors file instead",
+              module, shape.moe.every);
   check_hf_model_dir_target(dir, module);
-  StagedModelDir staged(resolved_path(dir), module);
+  const fs::path target = resolved_path(dir);
+  StagedDir staged(target, model_dir_staging(target, module), module, "model directory");
   const fs::path& d = staged.path();
   try {
     write_text(d / "tokenizer.json", tokenizer.tokenizer_json, module);
@@ -508,17 +432,26 @@ std::string model_weights_path(const std::string& path, const std::string& modul
 std::vector<std::string> model_dir_overrides(const std::string& dir, const std::string& module) {
   const HfModelConfig m = read_hf_model_config((fs::path(dir) / "config.json").string(), module);
   if (const auto* l = std::get_if<HfLlamaConfig>(&m)) {
-    return {"model.arch=llama",
-            "model.vocab_size=" + std::to_string(l->vocab_size),
-            "model.n_layer=" + std::to_string(l->num_hidden_layers),
-            "model.n_head=" + std::to_string(l->num_attention_heads),
-            "model.n_kv_head=" + std::to_string(l->num_key_value_heads),
-            "model.d_model=" + std::to_string(l->hidden_size),
-            "model.ffn=" + std::to_string(l->intermediate_size),
-            "model.max_seq=" + std::to_string(l->max_position_embeddings),
-            fmt::format("model.rope_theta={}", l->rope_theta),
-            fmt::format("model.norm_eps={}", l->rms_norm_eps),
-            fmt::format("model.tie_embeddings={}", l->tie_word_embeddings)};
+    std::vector<std::string> o = {"model.arch=llama",
+                                  "model.vocab_size=" + std::to_string(l->vocab_size),
+                                  "model.n_layer=" + std::to_string(l->num_hidden_layers),
+                                  "model.n_head=" + std::to_string(l->num_attention_heads),
+                                  "model.n_kv_head=" + std::to_string(l->num_key_value_heads),
+                                  "model.d_model=" + std::to_string(l->hidden_size),
+                                  "model.ffn=" + std::to_string(l->intermediate_size),
+                                  "model.max_seq=" + std::to_string(l->max_position_embeddings),
+                                  fmt::format("model.rope_theta={}", l->rope_theta),
+                                  fmt::format("model.norm_eps={}", l->rms_norm_eps),
+                                  fmt::format("model.tie_embeddings={}", l->tie_word_embeddings),
+                                  "model.moe_experts=" + std::to_string(l->num_local_experts)};
+    if (l->num_local_experts > 0) {
+      // Mixtral: every block routed, every token reaching its experts (no capacity).
+      o.push_back("model.moe_top_k=" + std::to_string(l->num_experts_per_tok));
+      o.push_back("model.moe_every=1");
+      o.push_back("moe.capacity_factor=0");
+      o.push_back(fmt::format("moe.aux_loss_coeff={}", l->router_aux_loss_coef));
+    }
+    return o;
   }
   const HfGpt2Config& c = std::get<HfGpt2Config>(m);
   std::vector<std::string> o = {"model.arch=gpt2",
@@ -536,228 +469,6 @@ std::vector<std::string> model_dir_overrides(const std::string& dir, const std::
     o.push_back(fmt::format("moe.z_loss_coeff={}", c.router_z_loss_coef));
   }
   return o;
-}
-
-namespace {
-
-// Block numbers as written after `prefix` ("h.", "model.layers."): digits only, parsed without
-// overflow (a name such as h.99999999999.x is a number too large, never an exception). Refuses
-// numbers that are not 0 .. n-1, naming the tensor.
-std::set<int64_t> block_numbers(const SafeTensorsFile& f, std::string_view strip,
-                                std::string_view prefix, const std::string& path,
-                                const std::string& module, const char* family) {
-  std::set<int64_t> layers;
-  for (const auto& [name, t] : f.tensors) {
-    std::string_view n = name;
-    if (!strip.empty() && n.rfind(strip, 0) == 0) n.remove_prefix(strip.size());
-    if (n.rfind(prefix, 0) != 0) continue;
-    n.remove_prefix(prefix.size());
-    const size_t dot = n.find('.');
-    const std::string_view digits = n.substr(0, dot);
-    int64_t layer = -1;
-    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), layer);
-    TETRA_CHECK(dot != std::string_view::npos && !digits.empty() && err == std::errc() &&
-                    end == digits.data() + digits.size() && layer >= 0 &&
-                    layer < int64_t(HfConfigLimits::n_layer),
-                "[{}] {}: tensor '{}' is not a block tensor {}N.* with N in 0 .. {}; the file is "
-                "damaged or not a {} safetensors file",
-                module, path, name, prefix, HfConfigLimits::n_layer - 1, family);
-    layers.insert(layer);
-  }
-  TETRA_CHECK(!layers.empty(), "[{}] {}: no transformer blocks ({}N.*) found", module, path,
-              prefix);
-  TETRA_CHECK(*layers.rbegin() + 1 == int64_t(layers.size()),
-              "[{}] {}: the blocks are not numbered 0 .. {}: {} blocks, the last {}{}; some are "
-              "missing, so the file is damaged or incomplete",
-              module, path, layers.size() - 1, layers.size(), prefix, *layers.rbegin());
-  return layers;
-}
-
-// A Llama file (LlamaForCausalLM names): embed_tokens, model.layers.N, lm_head when untied.
-WeightsShape llama_weights_shape(const SafeTensorsFile& f, const std::string& path,
-                                 const std::string& module) {
-  auto find = [&](const std::string& name) -> const SafeTensor& {
-    auto it = f.tensors.find(name);
-    TETRA_CHECK(it != f.tensors.end() && it->second.shape.size() == 2,
-                "[{}] {}: no 2-D tensor '{}'; every LlamaForCausalLM file has it, so the file is "
-                "damaged or incomplete",
-                module, path, name);
-    return it->second;
-  };
-  const SafeTensor& emb = find(kLlamaEmbedding);
-  WeightsShape w;
-  w.llama = true;
-  w.vocab_size = emb.shape[0];
-  w.d_model = emb.shape[1];
-  w.n_layer = int64_t(block_numbers(f, "", "model.layers.", path, module, "Llama").size());
-  w.ffn = find("model.layers.0.mlp.gate_proj.weight").shape[0];
-  w.kv_width = find("model.layers.0.self_attn.k_proj.weight").shape[0];
-  auto head = f.tensors.find(kLmHead);
-  w.lm_head = head != f.tensors.end();
-  w.lm_head_is_embedding = w.lm_head && same_tensor(head->second, emb);
-  return w;
-}
-
-}  // namespace
-
-WeightsShape weights_shape(const SafeTensorsFile& f, const std::string& path,
-                           const std::string& module) {
-  auto find = [&](const std::string& name) -> const SafeTensor& {
-    for (const std::string& n : {name, "transformer." + name}) {
-      auto it = f.tensors.find(n);
-      if (it != f.tensors.end() && it->second.shape.size() == 2) return it->second;
-    }
-    fail(
-        "[{}] {}: no 2-D tensor '{}'; is this a GPT-2 safetensors file? (a Llama file has "
-        "model.embed_tokens.weight)",
-        module, path, name);
-  };
-  if (f.tensors.count(kLlamaEmbedding) > 0) return llama_weights_shape(f, path, module);
-  const SafeTensor& wte = find("wte.weight");
-  const SafeTensor& wpe = find("wpe.weight");
-  const std::set<int64_t> layers = block_numbers(f, "transformer.", "h.", path, module, "GPT-2");
-  WeightsShape w;
-  w.vocab_size = wte.shape[0];
-  w.d_model = wte.shape[1];
-  w.max_seq = wpe.shape[0];
-  w.n_layer = int64_t(layers.size());
-  // Mixture-of-experts blocks: those with a router (E, C); every k-th block.
-  std::vector<int64_t> routed;
-  for (int64_t l = 0; l < w.n_layer; ++l) {
-    for (const std::string& n : {"transformer.h." + std::to_string(l) + ".mlp.router.weight",
-                                 "h." + std::to_string(l) + ".mlp.router.weight"}) {
-      auto it = f.tensors.find(n);
-      if (it == f.tensors.end()) continue;
-      TETRA_CHECK(it->second.shape.size() == 2 && it->second.shape[0] >= 1 &&
-                      (w.moe_experts == 0 || it->second.shape[0] == w.moe_experts),
-                  "[{}] {}: router '{}' has shape {}; every MoE block's router is (experts, "
-                  "d_model) with the same experts",
-                  module, path, n, shape_str(it->second.shape));
-      w.moe_experts = it->second.shape[0];
-      routed.push_back(l);
-    }
-  }
-  if (!routed.empty()) {
-    w.moe_every = routed.front() + 1;
-    std::vector<int64_t> want;
-    for (int64_t l = w.moe_every - 1; l < w.n_layer; l += w.moe_every) want.push_back(l);
-    TETRA_CHECK(routed == want,
-                "[{}] {}: the blocks with a router, h.{}, are not every {}-th block; tetra's MoE "
-                "models have one in blocks l with l % moe_every == moe_every - 1",
-                module, path, fmt::join(routed, ", h."), w.moe_every);
-  }
-  return w;
-}
-
-std::vector<std::string> weights_shape_overrides(const WeightsShape& w) {
-  if (w.llama) {
-    return {"model.arch=llama",
-            "model.vocab_size=" + std::to_string(w.vocab_size),
-            "model.d_model=" + std::to_string(w.d_model),
-            "model.n_layer=" + std::to_string(w.n_layer),
-            "model.ffn=" + std::to_string(w.ffn),
-            fmt::format("model.tie_embeddings={}", !w.lm_head)};
-  }
-  return {"model.arch=gpt2",
-          "model.vocab_size=" + std::to_string(w.vocab_size),
-          "model.d_model=" + std::to_string(w.d_model),
-          "model.max_seq=" + std::to_string(w.max_seq),
-          "model.n_layer=" + std::to_string(w.n_layer),
-          "model.moe_experts=" + std::to_string(w.moe_experts),
-          "model.moe_every=" + std::to_string(w.moe_every)};
-}
-
-std::optional<std::string> llama_kv_heads_override(const WeightsShape& w, int64_t n_head) {
-  if (!w.llama || n_head <= 0 || w.d_model % n_head != 0) return std::nullopt;
-  const int64_t hs = w.d_model / n_head;
-  if (hs == 0 || w.kv_width % hs != 0) return std::nullopt;
-  return "model.n_kv_head=" + std::to_string(w.kv_width / hs);
-}
-
-void check_shape_matches_weights(const GptConfig& shape, const WeightsShape& w,
-                                 const std::string& weights_path, const std::string& config_path,
-                                 const std::string& model_arg,
-                                 const std::vector<std::string>& overrides,
-                                 const std::string& module) {
-  const bool hf_keys = config_path.empty() && is_model_dir(model_arg);
-  const std::string source = !config_path.empty() ? "--config " + config_path
-                             : hf_keys            ? (fs::path(model_arg) / "config.json").string()
-                                                  : std::string("the tensor shapes");
-  struct Field {
-    const char* hf;     // config.json's key
-    const char* tetra;  // the model.* key
-    std::string have;   // the shape's value
-    std::string file;   // what the weights have, "32 wte's columns"
-    bool same;
-  };
-  auto number = [](const char* hf, const char* tetra, int64_t have, int64_t file,
-                   const char* tensor) {
-    return Field{hf, tetra, std::to_string(have), fmt::format("{} {}", file, tensor), have == file};
-  };
-  std::vector<Field> fields;
-  if (shape.llama() != w.llama) {
-    // The families differ: no other field is comparable.
-    fields.push_back({"model_type", "model.arch", shape.llama() ? "llama" : "gpt2",
-                      w.llama ? "Llama tensors (model.embed_tokens, model.layers.N)"
-                              : "GPT-2 tensors (transformer.wte, transformer.h.N)",
-                      false});
-  } else if (w.llama) {
-    const int64_t hs = shape.head_size();
-    std::string kv = w.kv_width % hs == 0
-                         ? fmt::format("{} key/value heads (k_proj's {} rows / head size {})",
-                                       w.kv_width / hs, w.kv_width, hs)
-                         : fmt::format(
-                               "k_proj's {} rows, not a whole number of heads of size {} "
-                               "(d_model / n_head)",
-                               w.kv_width, hs);
-    const bool tied_ok = shape.tie_embeddings ? !w.lm_head || w.lm_head_is_embedding : w.lm_head;
-    const char* head = !w.lm_head               ? "no lm_head.weight (a tied head)"
-                       : w.lm_head_is_embedding ? "an lm_head.weight equal to embed_tokens"
-                                                : "an lm_head.weight of its own (an untied head)";
-    fields = {
-        number("vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size,
-               "embed_tokens' rows"),
-        number("hidden_size", "model.d_model", shape.d_model, w.d_model, "embed_tokens' columns"),
-        number("num_hidden_layers", "model.n_layer", shape.n_layer, w.n_layer,
-               "blocks model.layers.N"),
-        number("intermediate_size", "model.ffn", shape.ffn, w.ffn, "gate_proj's rows"),
-        {"num_key_value_heads", "model.n_kv_head", std::to_string(shape.n_kv_head), kv,
-         int64_t(shape.n_kv_head) * hs == w.kv_width},
-        {"tie_word_embeddings", "model.tie_embeddings", shape.tie_embeddings ? "true" : "false",
-         head, tied_ok}};
-  } else {
-    fields = {
-        number("vocab_size", "model.vocab_size", shape.vocab_size, w.vocab_size, "wte's rows"),
-        number("n_embd", "model.d_model", shape.d_model, w.d_model, "wte's columns"),
-        number("n_positions", "model.max_seq", shape.max_seq, w.max_seq, "wpe's rows"),
-        number("n_layer", "model.n_layer", shape.n_layer, w.n_layer, "blocks h.N"),
-        number("num_local_experts", "model.moe_experts", shape.moe.experts, w.moe_experts,
-               "rows of the routers"),
-        number("moe_every", "model.moe_every", w.moe_experts > 0 ? shape.moe.every : 1, w.moe_every,
-               "blocks with a router")};
-  }
-  std::vector<std::string> wrong, blamed;
-  for (const Field& f : fields) {
-    if (f.same) continue;
-    // The last override of the key wins, as in Config::load.
-    std::string override_of;
-    for (const std::string& o : overrides) {
-      if (o.rfind(std::string(f.tetra) + "=", 0) == 0) override_of = "--" + o;
-    }
-    const std::string origin = override_of.empty() ? source : override_of;
-    if (override_of.empty()) {
-      wrong.push_back(fmt::format("{} in {} is {} but the weights have {}",
-                                  hf_keys ? f.hf : f.tetra, source, f.have, f.file));
-    } else {
-      wrong.push_back(fmt::format("{} but the weights have {}", override_of, f.file));
-    }
-    if (std::find(blamed.begin(), blamed.end(), origin) == blamed.end()) blamed.push_back(origin);
-  }
-  TETRA_CHECK(wrong.empty(),
-              "[{}] the model shape does not match the weights {}: {}; they do not belong "
-              "together: correct {}, or give the weights {} describes",
-              module, weights_path, fmt::join(wrong, "; "), fmt::join(blamed, " and "),
-              blamed.size() > 1 ? "they" : "it");
 }
 
 }  // namespace tetra

@@ -26,7 +26,8 @@ MoeShape MoeShape::of(const GptConfig& c, int B, int T, bool capacity) {
   s.ep = c.moe.ep;
   s.El = c.local_experts();
   s.C = c.d_model;
-  s.H = 4 * c.d_model;
+  s.H = c.ffn;
+  s.swiglu = mlp_activation(c) == Activation::swiglu;
   // One expert takes each token at most once, and with a capacity at most `cap` routes of each
   // of the ep·B sequences that meet at it; this rank's experts take at most every route of the
   // group.
@@ -44,7 +45,8 @@ MoeShape MoeShape::of(const GptConfig& c, int B, int T, bool capacity) {
 
 template <typename F>
 size_t MoeActs<F>::elements(const MoeShape& s) {
-  return size_t(s.N * s.E + s.N * s.k + s.expert_rows * (2 * s.C + 2 * s.H) + s.send_rows * s.C);
+  return size_t(s.N * s.E + s.N * s.k + s.expert_rows * (2 * s.C + (s.swiglu ? 3 : 2) * s.H) +
+                s.send_rows * s.C);
 }
 
 template <typename F>
@@ -55,6 +57,7 @@ MoeActs<F> MoeActs<F>::carve(F* p, const MoeShape& s) {
   a.gate = take(s.N * s.k);
   a.x = take(s.expert_rows * s.C);
   a.pre = take(s.expert_rows * s.H);
+  if (s.swiglu) a.up = take(s.expert_rows * s.H);
   a.h = take(s.expert_rows * s.H);
   a.y = take(s.expert_rows * s.C);
   if (s.send_rows > 0) a.back = take(s.send_rows * s.C);
@@ -74,7 +77,7 @@ MoeRoute::MoeRoute(const MoeShape& s, Device& device, MemTag tag)
 template <typename F>
 size_t MoeScratch<F>::elements(const MoeShape& s) {
   return size_t(s.N * s.E + s.N * s.k + (s.recv_rows + s.send_rows + s.expert_rows) * s.C +
-                s.expert_rows * s.H);
+                s.expert_rows * s.H * (s.swiglu ? 2 : 1));
 }
 
 template <typename F>
@@ -87,54 +90,61 @@ MoeScratch<F> MoeScratch<F>::carve(F* p, const MoeShape& s) {
   m.send = take(s.send_rows * s.C);
   m.dy = take(s.expert_rows * s.C);
   m.dh = take(s.expert_rows * s.H);
+  if (s.swiglu) m.dup = take(s.expert_rows * s.H);
   return m;
 }
 
 template <typename F>
 std::vector<typename MoeMlp<F>::ExpertIds> MoeMlp<F>::register_experts(const GptConfig& c,
-                                                                       int layer,
+                                                                       const MoeSpec& spec,
                                                                        ParamStoreT<F>& store,
                                                                        int ep_rank) {
-  const int64_t C = c.d_model, H = 4 * int64_t(c.d_model);
-  const float residual_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
+  const MlpSpec& m = spec.expert;
+  const int64_t C = c.d_model, H = m.hidden;
   const int El = c.local_experts();
   std::vector<ExpertIds> ids;
   for (int le = 0; le < El; ++le) {
-    const std::string base = "transformer.h." + std::to_string(layer) + ".mlp.experts." +
-                             std::to_string(ep_rank * El + le) + ".";
-    auto add = [&](const char* rest, Shape shape, float std) {
-      ParamSpec s;
-      s.name = base + rest;
-      s.shape = std::move(shape);
-      s.decay = s.shape.size() == 2;
-      s.file.transposed = s.decay;  // GPT-2's Conv1D layout, as the dense MLP
-      if (s.decay) s.init = {ParamInit::Kind::normal, std, -1};
-      return store.add(std::move(s));
+    const std::string base = spec.experts + "." + std::to_string(ep_rank * El + le) + ".";
+    auto weight = [&](const LinearSpec& l, int64_t out, int64_t in) {
+      LinearSpec named = l;
+      named.name = base + l.name;
+      return store.add(weight_spec(named, out, in, m.conv1d));
+    };
+    auto bias = [&](const LinearSpec& l, int64_t out) {
+      LinearSpec named = l;
+      named.name = base + l.name;
+      return l.bias ? store.add(bias_spec(named, out)) : -1;
     };
     ExpertIds e;
-    e.projw = add("c_proj.weight", {C, H}, residual_std);
-    e.projb = add("c_proj.bias", {C}, 0.0f);
-    e.fcw = add("c_fc.weight", {H, C}, 0.02f);
-    e.fcb = add("c_fc.bias", {H}, 0.0f);
+    e.downw = weight(m.down, C, H);
+    e.downb = bias(m.down, C);
+    if (m.act == Activation::swiglu) e.upw = weight(m.up, H, C);
+    e.inw = weight(m.in, H, C);
+    e.inb = bias(m.in, H);
     ids.push_back(e);
   }
   return ids;
 }
 
 template <typename F>
-TensorId MoeMlp<F>::register_router(const GptConfig& c, int layer, ParamStoreT<F>& store) {
-  ParamSpec s;
-  s.name = "transformer.h." + std::to_string(layer) + ".mlp.router.weight";
-  s.shape = {c.moe.experts, c.d_model};
-  s.decay = true;
-  s.init = {ParamInit::Kind::normal, 0.02f, -1};
-  return store.add(std::move(s));
+TensorId MoeMlp<F>::register_router(const GptConfig& c, const MoeSpec& spec,
+                                    ParamStoreT<F>& store) {
+  return store.add(weight_spec({spec.router, false, 0.02f}, c.moe.experts, c.d_model, false));
 }
 
 template <typename F>
-MoeMlp<F>::MoeMlp(const GptConfig& c, const parallel::LayerEnv<F>& env,
+MoeMlp<F>::MoeMlp(const GptConfig& c, const MoeSpec& spec, const parallel::LayerEnv<F>& env,
                   parallel::ExpertParallel& ep, TensorId router, std::vector<ExpertIds> experts)
-    : c_(c), env_(env), ep_(ep), router_(router), experts_(std::move(experts)) {
+    : c_(c),
+      act_(spec.expert.act),
+      router_role_(profile_role(spec.router)),
+      in_role_(profile_role(spec.experts + ".0." + spec.expert.in.name)),
+      up_role_(profile_role(spec.experts + ".0." + spec.expert.up.name)),
+      down_role_(profile_role(spec.experts + ".0." + spec.expert.down.name)),
+      env_(env),
+      ep_(ep),
+      router_(router),
+      experts_(std::move(experts)) {
   TETRA_CHECK(ep.size() == c.moe.ep && int(experts_.size()) == c.local_experts(),
               "[model] internal: a MoE block shaped for ep={} ({} experts each) on a group of {} "
               "holding {}",
@@ -272,16 +282,29 @@ template <typename F>
 void MoeMlp<F>::experts_forward(const MoeActs<F>& a, const MoeRoute& route) {
   Kernels<F>& k = env_.kernels();
   ParamStoreT<F>& st = env_.store;
-  const int64_t C = c_.d_model, H = 4 * int64_t(c_.d_model);
+  const int64_t C = c_.d_model, H = c_.ffn;
+  auto bias = [&](TensorId id) { return id >= 0 ? st.param(id) : static_cast<const F*>(nullptr); };
   int64_t off = 0;
   for (size_t le = 0; le < experts_.size(); ++le) {
     const int64_t m = route.expert_rows[le];
     if (m == 0) continue;
     const ExpertIds& e = experts_[le];
-    k.linear_gelu(a.h + off * H, a.pre + off * H, a.x + off * C, st.param(e.fcw), st.param(e.fcb),
-                  m, H, C, "mlp.experts.c_fc forward", env_.bf16);
-    matmul_nt(k, a.y + off * C, a.h + off * H, st.param(e.projw), st.param(e.projb), m, C, H, false,
-              "mlp.experts.c_proj forward", env_.bf16);
+    const F* x = a.x + off * C;
+    F* pre = a.pre + off * H;
+    F* h = a.h + off * H;
+    if (act_ == Activation::swiglu) {
+      matmul_nt(k, pre, x, st.param(e.inw), bias(e.inb), m, H, C, false, in_role_.fwd.c_str(),
+                env_.bf16);
+      F* up = a.up + off * H;
+      matmul_nt(k, up, x, st.param(e.upw), static_cast<const F*>(nullptr), m, H, C, false,
+                up_role_.fwd.c_str(), env_.bf16);
+      k.swiglu_forward(h, pre, up, m * H);
+    } else {
+      k.linear_gelu(h, pre, x, st.param(e.inw), bias(e.inb), m, H, C, in_role_.fwd.c_str(),
+                    env_.bf16);
+    }
+    matmul_nt(k, a.y + off * C, h, st.param(e.downw), bias(e.downb), m, C, H, false,
+              down_role_.fwd.c_str(), env_.bf16);
     off += m;
   }
 }
@@ -295,7 +318,7 @@ void MoeMlp<F>::forward(F* out, const F* x, const MoeActs<F>& a, MoeRoute& route
   // The router stays in f32 (its products are small, and the decisions should not move with
   // bf16 rounding).
   matmul_nt(k, a.logits, x, env_.store.param(router_), static_cast<const F*>(nullptr), N, E, C,
-            false, "mlp.router forward");
+            false, router_role_.fwd.c_str());
   plan(route, a.logits, B, T, pass);
   std::vector<F> gate(route.routing.gate.begin(), route.routing.gate.end());
   env_.store.device().from_host(a.gate, gate.data(), gate.size() * sizeof(F));
@@ -319,25 +342,35 @@ void MoeMlp<F>::experts_backward(const MoeActs<F>& a, const MoeRoute& route,
                                  const MoeScratch<F>& s) {
   Kernels<F>& k = env_.kernels();
   ParamStoreT<F>& st = env_.store;
-  const int64_t C = c_.d_model, H = 4 * int64_t(c_.d_model);
+  const int64_t C = c_.d_model, H = c_.ffn;
   int64_t off = 0;
   for (size_t le = 0; le < experts_.size(); ++le) {
     const int64_t m = route.expert_rows[le];
     if (m == 0) continue;
     const ExpertIds& e = experts_[le];
+    const F* x = a.x + off * C;
     F* dy = s.dy + off * C;
     F* dh = s.dh + off * H;
-    // y = h · W2ᵀ + b2
-    matmul_nn(k, dh, dy, st.param(e.projw), m, H, C, false, "mlp.experts.c_proj input grad",
+    // y = h · W_downᵀ + b
+    matmul_nn(k, dh, dy, st.param(e.downw), m, H, C, false, down_role_.igrad.c_str(), env_.bf16);
+    matmul_tn(k, st.grad(e.downw), dy, a.h + off * H, C, H, m, true, down_role_.wgrad.c_str(),
               env_.bf16);
-    matmul_tn(k, st.grad(e.projw), dy, a.h + off * H, C, H, m, true,
-              "mlp.experts.c_proj weight grad", env_.bf16);
-    k.bias_backward(st.grad(e.projb), dy, m, int(C));
-    // h = gelu(x · W1ᵀ + b1); the rows' input gradient overwrites dy, which is spent.
-    k.gelu_bias_backward(dh, st.grad(e.fcb), a.pre + off * H, dh, m, int(H));
-    matmul_tn(k, st.grad(e.fcw), dh, a.x + off * C, H, C, m, true, "mlp.experts.c_fc weight grad",
-              env_.bf16);
-    matmul_nn(k, dy, dh, st.param(e.fcw), m, C, H, false, "mlp.experts.c_fc input grad", env_.bf16);
+    if (e.downb >= 0) k.bias_backward(st.grad(e.downb), dy, m, int(C));
+    // The rows' input gradient overwrites dy, which is spent.
+    if (act_ == Activation::swiglu) {
+      // h = silu(x · W_inᵀ) ⊙ (x · W_upᵀ); dh becomes the gate's gradient.
+      F* dup = s.dup + off * H;
+      k.swiglu_backward(dh, dup, dh, a.pre + off * H, a.up + off * H, m * H);
+      matmul_tn(k, st.grad(e.inw), dh, x, H, C, m, true, in_role_.wgrad.c_str(), env_.bf16);
+      matmul_tn(k, st.grad(e.upw), dup, x, H, C, m, true, up_role_.wgrad.c_str(), env_.bf16);
+      matmul_nn(k, dy, dh, st.param(e.inw), m, C, H, false, in_role_.igrad.c_str(), env_.bf16);
+      matmul_nn(k, dy, dup, st.param(e.upw), m, C, H, true, up_role_.igrad.c_str(), env_.bf16);
+    } else {
+      // h = gelu(x · W_inᵀ + b)
+      k.gelu_bias_backward(dh, st.grad(e.inb), a.pre + off * H, dh, m, int(H));
+      matmul_tn(k, st.grad(e.inw), dh, x, H, C, m, true, in_role_.wgrad.c_str(), env_.bf16);
+      matmul_nn(k, dy, dh, st.param(e.inw), m, C, H, false, in_role_.igrad.c_str(), env_.bf16);
+    }
     off += m;
   }
 }
@@ -382,8 +415,8 @@ void MoeMlp<F>::backward(F* dx, const F* dout, const F* x, const MoeActs<F>& a,
   const std::vector<F> dlogits(dl.begin(), dl.end());
   device.from_host(s.dlogits, dlogits.data(), dlogits.size() * sizeof(F));
   ParamStoreT<F>& st = env_.store;
-  matmul_tn(k, st.grad(router_), s.dlogits, x, E, C, N, true, "mlp.router weight grad");
-  matmul_nn(k, dx, s.dlogits, st.param(router_), N, C, E, true, "mlp.router input grad");
+  matmul_tn(k, st.grad(router_), s.dlogits, x, E, C, N, true, router_role_.wgrad.c_str());
+  matmul_nn(k, dx, s.dlogits, st.param(router_), N, C, E, true, router_role_.igrad.c_str());
 }
 
 template struct MoeActs<float>;

@@ -1,6 +1,7 @@
 // A block's MLP as a mixture of experts (docs/moe.md; seed 004 "エキスパート並列"): a router
-// (linear, softmax, top-k) sends each token to k of E expert MLPs of the dense MLP's shape and adds
-// their outputs weighted by the gates. The decisions (and the capacity drops, and the load-
+// (linear, softmax, top-k) sends each token to k of E expert MLPs of the dense MLP's shape and kind
+// (GELU with biases, as GPT-2's; SwiGLU without, as Mixtral's; model/block_spec.h) and adds their
+// outputs weighted by the gates. The decisions (and the capacity drops, and the load-
 // balancing and z losses) are taken on the host from the router's logits (model/moe_routing.h);
 // rows move between tokens and experts through the backend's gather and combine. Under expert
 // parallelism this rank holds E/ep of the experts: the rows routed to another rank's experts go
@@ -18,12 +19,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/memory.h"
 #include "core/param_store.h"
 #include "kernels/kernels.h"
+#include "model/block_spec.h"
 #include "model/gpt_config.h"
 #include "model/moe_routing.h"
 #include "parallel/expert_parallel.h"
@@ -42,6 +45,7 @@ enum class MoePass : uint8_t { train, recompute, evaluate, decode };
 struct MoeShape {
   int64_t N = 0;  // tokens B·T
   int k = 0, E = 0, El = 0, C = 0, H = 0, ep = 1;
+  bool swiglu = false;      // experts with a gate and an up product (Mixtral's)
   int64_t send_rows = 0;    // ep > 1: rows this rank sends to the experts (its kept routes)
   int64_t recv_rows = 0;    // ep > 1: rows this rank's experts receive
   int64_t expert_rows = 0;  // rows of the experts' products, each expert's padded
@@ -50,11 +54,13 @@ struct MoeShape {
 };
 
 /** What one micro-batch's forward through a MoE block leaves for backward (device memory):
- *  logits (N,E), gate (N,k), the experts' rows x, y (expert_rows,C) and pre, h (expert_rows,4C),
- *  and under expert parallelism the rows back from the experts in send order (send_rows,C). */
+ *  logits (N,E), gate (N,k), the experts' rows x, y (expert_rows,C) and pre (GELU's input or
+ *  SwiGLU's gate), up (SwiGLU only) and h (expert_rows,H), and under expert parallelism the rows
+ *  back from the experts in send order (send_rows,C). */
 template <typename F>
 struct MoeActs {
-  F *logits = nullptr, *gate = nullptr, *x = nullptr, *pre = nullptr, *h = nullptr, *y = nullptr;
+  F *logits = nullptr, *gate = nullptr, *x = nullptr, *pre = nullptr, *up = nullptr, *h = nullptr,
+    *y = nullptr;
   F* back = nullptr;
   static size_t elements(const MoeShape& s);
   static MoeActs carve(F* p, const MoeShape& s);
@@ -76,11 +82,11 @@ struct MoeRoute {
 
 /** Scratch shared by the MoE blocks: dlogits (N,E), dgate (N,k), received and sent rows
  *  (recv_rows,C) and (send_rows,C), the experts' row gradients (expert_rows,C) and
- *  (expert_rows,4C). */
+ *  (expert_rows,H), and SwiGLU's up gradient (expert_rows,H). */
 template <typename F>
 struct MoeScratch {
   F *dlogits = nullptr, *dgate = nullptr, *recv = nullptr, *send = nullptr, *dy = nullptr,
-    *dh = nullptr;
+    *dh = nullptr, *dup = nullptr;
   static size_t elements(const MoeShape& s);
   static MoeScratch carve(F* p, const MoeShape& s);
 };
@@ -107,18 +113,21 @@ struct MoeStats {
 template <typename F>
 class MoeMlp {
  public:
+  /** An expert's tensors: the output projection, SwiGLU's up product (else -1) and the input (or
+   *  gate) product; biases -1 where the expert kind has none. */
   struct ExpertIds {
-    TensorId projw, projb, fcw, fcb;
+    TensorId downw = -1, downb = -1, upw = -1, inw = -1, inb = -1;
   };
-  /** Registers block `layer`'s experts this ep rank holds (E/ep of them, from ep_rank·E/ep) in
-   *  the unit the caller opened, in the order backward finishes them. */
-  static std::vector<ExpertIds> register_experts(const GptConfig& c, int layer,
+  /** Registers a block's experts this ep rank holds (E/ep of them, from ep_rank·E/ep;
+   *  "<spec.experts>.<e>.<name>") in the unit the caller opened, in the order backward finishes
+   *  them. */
+  static std::vector<ExpertIds> register_experts(const GptConfig& c, const MoeSpec& spec,
                                                  ParamStoreT<F>& store, int ep_rank);
-  /** Registers the router "transformer.h.<layer>.mlp.router.weight" (E,C). */
-  static TensorId register_router(const GptConfig& c, int layer, ParamStoreT<F>& store);
+  /** Registers the router "<spec.router>.weight" (E,C). */
+  static TensorId register_router(const GptConfig& c, const MoeSpec& spec, ParamStoreT<F>& store);
 
-  MoeMlp(const GptConfig& c, const parallel::LayerEnv<F>& env, parallel::ExpertParallel& ep,
-         TensorId router, std::vector<ExpertIds> experts);
+  MoeMlp(const GptConfig& c, const MoeSpec& spec, const parallel::LayerEnv<F>& env,
+         parallel::ExpertParallel& ep, TensorId router, std::vector<ExpertIds> experts);
 
   using Pass = MoePass;
   // out (B·T,C) accumulates the experts' gated outputs for x (B·T,C), ln_2's output. `a` and
@@ -148,7 +157,16 @@ class MoeMlp {
   void experts_forward(const MoeActs<F>& a, const MoeRoute& route);
   void experts_backward(const MoeActs<F>& a, const MoeRoute& route, const MoeScratch<F>& s);
 
+  // The products' names in the per-kernel profile ("<role> forward", ...).
+  struct Roles {
+    std::string fwd, wgrad, igrad;
+    explicit Roles(const std::string& role)
+        : fwd(role + " forward"), wgrad(role + " weight grad"), igrad(role + " input grad") {}
+  };
+
   const GptConfig& c_;
+  Activation act_;
+  Roles router_role_, in_role_, up_role_, down_role_;
   parallel::LayerEnv<F> env_;
   parallel::ExpertParallel& ep_;
   TensorId router_;

@@ -45,6 +45,7 @@ const std::vector<ModelSpec>& model_presets() {
       llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
       llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
       llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, 8, 2),
+      llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, 4096, 8, 2),
   };
   return presets;
 }

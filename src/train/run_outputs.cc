@@ -198,8 +198,10 @@ SafeTensorsFile RunOutputs::gather(ParamStore& store, const Gpt& model, const fl
   // its members send theirs to dp rank 0, then each stage's dp rank 0 sends its part to stage 0.
   const comm::Communicator& edp = layout_.edp();
   if (opt_.model.moe.ep > 1 && layout_.tp().rank() == 0 && edp.valid() && edp.rank() == 0) {
-    gather_to_first(layout_.mesh()->ep(), file, [](const std::string& name) {
-      return name.find(".mlp.experts.") != std::string::npos;
+    // An expert's tensors are those of the store's expert units (whatever the family names them).
+    gather_to_first(layout_.mesh()->ep(), file, [&store](const std::string& name) {
+      const TensorId id = store.find(name);
+      return id >= 0 && store.units()[size_t(store.tensor(id).unit)].group == ShardGroup::expert;
     });
   }
   if (layout_.pp_size() > 1 && first) {

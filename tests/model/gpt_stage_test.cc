@@ -157,8 +157,9 @@ TEST(GptStage, SlotsAreChargedToTheLedgerAndRefuseOneTooMany) {
                           one[0]->ledger.peak(MemCategory::activations);
   const size_t BTC = size_t(B) * T * 16;
   const size_t saved = AttentionSizes::of(cpu_backend().f64(), config(), B, T).saved;
-  EXPECT_EQ(per_slot, 2 * sizeof(double) *
-                          (3 * BTC + 2 * BlockActs<double>::elements(config(), B, T, saved)));
+  const size_t block = BlockActs<double>::elements(block_spec(config(), 0), config(), B, T, saved,
+                                                   MoeShape::of(config(), B, T));
+  EXPECT_EQ(per_slot, 2 * sizeof(double) * (3 * BTC + 2 * block));
   const auto in = tokens(B * T, 1);
   std::vector<double> out(BTC);
   GptT<double>& g = *one[0]->model;

@@ -138,8 +138,8 @@ TEST(HfConfig, DispatchesOnModelType) {
       parse_hf_model_config(seed("valid_llama_tetra.json"), "l", "test")));
   EXPECT_EQ(error_of([] { parse_hf_model_config(R"({"model_type": "mistral"})", "m", "x"); }),
             "[x] m: model_type is \"mistral\"; tetra reads \"gpt2\" (GPT2LMHeadModel), \"llama\" "
-            "(LlamaForCausalLM) and \"tetra_gpt2_moe\" (tetra's GPT-2 mixture of experts) model "
-            "directories; this model cannot be loaded");
+            "(LlamaForCausalLM), \"mixtral\" (MixtralForCausalLM) and \"tetra_gpt2_moe\" "
+            "(tetra's GPT-2 mixture of experts) model directories; this model cannot be loaded");
   // Without a model_type the file is read as GPT-2's, whose message asks for it.
   EXPECT_NE(error_of([] {
               parse_hf_model_config(R"({"n_embd": 4})", "m", "x");
@@ -147,8 +147,63 @@ TEST(HfConfig, DispatchesOnModelType) {
             std::string::npos);
   EXPECT_NE(error_of([] {
               parse_hf_model_config("7", "m", "x");
-            }).find("expected a JSON object (GPT2Config or LlamaConfig)"),
+            }).find("expected a JSON object (GPT2Config, LlamaConfig or MixtralConfig)"),
             std::string::npos);
+}
+
+TEST(HfConfig, ReadsTheHubsMixtral) {
+  // Mixtral-8x7B-v0.1's config.json: a Llama with every block's MLP 8 SwiGLU experts, top-2.
+  const HfModelConfig m = parse_hf_model_config(seed("valid_mixtral_hub.json"), "mx", "test");
+  ASSERT_TRUE(std::holds_alternative<HfLlamaConfig>(m));
+  const HfLlamaConfig& c = std::get<HfLlamaConfig>(m);
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.num_local_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.router_aux_loss_coef, 0.02);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  // A dense Llama has no experts.
+  EXPECT_EQ(
+      std::get<HfLlamaConfig>(parse_hf_model_config(seed("valid_llama_tetra.json"), "l", "test"))
+          .num_local_experts,
+      0);
+}
+
+TEST(HfConfig, RefusesWhatTetrasMixtralDoesNotCompute) {
+  const std::string base =
+      R"({"model_type": "mixtral", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 50, )"
+      R"("num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64, )"
+      R"("num_local_experts": 4)";
+  auto err = [&](const std::string& extra,
+                 const std::string& top_k = R"(, "num_experts_per_tok": 2)") {
+    return error_of(
+        [&] { parse_hf_model_config(base + top_k + extra + "}", "d/config.json", "x"); });
+  };
+  EXPECT_EQ(err(""), "<no error>");
+  EXPECT_EQ(err(R"(, "sliding_window": 64, "router_jitter_noise": 0.0)"), "<no error>");
+  EXPECT_EQ(err(R"(, "sliding_window": 16)"),
+            "[x] d/config.json: sliding_window is 16: attention over the last 16 positions only, "
+            "and tetra's attention is full causal attention; a model whose window covers "
+            "max_position_embeddings (64) computes the same, so set sliding_window to null or "
+            "lower max_position_embeddings to the window");
+  EXPECT_NE(err(R"(, "router_jitter_noise": 0.01)")
+                .find("router_jitter_noise is 0.01, but "
+                      "tetra's Mixtral needs 0.0"),
+            std::string::npos);
+  EXPECT_NE(err("", R"(, "num_experts_per_tok": 5)")
+                .find("num_experts_per_tok is 5, out of range: "
+                      "tetra's Mixtral takes 1 .. 4"),
+            std::string::npos);
+  const std::string no_experts = error_of([] {
+    parse_hf_model_config(R"({"model_type": "mixtral", "vocab_size": 300, )"
+                          R"("hidden_size": 32, "intermediate_size": 50, )"
+                          R"("num_hidden_layers": 2, "num_attention_heads": 4, )"
+                          R"("max_position_embeddings": 64})",
+                          "d", "x");
+  });
+  EXPECT_NE(no_experts.find("no \"num_local_experts\""), std::string::npos) << no_experts;
 }
 
 TEST(HfConfig, RefusesWhatTetrasLlamaDoesNotCompute) {

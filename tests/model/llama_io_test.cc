@@ -118,7 +118,8 @@ TEST(LlamaIo, WeightsShapeSaysWhatTheTensorsHold) {
   EXPECT_EQ(
       weights_shape_overrides(w),
       (std::vector<std::string>{"model.arch=llama", "model.vocab_size=37", "model.d_model=24",
-                                "model.n_layer=2", "model.ffn=40", "model.tie_embeddings=false"}));
+                                "model.n_layer=2", "model.ffn=40", "model.tie_embeddings=false",
+                                "model.moe_experts=0", "model.moe_every=1"}));
   // k_proj's 12 rows are 2 heads of 24/4 = 6, 4 heads of 24/8 = 3; 24/5 is no head size.
   EXPECT_EQ(llama_kv_heads_override(w, 4), "model.n_kv_head=2");
   EXPECT_EQ(llama_kv_heads_override(w, 8), "model.n_kv_head=4");

@@ -1,7 +1,8 @@
 // Mixture-of-experts blocks (docs/moe.md): the router's decisions (top-k, gates, capacity drops by
 // position, the aux and z losses) and their backward, finite differences of the whole MoE model in
 // double precision (router, experts, top-k renormalisation, drops, aux and z losses), the f32
-// model against the f64 one, recomputation, the units and hooks, decoding, and the refusals.
+// model against the f64 one, recomputation, the units and hooks, decoding, and the refusals; each
+// for GPT-2 MoE (GELU experts) and Mixtral (Llama blocks with SwiGLU experts).
 #include "model/moe.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +38,18 @@ MoeConfig moe(int E, int k, double cf, int every = 1, double aux = 0.1, double z
 // V=37 pads to Vp=64; odd C.
 GptConfig tiny_moe(const MoeConfig& m, int L = 2, int C = 12) {
   GptConfig c = GptConfig::make(37, L, 2, C, 16, 64);
+  c.set_moe(m);
+  return c;
+}
+
+// A Mixtral: Llama blocks (4 query heads sharing 2 key/value heads, RoPE, RMSNorm) with SwiGLU
+// experts of 20 channels, an untied head.
+GptConfig tiny_mixtral(const MoeConfig& m, int L = 2) {
+  GptConfig c = GptConfig::make(37, L, 4, 16, 16, 64);
+  LlamaShape l;
+  l.n_kv_head = 2;
+  l.ffn = 20;
+  c.set_llama(l);
   c.set_moe(m);
   return c;
 }
@@ -165,6 +178,7 @@ struct GradCase {
   MoeConfig moe;
   int L;
   bool drops;
+  bool mixtral = false;
 };
 
 TEST(Moe, WholeModelGradientMatchesFiniteDifferences) {
@@ -173,9 +187,11 @@ TEST(Moe, WholeModelGradientMatchesFiniteDifferences) {
       {"top2 cf1 drops aux z", moe(4, 2, 1.0), 2, true},
       {"top1 no capacity every 2", moe(3, 1, 0.0, 2), 3, false},
       {"top3 of 5 cf1.25", moe(5, 3, 1.25, 1, 0.05, 0.02), 2, true},
+      {"mixtral top2 no capacity", moe(4, 2, 0.0), 2, false, true},
+      {"mixtral top2 cf1 drops every 2", moe(4, 2, 1.0, 2), 3, true, true},
   };
   for (const GradCase& gc : cases) {
-    TestModel<double> m(tiny_moe(gc.moe, gc.L), B, T);
+    TestModel<double> m(gc.mixtral ? tiny_mixtral(gc.moe, gc.L) : tiny_moe(gc.moe, gc.L), B, T);
     m.randomise(11, 0.3);
     auto in = tokens(B * T, 37, 5), tg = tokens(B * T, 37, 6);
     m.store.grads().zero();
@@ -233,49 +249,54 @@ TEST(Moe, CapacityFactorChangesTheDrops) {
 
 TEST(Moe, FloatModelTracksDouble) {
   const int B = 2, T = 8;
-  const GptConfig c = tiny_moe(moe(4, 2, 1.25), 2, 16);
-  TestModel<double> d(c, B, T);
-  TestModel<float> f(c, B, T);
-  d.store.init(9);
-  f.store.init(9);
-  auto in = tokens(B * T, 37, 10), tg = tokens(B * T, 37, 11);
-  const double ld = d.model.forward_backward(in.data(), tg.data(), 1.0f);
-  const double lf = f.model.forward_backward(in.data(), tg.data(), 1.0f);
-  EXPECT_NEAR(lf, ld, 1e-6 * ld);
-  for (TensorId id = 0; id < TensorId(f.store.tensors().size()); ++id) {
-    double max_diff = 0, max_ref = 1e-30;
-    for (int64_t i = 0; i < f.store.tensor(id).numel(); ++i) {
-      const double a = f.store.grad(id)[i], b = d.store.grad(id)[i];
-      max_diff = std::max(max_diff, std::abs(a - b));
-      max_ref = std::max(max_ref, std::abs(b));
+  for (const GptConfig& c : {tiny_moe(moe(4, 2, 1.25), 2, 16), tiny_mixtral(moe(4, 2, 1.25))}) {
+    SCOPED_TRACE(c.describe());
+    TestModel<double> d(c, B, T);
+    TestModel<float> f(c, B, T);
+    d.store.init(9);
+    f.store.init(9);
+    auto in = tokens(B * T, 37, 10), tg = tokens(B * T, 37, 11);
+    const double ld = d.model.forward_backward(in.data(), tg.data(), 1.0f);
+    const double lf = f.model.forward_backward(in.data(), tg.data(), 1.0f);
+    EXPECT_NEAR(lf, ld, 1e-6 * ld);
+    for (TensorId id = 0; id < TensorId(f.store.tensors().size()); ++id) {
+      double max_diff = 0, max_ref = 1e-30;
+      for (int64_t i = 0; i < f.store.tensor(id).numel(); ++i) {
+        const double a = f.store.grad(id)[i], b = d.store.grad(id)[i];
+        max_diff = std::max(max_diff, std::abs(a - b));
+        max_ref = std::max(max_ref, std::abs(b));
+      }
+      EXPECT_LT(max_diff / max_ref, 1e-4) << f.store.tensor(id).spec.name;
     }
-    EXPECT_LT(max_diff / max_ref, 1e-4) << f.store.tensor(id).spec.name;
   }
 }
 
 TEST(Moe, RecomputationChangesNoNumber) {
   const int B = 2, T = 8;
-  const GptConfig c = tiny_moe(moe(4, 2, 1.0, 2), 3, 16);
-  auto in = tokens(B * T, 37, 21), tg = tokens(B * T, 37, 22);
-  std::vector<std::vector<float>> grads;
-  std::vector<double> losses;
-  std::vector<int64_t> routes;
-  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-    TestModel<float> m(c, B, T, r);
-    m.randomise(5);
-    losses.push_back(m.model.forward_backward(in.data(), tg.data(), 0.5f));
-    losses.push_back(m.model.forward_backward(in.data(), tg.data(), 0.5f));  // accumulates
-    grads.emplace_back(m.store.grads().data(), m.store.grads().data() + m.store.flat_size());
-    routes.push_back(m.model.moe(1)->stats().routes);  // recomputed routing is not counted
+  for (const GptConfig& c :
+       {tiny_moe(moe(4, 2, 1.0, 2), 3, 16), tiny_mixtral(moe(4, 2, 1.0, 2), 3)}) {
+    SCOPED_TRACE(c.describe());
+    auto in = tokens(B * T, 37, 21), tg = tokens(B * T, 37, 22);
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    std::vector<int64_t> routes;
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+      TestModel<float> m(c, B, T, r);
+      m.randomise(5);
+      losses.push_back(m.model.forward_backward(in.data(), tg.data(), 0.5f));
+      losses.push_back(m.model.forward_backward(in.data(), tg.data(), 0.5f));  // accumulates
+      grads.emplace_back(m.store.grads().data(), m.store.grads().data() + m.store.flat_size());
+      routes.push_back(m.model.moe(1)->stats().routes);  // recomputed routing is not counted
+    }
+    for (size_t k = 1; k < 3; ++k) {
+      EXPECT_EQ(losses[2 * k], losses[0]) << recompute_name(Recompute(k));
+      EXPECT_EQ(losses[2 * k + 1], losses[1]) << recompute_name(Recompute(k));
+      EXPECT_EQ(std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * sizeof(float)), 0)
+          << recompute_name(Recompute(k));
+      EXPECT_EQ(routes[k], routes[0]);
+    }
+    EXPECT_EQ(routes[0], 2 * B * T * 2);
   }
-  for (size_t k = 1; k < 3; ++k) {
-    EXPECT_EQ(losses[2 * k], losses[0]) << recompute_name(Recompute(k));
-    EXPECT_EQ(losses[2 * k + 1], losses[1]) << recompute_name(Recompute(k));
-    EXPECT_EQ(std::memcmp(grads[k].data(), grads[0].data(), grads[0].size() * sizeof(float)), 0)
-        << recompute_name(Recompute(k));
-    EXPECT_EQ(routes[k], routes[0]);
-  }
-  EXPECT_EQ(routes[0], 2 * B * T * 2);
 }
 
 TEST(Moe, ExpertsAreAUnitBeforeTheirBlock) {
@@ -298,20 +319,50 @@ TEST(Moe, ExpertsAreAUnitBeforeTheirBlock) {
   EXPECT_TRUE(fc.spec.file.transposed);
 }
 
+TEST(Moe, MixtralExpertsHaveHuggingFaceNames) {
+  // MixtralForCausalLM's names: block_sparse_moe.gate (E, C), experts.N.w1 and w3 (ffn, C), w2
+  // (C, ffn), stored (out, in) with no biases; dense blocks keep Llama's mlp.gate_proj.
+  TestModel<float> m(tiny_mixtral(moe(4, 2, 1.25, 2), 2), 1, 4);
+  const auto& units = m.store.units();
+  ASSERT_EQ(units.size(), 4u);
+  EXPECT_EQ(units[0].name, "h.1.experts");
+  EXPECT_EQ(m.store.tensors().front().spec.name,
+            "model.layers.1.block_sparse_moe.experts.0.w2.weight");
+  const ParamEntry& gate =
+      m.store.tensor(m.store.find("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_EQ(gate.local_shape, (Shape{4, 16}));
+  for (const char* w : {"w1", "w3"}) {
+    const TensorId id =
+        m.store.find(std::string("model.layers.1.block_sparse_moe.experts.3.") + w + ".weight");
+    ASSERT_GE(id, 0) << w;
+    EXPECT_EQ(m.store.tensor(id).local_shape, (Shape{20, 16}));
+    EXPECT_FALSE(m.store.tensor(id).spec.file.transposed);
+  }
+  EXPECT_EQ(m.store.tensor(m.store.find("model.layers.1.block_sparse_moe.experts.1.w2.weight"))
+                .local_shape,
+            (Shape{16, 20}));
+  EXPECT_LT(m.store.find("model.layers.1.block_sparse_moe.experts.0.w1.bias"), 0);
+  EXPECT_LT(m.store.find("model.layers.1.mlp.gate_proj.weight"), 0);
+  EXPECT_GE(m.store.find("model.layers.0.mlp.gate_proj.weight"), 0);
+}
+
 TEST(Moe, DecodingMatchesTheFullForward) {
   // Without capacity the full forward and the cached decode route alike: the same logits.
   const int T = 6;
-  TestModel<float> full(tiny_moe(moe(4, 2, 0.0), 2, 16), 1, T);
-  full.randomise(8);
-  auto in = tokens(T, 37, 3);
-  const float* logits = full.model.forward_logits(in.data());
-  const int Vp = full.model.config().padded_vocab;
-  std::vector<float> want(logits, logits + size_t(T) * Vp);
-  auto st = full.model.make_decode_state(1);
-  for (int t = 0; t < T; ++t) {
-    const float* got = full.model.decode(*st, &in[size_t(t)], t);
-    for (int v = 0; v < 37; ++v) {
-      EXPECT_NEAR(got[v], want[size_t(t * Vp + v)], 1e-4) << "position " << t << " token " << v;
+  for (const GptConfig& c : {tiny_moe(moe(4, 2, 0.0), 2, 16), tiny_mixtral(moe(4, 2, 0.0))}) {
+    SCOPED_TRACE(c.describe());
+    TestModel<float> full(c, 1, T);
+    full.randomise(8);
+    auto in = tokens(T, 37, 3);
+    const float* logits = full.model.forward_logits(in.data());
+    const int Vp = full.model.config().padded_vocab;
+    std::vector<float> want(logits, logits + size_t(T) * Vp);
+    auto st = full.model.make_decode_state(1);
+    for (int t = 0; t < T; ++t) {
+      const float* got = full.model.decode(*st, &in[size_t(t)], t);
+      for (int v = 0; v < 37; ++v) {
+        EXPECT_NEAR(got[v], want[size_t(t * Vp + v)], 1e-4) << "position " << t << " token " << v;
+      }
     }
   }
 }

@@ -19,11 +19,14 @@ between tetra and the PyTorch reference (llama_ref.py), both ways. See docs/pari
     --temperature 0` gives the reference's greedy continuation (recomputed without a cache), and
     so does `tetra generate` on the bare model.safetensors with --model.n_head (n_kv_head read
     off k_proj's rows), which also says in a warning what a bare file cannot tell.
+With --arch mixtral both parts run on Mixtral models (MixtralForCausalLM directories: 4 SwiGLU
+experts per block, top-2, routed without capacity), and every routing decision of the reference
+must be at least 1e-3 (log-probability gap) from a top-2 tie.
 In both, when transformers is importable, LlamaForCausalLM.from_pretrained(DIR) (float64) must
 give the reference's logits within 1e-5 and the same greedy tokens; otherwise that extra check is
 skipped with the reason printed. Each greedy decision of the reference must be at least 1e-4 (in
 logits) from a tie, so float32 rounding cannot flip it. Usage:
-  /usr/bin/python3 tests/parity/llama_hf_dir.py --tetra build/tetra [--workdir DIR]
+  /usr/bin/python3 tests/parity/llama_hf_dir.py --tetra build/tetra [--arch mixtral] [--workdir DIR]
 """
 import argparse
 import json
@@ -43,6 +46,10 @@ import st  # noqa: E402
 
 TOL_LOGITS = 1e-5
 GREEDY_MARGIN_MIN = 1e-4
+ROUTING_MARGIN_MIN = 1e-3
+# --arch mixtral: the experts of every block, and tetra's keys for them.
+MIXTRAL = {"n_experts": 4, "top_k": 2}
+MIXTRAL_FLAGS = ["--model.moe_experts=4", "--model.moe_top_k=2", "--moe.capacity_factor=0"]
 
 
 def rel_err(a, b):
@@ -108,11 +115,21 @@ def write_tokenizer(path, byte_ids, eot):
         json.dump(doc, f, indent=2)
 
 
+def routing_checked(chk, params, cfg, idx, label):
+    if not cfg.n_experts:
+        return
+    gap = L.routing_margin(params, idx, cfg)
+    chk.expect(gap >= ROUTING_MARGIN_MIN,
+               f"{label}: every routing decision of the reference is >= {ROUTING_MARGIN_MIN:.0e} "
+               f"from a top-{cfg.top_k} tie (smallest gap {gap:.2e}; otherwise pick another seed)")
+
+
 def greedy_checked(chk, params, cfg, prompt, n_new, eot, label):
     toks, gap = L.greedy(params, prompt, cfg, n_new, eot)
     chk.expect(gap >= GREEDY_MARGIN_MIN,
                f"{label}: every greedy choice of the reference is >= {GREEDY_MARGIN_MIN:.0e} from a "
                f"tie (smallest top-1/top-2 gap {gap:.2e}; otherwise pick another seed)")
+    routing_checked(chk, params, cfg, torch.tensor([list(prompt) + toks]), label)
     # A continuation that repeats one token would hardly test the cache: it must vary.
     chk.expect(len(toks) == n_new and len(set(toks)) >= n_new // 2,
                f"{label}: the reference's greedy continuation is {len(toks)} tokens, "
@@ -122,14 +139,15 @@ def greedy_checked(chk, params, cfg, prompt, n_new, eot, label):
 
 def transformers_checks(chk, model_dir, params, cfg, x, prompt, want_tokens, eot, label):
     model, why = L.transformers_model(model_dir)
+    cls = "MixtralForCausalLM" if cfg.n_experts else "LlamaForCausalLM"
     if model is None:
-        print(f"  SKIP {label}: transformers.LlamaForCausalLM check not run: {why}")
+        print(f"  SKIP {label}: transformers.{cls} check not run: {why}")
         return
     with torch.no_grad():
         hf = model(x).logits.to(torch.float64).numpy()
         ours = L.forward(params, x, cfg).to(torch.float64).numpy()
         e = rel_err(hf, ours)
-        chk.expect(e <= TOL_LOGITS, f"{label}: {why} LlamaForCausalLM logits vs the reference: "
+        chk.expect(e <= TOL_LOGITS, f"{label}: {why} {cls} logits vs the reference: "
                    f"{e:.2e} (tol {TOL_LOGITS:.0e})")
         ids, out = list(prompt), []
         for _ in range(len(want_tokens)):
@@ -138,13 +156,15 @@ def transformers_checks(chk, model_dir, params, cfg, x, prompt, want_tokens, eot
             ids.append(t)
             if t == eot:
                 break
-    chk.expect(out == want_tokens, f"{label}: LlamaForCausalLM's greedy tokens are the reference's")
+    chk.expect(out == want_tokens, f"{label}: {cls}'s greedy tokens are the reference's")
 
 
 def part_a(args, chk, d):
-    print("\n=== (a) tetra trains and exports a Llama directory; the reference reads it")
+    mixtral = args.arch == "mixtral"
+    print(f"\n=== (a) tetra trains and exports a {args.arch} directory; the reference reads it")
     cfg = L.LlamaConfig(vocab_size=257, n_layer=2, n_head=8, n_kv_head=2, d_model=48, ffn=100,
-                        max_seq=64, rope_theta=5e5, norm_eps=1e-6, tie_embeddings=False)
+                        max_seq=64, rope_theta=5e5, norm_eps=1e-6, tie_embeddings=False,
+                        **(MIXTRAL if mixtral else {}))
     B, T = 3, 19
     init = L.init_params(cfg, seed=21, std=0.2, norm_jitter=0.1)
     L.save_params(os.path.join(d, "init.safetensors"), init)
@@ -161,7 +181,8 @@ def part_a(args, chk, d):
                     f"--data.train={os.path.join(d, 'train.bin')}", f"--train.micro_batch={B}",
                     f"--train.seq_len={T}", "--train.grad_accum=1", f"--train.steps={steps}",
                     "--optim.lr=1e-3", "--optim.warmup_steps=0", f"--run.dir={run_dir}",
-                    f"--init.from={init_from}", "--run.peak_gflops=50"] + extra, log)
+                    f"--init.from={init_from}", "--run.peak_gflops=50"]
+                   + (MIXTRAL_FLAGS if mixtral else []) + extra, log)
 
     if not chk.expect(train(os.path.join(d, "run"), os.path.join(d, "init.safetensors"), 3,
                             [f"--save.final={os.path.join(d, 'final.safetensors')}"]) == 0,
@@ -179,7 +200,8 @@ def part_a(args, chk, d):
     want = L.hf_config(cfg, bos=256, eos=256)
     diff = {k: (c.get(k), v) for k, v in want.items() if k not in ("initializer_range",)
             and c.get(k) != v}
-    chk.expect(not diff, f"config.json is the run's LlamaConfig{'' if not diff else f': {diff}'}")
+    chk.expect(not diff, f"config.json is the run's {'Mixtral' if mixtral else 'Llama'}Config"
+               f"{'' if not diff else f': {diff}'}")
     chk.expect(L.config_from_hf(c) == cfg, "the shape read back from config.json is the run's")
     files = sorted(os.listdir(out))
     chk.expect(files == sorted(["config.json", "generation_config.json", "model.safetensors",
@@ -188,8 +210,8 @@ def part_a(args, chk, d):
     got, final = st.load(os.path.join(out, "model.safetensors")), st.load(os.path.join(d, "final.safetensors"))
     chk.expect(sorted(got) == sorted(L.param_shapes(cfg))
                and all(tuple(got[n].shape) == tuple(s) for n, s in L.param_shapes(cfg).items()),
-               "model.safetensors holds exactly LlamaForCausalLM's tensors (embed_tokens and "
-               "lm_head with 257 rows)")
+               f"model.safetensors holds exactly {'Mixtral' if mixtral else 'Llama'}ForCausalLM's "
+               "tensors (embed_tokens and lm_head with 257 rows)")
     chk.expect(all(np.array_equal(got[n], final[n]) for n in got),
                "model.safetensors holds the trained weights bit for bit")
 
@@ -201,6 +223,7 @@ def part_a(args, chk, d):
                       "tetra train --init.from=DIR/ (1 step, logits dumped)"):
         return
     x, _ = gpt2_ref.get_batch(tokens, 0, 0, B, T, 1)
+    routing_checked(chk, params, rcfg, x, "(a) the logits' batch")
     with torch.no_grad():
         ref_logits = L.forward(params, x, rcfg).numpy()
     e = rel_err(st.load(os.path.join(d, "logits.safetensors"))["logits"], ref_logits)
@@ -220,14 +243,16 @@ def part_a(args, chk, d):
 
 
 def part_b(args, chk, d):
-    print("\n=== (b) the reference writes a Llama directory; tetra generates from it")
+    mixtral = args.arch == "mixtral"
+    print(f"\n=== (b) the reference writes a {args.arch} directory; tetra generates from it")
     eot = 131
     ids = [i for i in range(257) if i != eot]
     perm = np.random.default_rng(5).permutation(256)
     byte_ids = {b: ids[int(perm[b])] for b in range(256)}
     byte_of = {v: k for k, v in byte_ids.items()}
     cfg = L.LlamaConfig(vocab_size=257, n_layer=3, n_head=6, n_kv_head=2, d_model=36, ffn=70,
-                        max_seq=80, rope_theta=1e6, norm_eps=1e-5, tie_embeddings=True)
+                        max_seq=80, rope_theta=1e6, norm_eps=1e-5, tie_embeddings=True,
+                        **(MIXTRAL if mixtral else {}))
     params = L.init_params(cfg, seed=8, std=0.7, norm_jitter=0.2)
     out = os.path.join(d, "reference_dir")
     shutil.rmtree(out, ignore_errors=True)
@@ -271,6 +296,7 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--tetra", default=os.path.join(here, "..", "..", "build", "tetra"))
+    ap.add_argument("--arch", choices=["llama", "mixtral"], default="llama")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     # One thread: the references' products are tiny (d_model <= 64), where a second OpenMP thread
@@ -280,7 +306,7 @@ def main():
     if not os.path.exists(args.tetra):
         print(f"tetra binary not found: {args.tetra}")
         return 2
-    d = args.workdir or tempfile.mkdtemp(prefix="tetra_llama_hf_")
+    d = args.workdir or tempfile.mkdtemp(prefix=f"tetra_{args.arch}_hf_")
     os.makedirs(d, exist_ok=True)
     print(f"work files in {d}")
     chk = Checks()

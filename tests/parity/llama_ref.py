@@ -21,10 +21,17 @@ but the file formats:
             h // (n_head / n_kv_head)), causal softmax(q k^T / sqrt(hs)) v
   Linear    y = x @ W^T, W stored (out, in) as nn.Linear; no biases anywhere
 
+With n_experts > 0 the model is a Mixtral (transformers' modeling_mixtral.py,
+MixtralSparseMoeBlock): every block's MLP is a mixture of n_experts SwiGLU experts,
+  p = softmax(gate(n2)) over the experts (float64 here), the top_k of p renormalised to sum 1,
+  mlp(n2) = sum over the chosen e of p_e / sum(p_chosen) * w2_e(silu(w1_e(n2)) * w3_e(n2)),
+with every token reaching its experts (no capacity).
+
 Training semantics are gpt2_ref.train's (tetra's data order, LR schedule, clipping, AdamW) with
 tetra's decay rule: weight decay on the 2-D tensors (every matrix, embed_tokens and lm_head),
 none on the norms' weights. `python3 llama_ref.py` runs the self-checks.
 """
+import json
 import math
 import os
 import sys
@@ -51,6 +58,8 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    n_experts: int = 0          # > 0: a Mixtral, every block's MLP a mixture of experts
+    top_k: int = 2
 
     def __post_init__(self):
         if self.n_kv_head == 0:
@@ -79,10 +88,16 @@ def param_shapes(cfg):
             p + "self_attn.v_proj.weight": (KV, C),
             p + "self_attn.o_proj.weight": (C, C),
             p + "post_attention_layernorm.weight": (C,),
-            p + "mlp.gate_proj.weight": (Fw, C),
-            p + "mlp.up_proj.weight": (Fw, C),
-            p + "mlp.down_proj.weight": (C, Fw),
         })
+        if cfg.n_experts:
+            shapes[p + "block_sparse_moe.gate.weight"] = (cfg.n_experts, C)
+            for e in range(cfg.n_experts):
+                x = f"{p}block_sparse_moe.experts.{e}."
+                shapes.update({x + "w1.weight": (Fw, C), x + "w2.weight": (C, Fw),
+                               x + "w3.weight": (Fw, C)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (Fw, C), p + "mlp.up_proj.weight": (Fw, C),
+                           p + "mlp.down_proj.weight": (C, Fw)})
     shapes["model.norm.weight"] = (C,)
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (V, C)
@@ -189,10 +204,57 @@ def attention(p, i, n, cfg, pos0=0):
     return F.linear(y, p[a + "o_proj.weight"])
 
 
+def swiglu(n, gate, up, down):
+    return F.linear(F.silu(F.linear(n, gate)) * F.linear(n, up), down)
+
+
 def mlp(p, i, n):
     m = f"model.layers.{i}.mlp."
-    return F.linear(F.silu(F.linear(n, p[m + "gate_proj.weight"])) * F.linear(n, p[m + "up_proj.weight"]),
-                    p[m + "down_proj.weight"])
+    return swiglu(n, p[m + "gate_proj.weight"], p[m + "up_proj.weight"], p[m + "down_proj.weight"])
+
+
+def route(p, i, n, cfg):
+    """Layer i's routing of n (B, T, C): the chosen experts (N, k) by descending probability, their
+    renormalised weights (N, k) and each token's gap log(p_k / p_next) to the best expert left."""
+    logits = F.linear(n.reshape(-1, n.shape[-1]), p[f"model.layers.{i}.block_sparse_moe.gate.weight"])
+    prob = logits.to(torch.float64).softmax(dim=-1)
+    top = torch.topk(prob, min(cfg.top_k + 1, cfg.n_experts), dim=-1)
+    weights = top.values[:, :cfg.top_k]
+    gap = (torch.log(top.values[:, cfg.top_k - 1] / top.values[:, cfg.top_k])
+           if cfg.top_k < cfg.n_experts else torch.full((prob.shape[0],), float("inf")))
+    return top.indices[:, :cfg.top_k], weights / weights.sum(-1, keepdim=True), gap
+
+
+def sparse_moe(p, i, n, cfg):
+    """MixtralSparseMoeBlock on n (B, T, C): every token through its top_k experts."""
+    x = n.reshape(-1, n.shape[-1])
+    chosen, weights, _ = route(p, i, n, cfg)
+    out = torch.zeros_like(x)
+    for e in range(cfg.n_experts):
+        rows, slot = torch.nonzero(chosen == e, as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        w = f"model.layers.{i}.block_sparse_moe.experts.{e}."
+        y = swiglu(x[rows], p[w + "w1.weight"], p[w + "w3.weight"], p[w + "w2.weight"])
+        out.index_add_(0, rows, y * weights[rows, slot].to(x.dtype)[:, None])
+    return out.view_as(n)
+
+
+def routing_margin(p, idx, cfg):
+    """The smallest top-k gap log(p_k / p_next) of any token in any block on idx: how far the
+    forward is from a routing tie (inf for a dense model)."""
+    if not cfg.n_experts:
+        return float("inf")
+    gaps = []
+    with torch.no_grad():
+        x = p["model.embed_tokens.weight"][idx]
+        for i in range(cfg.n_layer):
+            pre = f"model.layers.{i}."
+            x = x + attention(p, i, rms_norm(x, p[pre + "input_layernorm.weight"], cfg.norm_eps), cfg)
+            n2 = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.norm_eps)
+            gaps.append(float(route(p, i, n2, cfg)[2].min()))
+            x = x + sparse_moe(p, i, n2, cfg)
+    return min(gaps)
 
 
 def forward(p, idx, cfg):
@@ -201,7 +263,8 @@ def forward(p, idx, cfg):
     for i in range(cfg.n_layer):
         pre = f"model.layers.{i}."
         x = x + attention(p, i, rms_norm(x, p[pre + "input_layernorm.weight"], cfg.norm_eps), cfg)
-        x = x + mlp(p, i, rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.norm_eps))
+        n2 = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg.norm_eps)
+        x = x + (sparse_moe(p, i, n2, cfg) if cfg.n_experts else mlp(p, i, n2))
     x = rms_norm(x, p["model.norm.weight"], cfg.norm_eps)
     head = p["model.embed_tokens.weight"] if cfg.tie_embeddings else p["lm_head.weight"]
     return x @ head.t()
@@ -248,7 +311,24 @@ def train(params, cfg, tokens, **kw):
 
 
 def hf_config(cfg, bos=None, eos=None):
-    """A LlamaConfig dict for cfg, as transformers writes it."""
+    """A LlamaConfig dict for cfg (a MixtralConfig's with experts), as transformers writes it."""
+    if cfg.n_experts:
+        c = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+             "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+             "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layer,
+             "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head,
+             "max_position_embeddings": cfg.max_seq, "hidden_act": "silu",
+             "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "sliding_window": None,
+             "attention_dropout": 0.0, "num_local_experts": cfg.n_experts,
+             "num_experts_per_tok": cfg.top_k, "output_router_logits": False,
+             "router_jitter_noise": 0.0, "initializer_range": 0.02,
+             "tie_word_embeddings": cfg.tie_embeddings, "use_cache": True,
+             "torch_dtype": "float32"}
+        if bos is not None:
+            c["bos_token_id"] = bos
+        if eos is not None:
+            c["eos_token_id"] = eos
+        return c
     c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
          "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
          "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layer,
@@ -268,8 +348,11 @@ def hf_config(cfg, bos=None, eos=None):
 def config_from_hf(c):
     """LlamaConfig of a config.json dict (transformers' defaults for absent keys); refuses what
     this reference does not compute."""
-    if c.get("model_type") != "llama":
-        raise ValueError(f"model_type {c.get('model_type')!r} is not llama")
+    mixtral = c.get("model_type") == "mixtral"
+    if c.get("model_type") != "llama" and not mixtral:
+        raise ValueError(f"model_type {c.get('model_type')!r} is not llama or mixtral")
+    if mixtral and (c.get("sliding_window") is not None or c.get("router_jitter_noise", 0.0)):
+        raise ValueError("sliding_window or router_jitter_noise not computed here")
     if c.get("rope_scaling") is not None or c.get("hidden_act", "silu") != "silu" \
             or c.get("attention_bias", False) or c.get("mlp_bias", False):
         raise ValueError("rope_scaling, hidden_act, attention_bias or mlp_bias not computed here")
@@ -279,18 +362,23 @@ def config_from_hf(c):
                        ffn=c["intermediate_size"], max_seq=c["max_position_embeddings"],
                        rope_theta=float(c.get("rope_theta", 10000.0)),
                        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-                       tie_embeddings=bool(c.get("tie_word_embeddings", False)))
+                       tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+                       n_experts=c.get("num_local_experts", 8) if mixtral else 0,
+                       top_k=c.get("num_experts_per_tok", 2) if mixtral else 2)
 
 
 def transformers_model(model_dir, dtype=torch.float64):
-    """LlamaForCausalLM.from_pretrained(model_dir) in dtype, or (None, reason) when transformers
-    cannot be imported."""
+    """LlamaForCausalLM (MixtralForCausalLM for a Mixtral directory).from_pretrained(model_dir)
+    in dtype, or (None, reason) when transformers cannot be imported."""
     try:
         import transformers  # noqa: F401
-        from transformers import LlamaForCausalLM
+        from transformers import LlamaForCausalLM, MixtralForCausalLM
     except Exception as e:  # noqa: BLE001 - any import failure means: not here
         return None, f"transformers is not importable ({type(e).__name__}: {e})"
-    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=dtype)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        mixtral = json.load(f).get("model_type") == "mixtral"
+    cls = MixtralForCausalLM if mixtral else LlamaForCausalLM
+    model = cls.from_pretrained(model_dir, torch_dtype=dtype)
     model.eval()
     return model, f"transformers {transformers.__version__}"
 
@@ -440,6 +528,30 @@ def selfcheck(verbose=False):
     expect(all(not n.endswith("norm.weight") for n in decayed)
            and "model.embed_tokens.weight" in decayed and "lm_head.weight" in decayed,
            "weight decay on matrices, embed_tokens and lm_head; not on the norms")
+
+    # Mixtral: with every expert the same SwiGLU, any routing gives that MLP (the chosen weights
+    # sum to 1); with one expert per token, the chosen expert's output alone.
+    moe = LlamaConfig(**{**cfg.__dict__, "n_experts": 4, "top_k": 2})
+    pm = init_params(moe, seed=3, dtype=dt)
+    n = torch.randn(2, 5, cfg.d_model, generator=torch.Generator().manual_seed(4), dtype=dt)
+    same = dict(pm)
+    for e in range(4):
+        for w in ("w1", "w2", "w3"):
+            same[f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"] = \
+                pm[f"model.layers.0.block_sparse_moe.experts.0.{w}.weight"]
+    x0 = "model.layers.0.block_sparse_moe.experts.0."
+    dense = swiglu(n, pm[x0 + "w1.weight"], pm[x0 + "w3.weight"], pm[x0 + "w2.weight"])
+    expect(torch.allclose(sparse_moe(same, 0, n, moe), dense, rtol=0, atol=1e-14),
+           "MoE of identical experts = the dense SwiGLU (renormalised weights sum to 1)")
+    top1 = LlamaConfig(**{**moe.__dict__, "top_k": 1})
+    chosen = route(pm, 0, n, top1)[0][:, 0]
+    flat = n.reshape(-1, cfg.d_model)
+    want = torch.stack([swiglu(flat[j], *(pm[f"model.layers.0.block_sparse_moe.experts.{int(e)}.{w}.weight"]
+                                          for w in ("w1", "w3", "w2")))
+                        for j, e in enumerate(chosen)])
+    expect(torch.allclose(sparse_moe(pm, 0, n, top1).reshape(-1, cfg.d_model), want, rtol=0,
+                          atol=1e-14),
+           "top-1 MoE = each token's chosen expert, weight 1")
     return fails
 
 

@@ -28,6 +28,10 @@ TEST(Presets, ParameterCounts) {
   const ParamCounts mixtral = count_params(model_preset("mixtral-8x7b"));
   EXPECT_NEAR(double(mixtral.total()), 46.7e9, 0.1e9);
   EXPECT_NEAR(double(mixtral.active()), 12.9e9, 0.1e9);
+  // Mistral's published counts for Mixtral 8x22B: 141B, 39B active.
+  const ParamCounts big = count_params(model_preset("mixtral-8x22b"));
+  EXPECT_NEAR(double(big.total()), 141e9, 0.5e9);
+  EXPECT_NEAR(double(big.active()), 39e9, 0.5e9);
 }
 
 // GPT-2 124M as tetra trains it (GptConfig::make(50257, 12, 12, 768, 1024, 64)): the real

@@ -93,6 +93,26 @@ TEST_F(TrainCli, TrainsAndWritesMetrics) {
   EXPECT_TRUE(fs::exists(path("run/config.toml")));
 }
 
+TEST_F(TrainCli, EveryShippedModelConfigTrains) {
+  // configs/tiny.toml, llama-tiny.toml and mixtral-tiny.toml as a user runs them, two steps on
+  // this test's shard (their vocabularies hold its 61 tokens), without evaluation.
+  for (const char* name : {"tiny", "llama-tiny", "mixtral-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string run = path(std::string("run_") + name);
+    const CliRun r = tetra("train --config " + std::string(TETRA_SOURCE_DIR) + "/configs/" + name +
+                           ".toml --train.steps=2 --train.micro_batch=2 --eval.every=0 "
+                           "--run.threads=1 --run.peak_gflops=50 --data.val= --data.train=" +
+                           path("train.bin") + " --run.dir=" + run);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto m = metrics(run);
+    ASSERT_EQ(m.size(), 2u);
+    EXPECT_TRUE(std::isfinite(double(m[1]["loss"])));
+    if (std::string(name) == "mixtral-tiny") {
+      EXPECT_EQ(m[1]["moe_dropped"], 0) << "Mixtral routes every token (no capacity)";
+    }
+  }
+}
+
 TEST_F(TrainCli, UnknownKeyGetsASuggestion) {
   EXPECT_REFUSED(tetra(base() + " --optim.learning_rate=1e-3"),
                  "unknown key 'optim.learning_rate'");

@@ -166,7 +166,6 @@ TEST_F(LlamaTrain, BadShapesAreRefusedWithWhatWouldWork) {
       {2, "--parallel.tp=2 --model.ffn=87", "model.ffn=87"},
       {1, "--model.arch=gpt2", "model.n_kv_head=2 shapes a Llama model"},
       {1, "--model.arch=llama2", "must be one of: gpt2, llama"},
-      {1, "--model.moe_experts=4", "model.arch=llama"},
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.flags);
