@@ -1,7 +1,8 @@
 // The layer diagram of docs/ARCHITECTURE.md as a test: every `#include "<layer>/..."` under src/
 // must be of the file's own layer or of one the page's layering table lets it include, so the
 // page and the code cannot drift apart; and the device seam holds: no backend's own names
-// (`cpu::`, `kernels/cpu/`) outside src/kernels/, and no raw byte copies (memcpy, memmove) of
+// (`cpu::`, `kernels/cpu/`; `cuda::`, `kernels/cuda/` but in the NCCL groups of src/comm/nccl/)
+// outside src/kernels/, and no raw byte copies (memcpy, memmove) of
 // tensor data outside the layers whose bytes are not tensors on a device (the backends, the
 // host device, MPI messages, token and file bytes).
 #include <gtest/gtest.h>
@@ -139,6 +140,13 @@ TEST(Layering, NoBackendNamesOutsideTheKernels) {
         << "src/" << f.path.string() << " includes a CPU kernel header: call the backend's table";
     EXPECT_EQ(code.find("cpu::"), std::string::npos)
         << "src/" << f.path.string() << " names cpu::: call the backend's table";
+    // The CUDA backend's own names: its kernels, and the NCCL groups that order their streams
+    // after its compute stream (comm/nccl/); nothing else reaches past the device seam.
+    if (f.path.string().starts_with("comm/nccl/")) continue;
+    EXPECT_EQ(f.text.find("#include \"kernels/cuda/"), std::string::npos)
+        << "src/" << f.path.string() << " includes a CUDA kernel header: call the backend's table";
+    EXPECT_EQ(code.find("cuda::"), std::string::npos)
+        << "src/" << f.path.string() << " names cuda::: call the backend's table or the Device";
   }
   EXPECT_GT(files, 100);
 }
