@@ -79,15 +79,19 @@ FlatLayout flat_layout(const RunShape& s) {
   const int64_t C = s.d_model, tp = s.tp;
   const int64_t unit = 16 * s.dp_cp(), expert_unit = 16 * s.edp();
   int64_t block = 0, moe_block = align(s.experts * C, 16);
+  const int64_t F = s.mlp_width();
   if (s.llama) {
-    // A Llama block (model/block.cc, register_llama): mlp.down_proj (C, ffn), mlp.up_proj and
-    // mlp.gate_proj (ffn, C), post_attention_layernorm (C), self_attn.o_proj (C, C), v_proj and
-    // k_proj (KVH·hs, C), q_proj (C, C), input_layernorm (C); no biases. A tensor-parallel rank
-    // holds 1/tp of every matrix (whole key/value heads with their query heads).
-    const int64_t F = s.mlp_width(), KV = s.kv_head_count() * (C / s.heads);
-    const int64_t tensors[] = {C * F / tp,  F * C / tp,  F * C / tp, C, C * C / tp,
-                               KV * C / tp, KV * C / tp, C * C / tp, C};
-    for (int64_t n : tensors) block += align(n, 16);
+    // A Llama block (model/block_spec.h, the parts' registrations): mlp.down_proj (C, ffn),
+    // mlp.up_proj and mlp.gate_proj (ffn, C), post_attention_layernorm (C), self_attn.o_proj
+    // (C, C), v_proj and k_proj (KVH·hs, C), q_proj (C, C), input_layernorm (C); no biases. A
+    // tensor-parallel rank holds 1/tp of every matrix (whole key/value heads with their query
+    // heads). A MoE block (Mixtral) has the router (E, C), whole, in place of the MLP.
+    const int64_t KV = s.kv_head_count() * (C / s.heads);
+    const int64_t attention[] = {C, C * C / tp, KV * C / tp, KV * C / tp, C * C / tp, C};
+    const int64_t mlp[] = {C * F / tp, F * C / tp, F * C / tp};
+    for (int64_t n : attention) block += align(n, 16);
+    moe_block += block;
+    for (int64_t n : mlp) block += align(n, 16);
   } else {
     // A block: mlp.c_proj (w, b), mlp.c_fc (w, b), ln_2 (w, b), attn.c_proj (w, b), attn.c_attn
     // (w, b), ln_1 (w, b); a tensor-parallel rank holds 1/tp of the matrices and of the column-
@@ -99,10 +103,11 @@ FlatLayout flat_layout(const RunShape& s) {
     moe_block += block;
     for (int64_t n : mlp) block += align(n, 16);
   }
-  // An expert unit: this rank's E/ep experts, each c_proj (w, b) and c_fc (w, b) of the dense
-  // MLP's shape, whole (model/moe.cc, register_experts).
-  const int64_t expert =
-      align(C * 4 * C, 16) + align(C, 16) + align(4 * C * C, 16) + align(4 * C, 16);
+  // An expert unit: this rank's E/ep experts, each of the dense MLP's shape, whole (model/moe.cc,
+  // register_experts): GPT-2's c_proj (w, b) and c_fc (w, b); Mixtral's w2, w3 and w1.
+  const int64_t expert = s.llama
+                             ? 3 * align(C * F, 16)
+                             : align(C * F, 16) + align(C, 16) + align(F * C, 16) + align(F, 16);
   // GPT-2's root: wpe, wte (this rank's padded rows), ln_f (w, b); on a pipeline's end stages wte
   // is a unit of its own next to the root (wpe) or the head (ln_f). Llama's (model/gpt.cc):
   // embed_tokens, lm_head (untied: the embedding's shape and slice) and model.norm; its first
@@ -198,7 +203,9 @@ RunMemory run_memory(const RunShape& s) {
   const FlatLayout flat = flat_layout(s);
   const bool moe = s.experts > 0;
   const MoeRows mr = moe_rows(s);
-  const double E = double(s.experts), k = double(s.top_k), H = 4 * C;  // experts are whole
+  // Experts are whole: each of the dense MLP's width, SwiGLU (gate, up, product) in a Llama.
+  const double E = double(s.experts), k = double(s.top_k), H = double(s.mlp_width());
+  const double expert_hidden = s.llama ? 3.0 : 2.0;
   const double N = mr.tokens, R = mr.expert_rows, send = mr.send_rows, recv = mr.recv_rows;
 
   RunMemory m;
@@ -211,10 +218,11 @@ RunMemory run_memory(const RunShape& s) {
   // attention's saved state unless it is recomputed; then a dense block's MLP input and GELU
   // output (Llama: gate, up and their SwiGLU product), or a MoE block's (model/moe.cc, MoeActs)
   // router logits (N,E) and gates (N,k), its experts' rows in and out (R,C) and hidden
-  // activations before and after GELU (R,4C), and under expert parallelism the rows back from the
+  // activations before and after GELU (R,ffn; Mixtral: gate, up, product), and under expert
+  // parallelism the rows back from the
   // experts (send_rows,C). Tensor parallelism splits the column-parallel ones; sequence
   // parallelism the residual and the statistics.
-  const double moe_acts = N * E + N * k + R * (2 * C + 2 * H) + send * C;
+  const double moe_acts = N * E + N * k + R * (2 * C + expert_hidden * H) + send * C;
   const double mlp_acts = BT * Hl * (s.llama ? 3.0 : 2.0);
   auto block_saves = [&](bool with_att, bool moe_block) {
     return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att_saved : 0.0) +
@@ -244,10 +252,12 @@ RunMemory run_memory(const RunShape& s) {
   // scratch and a recomputed saved state, datty, dfch (Llama: and dup); under sequence parallelism
   // gathered rows and one block's norm weight (and bias) gradients; in a model with MoE blocks
   // their shared MoeScratch: dlogits (N,E), dgate (N,k), the received, sent and expert rows'
-  // gradients and the experts' hidden gradient (R,4C)), and under full recomputation one block's
+  // gradients and the experts' hidden gradient (R,ffn; Mixtral: and the up gradient)), and under
+  // full recomputation one block's
   // activations (a dense or a MoE block's, whichever is larger: the two are views of one buffer)
   // with its output, and a MoE model's routing for it.
-  const double moe_scratch = moe ? N * E + N * k + (recv + send + R) * C + R * H : 0.0;
+  const double moe_scratch =
+      moe ? N * E + N * k + (recv + send + R) * C + R * H * (expert_hidden - 1) : 0.0;
   const double norm_grads = s.llama ? 2 * C : 4 * C;
   const double scratch = BTC + BT * W + att_saved + att_scratch + BT * Cl +
                          BT * Hl * (s.llama ? 2.0 : 1.0) +

@@ -182,6 +182,18 @@ TEST_F(PlanVsRun, MixtureOfExperts) {
   EXPECT_EQ(planned_bytes(ep, "ep", true), 2 * 2 * 4 * (2 * 32 * 2) * 64 * 4.0);
   EXPECT_EQ(step["a2a_bytes"].get<double>(), planned_bytes(ep, "ep", true));
   EXPECT_EQ(planned_bytes(ep, "ep"), planned_bytes(ep, "ep", true) / 2);
+
+  // Mixtral (SwiGLU experts of ffn channels without biases, a router in place of Llama's MLP;
+  // every block routed here, and every other with capacity drops), serially and under full
+  // recomputation: every category exactly as planned.
+  const std::string mixtral = "--model.arch=llama --model.n_kv_head=2 --model.ffn=96 " + moe;
+  for (const std::string extra :
+       {"--model.moe_every=1 --moe.capacity_factor=0", "--train.recompute=full"}) {
+    SCOPED_TRACE(extra);
+    const std::string name = "mixtral" + std::to_string(extra.size());
+    expect_agreement(run(1, name, mixtral + extra), {});
+    expect_exact_memory(last_step(name), planned(name, 1).prediction.memory);
+  }
 }
 
 // ZeRO under expert parallelism (ep 2 over dp 2): expert units are sharded and reduced over their
