@@ -147,6 +147,12 @@ void ProfileScope::open_matmul(const char* label, int64_t b, int64_t M, int64_t 
   if (b > 1) label_ += fmt::format(" [b={}]", b);
 }
 
+void ProfileScope::open_group(const char* label, int64_t n, double flops) {
+  flops_ = flops;
+  open(ProfKind::matmul, label);
+  label_ += fmt::format(" [group of {}]", n);
+}
+
 void ProfileScope::close() {
   const double ms = (p_->now() - start_) * 1e3;
   p_->add(kind_, label_, std::max(0.0, ms - p_->child_ms_), flops_);

@@ -106,6 +106,12 @@ class ProfileScope {
     if (p_) [[unlikely]]
       open_matmul(label, b, M, K, N);
   }
+  /** A group of `n` matrix products of `flops` in all run together (a mixture of experts'
+   *  experts), named "<label> [group of <n>]". */
+  ProfileScope(const char* label, int64_t n, double flops) : p_(Profile::active()) {
+    if (p_) [[unlikely]]
+      open_group(label, n, flops);
+  }
   ~ProfileScope() {
     if (p_) [[unlikely]]
       close();
@@ -116,6 +122,7 @@ class ProfileScope {
  private:
   void open(ProfKind kind, const char* label);
   void open_matmul(const char* label, int64_t b, int64_t M, int64_t K, int64_t N);
+  void open_group(const char* label, int64_t n, double flops);
   void close();
 
   Profile* p_;

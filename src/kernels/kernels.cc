@@ -31,34 +31,58 @@ MatmulArgs plain(F* out, int64_t M, int64_t N, int64_t K, bool accumulate, const
 }  // namespace
 
 template <typename F>
-void matmul_nt(Kernels<F>& k, F* out, const F* inp, const F* w, const F* bias, int64_t M, int64_t N,
-               int64_t K, bool accumulate, const char* role, Bf16Operands* bf16) {
+MatmulArgs nt_args(F* out, const F* inp, const F* w, const F* bias, int64_t M, int64_t N, int64_t K,
+                   bool accumulate, const char* role, Bf16Operands* bf16) {
   MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
   x.a.data = inp, x.a.strides = {M * K, M * K, K, 1};
   x.b.data = w, x.b.strides = {N * K, N * K, 1, K};  // B(k, n) = W[n, k]
   x.bias = bias;
-  k.matmul(x);
+  return x;
+}
+
+template <typename F>
+MatmulArgs nn_args(F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K, bool accumulate,
+                   const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
+  x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
+  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
+  return x;
+}
+
+template <typename F>
+MatmulArgs tn_args(F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K, bool accumulate,
+                   const char* role, Bf16Operands* bf16) {
+  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
+  x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
+  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
+  return x;
+}
+
+template <typename F>
+void matmul_nt(Kernels<F>& k, F* out, const F* inp, const F* w, const F* bias, int64_t M, int64_t N,
+               int64_t K, bool accumulate, const char* role, Bf16Operands* bf16) {
+  k.matmul(nt_args(out, inp, w, bias, M, N, K, accumulate, role, bf16));
 }
 
 template <typename F>
 void matmul_nn(Kernels<F>& k, F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
                bool accumulate, const char* role, Bf16Operands* bf16) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
-  x.a.data = a, x.a.strides = {M * K, M * K, K, 1};
-  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
-  k.matmul(x);
+  k.matmul(nn_args(out, a, b, M, N, K, accumulate, role, bf16));
 }
 
 template <typename F>
 void matmul_tn(Kernels<F>& k, F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
                bool accumulate, const char* role, Bf16Operands* bf16) {
-  MatmulArgs x = plain(out, M, N, K, accumulate, role, bf16);
-  x.a.data = a, x.a.strides = {M * K, M * K, 1, M};  // A(m, k) = a[k, m]
-  x.b.data = b, x.b.strides = {K * N, K * N, N, 1};
-  k.matmul(x);
+  k.matmul(tn_args(out, a, b, M, N, K, accumulate, role, bf16));
 }
 
 #define TETRA_INSTANTIATE(F)                                                                       \
+  template MatmulArgs nt_args<F>(F*, const F*, const F*, const F*, int64_t, int64_t, int64_t,      \
+                                 bool, const char*, Bf16Operands*);                                \
+  template MatmulArgs nn_args<F>(F*, const F*, const F*, int64_t, int64_t, int64_t, bool,          \
+                                 const char*, Bf16Operands*);                                      \
+  template MatmulArgs tn_args<F>(F*, const F*, const F*, int64_t, int64_t, int64_t, bool,          \
+                                 const char*, Bf16Operands*);                                      \
   template void matmul_nt<F>(Kernels<F>&, F*, const F*, const F*, const F*, int64_t, int64_t,      \
                              int64_t, bool, const char*, Bf16Operands*);                           \
   template void matmul_nn<F>(Kernels<F>&, F*, const F*, const F*, int64_t, int64_t, int64_t, bool, \

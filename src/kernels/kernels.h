@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -150,6 +151,13 @@ class Kernels {
   // ---- products -------------------------------------------------------------------------------
   /** C = A·B (+ bias) (+ C), MatmulArgs above. */
   virtual void matmul(const MatmulArgs& args) = 0;
+  /** Independent products run as one group (a mixture of experts' experts, each with its own
+   *  weight and rows): the CPU backend spreads the whole group's work over its threads at once
+   *  instead of each product over all of them in turn. The default runs them one after the
+   *  other. */
+  virtual void matmul_group(std::span<const MatmulArgs> products) {
+    for (const MatmulArgs& p : products) matmul(p);
+  }
   /** A column-parallel MLP input product with its bias and GELU: pre (M,N) = inp (M,K) · w^T +
    *  bias (N), w (N,K); out (M,N) = gelu(pre). pre is kept for backward. */
   virtual void linear_gelu(F* out, F* pre, const F* inp, const F* w, const F* bias, int64_t M,
@@ -314,6 +322,20 @@ class Kernels {
 
 // Row-major 2-D products of the common cases. Weights are stored (out, in) as in PyTorch Linear;
 // `role` names the product in the per-kernel profile; `bf16` makes it a mixed-precision product.
+
+/** The MatmulArgs of the three products below, to run later or as part of a group. */
+template <typename F>
+MatmulArgs nt_args(F* out, const F* inp, const F* w, const F* bias, int64_t M, int64_t N, int64_t K,
+                   bool accumulate = false, const char* role = "matmul",
+                   Bf16Operands* bf16 = nullptr);
+template <typename F>
+MatmulArgs nn_args(F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
+                   bool accumulate = false, const char* role = "matmul",
+                   Bf16Operands* bf16 = nullptr);
+template <typename F>
+MatmulArgs tn_args(F* out, const F* a, const F* b, int64_t M, int64_t N, int64_t K,
+                   bool accumulate = false, const char* role = "matmul",
+                   Bf16Operands* bf16 = nullptr);
 
 /** out (M,N) = inp (M,K) · w^T, w (N,K), plus bias (N) if given; accumulate adds to out. */
 template <typename F>

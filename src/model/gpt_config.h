@@ -19,6 +19,7 @@ struct MoeConfig {
   double aux_loss_coeff = 0.01;   // the load-balancing loss's weight
   double z_loss_coeff = 0.0;      // the router z-loss's weight
   int ep = 1;                     // expert-parallel ranks: each holds experts/ep of every block
+  bool grouped = true;            // the local experts' products as groups (Kernels::matmul_group)
 };
 
 /** The block family (model.arch). gpt2: pre-LayerNorm, learned positions, multi-head attention

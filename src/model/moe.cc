@@ -279,34 +279,53 @@ void MoeMlp<F>::plan(MoeRoute& route, const F* logits, int B, int T, Pass pass) 
 }
 
 template <typename F>
+void MoeMlp<F>::run(std::span<const MatmulArgs> products) {
+  Kernels<F>& k = env_.kernels();
+  if (c_.moe.grouped) {
+    k.matmul_group(products);
+  } else {
+    for (const MatmulArgs& p : products) k.matmul(p);
+  }
+}
+
+template <typename F>
 void MoeMlp<F>::experts_forward(const MoeActs<F>& a, const MoeRoute& route) {
   Kernels<F>& k = env_.kernels();
   ParamStoreT<F>& st = env_.store;
   const int64_t C = c_.d_model, H = c_.ffn;
+  const bool swiglu = act_ == Activation::swiglu;
   auto bias = [&](TensorId id) { return id >= 0 ? st.param(id) : static_cast<const F*>(nullptr); };
+  // Every expert's input products (SwiGLU: gate and up), the activation, the output products.
+  std::vector<MatmulArgs> in, out;
   int64_t off = 0;
   for (size_t le = 0; le < experts_.size(); ++le) {
     const int64_t m = route.expert_rows[le];
     if (m == 0) continue;
     const ExpertIds& e = experts_[le];
     const F* x = a.x + off * C;
-    F* pre = a.pre + off * H;
-    F* h = a.h + off * H;
-    if (act_ == Activation::swiglu) {
-      matmul_nt(k, pre, x, st.param(e.inw), bias(e.inb), m, H, C, false, in_role_.fwd.c_str(),
-                env_.bf16);
-      F* up = a.up + off * H;
-      matmul_nt(k, up, x, st.param(e.upw), static_cast<const F*>(nullptr), m, H, C, false,
-                up_role_.fwd.c_str(), env_.bf16);
-      k.swiglu_forward(h, pre, up, m * H);
-    } else {
-      k.linear_gelu(h, pre, x, st.param(e.inw), bias(e.inb), m, H, C, in_role_.fwd.c_str(),
-                    env_.bf16);
+    in.push_back(nt_args(a.pre + off * H, x, st.param(e.inw), static_cast<const F*>(nullptr), m, H,
+                         C, false, in_role_.fwd.c_str(), env_.bf16));
+    if (swiglu) {
+      in.push_back(nt_args(a.up + off * H, x, st.param(e.upw), static_cast<const F*>(nullptr), m, H,
+                           C, false, up_role_.fwd.c_str(), env_.bf16));
     }
-    matmul_nt(k, a.y + off * C, h, st.param(e.downw), bias(e.downb), m, C, H, false,
-              down_role_.fwd.c_str(), env_.bf16);
+    out.push_back(nt_args(a.y + off * C, a.h + off * H, st.param(e.downw), bias(e.downb), m, C, H,
+                          false, down_role_.fwd.c_str(), env_.bf16));
     off += m;
   }
+  run(in);
+  if (swiglu) {
+    k.swiglu_forward(a.h, a.pre, a.up, off * H);
+  } else {
+    off = 0;
+    for (size_t le = 0; le < experts_.size(); ++le) {
+      const int64_t m = route.expert_rows[le];
+      if (m > 0)
+        k.bias_gelu_forward(a.h + off * H, a.pre + off * H, bias(experts_[le].inb), m, int(H));
+      off += m;
+    }
+  }
+  run(out);
 }
 
 template <typename F>
@@ -343,36 +362,53 @@ void MoeMlp<F>::experts_backward(const MoeActs<F>& a, const MoeRoute& route,
   Kernels<F>& k = env_.kernels();
   ParamStoreT<F>& st = env_.store;
   const int64_t C = c_.d_model, H = c_.ffn;
+  const bool swiglu = act_ == Activation::swiglu;
+  // y = h · W_downᵀ + b: the hidden gradient and the down weights' gradient, every expert's.
+  std::vector<MatmulArgs> down, in, in_up;
   int64_t off = 0;
   for (size_t le = 0; le < experts_.size(); ++le) {
     const int64_t m = route.expert_rows[le];
     if (m == 0) continue;
     const ExpertIds& e = experts_[le];
+    const F* dy = s.dy + off * C;
+    down.push_back(nn_args(s.dh + off * H, dy, st.param(e.downw), m, H, C, false,
+                           down_role_.igrad.c_str(), env_.bf16));
+    down.push_back(tn_args(st.grad(e.downw), dy, a.h + off * H, C, H, m, true,
+                           down_role_.wgrad.c_str(), env_.bf16));
+    // The input products' gradients (SwiGLU: the gate's, then the up product's added), into dy,
+    // which is spent.
     const F* x = a.x + off * C;
-    F* dy = s.dy + off * C;
-    F* dh = s.dh + off * H;
-    // y = h · W_downᵀ + b
-    matmul_nn(k, dh, dy, st.param(e.downw), m, H, C, false, down_role_.igrad.c_str(), env_.bf16);
-    matmul_tn(k, st.grad(e.downw), dy, a.h + off * H, C, H, m, true, down_role_.wgrad.c_str(),
-              env_.bf16);
-    if (e.downb >= 0) k.bias_backward(st.grad(e.downb), dy, m, int(C));
-    // The rows' input gradient overwrites dy, which is spent.
-    if (act_ == Activation::swiglu) {
-      // h = silu(x · W_inᵀ) ⊙ (x · W_upᵀ); dh becomes the gate's gradient.
-      F* dup = s.dup + off * H;
-      k.swiglu_backward(dh, dup, dh, a.pre + off * H, a.up + off * H, m * H);
-      matmul_tn(k, st.grad(e.inw), dh, x, H, C, m, true, in_role_.wgrad.c_str(), env_.bf16);
-      matmul_tn(k, st.grad(e.upw), dup, x, H, C, m, true, up_role_.wgrad.c_str(), env_.bf16);
-      matmul_nn(k, dy, dh, st.param(e.inw), m, C, H, false, in_role_.igrad.c_str(), env_.bf16);
-      matmul_nn(k, dy, dup, st.param(e.upw), m, C, H, true, up_role_.igrad.c_str(), env_.bf16);
-    } else {
-      // h = gelu(x · W_inᵀ + b)
-      k.gelu_bias_backward(dh, st.grad(e.inb), a.pre + off * H, dh, m, int(H));
-      matmul_tn(k, st.grad(e.inw), dh, x, H, C, m, true, in_role_.wgrad.c_str(), env_.bf16);
-      matmul_nn(k, dy, dh, st.param(e.inw), m, C, H, false, in_role_.igrad.c_str(), env_.bf16);
+    in.push_back(tn_args(st.grad(e.inw), s.dh + off * H, x, H, C, m, true, in_role_.wgrad.c_str(),
+                         env_.bf16));
+    in.push_back(nn_args(s.dy + off * C, s.dh + off * H, st.param(e.inw), m, C, H, false,
+                         in_role_.igrad.c_str(), env_.bf16));
+    if (swiglu) {
+      in.push_back(tn_args(st.grad(e.upw), s.dup + off * H, x, H, C, m, true,
+                           up_role_.wgrad.c_str(), env_.bf16));
+      in_up.push_back(nn_args(s.dy + off * C, s.dup + off * H, st.param(e.upw), m, C, H, true,
+                              up_role_.igrad.c_str(), env_.bf16));
     }
     off += m;
   }
+  run(down);
+  if (swiglu) {
+    // h = silu(x · W_inᵀ) ⊙ (x · W_upᵀ); dh becomes the gate's gradient.
+    k.swiglu_backward(s.dh, s.dup, s.dh, a.pre, a.up, off * H);
+  }
+  off = 0;
+  for (size_t le = 0; le < experts_.size(); ++le) {
+    const int64_t m = route.expert_rows[le];
+    const ExpertIds& e = experts_[le];
+    if (m > 0 && e.downb >= 0) k.bias_backward(st.grad(e.downb), s.dy + off * C, m, int(C));
+    // h = gelu(x · W_inᵀ + b)
+    if (m > 0 && !swiglu) {
+      k.gelu_bias_backward(s.dh + off * H, st.grad(e.inb), a.pre + off * H, s.dh + off * H, m,
+                           int(H));
+    }
+    off += m;
+  }
+  run(in);
+  run(in_up);
 }
 
 template <typename F>

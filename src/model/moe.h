@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,8 @@ class MoeMlp {
  private:
   // The host side of forward: routing, rows per expert and rank, the index vectors.
   void plan(MoeRoute& route, const F* logits, int B, int T, Pass pass);
+  // The experts' products of one kind: as one group (moe.expert_products=grouped) or one by one.
+  void run(std::span<const MatmulArgs> products);
   void experts_forward(const MoeActs<F>& a, const MoeRoute& route);
   void experts_backward(const MoeActs<F>& a, const MoeRoute& route, const MoeScratch<F>& s);
 

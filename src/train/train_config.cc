@@ -91,6 +91,12 @@ const std::vector<TrainKey>& train_keys() {
       {{"moe.z_loss_coeff", ValueKind::Float, "0",
         "weight of the router z-loss mean(logsumexp(logits)^2) (per MoE block)", "[0, 1e6]"},
        {}},
+      {{"moe.expert_products", ValueKind::String, "\"grouped\"",
+        "how a block's local experts multiply: grouped (every expert's product of a kind in one "
+        "group the backend spreads over its threads at once) or loop (one expert after another, "
+        "each product parallelised on its own)",
+        "grouped | loop"},
+       {}},
       {{"data.train", ValueKind::String, "\"\"", "training shards: path, list a,b or glob"},
        into<&O::train_data>()},
       {{"data.val", ValueKind::String, "\"\"", "validation shards (optional)"},
@@ -416,6 +422,7 @@ GptConfig gpt_config_from(const Config& c, int tp, int ep) {
   m.capacity_factor = c.f("moe.capacity_factor");
   m.aux_loss_coeff = c.f("moe.aux_loss_coeff");
   m.z_loss_coeff = c.f("moe.z_loss_coeff");
+  m.grouped = c.s("moe.expert_products") == "grouped";
   m.ep = ep;
   g.set_moe(m);
   const std::string arch = c.s("model.arch");

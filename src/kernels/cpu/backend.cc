@@ -47,6 +47,7 @@ class CpuKernels final : public Kernels<F> {
   }
 
   void matmul(const MatmulArgs& args) override { cpu::matmul(args); }
+  void matmul_group(std::span<const MatmulArgs> products) override { cpu::matmul_group(products); }
   void linear_gelu(F* out, F* pre, const F* inp, const F* w, const F* bias, int64_t M, int64_t N,
                    int64_t K, const char* role, Bf16Operands* bf16) override {
     // The bias is added in the GELU pass, which reads the product's output anyway.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -471,6 +472,56 @@ void openblas_split_matmul(const MatmulArgs& x) {
   for_each_slab(cut, [&](int64_t p) { openblas_matmul(slab(x, cut, p)); });
 }
 
+// ---- groups of products -------------------------------------------------------------------------
+// A group of independent f32 products (model/moe.cc: a mixture of experts' experts, each with its
+// own weight and rows) runs in one parallel region: each product is cut along its larger output
+// dimension into pieces of about a quarter of a thread's share of the group's work (multiples of
+// kSlabAlign), the pieces are dealt largest first to the least loaded thread, and every thread
+// runs its pieces as single-threaded products of the library the policy gives the group's
+// largest product: oneDNN's primitive (a stream and memory objects per thread) or OpenBLAS's
+// sgemm. One product after another, each
+// parallelised inside the library, pays a fork, a join and a partition per product and leaves a
+// thread idle on a product too small to split well; the group pays them once.
+
+// Pieces in the order dealt, each with the thread that runs it.
+struct GroupPlan {
+  std::vector<MatmulArgs> pieces;
+  std::vector<int> thread;
+};
+
+GroupPlan plan_group(std::span<const MatmulArgs> products, int threads) {
+  double work = 0;
+  for (const MatmulArgs& x : products) work += double(x.M) * double(x.N) * double(x.K);
+  const double target = std::max(1.0, work / (4.0 * threads));
+  std::vector<std::pair<double, MatmulArgs>> pieces;
+  for (const MatmulArgs& x : products) {
+    if (x.M == 0 || x.N == 0) continue;
+    SlabCut cut;
+    cut.rows = x.M >= x.N;
+    const int64_t dim = cut.rows ? x.M : x.N;
+    const double cost = double(x.M) * double(x.N) * double(x.K);
+    const int64_t parts = std::clamp<int64_t>(int64_t(std::ceil(cost / target)), 1,
+                                              (dim + kSlabAlign - 1) / kSlabAlign);
+    cut.step = ((dim + parts - 1) / parts + kSlabAlign - 1) / kSlabAlign * kSlabAlign;
+    cut.parts = (dim + cut.step - 1) / cut.step;
+    for (int64_t p = 0; p < cut.parts; ++p) {
+      const MatmulArgs piece = slab(x, cut, p);
+      pieces.emplace_back(double(piece.M) * double(piece.N) * double(piece.K), piece);
+    }
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  GroupPlan plan;
+  std::vector<double> load(size_t(threads), 0.0);
+  for (auto& [cost, piece] : pieces) {
+    const int t = int(std::min_element(load.begin(), load.end()) - load.begin());
+    load[size_t(t)] += cost;
+    plan.pieces.push_back(piece);
+    plan.thread.push_back(t);
+  }
+  return plan;
+}
+
 }  // namespace
 
 const char* matmul_lib_name(MatmulLib lib) {
@@ -581,6 +632,62 @@ std::string matmul_policy_describe() {
                      : s.policy == MatmulPolicy::openblas ? "openblas for every product it runs"
                                                           : "library chosen per product";
   return s.source.empty() ? what : fmt::format("{} ({})", what, s.source);
+}
+
+void matmul_group(std::span<const MatmulArgs> products) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const bool plain = std::all_of(products.begin(), products.end(), [](const MatmulArgs& x) {
+    return x.a.dtype == DType::f32 && x.b.dtype == DType::f32 && !x.bf16 && x.b0 * x.b1 == 1 &&
+           matmul_lib_supports(MatmulLib::openblas, x);
+  });
+  if (threads < 2 || !plain || products.size() < 2) {
+    for (const MatmulArgs& x : products) matmul(x);
+    return;
+  }
+  double flops = 0;
+  for (const MatmulArgs& x : products) {
+    TETRA_CHECK(x.M == 0 || x.N == 0 || x.K > 0, "[matmul] K must be positive (got {})", x.K);
+    flops += 2.0 * double(x.M) * double(x.N) * double(x.K);
+  }
+  const ProfileScope profile(products.front().role, int64_t(products.size()), flops);
+  const GroupPlan plan = plan_group(products, threads);
+  // The pieces' library: the policy's, or under `auto` the family the chooser picks for the
+  // group's largest product (oneDNN's primitive for onednn, onednn-copy and onednn-split).
+  const MatmulArgs& largest = *std::max_element(
+      products.begin(), products.end(), [](const MatmulArgs& x, const MatmulArgs& y) {
+        return double(x.M) * double(x.N) * double(x.K) < double(y.M) * double(y.N) * double(y.K);
+      });
+  const MatmulLib lib = f32_library(largest);
+  const bool onednn = lib != MatmulLib::openblas && lib != MatmulLib::openblas_split;
+  std::vector<Cached*> prims(plan.pieces.size(), nullptr);
+  Engine& e = engine();
+  if (onednn) {
+    // Found or created on this thread (the cache is not shared), a thread's own per shape.
+    for (size_t i = 0; i < plan.pieces.size(); ++i) {
+      prims[i] = &onednn_primitive(plan.pieces[i], plan.thread[i] + 1);
+    }
+    while (int(e.slab_streams.size()) < threads) e.slab_streams.emplace_back(e.engine);
+  }
+  std::exception_ptr error;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    try {
+      for (size_t i = 0; i < plan.pieces.size(); ++i) {
+        // A runtime that gives the region fewer threads than asked deals their pieces round.
+        if (plan.thread[i] % n != t) continue;
+        if (onednn) {
+          onednn_run(*prims[i], plan.pieces[i], e.slab_streams[size_t(plan.thread[i])]);
+        } else {
+          openblas_matmul(plan.pieces[i]);
+        }
+      }
+    } catch (...) {
+#pragma omp critical(tetra_matmul_group_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 std::string matmul_machine() {

@@ -33,6 +33,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -44,6 +45,9 @@ namespace tetra::cpu {
 
 /** C = A·B (+ bias) (+ C) through the library chosen for this product on this machine. */
 void matmul(const MatmulArgs& args);
+/** Independent f32 products as one group, their work spread over the threads in one parallel
+ *  region (matmul.cc, "groups of products"); any other group runs product by product. */
+void matmul_group(std::span<const MatmulArgs> products);
 
 enum class MatmulLib : uint8_t { onednn, openblas, onednn_copy, onednn_split, openblas_split };
 constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas, MatmulLib::onednn_copy,
