@@ -80,25 +80,42 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
                 c, k.first, k.end, k.slots, L);
   }
   attention_ = AttentionSizes::of(k_, config, B, T, cp_);
-  if (config.bf16) {
-    const std::string unsupported = backend.bf16_unsupported();
-    TETRA_CHECK(unsupported.empty(), "[model] {}", unsupported);
-    // The largest product's operands: an MLP product reads a (BT,4C/tp) activation or gradient
-    // with a weight or a (BT,C) one; the head's backward reads the (BT,Vp/tp) logit gradient.
-    // Attention's own bf16 copies (the backend's count; on the CPU q, k and v, or v and dy, with
-    // the probabilities) can be larger at long T.
-    const size_t BT = size_t(B) * T, C = size_t(config.d_model);
-    const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
-    // A MoE block's expert products read up to all its expert rows R with an (ffn,C) weight.
-    const size_t R = config.moe.experts > 0 ? size_t(MoeShape::of(config, B, T).expert_rows) : 0;
-    const size_t He = size_t(config.ffn);
-    const size_t elements = std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
-                                      R * He + std::max(He, R) * C,
-                                      k_.attention_bf16_elements(config.attention(B, T))});
-    bf16_ = std::make_unique<Bf16Operands>(device, elements + 32,
-                                           MemTag{ledger, MemCategory::temporaries});
-  }
+  if (config.bf16) reserve_bf16(ledger);
   const parallel::LayerEnv<F> env{store, *tp_, bf16_.get(), cp_};
+  register_modules(env);
+  allocate_activations(ledger);
+  allocate_temporaries(ledger);
+}
+
+// Mixed precision: scratch for the bf16 copies of the largest product's operands.
+template <typename F>
+void GptT<F>::reserve_bf16(MemoryLedger* ledger) {
+  const GptConfig& config = config_;
+  const int B = B_, T = T_;
+  const std::string unsupported = backend_.bf16_unsupported();
+  TETRA_CHECK(unsupported.empty(), "[model] {}", unsupported);
+  // The largest product's operands: an MLP product reads a (BT,4C/tp) activation or gradient
+  // with a weight or a (BT,C) one; the head's backward reads the (BT,Vp/tp) logit gradient.
+  // Attention's own bf16 copies (the backend's count; on the CPU q, k and v, or v and dy, with
+  // the probabilities) can be larger at long T.
+  const size_t BT = size_t(B) * T, C = size_t(config.d_model);
+  const size_t H = size_t(config.local_hidden()), V = size_t(config.local_vocab());
+  // A MoE block's expert products read up to all its expert rows R with an (ffn,C) weight.
+  const size_t R = config.moe.experts > 0 ? size_t(MoeShape::of(config, B, T).expert_rows) : 0;
+  const size_t He = size_t(config.ffn);
+  const size_t elements =
+      std::max({BT * H + std::max(H, BT) * C, BT * V + std::max(BT, V) * C,
+                R * He + std::max(He, R) * C, k_.attention_bf16_elements(config.attention(B, T))});
+  bf16_ = std::make_unique<Bf16Operands>(backend_.device(), elements + 32,
+                                         MemTag{ledger, MemCategory::temporaries});
+}
+
+// The modules and their tensors, unit by unit in the order backward finishes them.
+template <typename F>
+void GptT<F>::register_modules(const parallel::LayerEnv<F>& env) {
+  ParamStoreT<F>& store = store_;
+  const GptConfig& config = config_;
+  const int L = config.n_layer;
   // Units in backward order: a head without the embedding (its backward comes first: its copy of
   // the tied wte, then ln_f), the chunks from last to first with their blocks from last to first,
   // then the embedding — wte and the root (wpe; with wte and ln_f when the head is here too, the
@@ -151,7 +168,15 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
     }
     store.end_unit();
   }
+}
 
+// What each chunk's slots hold between forward and backward.
+template <typename F>
+void GptT<F>::allocate_activations(MemoryLedger* ledger) {
+  const GptConfig& config = config_;
+  const int B = B_, T = T_;
+  const Recompute r = recompute_;
+  Device& device = backend_.device();
   // The residual stream: this rank's rows of it under sequence parallelism.
   const size_t BTC = boundary_size();
   const bool keep_layers = r != Recompute::full;
@@ -193,7 +218,17 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   if (part_.head) {
     head_acts_ = HeadActs<F>::carve(take(HeadActs<F>::elements(config, B, T)), config, B, T);
   }
+}
 
+// Backward's residual gradient and scratch, and a full recomputation's work buffers.
+template <typename F>
+void GptT<F>::allocate_temporaries(MemoryLedger* ledger) {
+  const GptConfig& config = config_;
+  const int B = B_, T = T_;
+  const Recompute r = recompute_;
+  Device& device = backend_.device();
+  const size_t BTC = boundary_size();
+  const MoeShape moe = MoeShape::of(config, B, T);
   if (part_.head) targets_ = Buffer<int32_t>(size_t(B) * T, {}, device);
   const size_t scratch = BlockScratch<F>::elements(config, B, T, attention_);
   const bool any_moe = config.moe.experts > 0;
@@ -203,7 +238,8 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
                any_moe ? BlockActs<F>::elements(moe_spec, config, B, T, 0, moe) : size_t(0));
   const size_t work = r == Recompute::full ? work_acts + BTC : 0;
   tmp_mem_ = Buffer<F>(BTC + scratch + work, {ledger, MemCategory::temporaries}, device);
-  p = tmp_mem_.data();
+  F* p = tmp_mem_.data();
+  auto take = [&](size_t n) { return std::exchange(p, p + n); };
   dres_ = take(BTC);
   scratch_ = BlockScratch<F>::carve(take(scratch), config, B, T, attention_);
   if (r == Recompute::full) {

@@ -149,6 +149,13 @@ class GptT {
     std::vector<Slot> slots;
   };
 
+  // The constructor's steps: the bf16 operands' scratch, the modules with their tensors, the
+  // slots' activations, backward's scratch.
+  void reserve_bf16(MemoryLedger* ledger);
+  void register_modules(const parallel::LayerEnv<F>& env);
+  void allocate_activations(MemoryLedger* ledger);
+  void allocate_temporaries(MemoryLedger* ledger);
+
   bool whole() const;
   // The head's mean loss against targets (B,T) (host memory) after its forward.
   double head_loss(const int32_t* targets);
