@@ -7,7 +7,6 @@
 #include <bit>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
@@ -524,22 +523,6 @@ GroupPlan plan_group(std::span<const MatmulArgs> products, int threads) {
 
 }  // namespace
 
-const char* matmul_lib_name(MatmulLib lib) {
-  switch (lib) {
-    case MatmulLib::onednn:
-      return "onednn";
-    case MatmulLib::openblas:
-      return "openblas";
-    case MatmulLib::onednn_copy:
-      return "onednn-copy";
-    case MatmulLib::onednn_split:
-      return "onednn-split";
-    case MatmulLib::openblas_split:
-      return "openblas-split";
-  }
-  return "unknown";
-}
-
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& x) {
   const bool f32 = x.a.dtype == DType::f32 && x.b.dtype == DType::f32;
   switch (lib) {
@@ -578,23 +561,6 @@ void matmul_with(MatmulLib lib, const MatmulArgs& x) {
 
 namespace {
 
-struct PolicyState {
-  MatmulPolicy policy = MatmulPolicy::choose;
-  std::string source;  // "" for the default
-};
-
-PolicyState& policy_state() {
-  static PolicyState state = [] {
-    PolicyState s;
-    if (const char* env = std::getenv("TETRA_MATMUL"); env && *env) {
-      s.policy = parse_matmul_policy(env, "TETRA_MATMUL");
-      s.source = "TETRA_MATMUL";
-    }
-    return s;
-  }();
-  return state;
-}
-
 // The library this f32 product runs on under the policy in force.
 MatmulLib f32_library(const MatmulArgs& x) {
   switch (matmul_policy()) {
@@ -609,30 +575,6 @@ MatmulLib f32_library(const MatmulArgs& x) {
 }
 
 }  // namespace
-
-MatmulPolicy parse_matmul_policy(const std::string& text, const std::string& what) {
-  if (text == "auto") return MatmulPolicy::choose;
-  if (text == "onednn") return MatmulPolicy::onednn;
-  if (text == "openblas") return MatmulPolicy::openblas;
-  throw Error(fmt::format(
-      "[matmul] {}=\"{}\" is not a matmul library policy; use auto (the fastest library per "
-      "product, measured once per machine), onednn or openblas (one library for every product)",
-      what, text));
-}
-
-MatmulPolicy matmul_policy() { return policy_state().policy; }
-
-void set_matmul_policy(MatmulPolicy policy, const std::string& source) {
-  policy_state() = {policy, source};
-}
-
-std::string matmul_policy_describe() {
-  const PolicyState& s = policy_state();
-  const char* what = s.policy == MatmulPolicy::onednn     ? "onednn for every product"
-                     : s.policy == MatmulPolicy::openblas ? "openblas for every product it runs"
-                                                          : "library chosen per product";
-  return s.source.empty() ? what : fmt::format("{} ({})", what, s.source);
-}
 
 void matmul_group(std::span<const MatmulArgs> products) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
