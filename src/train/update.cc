@@ -12,19 +12,6 @@
 
 namespace tetra {
 
-namespace {
-
-// The owned gradient ranges of tensor `id` (one per segment this rank updates).
-std::vector<FlatRange> owned_ranges(const ParamStore& store, TensorId id) {
-  std::vector<FlatRange> out;
-  for (const OwnedSegment& o : store.owned()) {
-    if (o.tensor == id) out.push_back({o.grad_pos, o.count});
-  }
-  return out;
-}
-
-}  // namespace
-
 Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& store, Gpt& model,
                  parallel::DataParallel& zero, AdamW& adamw, SdcCheck* sdc)
     : opt_(options),
@@ -33,7 +20,8 @@ Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& sto
       model_(model),
       zero_(zero),
       adamw_(adamw),
-      sdc_(sdc) {}
+      sdc_(sdc),
+      tied_(layout.embedding(), model.tied_wte()) {}
 
 void Updater::set_loss_window(const std::vector<double>& losses) {
   const size_t keep = std::min(losses.size(), size_t(opt_.spike_window));
@@ -75,16 +63,7 @@ void Updater::add_to(nlohmann::json& rec, const UpdateResult& r) {
 
 void Updater::reduce_gradients() {
   zero_.finish_gradients();
-  const comm::Communicator& group = layout_.embedding();
-  if (!group.valid() || model_.tied_wte() < 0) return;  // no pipeline, or an untied head
-  // The embedding's wte on the first stage and the head's copy on the last are one tensor (the
-  // same tp slice, each a unit of its own, so every ZeRO stage shards them alike): after the
-  // data-parallel reduction each holds the mean of its stage's contribution over the batch, and
-  // both update with the sum.
-  const ProfileScope scope(ProfKind::comm, "tied embedding all-reduce");
-  for (const FlatRange& r : owned_ranges(store_, model_.tied_wte())) {
-    group.all_reduce(std::span<float>(store_.grads().data() + r.offset, r.count)).wait();
-  }
+  tied_.reduce_gradient(store_);
 }
 
 double Updater::local_sum_squares() {

@@ -16,6 +16,7 @@
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tied_weight.h"
 #include "train/run_layout.h"
 #include "train/sdc.h"
 #include "train/train_config.h"
@@ -46,7 +47,7 @@ class Updater {
           parallel::DataParallel& zero, AdamW& adamw, SdcCheck* sdc = nullptr);
 
   /** Waits for every gradient reduction, then sums the tied wte's gradient over the embedding
-   *  group (a pipeline's end stages): both copies update with the sum. */
+   *  group (a pipeline's end stages; parallel/tied_weight.h): both copies update with the sum. */
   void reduce_gradients();
   /** The update of 1-based step `step` at learning rate `lr` from this rank's mean loss:
    *  scalars over every rank, the bad-number checks due, then a skip (non-finite, a rank with bad
@@ -78,6 +79,7 @@ class Updater {
   parallel::DataParallel& zero_;
   AdamW& adamw_;
   SdcCheck* sdc_;
+  parallel::TiedWeight tied_;  // the tied embedding over a pipeline's end stages
   SkipCounters skips_;
   std::deque<double> losses_;
 };
