@@ -154,9 +154,7 @@ void Engine::abort_job(const std::string& message, int exit_code) {
     std::this_thread::sleep_for(std::chrono::seconds(5));
     _exit(exit_code);
   }).detach();
-#ifdef TETRA_HAVE_CUDA
   if (before_abort_) before_abort_();
-#endif
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   _exit(exit_code);
 }
@@ -284,11 +282,7 @@ void Lane::poll_p2p() {
   std::vector<PendingP2P> still;
   for (size_t i = 0; i < p2p_.size(); ++i) {
     if (completed[i]) {
-#ifdef TETRA_HAVE_CUDA
       engine_.finish(p2p_[i].op, p2p_[i].op.group->finish_device(p2p_[i].op));
-#else
-      engine_.finish(p2p_[i].op, {});
-#endif
       p2p_count_.fetch_sub(1);
     } else {
       still.push_back(std::move(p2p_[i]));
@@ -339,13 +333,10 @@ using mpi::MpiGroup;
 
 std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc, char*** argv) {
   std::shared_ptr<MpiGroup> world = make_world(options, argc, argv);
-#ifdef TETRA_HAVE_CUDA
   world->set_device(make_staging_link());
-#endif
   return world;
 }
 
-#ifdef TETRA_HAVE_CUDA
 std::shared_ptr<GroupImpl> make_mpi_world_with(const CommOptions& options, int* argc, char*** argv,
                                                const DeviceWorldFactory& factory) {
   std::shared_ptr<MpiGroup> world = make_world(options, argc, argv);
@@ -354,6 +345,5 @@ std::shared_ptr<GroupImpl> make_mpi_world_with(const CommOptions& options, int* 
   if (device.before_abort) world->engine().set_before_abort(std::move(device.before_abort));
   return world;
 }
-#endif
 
 }  // namespace tetra::comm::detail

@@ -60,16 +60,13 @@ void MpiGroup::hash_step(const Op& op) {
 
 void MpiGroup::exec(Op& op) {
   if (op.kind != OpKind::send && op.kind != OpKind::recv) hash_step(op);
-#ifdef TETRA_HAVE_CUDA
   if (op.device) {
     device_->execute(*op.device, op.in, op.out, [&] { exec_host(op); });
     return;
   }
-#endif
   exec_host(op);
 }
 
-#ifdef TETRA_HAVE_CUDA
 std::string MpiGroup::finish_device(Op& op) {
   if (!op.device) return {};
   try {
@@ -80,7 +77,6 @@ std::string MpiGroup::finish_device(Op& op) {
   }
   return {};
 }
-#endif
 
 void MpiGroup::exec_host(Op& op) {
   switch (op.kind) {
@@ -304,7 +300,6 @@ void MpiGroup::exec_split(Op& op) {
   const std::vector<std::string>& world_hosts = engine_->hosts();
   std::vector<std::string> hosts;
   for (int w : ranks) hosts.push_back(world_hosts[size_t(w)]);
-#ifdef TETRA_HAVE_CUDA
   // Made before the group: a group must never die on a lane thread (see Engine::finish).
   std::unique_ptr<DeviceLink> link;
   if (device_) {
@@ -315,12 +310,9 @@ void MpiGroup::exec_split(Op& op) {
       throw;
     }
   }
-#endif
   *op.split_result = std::make_shared<MpiGroup>(engine_, engine_->lane_for_group(), sub,
                                                 op.split_name, std::move(ranks), std::move(hosts));
-#ifdef TETRA_HAVE_CUDA
   (*op.split_result)->set_device(std::move(link));
-#endif
 }
 
 }  // namespace tetra::comm::detail::mpi

@@ -19,12 +19,10 @@
 #include <type_traits>
 
 #include "comm/backend.h"
+#include "comm/device_link.h"
 #include "comm/watchdog.h"
 #include "core/error.h"
 #include "core/timer.h"
-#ifdef TETRA_HAVE_CUDA
-#include "comm/nccl/device_link.h"
-#endif
 
 namespace tetra::comm::detail::mpi {
 
@@ -88,10 +86,8 @@ struct Op {
   std::shared_ptr<std::shared_ptr<MpiGroup>> split_result;
   uint64_t id = 0, seq = 0;
   std::shared_ptr<WorkState> work;
-#ifdef TETRA_HAVE_CUDA
-  // Device side (comm/nccl/device_link.h); null when the operation is plain MPI on host memory.
+  // Device side (comm/device_link.h); null when the operation is plain MPI on host memory.
   std::unique_ptr<DeviceOp> device;
-#endif
 };
 
 struct PendingP2P {
@@ -169,13 +165,11 @@ class Engine {
   const std::vector<std::string>& hosts() const { return hosts_; }
   int world_rank() const { return world_rank_; }
   Watchdog& watchdog() { return *watchdog_; }
-#ifdef TETRA_HAVE_CUDA
   /** Runs before the process ends on abort_job and on the watchdog's aborts (NCCL). */
   void set_before_abort(std::function<void()> hook) {
     before_abort_ = hook;
     watchdog_->set_abort_hook(std::move(hook));
   }
-#endif
 
  private:
   CommOptions options_;
@@ -192,9 +186,7 @@ class Engine {
   std::atomic<int64_t> outstanding_{0};
 
   std::unique_ptr<Watchdog> watchdog_;
-#ifdef TETRA_HAVE_CUDA
   std::function<void()> before_abort_;
-#endif
 };
 
 class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup> {
@@ -299,12 +291,10 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
 
   const GroupId& id() const { return id_; }
   MPI_Comm comm() const { return comm_; }
-#ifdef TETRA_HAVE_CUDA
   void set_device(std::unique_ptr<DeviceLink> link) { device_ = std::move(link); }
   Engine& engine() { return *engine_; }
   /** Lane: a staged send/recv's request completed; empty, or why its copy to the device failed. */
   std::string finish_device(Op& op);
-#endif
   // Collectives and point-to-point messages are numbered apart: only collectives must line up
   // across the group. The engine's issue_m_ held.
   uint64_t next_seq(OpKind kind) {
@@ -319,12 +309,10 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
     return o;
   }
   Work submit(Op op, size_t bytes) {
-#ifdef TETRA_HAVE_CUDA
     if (device_) {
       op.device = device_->prepare(OpDesc{op.kind, op.in, op.out, op.rop, op.peer, rank_, size_,
                                           &op.send_counts, &op.recv_counts});
     }
-#endif
     return Work(engine_->submit(std::move(op), bytes, lane_));
   }
 
@@ -348,10 +336,8 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
   uint64_t hash_ = 0;
   uint64_t hashed_ = 0;
   std::vector<float> scratch_;
-#ifdef TETRA_HAVE_CUDA
   // Declared last: destroyed first, after ~MpiGroup waited for every operation.
   std::unique_ptr<DeviceLink> device_;
-#endif
 };
 
 }  // namespace tetra::comm::detail::mpi

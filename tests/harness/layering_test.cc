@@ -147,6 +147,11 @@ TEST(Layering, NoBackendNamesOutsideTheKernels) {
         << "src/" << f.path.string() << " includes a CUDA kernel header: call the backend's table";
     EXPECT_EQ(code.find("cuda::"), std::string::npos)
         << "src/" << f.path.string() << " names cuda::: call the backend's table or the Device";
+    // A CUDA build differs from a CPU one in the kernels and comm/nccl/ only: the MPI backend
+    // reaches device buffers through its DeviceLink (comm/device_link.h), null without CUDA.
+    EXPECT_EQ(f.text.find("TETRA_HAVE_CUDA"), std::string::npos)
+        << "src/" << f.path.string()
+        << " branches on TETRA_HAVE_CUDA: put the difference behind the backend or the link";
   }
   EXPECT_GT(files, 100);
 }

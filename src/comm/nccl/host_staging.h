@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/nccl/device_link.h"
+#include "comm/device_link.h"
 
 namespace tetra::comm::detail {
 

@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "comm/backend.h"
-#include "comm/nccl/device_link.h"
+#include "comm/device_link.h"
 #include "comm/nccl/divide.h"
 #include "comm/nccl/host_staging.h"
 #include "core/error.h"

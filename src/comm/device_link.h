@@ -1,5 +1,6 @@
-// The device side of a process group in a CUDA build: how the MPI engine's progress lanes
-// (mpi_backend.cc) run operations whose buffers live in GPU memory. Internal to comm/.
+// The device side of a process group: how the MPI engine's progress lanes (mpi_backend.cc) run
+// operations whose buffers live in GPU memory. Internal to comm/; the links themselves are the
+// CUDA build's (comm/nccl/), and without CUDA no group has one (make_staging_link returns null).
 //
 // Every MpiGroup of a CUDA build carries a DeviceLink. The operation is described to it on the
 // issuing thread (prepare: classify the buffers, record an event on the compute stream), and the
@@ -9,7 +10,7 @@
 //   * NcclLink (nccl_backend.cc), dist.backend=nccl: collectives run as NCCL calls on the group's
 //     stream, host buffers bounce through device memory; send/recv, barrier, split and the debug
 //     hash stay on MPI.
-// This header needs no CUDA headers, so mpi_backend.cc includes it under TETRA_HAVE_CUDA alone.
+// This header needs no CUDA headers, so the MPI backend includes it in every build.
 #pragma once
 
 #include <mpi.h>
@@ -60,7 +61,8 @@ class DeviceLink {
                                             const std::string& name) = 0;
 };
 
-/** dist.backend=mpi in a CUDA build: device buffers staged through host memory. */
+/** dist.backend=mpi: device buffers staged through host memory (CUDA builds); null without CUDA,
+ *  where every buffer is host memory. */
 std::unique_ptr<DeviceLink> make_staging_link();
 
 /** What a backend adds to the MPI world group. */
