@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < o.reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       step();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                       .count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];

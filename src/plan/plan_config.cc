@@ -10,7 +10,8 @@ namespace tetra::plan {
 const ConfigSchema& plan_schema() {
   static const ConfigSchema schema = {
       {"model.preset", ValueKind::String, "\"\"",
-       "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, mixtral-8x22b"},
+       "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, "
+       "mixtral-8x22b"},
       {"model.arch", ValueKind::String, "\"llama\"",
        "explicit models: gpt2 (LayerNorm, GELU, tied) or llama (RMSNorm, SwiGLU, untied)",
        "gpt2 | llama"},
