@@ -75,9 +75,7 @@ SelfAttention<F>::SelfAttention(const GptConfig& c, const AttentionSpec& spec,
   };
   ParamStoreT<F>& st = env.store;
   auto linear = [&](const LinearSpec& l, int64_t out, int64_t in, Slice w, Slice b) {
-    const TensorId wi = st.add(weight_spec(l, out, in, spec.conv1d, w));
-    const TensorId bi = l.bias ? st.add(bias_spec(l, out, b)) : -1;
-    return std::pair{wi, bi};
+    return add_linear(st, l, out, in, spec.conv1d, w, b);
   };
   // Backward order: the output projection first, q (or the fused qkv) last.
   const auto [ow, ob] = linear(spec.out, C, C, slice(1, Cl), {});

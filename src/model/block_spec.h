@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/param_store.h"
 #include "model/gpt_config.h"
@@ -80,6 +81,16 @@ ParamSpec weight_spec(const LinearSpec& l, int64_t out, int64_t in, bool conv1d,
 ParamSpec bias_spec(const LinearSpec& l, int64_t out, Slice slice = {});
 ParamSpec norm_weight_spec(const NormSpec& n, int64_t C);
 ParamSpec norm_bias_spec(const NormSpec& n, int64_t C);
+
+/** Registers a linear product's weight (out, in) and, if the spec has one, its bias in `store`,
+ *  sliced by `w` and `b`; returns their ids (bias -1 when there is none). */
+template <typename F>
+std::pair<TensorId, TensorId> add_linear(ParamStoreT<F>& store, const LinearSpec& l, int64_t out,
+                                         int64_t in, bool conv1d, Slice w = {}, Slice b = {}) {
+  const TensorId wi = store.add(weight_spec(l, out, in, conv1d, w));
+  const TensorId bi = l.bias ? store.add(bias_spec(l, out, b)) : -1;
+  return {wi, bi};
+}
 
 /** A tensor name's role in the per-kernel profile, the same in every block and expert: the name
  *  after its block number with the expert numbers dropped ("attn.c_attn",

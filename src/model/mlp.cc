@@ -52,9 +52,7 @@ DenseMlp<F>::DenseMlp(const GptConfig& c, const MlpSpec& spec, const parallel::L
   };
   ParamStoreT<F>& st = env.store;
   auto linear = [&](const LinearSpec& l, int64_t out, int64_t in, Slice w, Slice b) {
-    const TensorId wi = st.add(weight_spec(l, out, in, spec.conv1d, w));
-    const TensorId bi = l.bias ? st.add(bias_spec(l, out, b)) : -1;
-    return std::pair{wi, bi};
+    return add_linear(st, l, out, in, spec.conv1d, w, b);
   };
   using Column = parallel::ColumnParallelLinear<F>;
   const auto [dw, db] = linear(spec.down, C, H, slice(1), {});

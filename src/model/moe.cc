@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -105,22 +106,15 @@ std::vector<typename MoeMlp<F>::ExpertIds> MoeMlp<F>::register_experts(const Gpt
   std::vector<ExpertIds> ids;
   for (int le = 0; le < El; ++le) {
     const std::string base = spec.experts + "." + std::to_string(ep_rank * El + le) + ".";
-    auto weight = [&](const LinearSpec& l, int64_t out, int64_t in) {
+    auto linear = [&](const LinearSpec& l, int64_t out, int64_t in) {
       LinearSpec named = l;
       named.name = base + l.name;
-      return store.add(weight_spec(named, out, in, m.conv1d));
-    };
-    auto bias = [&](const LinearSpec& l, int64_t out) {
-      LinearSpec named = l;
-      named.name = base + l.name;
-      return l.bias ? store.add(bias_spec(named, out)) : -1;
+      return add_linear(store, named, out, in, m.conv1d);
     };
     ExpertIds e;
-    e.downw = weight(m.down, C, H);
-    e.downb = bias(m.down, C);
-    if (m.act == Activation::swiglu) e.upw = weight(m.up, H, C);
-    e.inw = weight(m.in, H, C);
-    e.inb = bias(m.in, H);
+    std::tie(e.downw, e.downb) = linear(m.down, C, H);
+    if (m.act == Activation::swiglu) e.upw = linear(m.up, H, C).first;
+    std::tie(e.inw, e.inb) = linear(m.in, H, C);
     ids.push_back(e);
   }
   return ids;

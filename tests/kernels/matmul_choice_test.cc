@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 using testing::random_floats;
+using testing::Threads;
 
 struct Layout {
   std::string name;
@@ -96,18 +97,6 @@ const std::vector<Layout>& layouts() {
   };
   return l;
 }
-
-// Sets the OpenMP thread count while it lives.
-class Threads {
- public:
-  explicit Threads(int n) : before_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(before_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int before_;
-};
 
 TEST(MatmulLibraries, EveryLibraryMatchesTheF64ReferenceInEveryLayout) {
   for (int threads : {1, 2, 3}) {

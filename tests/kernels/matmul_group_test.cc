@@ -20,17 +20,7 @@ namespace tetra {
 namespace {
 
 using testing::random_floats;
-
-class Threads {
- public:
-  explicit Threads(int n) : before_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(before_); }
-  Threads(const Threads&) = delete;
-  Threads& operator=(const Threads&) = delete;
-
- private:
-  int before_;
-};
+using testing::Threads;
 
 // One kind of expert product over experts of `rows` rows each (0: an expert no token chose).
 struct Group {

@@ -1,5 +1,8 @@
-// Uniform random operands in [-1, 1) for the matmul tests, reproducible by seed.
+// Uniform random operands in [-1, 1) for the matmul tests, reproducible by seed; and the OpenMP
+// thread count set for a scope.
 #pragma once
+
+#include <omp.h>
 
 #include <cstdint>
 #include <random>
@@ -14,5 +17,17 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed) {
   for (auto& x : v) x = d(gen);
   return v;
 }
+
+/** Sets the OpenMP thread count while it lives. */
+class Threads {
+ public:
+  explicit Threads(int n) : before_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~Threads() { omp_set_num_threads(before_); }
+  Threads(const Threads&) = delete;
+  Threads& operator=(const Threads&) = delete;
+
+ private:
+  int before_;
+};
 
 }  // namespace tetra::testing
