@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     m.experts = o.experts;
     m.top_k = o.top_k;
     m.capacity_factor = 0.0;
-    m.grouped = o.grouped;
+    c.grouped_experts = o.grouped;
     c.set_moe(m);
     Backend& backend = cpu_backend();
     Device& device = backend.device();
@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
         "{\"cpu\": \"%s\", \"threads\": %d, \"experts\": %d, \"top_k\": %d, \"tokens\": %d, "
         "\"d_model\": %d, \"ffn\": %d, \"expert\": \"%s\", \"mode\": \"%s\", \"ms\": %.3f, "
         "\"tokens_per_s\": %.1f, \"expert_gflops\": %.2f}\n",
-        cpu_model().c_str(), omp_get_max_threads(), o.experts, o.top_k, o.tokens, o.d_model, c.ffn,
-        o.gelu ? "gelu" : "swiglu", o.grouped ? "grouped" : "loop", median,
+        cpu_model().c_str(), omp_get_max_threads(), o.experts, o.top_k, o.tokens, o.d_model,
+        int(c.ffn), o.gelu ? "gelu" : "swiglu", o.grouped ? "grouped" : "loop", median,
         o.tokens / (median * 1e-3), flops / (median * 1e-3) * 1e-9);
     return 0;
   } catch (const std::exception& e) {

@@ -18,10 +18,10 @@ namespace tetra {
  * `tetra train` (train/train_config.cc; tests/train/hf_dir_test.cc holds the two equal). */
 struct HfConfigLimits {
   static constexpr int64_t vocab_size = 16777216;        // model.vocab_size
-  static constexpr int64_t n_positions = 65536;          // model.max_seq
-  static constexpr int64_t n_embd = 65536;               // model.d_model
-  static constexpr int64_t n_layer = 1024;               // model.n_layer
-  static constexpr int64_t n_head = 1024;                // model.n_head
+  static constexpr int64_t n_positions = 1048576;        // model.max_seq
+  static constexpr int64_t n_embd = 131072;              // model.d_model
+  static constexpr int64_t n_layer = 10000;              // model.n_layer
+  static constexpr int64_t n_head = 131072;              // model.n_head
   static constexpr int64_t experts = 4096;               // model.moe_experts
   static constexpr int64_t intermediate_size = 1048576;  // model.ffn (Llama)
   static constexpr double rope_theta = 1e12;             // model.rope_theta (Llama)

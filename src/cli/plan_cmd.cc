@@ -35,16 +35,11 @@ const ConfigSchema& plan_override_schema() {
 }
 
 std::string training_config_help() {
-  std::string aliases;
-  for (const auto& [alias, key] : plan_key_aliases()) {
-    aliases += fmt::format("  --{} = --{}\n", alias, key);
-  }
-  return "\nA `tetra train` config (one that sets a key only tetra train has: model.n_layer, "
-         "train.*,\nparallel.*, data.*, ...) is planned as the run `tetra train --config` would "
-         "launch, on the\ncpu cluster preset with one device per rank (--cluster.* keys override "
-         "it); its keys are\n`tetra train --help`'s, and these planner spellings are aliases "
-         "(two spellings of one\nsetting must agree):\n" +
-         aliases;
+  return "\nA `tetra train` config (one that sets a key only tetra train has: train.steps, data.*, "
+         "optim.*,\n...) is planned as the run `tetra train --config` would launch, on the cpu "
+         "cluster preset\nwith one device per rank (--cluster.* keys override it). Both kinds of "
+         "config name a\nsetting by the same key (model.n_layer, train.seq_len, parallel.tp, "
+         "zero.stage, ...).\n";
 }
 
 }  // namespace
@@ -86,7 +81,7 @@ int plan_main(const Args& args) {
   if (const std::string& trace = p.s("--trace"); !trace.empty()) {
     const plan::LayoutEstimate e = plan::choose_layout(inputs).chosen;
     TETRA_CHECK(e.layout.pp > 1,
-                "[plan] --trace shows a pipeline step, but the layout has pp=1; fix layout.pp");
+                "[plan] --trace shows a pipeline step, but the layout has pp=1; fix parallel.pp");
     pipeline::write_chrome_trace(trace,
                                  plan::simulate_pipeline(inputs.model, inputs.training, e).spans,
                                  "tetra plan: " + plan::describe(e.layout));

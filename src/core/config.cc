@@ -139,6 +139,11 @@ ConfigValue checked(const KeySpec& spec, ConfigValue v, const std::string& typed
 }
 
 std::string suggestion(const ConfigSchema& schema, const std::string& key) {
+  for (const auto& s : schema) {
+    if (!s.former.empty() && s.former == key) {
+      return fmt::format(" It was renamed '{}'; use that name.", s.key);
+    }
+  }
   std::vector<std::string> keys;
   for (const auto& s : schema) keys.push_back(s.key);
   std::string s = closest_suggestion(keys, key);

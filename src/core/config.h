@@ -21,13 +21,16 @@ using ConfigValue = std::variant<int64_t, double, bool, std::string>;
  *  - Int/Float: an interval, "[1, 1024]", "(0, inf)", "[0, 1)"; inf and -inf leave a side open.
  *    A Float is always finite. Empty: an Int fits in 32 bits, a Float is any finite number.
  *  - String: fixed choices "cosine | constant" (`""` stands for the empty string); empty: any.
- *  - Bool: always true or false; `valid` stays empty. */
+ *  - Bool: always true or false; `valid` stays empty.
+ * `former` is the name the key had before it was renamed (model.layers for model.n_layer): a
+ * config that still uses it is refused with the new name. */
 struct KeySpec {
   std::string key;
   ValueKind kind;
   std::string default_value;
   std::string help;
   std::string valid = {};
+  std::string former = {};  // its name before a rename, "" for none
 };
 
 using ConfigSchema = std::vector<KeySpec>;

@@ -49,9 +49,9 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
               "[model] internal: a model shaped for tp={} (sequence parallel {}) on a group of {} "
               "(sequence parallel {})",
               config.tp, config.sequence_parallel, tp_->size(), tp_->sequence_parallel());
-  TETRA_CHECK(config.moe.ep == ep_->size() && &ep_->backend() == &backend,
+  TETRA_CHECK(config.ep == ep_->size() && &ep_->backend() == &backend,
               "[model] internal: a model shaped for ep={} on an expert-parallel group of {}",
-              config.moe.ep, ep_->size());
+              config.ep, ep_->size());
   TETRA_CHECK(B > 0, "[model] micro-batch must be positive (got {})", B);
   TETRA_CHECK(!cp_ || (&cp_->backend() == &backend && r != Recompute::selective && T % 2 == 0 &&
                        config.moe.experts == 0),

@@ -50,7 +50,7 @@ class GptT {
   /** Registers every tensor of `part` with `store` (not yet finalized; on `backend`'s device) and
    *  allocates activations on that device for micro-batches of (B,T) with recomputation `r`,
    *  charged to `ledger`. `tp` is the tensor-parallel group of config.tp ranks (null: one rank),
-   *  `ep` the expert-parallel group of config.moe.ep ranks (null: one rank); they must outlive
+   *  `ep` the expert-parallel group of config.ep ranks (null: one rank); they must outlive
    *  the model. A MoE block's experts are a unit of their own ("h.<N>.experts", in the store's
    *  expert shard group) just before the block's. `cp` is context-parallel attention across
    *  config.cp ranks (null: one rank): T is then this rank's T/cp tokens of every sequence, and

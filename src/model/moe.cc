@@ -24,7 +24,7 @@ MoeShape MoeShape::of(const GptConfig& c, int B, int T, bool capacity) {
   s.N = int64_t(B) * T;
   s.k = c.moe.top_k;
   s.E = c.moe.experts;
-  s.ep = c.moe.ep;
+  s.ep = c.ep;
   s.El = c.local_experts();
   s.C = c.d_model;
   s.H = c.ffn;
@@ -139,10 +139,10 @@ MoeMlp<F>::MoeMlp(const GptConfig& c, const MoeSpec& spec, const parallel::Layer
       ep_(ep),
       router_(router),
       experts_(std::move(experts)) {
-  TETRA_CHECK(ep.size() == c.moe.ep && int(experts_.size()) == c.local_experts(),
+  TETRA_CHECK(ep.size() == c.ep && int(experts_.size()) == c.local_experts(),
               "[model] internal: a MoE block shaped for ep={} ({} experts each) on a group of {} "
               "holding {}",
-              c.moe.ep, c.local_experts(), ep.size(), experts_.size());
+              c.ep, c.local_experts(), ep.size(), experts_.size());
   reset_stats();
 }
 
@@ -275,7 +275,7 @@ void MoeMlp<F>::plan(MoeRoute& route, const F* logits, int B, int T, Pass pass) 
 template <typename F>
 void MoeMlp<F>::run(std::span<const MatmulArgs> products) {
   Kernels<F>& k = env_.kernels();
-  if (c_.moe.grouped) {
+  if (c_.grouped_experts) {
     k.matmul_group(products);
   } else {
     for (const MatmulArgs& p : products) k.matmul(p);

@@ -186,7 +186,7 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
   const double ab = act_bytes(t.precision);
   // A rank's tokens of a micro-batch: context parallelism splits each sequence cp ways.
   const double tokens = double(l.micro_batch * m.seq) / double(l.cp);
-  const int64_t layers = max_rank_layers(l, m.layers);  // the slowest stage paces the pipeline
+  const int64_t layers = max_rank_layers(l, m.n_layer);  // the slowest stage paces the pipeline
   const double mb = double(l.microbatches);
   const int64_t gpn = c.gpus_per_node;
 
@@ -326,7 +326,7 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     d.calls = (l.recompute == Recompute::full ? 6 : 4) * moe * l.microbatches;
     d.placement = place_group(l.tp * l.cp, l.ep, gpn);
     d.intra_node = d.placement.nodes == 1;
-    const double payload = tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
+    const double payload = tokens / double(l.tp) * double(m.moe.top_k) * double(m.d_model) * ab;
     d.bytes = double(d.calls) * ring_gather_bytes(payload, l.ep);
     d.seconds =
         double(d.calls) * collective_seconds(Collective::all_to_all, payload, d.placement, c);
@@ -337,8 +337,8 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     // Ring attention on every layer of the rank holding the most, every micro-batch: K and V of
     // its tokens (this tp rank's KVH/tp heads, or the whole heads it replicates) around the cp
     // ranks, tp apart.
-    const int64_t hs = m.d_model / m.heads;
-    const int64_t kv_width = hs * std::max<int64_t>(1, m.kv_heads / l.tp);
+    const int64_t hs = m.d_model / m.n_head;
+    const int64_t kv_width = hs * std::max<int64_t>(1, m.n_kv_head / l.tp);
     const RingTraffic ring = cp_ring_traffic(l.micro_batch, m.seq, l.cp, kv_width, ab);
     DimComm d;
     d.dim = "cp";

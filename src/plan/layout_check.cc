@@ -17,15 +17,15 @@ namespace tetra::plan {
 std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l) {
   const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
   l.split.clear();
-  if (spec.empty() && m.layers % (l.pp * v) == 0) return "";
+  if (spec.empty() && m.n_layer % (l.pp * v) == 0) return "";
   const ParamCounts pc = count_params(m);
   // A layer's mean parameters (MoE blocks with all their experts).
-  const double layer = double(pc.blocks()) / double(m.layers);
+  const double layer = double(pc.blocks()) / double(m.n_layer);
   const double embedding = double(pc.embedding) / layer;
-  const double head = double(pc.head > 0 ? pc.head : m.vocab * m.d_model) / layer;
+  const double head = double(pc.head > 0 ? pc.head : m.vocab_size * m.d_model) / layer;
   try {
-    l.split = pipeline::parse_split(spec, int(m.layers), int(l.pp * v), embedding, head,
-                                    "layout.pp_layers");
+    l.split =
+        pipeline::parse_split(spec, int(m.n_layer), int(l.pp * v), embedding, head, "pp.layers");
   } catch (const Error& e) {
     return e.what();
   }
@@ -68,11 +68,11 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
           "tokens; use a seq that is a multiple of 2*cp, e.g. {}",
           m.seq, 2 * l.cp, std::max<int64_t>(1, m.seq / (2 * l.cp)) * 2 * l.cp);
     }
-    if (is_moe(m)) {
+    if (m.has_moe()) {
       return fmt::format(
           "[plan] cp={} with model '{}' ({} experts): context parallelism is planned for dense "
           "models only; use cp=1 for a MoE model",
-          l.cp, m.name, m.experts);
+          l.cp, m.name, m.moe.experts);
     }
   } else if (l.tp * l.pp * l.dp != c.gpus) {
     const int64_t mp = l.tp * l.pp;
@@ -86,44 +86,45 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
                      "pp whose product divides the GPU count",
                      mp, c.gpus);
   }
-  if (m.heads % l.tp != 0) {
+  if (m.n_head % l.tp != 0) {
     return fmt::format("[plan] heads={} is not divisible by tp={}; use a tp that divides heads",
-                       m.heads, l.tp);
+                       m.n_head, l.tp);
   }
-  if (m.kv_heads % l.tp != 0 && l.tp % m.kv_heads != 0) {
+  if (m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head != 0) {
     return fmt::format(
         "[plan] kv_heads={} and tp={}: one must divide the other so KV heads shard or replicate "
         "evenly; choose another tp",
-        m.kv_heads, l.tp);
+        m.n_kv_head, l.tp);
   }
   if (m.ffn % l.tp != 0) {
     return fmt::format("[plan] ffn={} is not divisible by tp={}; use a tp that divides ffn", m.ffn,
                        l.tp);
   }
   const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
-  if (l.split.empty() && m.layers % (l.pp * v) != 0) {
+  if (l.split.empty() && m.n_layer % (l.pp * v) != 0) {
     return fmt::format(
         "[plan] layers={} is not divisible by pp={}{}; use pp (x v) dividing {}, or uneven "
-        "stages with layout.pp_layers=auto or explicit counts",
-        m.layers, l.pp, v > 1 ? fmt::format(" x v={}", v) : std::string(), m.layers);
+        "stages with pp.layers=auto or explicit counts",
+        m.n_layer, l.pp, v > 1 ? fmt::format(" x v={}", v) : std::string(), m.n_layer);
   }
   if (!l.split.empty()) {
     int64_t sum = 0;
     for (int n : l.split) sum += n;
-    if (int64_t(l.split.size()) != l.pp * v || sum != m.layers) {
+    if (int64_t(l.split.size()) != l.pp * v || sum != m.n_layer) {
       return fmt::format(
           "[plan] the stage split holds {} layers on {} stages, the layout has {} "
           "layers on pp x v = {}",
-          sum, l.split.size(), m.layers, l.pp * v);
+          sum, l.split.size(), m.n_layer, l.pp * v);
     }
   }
-  if (!is_moe(m) && l.ep != 1) {
-    return fmt::format("[plan] ep={} but model '{}' is dense (experts=1); set layout.ep=1", l.ep,
-                       m.name);
+  if (!m.has_moe() && l.ep != 1) {
+    return fmt::format(
+        "[plan] ep={} but model '{}' is dense (model.moe_experts=0); set parallel.ep=1", l.ep,
+        m.name);
   }
-  if (m.experts % l.ep != 0) {
+  if (m.moe.experts % l.ep != 0) {
     return fmt::format("[plan] ep={} does not divide experts={}; use a divisor of {}", l.ep,
-                       m.experts, m.experts);
+                       m.moe.experts, m.moe.experts);
   }
   if (l.dp % l.ep != 0) {
     return fmt::format(
@@ -132,7 +133,7 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
         l.ep, l.dp);
   }
   if (l.zero < 0 || l.zero > 3) {
-    return fmt::format("[plan] layout.zero={} is not a ZeRO stage; use 0 (plain DP), 1, 2 or 3",
+    return fmt::format("[plan] zero.stage={} is not a ZeRO stage; use 0 (plain DP), 1, 2 or 3",
                        l.zero);
   }
   if (l.pp > 1 || l.schedule == Schedule::interleaved) {

@@ -46,7 +46,7 @@ namespace {
 double head_layers(const ModelSpec& m) {
   const ParamCounts pc = count_params(m);
   // A layer's mean matrices a token is multiplied by (MoE blocks: the router and top_k experts).
-  const double layer = double(pc.matmul_active() - pc.head_matmul) / double(m.layers);
+  const double layer = double(pc.matmul_active() - pc.head_matmul) / double(m.n_layer);
   return double(pc.head_matmul) / layer;
 }
 
@@ -59,11 +59,11 @@ pipeline::Timeline simulate_pipeline(const ModelSpec& m, const Layout& l, double
   const FlopsPerToken f = flops_per_token(m, l.recompute);
   const double fwd = f.model() / 3.0 / f.hardware();
   const double head = head_layers(m);
-  const double unit = slot * double(l.pp) / (double(m.layers) + head);
+  const double unit = slot * double(l.pp) / (double(m.n_layer) + head);
   pipeline::Costs costs;
   costs.transfer = transfer;
   for (int k = 0; k < stages; ++k) {
-    const double layers = double(stage_layers(l, m.layers, k)) + (k == stages - 1 ? head : 0.0);
+    const double layers = double(stage_layers(l, m.n_layer, k)) + (k == stages - 1 ? head : 0.0);
     const double stage = unit * layers;
     costs.forward.push_back(fwd * stage);
     costs.backward.push_back((1.0 - fwd) * stage);
@@ -86,7 +86,7 @@ SimulatedPipeline simulated_pipeline(const ModelSpec& m, const Layout& l) {
                 l.microbatches,
                 l.v,
                 l.split,
-                m.layers,
+                m.n_layer,
                 head_layers(m) + 10.0 * double(int(l.recompute))};
   {
     const std::lock_guard<std::mutex> lock(mu);
@@ -175,8 +175,8 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   const double act =
       activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, t.attention);
   const double rerun = l.recompute == Recompute::full ? 4.0 / 3.0 : 1.0;
-  const double logits = 3.0 * double(m.vocab) / double(l.tp) * 4.0;
-  k.memory_bound = (kElementwisePasses * act * double(m.layers) * rerun + logits) * tokens /
+  const double logits = 3.0 * double(m.vocab_size) / double(l.tp) * 4.0;
+  k.memory_bound = (kElementwisePasses * act * double(m.n_layer) * rerun + logits) * tokens /
                    double(l.pp) / c.mem_bw;
   e.microbatch_seconds = k.total();
 
@@ -283,15 +283,15 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
   for (int64_t tp : divisors(c.gpus_per_node)) {
     if ((k.tp && tp != k.tp) || c.gpus % tp != 0) continue;
     // Every pp up to the layer count: stages that do not divide the layers are split unevenly,
-    // balanced with the embedding and the head counted (layout.pp_layers=auto), as Llama 3 did.
+    // balanced with the embedding and the head counted (pp.layers=auto), as Llama 3 did.
     for (int64_t pp : divisors(c.gpus)) {
-      if (pp > m.layers) continue;
+      if (pp > m.n_layer) continue;
       if ((k.pp && pp != k.pp) || c.gpus % (tp * pp) != 0) continue;
       const int64_t dp = c.gpus / (tp * pp);
       if ((k.dp && dp != k.dp) || seqs % dp != 0) continue;
       const int64_t per_replica = seqs / dp;
       std::vector<int64_t> eps;
-      for (int64_t ep : divisors(m.experts)) {
+      for (int64_t ep : divisors(std::max<int64_t>(1, m.moe.experts))) {
         // Expert groups stay inside the node next to TP (004: TP/EP use up the node first).
         if ((k.ep && ep != k.ep) || dp % ep != 0 || (!k.ep && tp * ep > c.gpus_per_node)) continue;
         eps.push_back(ep);
@@ -311,7 +311,7 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
         schedules.push_back({Schedule::one_f_one_b, 1});
         if (pp > 1) {
           for (int64_t v : k.v ? std::vector<int64_t>{k.v} : std::vector<int64_t>{2, 3, 4}) {
-            if (pp * v <= m.layers) schedules.push_back({Schedule::interleaved, v});
+            if (pp * v <= m.n_layer) schedules.push_back({Schedule::interleaved, v});
           }
         }
       }
@@ -319,8 +319,9 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
         for (int64_t mbs : mbss) {
           for (auto [sched, v] : schedules) {
             Layout base{tp, pp, dp, ep, 0, sched, v, mbs, per_replica / mbs, {}};
-            const std::string spec =
-                k.pp_layers.empty() && m.layers % (pp * v) != 0 ? std::string("auto") : k.pp_layers;
+            const std::string spec = k.pp_layers.empty() && m.n_layer % (pp * v) != 0
+                                         ? std::string("auto")
+                                         : k.pp_layers;
             if (!resolve_split(m, spec, base).empty()) continue;
             if (!layout_problem(m, c, t, base).empty()) continue;
             for (Recompute rc : recomputes) {

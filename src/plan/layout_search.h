@@ -64,7 +64,7 @@ struct LayoutEstimate {
  *  planner's model, or a tetra run's own traffic (plan/tetra_run.h). */
 using CommModel = std::function<std::vector<DimComm>(double microbatch_seconds)>;
 
-/** Sets l.split from layout.pp_layers (`spec`): "" even stages (pp*v must divide the layers),
+/** Sets l.split from pp.layers (`spec`): "" even stages (pp*v must divide the layers),
  * "auto" balanced with the embedding on the first and the head on the last stage counted in
  * layers of parameters, or explicit counts "5,6,6,5". Returns why it cannot, or "". */
 std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l);
@@ -88,12 +88,12 @@ pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
 /** Layout keys fixed by the user; unset ones (0, -1, nullopt) are searched. */
 struct LayoutConstraints {
   int64_t tp = 0, pp = 0, dp = 0, ep = 0;
-  int64_t cp = 1;  // layout.cp: context parallel, fixed (the search keeps cp = 1)
+  int64_t cp = 1;  // parallel.cp: context parallel, fixed (the search keeps cp = 1)
   int zero = -1;
   std::optional<Schedule> schedule;
   int64_t v = 0;
   int64_t microbatches = 0;
-  std::string pp_layers;               // layout.pp_layers: "" even, "auto" or explicit counts
+  std::string pp_layers;               // pp.layers: "" even, "auto" or explicit counts
   std::optional<Recompute> recompute;  // training.recompute; unset: searched
   /** True when every dimension is fixed: the layout is given, not searched. */
   bool complete() const { return tp && pp && dp && zero >= 0; }

@@ -39,16 +39,16 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
                                         Attention a) {
   // Element counts per token, each stored in 2 bytes (bf16) except dropout masks (1 byte);
   // Korthikanti et al. Table 2 gives 34*C + 5*NH*T bytes for GPT with ffn = 4C.
-  const double C = double(m.d_model), kvd = double(m.d_model / m.heads * m.kv_heads);
-  const double ffn = double(m.ffn), NH = double(m.heads), T = double(m.seq);
+  const double C = double(m.d_model), kvd = double(m.d_model / m.n_head * m.n_kv_head);
+  const double ffn = double(m.ffn), NH = double(m.n_head), T = double(m.seq);
   // MLPs a token passes through per layer: top_k in a MoE block, one in a dense block.
   const ParamCounts pc = count_params(m);
-  const double k = double(pc.dense_layers() + pc.moe_layers * m.top_k) / double(m.layers);
+  const double k = double(pc.dense_layers() + pc.moe_layers * m.moe.top_k) / double(m.n_layer);
   const double e = act_bytes(p) / 2.0;                        // scale the bf16 counts for fp32
   if (r == Recompute::full) return 2.0 * C * e / double(tp);  // the layer input only
   double attn, scores, mlp;
   const double norms = 4.0 * C;  // inputs of the two norms
-  if (m.gpt2_style) {
+  if (!m.llama()) {
     attn = 2 * C + 2 * C + 4 * kvd + 2 * C + C;  // qkv in, q, k+v, proj in, dropout mask
     scores = 5.0 * NH * T;                       // softmax out, dropout mask, dropout out
     mlp = 2 * C + k * 4 * ffn + C;               // fc in, fc out, gelu out, dropout mask
@@ -77,10 +77,10 @@ LocalParams rank_params(const ModelSpec& m, const Layout& l, int64_t r) {
   double extra = 0;
   if (r == 0) extra += double(pc.embedding);
   if (r == l.pp - 1) {
-    extra += l.pp == 1 ? double(pc.head) : double(pc.head > 0 ? pc.head : m.vocab * m.d_model);
+    extra += l.pp == 1 ? double(pc.head) : double(pc.head > 0 ? pc.head : m.vocab_size * m.d_model);
     extra += double(pc.final_norm);
   }
-  const double layers = double(rank_layers(l, m.layers, r));
+  const double layers = double(rank_layers(l, m.n_layer, r));
   const double moe = double(rank_moe_layers(m, l, r));
   LocalParams lp;
   lp.dense = (layers * double(pc.attention + pc.norms) + (layers - moe) * double(pc.expert_mlp) +
@@ -95,8 +95,8 @@ int64_t rank_moe_layers(const ModelSpec& m, const Layout& l, int64_t r) {
   int64_t n = 0;
   for (int64_t c = 0; c < v; ++c) {
     const int64_t stage = c * l.pp + r;
-    const int64_t first = stage_first_layer(l, m.layers, stage);
-    n += moe_layers(m, first, first + stage_layers(l, m.layers, stage));
+    const int64_t first = stage_first_layer(l, m.n_layer, stage);
+    n += m.moe_layers(first, first + stage_layers(l, m.n_layer, stage));
   }
   return n;
 }
@@ -141,7 +141,7 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
   const double tokens = double(l.micro_batch * m.seq) / double(l.cp);
   const double ab = act_bytes(t.precision);
   const ParamCounts pc = count_params(m);
-  const std::vector<double> held = held_layer_microbatches(l, m.layers);
+  const std::vector<double> held = held_layer_microbatches(l, m.n_layer);
   const Attention a =
       t.attention == Attention::automatic || l.cp > 1 ? Attention::flash : t.attention;
   const double per_layer = activation_bytes_per_token_layer(m, l.recompute, t.precision, l.tp, a);
@@ -162,13 +162,13 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
     // (Megatron's deallocation of pipeline outputs, which the Llama 3 paper names), so a layer's
     // saved input is the only boundary tensor counted.
     mem.activations = per_layer * tokens * held[size_t(r)];
-    if (l.recompute == Recompute::full && rank_layers(l, m.layers, r) > 0) {
+    if (l.recompute == Recompute::full && rank_layers(l, m.n_layer, r) > 0) {
       // The layer being recomputed materialises its activations once more.
       mem.activations +=
           activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, a) * tokens;
     }
     // The last stage's fp32 logits of the micro-batch whose loss it computes.
-    if (r == l.pp - 1) mem.activations += tokens * double(m.vocab) / double(l.tp) * 4.0;
+    if (r == l.pp - 1) mem.activations += tokens * double(m.vocab_size) / double(l.tp) * 4.0;
 
     mem.comm_buffers = 2.0 * t.bucket_bytes;
     if (l.zero >= 3) {
@@ -181,15 +181,15 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
     if (l.ep > 1) {
       // Dispatch and combine buffers at capacity factor 1.25.
       mem.comm_buffers +=
-          2.0 * 1.25 * tokens / double(l.tp) * double(m.top_k) * double(m.d_model) * ab;
+          2.0 * 1.25 * tokens / double(l.tp) * double(m.moe.top_k) * double(m.d_model) * ab;
     }
     if (l.cp > 1) {
       // Ring attention (parallel/context_parallel.cc): the K, V chunks being attended to and the
       // next ones arriving, and in backward two partial sums of their gradients travelling, the
       // rank's own share and the one arriving: six of a hop's bytes.
-      const int64_t hs = m.d_model / m.heads;
+      const int64_t hs = m.d_model / m.n_head;
       mem.comm_buffers += 6.0 * cp_ring_traffic(l.micro_batch, m.seq, l.cp,
-                                                hs * std::max<int64_t>(1, m.kv_heads / l.tp), ab)
+                                                hs * std::max<int64_t>(1, m.n_kv_head / l.tp), ab)
                                     .hop;
     }
     if (r == 0 || mem.total() > worst.total()) worst = mem;
@@ -199,7 +199,7 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
 
 FlopsPerToken flops_per_token(const ModelSpec& m, Recompute r) {
   const double N = double(count_params(m).matmul_active());
-  const double attn_fwd = 4.0 * double(m.layers) * double(m.d_model) * double(m.seq);
+  const double attn_fwd = 4.0 * double(m.n_layer) * double(m.d_model) * double(m.seq);
   FlopsPerToken f;
   f.dense = 6.0 * N;
   f.attention = 3.0 * attn_fwd;

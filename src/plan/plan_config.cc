@@ -1,5 +1,7 @@
 #include "plan/plan_config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "plan/ledger.h"
 
@@ -7,105 +9,107 @@ namespace tetra::plan {
 
 // Upper bounds keep the planner's int64 products (parameters = L * experts * 3 * C * ffn,
 // divisor searches over gpus_per_node and layers) exact and quick; 0 means "preset or search".
+// The model's keys are `tetra train`'s own (core/model_shape.h); the others share its names where
+// they mean the same setting (train.seq_len, parallel.tp, zero.stage, ...), with 0 or "" for "the
+// preset's" or "search".
 const ConfigSchema& plan_schema() {
-  static const ConfigSchema schema = {
-      {"model.preset", ValueKind::String, "\"\"",
-       "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, "
-       "mixtral-8x22b"},
-      {"model.arch", ValueKind::String, "\"llama\"",
-       "explicit models: gpt2 (LayerNorm, GELU, tied) or llama (RMSNorm, SwiGLU, untied)",
-       "gpt2 | llama"},
-      {"model.layers", ValueKind::Int, "0", "transformer blocks L", "[0, 10000]"},
-      {"model.d_model", ValueKind::Int, "0", "hidden width C", "[0, 131072]"},
-      {"model.heads", ValueKind::Int, "0", "attention heads", "[0, 131072]"},
-      {"model.kv_heads", ValueKind::Int, "0", "key/value heads (0 = heads)", "[0, 131072]"},
-      {"model.ffn", ValueKind::Int, "0", "MLP width per expert (0 = 4 * d_model)", "[0, 1048576]"},
-      {"model.vocab", ValueKind::Int, "0", "vocabulary size", "[0, 16777216]"},
-      {"model.seq", ValueKind::Int, "0", "training sequence length", "[0, 16777216]"},
-      {"model.vocab_multiple", ValueKind::Int, "64",
-       "tetra pads the vocabulary (wte rows) to a multiple of this", "[1, 65536]"},
-      {"model.tie_embeddings", ValueKind::Bool, "false",
-       "llama: the head reads the embedding matrix (no lm_head; gpt2 is always tied)"},
-      {"model.experts", ValueKind::Int, "0", "MoE experts (0/1 = dense)", "[0, 1024]"},
-      {"model.top_k", ValueKind::Int, "0", "experts per token", "[0, 1024]"},
-      {"cluster.preset", ValueKind::String, "\"\"", "h100, h200, a100-80g or cpu"},
-      {"cluster.gpus", ValueKind::Int, "0", "devices in the job", "[0, 10000000]"},
-      {"cluster.gpus_per_node", ValueKind::Int, "0", "devices behind one intra-node link",
-       "[0, 1024]"},
-      {"cluster.peak_tflops", ValueKind::Float, "0", "dense peak TFLOP/s per device", "[0, 1e6]"},
-      {"cluster.memory_gb", ValueKind::Float, "0", "memory per device, GB", "[0, 1e6]"},
-      {"cluster.intra_bw_gbs", ValueKind::Float, "0", "intra-node GB/s per device per direction",
-       "[0, 1e6]"},
-      {"cluster.inter_bw_gbs", ValueKind::Float, "0", "inter-node GB/s per device per direction",
-       "[0, 1e6]"},
-      {"cluster.intra_latency_us", ValueKind::Float, "0", "intra-node latency per hop, us",
-       "[0, 1e6]"},
-      {"cluster.inter_latency_us", ValueKind::Float, "0", "inter-node latency per hop, us",
-       "[0, 1e6]"},
-      {"cluster.gpu_mtbf_years", ValueKind::Float, "0",
-       "MTBF of one device, years (0 = the preset's, else 5)", "[0, 1e4]"},
-      {"cluster.storage_bw_gbs", ValueKind::Float, "0", "aggregate checkpoint write GB/s",
-       "[0, 1e6]"},
-      {"cluster.usable_fraction", ValueKind::Float, "0",
-       "share of device memory the ledger may fill (0 = the preset's, else 0.8)", "[0, 1]"},
-      {"cluster.gemm_efficiency", ValueKind::Float, "0",
-       "fraction of peak a large matrix product reaches (0 = the preset's)", "[0, 1]"},
-      {"cluster.gemm_half_dim", ValueKind::Float, "0",
-       "GEMM side at which a product loses half of that (0 = the preset's)", "[0, 1e6]"},
-      {"cluster.attention_efficiency", ValueKind::Float, "0",
-       "fraction of peak attention's score products reach (0 = the preset's)", "[0, 1]"},
-      {"cluster.mem_bw_gbs", ValueKind::Float, "0",
-       "device memory GB/s for memory-bound kernels (0 = the preset's)", "[0, 1e6]"},
-      {"cluster.link_efficiency", ValueKind::Float, "0",
-       "share of nominal link bandwidth collectives reach (0 = the preset's)", "[0, 1]"},
-      {"cluster.half_bw_kb", ValueKind::Float, "0",
-       "message KB at which a collective gets half the bandwidth (0 = the preset's)", "[0, 1e9]"},
-      {"cluster.comm_overlap", ValueKind::Float, "0",
-       "share of a collective that can run behind compute (unset: the preset's)", "[0, 1]"},
-      {"cluster.nodes_per_pod", ValueKind::Int, "0",
-       "nodes behind the non-blocking switch tier (0 = the preset's; none: the whole cluster)",
-       "[0, 10000000]"},
-      {"cluster.oversubscription", ValueKind::Float, "0",
-       "bandwidth divisor above that tier (0 = the preset's, else 1)", "[0, 1e3]"},
-      {"cluster.jitter", ValueKind::Float, "0",
-       "spread (CV) of one device's step time: the straggler tax (unset: the preset's)", "[0, 1]"},
-      {"training.tokens", ValueKind::Float, "0", "total training tokens (required)", "[0, 1e18]"},
-      {"training.global_batch", ValueKind::Int, "0", "tokens per optimizer step (required)",
-       "[0, 1000000000000]"},
-      {"training.micro_batch", ValueKind::Int, "0", "sequences per micro-batch (0 = search)",
-       "[0, 1000000000]"},
-      {"training.precision", ValueKind::String, "\"bf16\"", "mixed bf16 or fp32",
-       "bf16 | bf16-mixed | fp32"},
-      {"training.recompute", ValueKind::String, "\"\"", "activation recomputation (\"\" = search)",
-       "\"\" | none | selective | full"},
-      {"training.target_mfu", ValueKind::Float, "0.4", "MFU for the compute ledger", "(0, 1]"},
-      {"training.kernel_efficiency", ValueKind::Float, "0",
-       "fraction of peak large matmuls reach (0 = cluster.gemm_efficiency)", "[0, 1]"},
-      {"training.attention", ValueKind::String, "\"\"",
-       "attention kernel (\"\" = flash on GPUs, materialized on cpu)",
-       "\"\" | flash | materialized"},
-      {"training.restart_minutes", ValueKind::Float, "10", "time to restart after a failure",
-       "[0, 1e6]"},
-      {"layout.tp", ValueKind::Int, "0", "tensor parallel (0 = search)", "[0, 10000000]"},
-      {"layout.pp", ValueKind::Int, "0", "pipeline stages (0 = search)", "[0, 10000000]"},
-      {"layout.dp", ValueKind::Int, "0", "data parallel (0 = search)", "[0, 10000000]"},
-      {"layout.ep", ValueKind::Int, "0", "expert parallel, within dp (0 = search)",
-       "[0, 10000000]"},
-      {"layout.cp", ValueKind::Int, "1",
-       "context parallel: ranks each sequence is split over (the search keeps 1)", "[1, 10000000]"},
-      {"layout.zero", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]"},
-      {"layout.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
-       "\"\" | gpipe | 1f1b | interleaved"},
-      {"layout.v", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)", "[0, 1024]"},
-      {"layout.pp_layers", ValueKind::String, "\"\"",
-       "layers per pipeline stage: \"\" equal stages, auto (balanced, the embedding and head "
-       "counted), or counts such as \"7,8,8,7\" (pp x v of them)"},
-      {"layout.microbatches", ValueKind::Int, "0", "micro-batches per step (0 = from the batch)",
-       "[0, 1000000000]"},
-      {"zero.reshard_after_forward", ValueKind::Bool, "true",
-       "ZeRO-3: parameters freed after forward and gathered again for backward"},
-      {"zero.prefetch", ValueKind::Int, "1", "ZeRO-3: parameter gathers in flight ahead", "[0, 8]"},
-  };
+  static const ConfigSchema schema = [] {
+    ConfigSchema s = {
+        {"model.preset", ValueKind::String, "\"\"",
+         "gpt2-124m, gpt2-1.5b, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, "
+         "mixtral-8x22b (model.* keys change its shape)"},
+        {"train.seq_len", ValueKind::Int, "0", "training sequence length T (0 = the preset's)",
+         "[0, 1048576]", "model.seq"},
+        {"cluster.preset", ValueKind::String, "\"\"", "h100, h200, a100-80g or cpu"},
+        {"cluster.gpus", ValueKind::Int, "0", "devices in the job", "[0, 10000000]"},
+        {"cluster.gpus_per_node", ValueKind::Int, "0", "devices behind one intra-node link",
+         "[0, 1024]"},
+        {"cluster.peak_tflops", ValueKind::Float, "0", "dense peak TFLOP/s per device", "[0, 1e6]"},
+        {"cluster.memory_gb", ValueKind::Float, "0", "memory per device, GB", "[0, 1e6]"},
+        {"cluster.intra_bw_gbs", ValueKind::Float, "0", "intra-node GB/s per device per direction",
+         "[0, 1e6]"},
+        {"cluster.inter_bw_gbs", ValueKind::Float, "0", "inter-node GB/s per device per direction",
+         "[0, 1e6]"},
+        {"cluster.intra_latency_us", ValueKind::Float, "0", "intra-node latency per hop, us",
+         "[0, 1e6]"},
+        {"cluster.inter_latency_us", ValueKind::Float, "0", "inter-node latency per hop, us",
+         "[0, 1e6]"},
+        {"cluster.gpu_mtbf_years", ValueKind::Float, "0",
+         "MTBF of one device, years (0 = the preset's, else 5)", "[0, 1e4]"},
+        {"cluster.storage_bw_gbs", ValueKind::Float, "0", "aggregate checkpoint write GB/s",
+         "[0, 1e6]"},
+        {"cluster.usable_fraction", ValueKind::Float, "0",
+         "share of device memory the ledger may fill (0 = the preset's, else 0.8)", "[0, 1]"},
+        {"cluster.gemm_efficiency", ValueKind::Float, "0",
+         "fraction of peak a large matrix product reaches (0 = the preset's)", "[0, 1]"},
+        {"cluster.gemm_half_dim", ValueKind::Float, "0",
+         "GEMM side at which a product loses half of that (0 = the preset's)", "[0, 1e6]"},
+        {"cluster.attention_efficiency", ValueKind::Float, "0",
+         "fraction of peak attention's score products reach (0 = the preset's)", "[0, 1]"},
+        {"cluster.mem_bw_gbs", ValueKind::Float, "0",
+         "device memory GB/s for memory-bound kernels (0 = the preset's)", "[0, 1e6]"},
+        {"cluster.link_efficiency", ValueKind::Float, "0",
+         "share of nominal link bandwidth collectives reach (0 = the preset's)", "[0, 1]"},
+        {"cluster.half_bw_kb", ValueKind::Float, "0",
+         "message KB at which a collective gets half the bandwidth (0 = the preset's)", "[0, 1e9]"},
+        {"cluster.comm_overlap", ValueKind::Float, "0",
+         "share of a collective that can run behind compute (unset: the preset's)", "[0, 1]"},
+        {"cluster.nodes_per_pod", ValueKind::Int, "0",
+         "nodes behind the non-blocking switch tier (0 = the preset's; none: the whole cluster)",
+         "[0, 10000000]"},
+        {"cluster.oversubscription", ValueKind::Float, "0",
+         "bandwidth divisor above that tier (0 = the preset's, else 1)", "[0, 1e3]"},
+        {"cluster.jitter", ValueKind::Float, "0",
+         "spread (CV) of one device's step time: the straggler tax (unset: the preset's)",
+         "[0, 1]"},
+        {"training.tokens", ValueKind::Float, "0", "total training tokens (required)", "[0, 1e18]"},
+        {"training.global_batch", ValueKind::Int, "0", "tokens per optimizer step (required)",
+         "[0, 1000000000000]"},
+        {"train.micro_batch", ValueKind::Int, "0", "sequences per micro-batch (0 = search)",
+         "[0, 1000000000]", "training.micro_batch"},
+        {"train.precision", ValueKind::String, "\"bf16\"", "mixed bf16 or fp32",
+         "bf16 | bf16-mixed | fp32", "training.precision"},
+        {"train.recompute", ValueKind::String, "\"\"", "activation recomputation (\"\" = search)",
+         "\"\" | none | selective | full", "training.recompute"},
+        {"training.target_mfu", ValueKind::Float, "0.4", "MFU for the compute ledger", "(0, 1]"},
+        {"training.kernel_efficiency", ValueKind::Float, "0",
+         "fraction of peak large matmuls reach (0 = cluster.gemm_efficiency)", "[0, 1]"},
+        {"training.attention", ValueKind::String, "\"\"",
+         "attention kernel (\"\" = flash on GPUs, materialized on cpu)",
+         "\"\" | flash | materialized"},
+        {"training.restart_minutes", ValueKind::Float, "10", "time to restart after a failure",
+         "[0, 1e6]"},
+        {"parallel.tp", ValueKind::Int, "0", "tensor parallel (0 = search)", "[0, 10000000]",
+         "layout.tp"},
+        {"parallel.pp", ValueKind::Int, "0", "pipeline stages (0 = search)", "[0, 10000000]",
+         "layout.pp"},
+        {"parallel.dp", ValueKind::Int, "0", "data parallel (0 = search)", "[0, 10000000]",
+         "layout.dp"},
+        {"parallel.ep", ValueKind::Int, "0", "expert parallel, within dp (0 = search)",
+         "[0, 10000000]", "layout.ep"},
+        {"parallel.cp", ValueKind::Int, "1",
+         "context parallel: ranks each sequence is split over (the search keeps 1)",
+         "[1, 10000000]", "layout.cp"},
+        {"zero.stage", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]", "layout.zero"},
+        {"pp.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
+         "\"\" | gpipe | 1f1b | interleaved", "layout.schedule"},
+        {"pp.chunks", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)", "[0, 1024]",
+         "layout.v"},
+        {"pp.layers", ValueKind::String, "\"\"",
+         "layers per pipeline stage: \"\" equal stages, auto (balanced, the embedding and head "
+         "counted), or counts such as \"7,8,8,7\" (pp x v of them)",
+         "", "layout.pp_layers"},
+        {"train.grad_accum", ValueKind::Int, "0", "micro-batches per step (0 = from the batch)",
+         "[0, 1000000000]", "layout.microbatches"},
+        {"zero.reshard_after_forward", ValueKind::Bool, "true",
+         "ZeRO-3: parameters freed after forward and gathered again for backward"},
+        {"zero.prefetch", ValueKind::Int, "1", "ZeRO-3: parameter gathers in flight ahead",
+         "[0, 8]"},
+    };
+    const ConfigSchema& model = model_shape_keys();
+    s.insert(s.begin() + 1, model.begin(), model.end());
+    return s;
+  }();
   return schema;
 }
 
@@ -120,28 +124,21 @@ ModelSpec model_from(const Config& cfg) {
   const std::string& preset = cfg.s("model.preset");
   if (!preset.empty()) {
     m = model_preset(preset);
+    static_cast<ModelShape&>(m) = model_shape_from(cfg, &m);
   } else {
+    for (const char* key : {"model.n_layer", "model.d_model", "model.n_head", "model.vocab_size"}) {
+      TETRA_CHECK(cfg.is_set(key),
+                  "[plan] {} is not set: without model.preset the shape is given key by key "
+                  "(model.n_layer, d_model, n_head, vocab_size and train.seq_len; a Llama model's "
+                  "also model.arch = \"llama\", n_kv_head and ffn)",
+                  key);
+    }
     m.name = "custom";
-    m.gpt2_style = cfg.s("model.arch") == "gpt2";
+    static_cast<ModelShape&>(m) = model_shape_from(cfg);
   }
-  auto take = [&](const char* key, int64_t& field) {
-    if (cfg.is_set(key)) field = cfg.i(key);
-  };
-  take("model.layers", m.layers);
-  take("model.d_model", m.d_model);
-  take("model.heads", m.heads);
-  take("model.kv_heads", m.kv_heads);
-  take("model.ffn", m.ffn);
-  take("model.vocab", m.vocab);
-  take("model.seq", m.seq);
-  take("model.experts", m.experts);
-  take("model.top_k", m.top_k);
-  m.vocab_multiple = cfg.i("model.vocab_multiple");
-  if (cfg.is_set("model.tie_embeddings")) m.tie_embeddings = cfg.b("model.tie_embeddings");
-  if (m.kv_heads == 0) m.kv_heads = m.heads;
-  if (m.ffn == 0) m.ffn = 4 * m.d_model;
-  if (m.experts == 0) m.experts = 1;
-  if (m.top_k == 0) m.top_k = m.experts > 1 ? 2 : 1;
+  if (cfg.i("train.seq_len") > 0) m.seq = cfg.i("train.seq_len");
+  // GPT-2's learned positions cover the planned sequence unless model.max_seq says otherwise.
+  if (!cfg.is_set("model.max_seq")) m.max_seq = std::max(preset.empty() ? 0 : m.max_seq, m.seq);
   validate_model(m);
   return m;
 }
@@ -165,10 +162,10 @@ TrainingSpec training_from(const Config& cfg) {
   TrainingSpec t;
   t.tokens = cfg.f("training.tokens");
   t.global_batch_tokens = cfg.i("training.global_batch");
-  t.micro_batch = cfg.i("training.micro_batch");
-  t.precision = parse_precision(cfg.s("training.precision"));
-  if (!cfg.s("training.recompute").empty()) {
-    t.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+  t.micro_batch = cfg.i("train.micro_batch");
+  t.precision = parse_precision(cfg.s("train.precision"));
+  if (!cfg.s("train.recompute").empty()) {
+    t.recompute = parse_recompute(cfg.s("train.recompute"), "train.recompute");
   }
   t.attention = parse_attention(cfg.s("training.attention"));
   apply_assumptions(cfg, t);
@@ -182,19 +179,18 @@ TrainingSpec training_from(const Config& cfg) {
 
 LayoutConstraints layout_from(const Config& cfg) {
   LayoutConstraints k;
-  k.tp = cfg.i("layout.tp");
-  k.pp = cfg.i("layout.pp");
-  k.dp = cfg.i("layout.dp");
-  k.ep = cfg.i("layout.ep");
-  k.cp = cfg.i("layout.cp");
-  k.zero = int(cfg.i("layout.zero"));
-  k.v = cfg.i("layout.v");
-  k.microbatches = cfg.i("layout.microbatches");
-  if (!cfg.s("layout.schedule").empty())
-    k.schedule = pipeline::parse_kind(cfg.s("layout.schedule"));
-  k.pp_layers = cfg.s("layout.pp_layers");
-  if (!cfg.s("training.recompute").empty()) {
-    k.recompute = parse_recompute(cfg.s("training.recompute"), "training.recompute");
+  k.tp = cfg.i("parallel.tp");
+  k.pp = cfg.i("parallel.pp");
+  k.dp = cfg.i("parallel.dp");
+  k.ep = cfg.i("parallel.ep");
+  k.cp = cfg.i("parallel.cp");
+  k.zero = int(cfg.i("zero.stage"));
+  k.v = cfg.i("pp.chunks");
+  k.microbatches = cfg.i("train.grad_accum");
+  if (!cfg.s("pp.schedule").empty()) k.schedule = pipeline::parse_kind(cfg.s("pp.schedule"));
+  k.pp_layers = cfg.s("pp.layers");
+  if (!cfg.s("train.recompute").empty()) {
+    k.recompute = parse_recompute(cfg.s("train.recompute"), "train.recompute");
   }
   return k;
 }
@@ -269,36 +265,40 @@ PlanInputs plan_inputs(const Config& config) {
   const ClusterSpec& c = in.cluster;
   if (k.tp) {
     TETRA_CHECK(k.tp <= c.gpus_per_node,
-                "[plan] tp={} exceeds gpus_per_node={}; TP must stay inside a node, use tp<={}",
+                "[plan] parallel.tp={} exceeds cluster.gpus_per_node={}; tensor parallelism stays "
+                "inside a node, use parallel.tp<={}",
                 k.tp, c.gpus_per_node, c.gpus_per_node);
-    TETRA_CHECK(in.model.heads % k.tp == 0,
-                "[plan] heads={} is not divisible by tp={}; use a tp that divides heads",
-                in.model.heads, k.tp);
+    TETRA_CHECK(in.model.n_head % k.tp == 0,
+                "[plan] model.n_head={} is not divisible by parallel.tp={}; use a tp that divides "
+                "n_head",
+                in.model.n_head, k.tp);
   }
   if (k.pp) {
-    TETRA_CHECK(k.pp <= in.model.layers,
-                "[plan] pp={} exceeds the model's {} layers: each stage needs at least one layer; "
-                "use pp <= {}",
-                k.pp, in.model.layers, in.model.layers);
-    TETRA_CHECK(!k.pp_layers.empty() || in.model.layers % k.pp == 0,
-                "[plan] layers={} is not divisible by pp={}; use pp dividing {}, or uneven stages "
-                "with layout.pp_layers=auto or explicit counts",
-                in.model.layers, k.pp, in.model.layers);
+    TETRA_CHECK(
+        k.pp <= in.model.n_layer,
+        "[plan] parallel.pp={} exceeds the model's {} layers: each stage needs at least one "
+        "layer; use parallel.pp <= {}",
+        k.pp, in.model.n_layer, in.model.n_layer);
+    TETRA_CHECK(!k.pp_layers.empty() || in.model.n_layer % k.pp == 0,
+                "[plan] model.n_layer={} is not divisible by parallel.pp={}; use a pp dividing {}, "
+                "or uneven stages with pp.layers=auto or explicit counts",
+                in.model.n_layer, k.pp, in.model.n_layer);
   } else {
     TETRA_CHECK(k.pp_layers.empty() || k.pp_layers == "auto",
-                "[plan] layout.pp_layers=\"{}\" gives one count per stage, so it needs a fixed "
-                "layout.pp; set layout.pp, or use layout.pp_layers=auto",
+                "[plan] pp.layers=\"{}\" gives one count per stage, so it needs a fixed "
+                "parallel.pp; set parallel.pp, or use pp.layers=auto",
                 k.pp_layers);
   }
   TETRA_CHECK(k.cp == 1 || k.complete(),
-              "[plan] layout.cp={} needs the whole layout given (layout.tp, layout.pp, layout.dp "
-              "and layout.zero): the search keeps cp=1; set them, or drop layout.cp",
+              "[plan] parallel.cp={} needs the whole layout given (parallel.tp, parallel.pp, "
+              "parallel.dp and zero.stage): the search keeps cp=1; set them, or drop parallel.cp",
               k.cp);
   const int64_t fixed = (k.tp ? k.tp : 1) * (k.pp ? k.pp : 1) * (k.dp ? k.dp : 1) * k.cp;
-  TETRA_CHECK(c.gpus % fixed == 0,
-              "[plan] the fixed layout dimensions (tp={} cp={} pp={} dp={}) multiply to {}, which "
-              "does not divide cluster.gpus={}; choose degrees whose product divides the GPU count",
-              k.tp, k.cp, k.pp, k.dp, fixed, c.gpus);
+  TETRA_CHECK(
+      c.gpus % fixed == 0,
+      "[plan] the fixed layout dimensions (parallel.tp={} cp={} pp={} dp={}) multiply to {}, which "
+      "does not divide cluster.gpus={}; choose degrees whose product divides the GPU count",
+      k.tp, k.cp, k.pp, k.dp, fixed, c.gpus);
   return in;
 }
 

@@ -24,12 +24,33 @@ constexpr double kGpuMtbfHours = 5 * kHoursPerYear;
 constexpr double kUsableFraction = 0.8;
 
 ModelSpec gpt2(const char* name, int64_t L, int64_t C, int64_t NH) {
-  return ModelSpec{name, L, C, NH, NH, 4 * C, 50257, 1024, 1, 1, true};
+  ModelSpec m;
+  m.name = name;
+  m.n_layer = L;
+  m.d_model = C;
+  m.n_head = m.n_kv_head = NH;
+  m.ffn = 4 * C;
+  m.vocab_size = 50257;
+  m.max_seq = m.seq = 1024;
+  return m;
 }
 
 ModelSpec llama(const char* name, int64_t L, int64_t C, int64_t NH, int64_t kv, int64_t ffn,
-                int64_t V, int64_t T, int64_t experts = 1, int64_t top_k = 1) {
-  return ModelSpec{name, L, C, NH, kv, ffn, V, T, experts, top_k, false};
+                int64_t V, int64_t T, int64_t experts = 0, int64_t top_k = 2) {
+  ModelSpec m;
+  m.name = name;
+  m.arch = Arch::llama;
+  m.n_layer = L;
+  m.d_model = C;
+  m.n_head = NH;
+  m.n_kv_head = kv;
+  m.ffn = ffn;
+  m.vocab_size = V;
+  m.max_seq = m.seq = T;
+  m.tie_embeddings = false;
+  m.moe.experts = experts;
+  m.moe.top_k = top_k;
+  return m;
 }
 
 const std::vector<ModelSpec>& model_presets() {
@@ -38,7 +59,7 @@ const std::vector<ModelSpec>& model_presets() {
       gpt2("gpt2-1.5b", 48, 1600, 25),
       [] {
         ModelSpec m = gpt2("gpt3-175b", 96, 12288, 96);
-        m.seq = 2048;
+        m.max_seq = m.seq = 2048;
         return m;
       }(),
       llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
@@ -98,41 +119,27 @@ std::string joined(const std::vector<std::string>& names) {
 
 }  // namespace
 
-bool is_moe(const ModelSpec& m) { return m.moe_every > 0 || m.experts > 1; }
-
-bool is_moe_layer(const ModelSpec& m, int64_t layer) {
-  if (!is_moe(m)) return false;
-  const int64_t every = std::max<int64_t>(1, m.moe_every);
-  return layer % every == every - 1;
-}
-
-int64_t moe_layers(const ModelSpec& m, int64_t first, int64_t end) {
-  int64_t n = 0;
-  for (int64_t l = first; l < end; ++l) n += is_moe_layer(m, l) ? 1 : 0;
-  return n;
-}
-
 ParamCounts count_params(const ModelSpec& m) {
-  const int64_t C = m.d_model, kvd = m.d_model / m.heads * m.kv_heads;
+  const int64_t C = m.d_model, kvd = m.head_size() * m.n_kv_head;
   ParamCounts p;
-  p.layers = m.layers;
-  p.moe_layers = moe_layers(m, 0, m.layers);
-  p.experts = m.experts;
-  p.top_k = m.top_k;
-  // The router (E, C) has no bias (docs/moe.md), even over one expert.
-  p.router = is_moe(m) ? C * m.experts : 0;
+  p.layers = m.n_layer;
+  p.moe_layers = m.moe_layers();
+  p.experts = m.has_moe() ? m.moe.experts : 1;
+  p.top_k = m.has_moe() ? m.moe.top_k : 1;
+  // The router (E, C) has no bias (docs/moe.md).
+  p.router = m.has_moe() ? C * m.moe.experts : 0;
   p.attention_matmul = C * (C + 2 * kvd) + C * C;
-  p.head_matmul = m.vocab * C;
-  if (m.gpt2_style) {
-    p.embedding = m.vocab * C + (m.positions > 0 ? m.positions : m.seq) * C;
+  p.head_matmul = m.vocab_size * C;
+  if (!m.llama()) {
+    p.embedding = m.vocab_size * C + m.max_seq * C;
     p.attention = p.attention_matmul + (C + 2 * kvd) + C;
     p.expert_mlp_matmul = 2 * C * m.ffn;
     p.expert_mlp = p.expert_mlp_matmul + m.ffn + C;
     p.norms = 2 * 2 * C;
     p.final_norm = 2 * C;
   } else {
-    p.embedding = m.vocab * C;
-    p.head = m.tie_embeddings ? 0 : m.vocab * C;
+    p.embedding = m.vocab_size * C;
+    p.head = m.tie_embeddings ? 0 : m.vocab_size * C;
     p.attention = p.attention_matmul;
     p.expert_mlp_matmul = 3 * C * m.ffn;
     p.expert_mlp = p.expert_mlp_matmul;
@@ -143,22 +150,13 @@ ParamCounts count_params(const ModelSpec& m) {
 }
 
 void validate_model(const ModelSpec& m) {
-  TETRA_CHECK(m.layers > 0 && m.d_model > 0 && m.heads > 0 && m.ffn > 0 && m.vocab > 0 && m.seq > 0,
-              "[plan] model '{}' needs positive layers, d_model, heads, ffn, vocab and seq (got "
-              "{}, {}, {}, {}, {}, {}); set model.preset or every one of these keys",
-              m.name, m.layers, m.d_model, m.heads, m.ffn, m.vocab, m.seq);
-  TETRA_CHECK(m.d_model % m.heads == 0,
-              "[plan] d_model={} is not divisible by heads={}; choose heads that divide d_model",
-              m.d_model, m.heads);
-  TETRA_CHECK(m.kv_heads > 0 && m.heads % m.kv_heads == 0,
-              "[plan] kv_heads={} must divide heads={}; use kv_heads=heads for multi-head "
-              "attention",
-              m.kv_heads, m.heads);
-  TETRA_CHECK(m.experts >= 1 && m.top_k >= 1 && m.top_k <= m.experts,
-              "[plan] top_k={} must be between 1 and experts={}", m.top_k, m.experts);
-  TETRA_CHECK(m.moe_every >= 0 && m.capacity_factor >= 0 && std::isfinite(m.capacity_factor),
-              "[plan] moe_every={} and capacity_factor={} must be >= 0", m.moe_every,
-              m.capacity_factor);
+  check_model_shape(m);
+  TETRA_CHECK(m.seq > 0, "[plan] model '{}' needs a positive train.seq_len (got {})", m.name,
+              m.seq);
+  TETRA_CHECK(m.llama() || m.seq <= m.max_seq,
+              "[plan] train.seq_len={} exceeds model.max_seq={} (GPT-2's learned positions); "
+              "lower seq_len or raise max_seq",
+              m.seq, m.max_seq);
 }
 
 ModelSpec model_preset(const std::string& name) {
@@ -167,7 +165,7 @@ ModelSpec model_preset(const std::string& name) {
   }
   fail(
       "[plan] unknown model preset '{}'; use one of: {}, or leave model.preset empty and set "
-      "model.layers, d_model, heads, ffn, vocab and seq",
+      "model.n_layer, d_model, n_head and vocab_size (and model.arch, n_kv_head, ffn for Llama)",
       name, joined(model_preset_names()));
 }
 

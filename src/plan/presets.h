@@ -6,46 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "core/model_shape.h"
+
 namespace tetra::plan {
 
-/** Transformer shape. gpt2_style: LayerNorm with bias, GELU MLP, learned positions, tied
- *  embeddings; otherwise Llama style: RMSNorm, SwiGLU MLP, rotary positions, an untied head
- *  (tie_embeddings: the head reads the embedding matrix). */
-struct ModelSpec {
+/** A model to plan: its shape (core/model_shape.h: the model.* keys of `tetra train`, resolved)
+ *  with a name and the training sequence length (train.seq_len). */
+struct ModelSpec : ModelShape {
   std::string name;
-  int64_t layers = 0;    // L
-  int64_t d_model = 0;   // C
-  int64_t heads = 0;     // NH
-  int64_t kv_heads = 0;  // grouped-query heads; == heads for multi-head attention
-  int64_t ffn = 0;       // MLP hidden width (per expert)
-  int64_t vocab = 0;     // V
-  int64_t seq = 0;       // T, training sequence length
-  int64_t experts = 1;   // experts per MoE block; 1 = dense (unless moe_every > 0)
-  int64_t top_k = 1;     // experts per token
-  bool gpt2_style = false;
-  int64_t vocab_multiple = 64;  // tetra pads the vocabulary (wte rows) to a multiple of this
-  // Learned position rows (GPT-2's wpe; a tetra run's model.max_seq, which may exceed the trained
-  // train.seq_len); 0 = seq.
-  int64_t positions = 0;
-  // Which blocks are mixtures of experts (a router and `experts` MLPs of the dense MLP's shape in
-  // place of the MLP): block l when l % moe_every == moe_every - 1 (tetra's model.moe_every; 1:
-  // every block, 2: blocks 1, 3, ...). 0: every block when experts > 1 (the presets' Mixtral),
-  // none otherwise.
-  int64_t moe_every = 0;
-  // Routes an expert takes per sequence, ceil(cf * seq * top_k / experts) (tetra's
-  // moe.capacity_factor; 0: no capacity): bounds the expert rows a tetra run reserves.
-  double capacity_factor = 1.25;
-  // Llama style: the head is the embedding matrix (no lm_head; tetra's model.tie_embeddings).
-  // GPT-2 style models are always tied.
-  bool tie_embeddings = false;
+  int64_t seq = 0;  // T
 };
-
-/** Whether `m` has MoE blocks. */
-bool is_moe(const ModelSpec& m);
-/** Whether block `layer` (0-based) of `m` is a MoE block (ModelSpec::moe_every). */
-bool is_moe_layer(const ModelSpec& m, int64_t layer);
-/** MoE blocks among blocks [first, end). */
-int64_t moe_layers(const ModelSpec& m, int64_t first, int64_t end);
 
 /** Parameter count by part; per-layer parts are for one layer. The *_matmul parts are the
  *  weights of those parts that take part in matrix products (no biases, no norms). A dense block
@@ -98,7 +68,7 @@ struct ParamCounts {
  *  (model.vocab_multiple) are storage that never trains, counted by the memory ledger only. */
 ParamCounts count_params(const ModelSpec& m);
 
-/** Checks shape sanity (positive sizes, heads divide d_model, ...); throws tetra::Error. */
+/** Checks the shape (check_model_shape) and the sequence length; throws tetra::Error. */
 void validate_model(const ModelSpec& m);
 
 ModelSpec model_preset(const std::string& name);

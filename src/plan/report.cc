@@ -103,7 +103,7 @@ ChosenLayout choose_layout(const PlanInputs& in) {
         "[plan] no layout of {} GPUs ({} per node) divides model '{}' (layers={}, heads={}) and "
         "the global batch of {} sequences; change cluster.gpus, training.global_batch or the "
         "[layout] constraints",
-        c.gpus, c.gpus_per_node, m.name, m.layers, m.heads, t.global_batch_tokens / m.seq);
+        c.gpus, c.gpus_per_node, m.name, m.n_layer, m.n_head, t.global_batch_tokens / m.seq);
   }
   return out;
 }
@@ -122,16 +122,18 @@ json plan_report(const PlanInputs& in, int top) {
   const Layout& l = chosen.layout;
 
   json r;
+  // The model's keys by their config names (core/model_shape.h).
   r["model"] = {{"name", m.name},
-                {"layers", m.layers},
+                {"arch", m.llama() ? "llama" : "gpt2"},
+                {"n_layer", m.n_layer},
                 {"d_model", m.d_model},
-                {"heads", m.heads},
-                {"kv_heads", m.kv_heads},
+                {"n_head", m.n_head},
+                {"n_kv_head", m.n_kv_head},
                 {"ffn", m.ffn},
-                {"vocab", m.vocab},
-                {"seq", m.seq},
-                {"experts", m.experts},
-                {"top_k", m.top_k},
+                {"vocab_size", m.vocab_size},
+                {"seq_len", m.seq},
+                {"moe_experts", m.moe.experts},
+                {"moe_top_k", m.has_moe() ? m.moe.top_k : 0},
                 {"params", pc.total()},
                 {"active_params", pc.active()},
                 {"moe_layers", pc.moe_layers}};
@@ -192,10 +194,10 @@ json plan_report(const PlanInputs& in, int top) {
   // for a tetra train config's run always (the numbers its trainer prints), else for a layout
   // tetra can run and run_memory models (GPT-2, or Llama with whole key/value heads and MLP
   // channels on every tensor-parallel rank; dense, one pipeline stage).
-  const bool tetra_arch = m.gpt2_style || (m.kv_heads % l.tp == 0 && m.ffn % l.tp == 0 &&
-                                           (m.d_model / m.heads) % 2 == 0);
+  const bool tetra_arch = !m.llama() || (m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0 &&
+                                         (m.d_model / m.n_head) % 2 == 0);
   const bool tetra_layout =
-      tetra_arch && m.experts == 1 && m.heads % l.tp == 0 && l.pp == 1 && l.ep == 1;
+      tetra_arch && !m.has_moe() && m.n_head % l.tp == 0 && l.pp == 1 && l.ep == 1;
   if (in.tetra_run || tetra_layout) {
     const RunPrediction run = predict_run(m, t, l, in.tetra_run.value_or(RunOptions{}));
     const RunMemory& x = run.memory;
@@ -222,7 +224,7 @@ json plan_report(const PlanInputs& in, int top) {
                   {"bytes_per_step", bytes},
                   {"bubble", step.bubble},
                   {"summary", run_summary(run)}};
-      if (is_moe(m)) {
+      if (m.has_moe()) {
         // The experts this rank holds and what they cost it: their state, the all-to-all rows per
         // step (and the part that leaves the rank), and that exchange's time on this cluster.
         const RunMemory& e = run.experts;
@@ -234,10 +236,10 @@ json plan_report(const PlanInputs& in, int top) {
           if (d.dim == "ep") seconds = d.seconds;
         }
         const RunShape shape = run_shape(m, t, l, *in.tetra_run);
-        r["run"]["moe"] = {{"experts", m.experts},
-                           {"experts_per_rank", m.experts / l.ep},
+        r["run"]["moe"] = {{"experts", m.moe.experts},
+                           {"experts_per_rank", m.moe.experts / l.ep},
                            {"moe_blocks_per_rank", shape.local_moe_layers()},
-                           {"top_k", m.top_k},
+                           {"top_k", m.moe.top_k},
                            {"expert_memory_per_rank", e.total()},
                            {"expert_memory",
                             {{"params", e.params},
@@ -294,8 +296,8 @@ json plan_report(const PlanInputs& in, int top) {
   r["communication"] = comm;
   if (l.cp > 1) {
     // Ring attention's formula for one layer and micro-batch (plan/comm_cost.h, cp_ring_traffic).
-    const int64_t hs = m.d_model / m.heads;
-    const int64_t kv_width = hs * std::max<int64_t>(1, m.kv_heads / l.tp);
+    const int64_t hs = m.d_model / m.n_head;
+    const int64_t kv_width = hs * std::max<int64_t>(1, m.n_kv_head / l.tp);
     const double dtype = t.precision == Precision::Fp32 ? 4.0 : 2.0;
     const RingTraffic ring = cp_ring_traffic(l.micro_batch, m.seq, l.cp, kv_width, dtype);
     r["cp_ring"] = {{"cp", l.cp},
@@ -306,7 +308,7 @@ json plan_report(const PlanInputs& in, int top) {
                     {"hop_bytes", ring.hop},
                     {"forward_bytes", ring.forward},
                     {"backward_bytes", ring.backward},
-                    {"layers", max_rank_layers(l, m.layers)},
+                    {"layers", max_rank_layers(l, m.n_layer)},
                     {"microbatches", l.microbatches}};
   }
 
@@ -371,11 +373,17 @@ std::string format_report(const json& r, bool explain) {
                    m["active_params"].get<double>(), c["gpus"].get<int64_t>(),
                    c["name"].get<std::string>(), c["nodes"].get<int64_t>(),
                    c["gpus_per_node"].get<int64_t>()));
-  line(fmt::format("  L={} d={} heads={}/{} ffn={} vocab={} seq={} experts={} top_k={}",
-                   m["layers"].get<int64_t>(), m["d_model"].get<int64_t>(),
-                   m["heads"].get<int64_t>(), m["kv_heads"].get<int64_t>(), m["ffn"].get<int64_t>(),
-                   m["vocab"].get<int64_t>(), m["seq"].get<int64_t>(), m["experts"].get<int64_t>(),
-                   m["top_k"].get<int64_t>()));
+  std::string moe;
+  if (m["moe_experts"].get<int64_t>() > 0) {
+    moe = fmt::format(" moe_experts={} moe_top_k={}", m["moe_experts"].get<int64_t>(),
+                      m["moe_top_k"].get<int64_t>());
+  }
+  line(fmt::format(
+      "  {} n_layer={} d_model={} n_head={} n_kv_head={} ffn={} vocab_size={} "
+      "seq_len={}{}",
+      m["arch"].get<std::string>(), m["n_layer"].get<int64_t>(), m["d_model"].get<int64_t>(),
+      m["n_head"].get<int64_t>(), m["n_kv_head"].get<int64_t>(), m["ffn"].get<int64_t>(),
+      m["vocab_size"].get<int64_t>(), m["seq_len"].get<int64_t>(), moe));
   line(fmt::format("  {:.3g} tokens, global batch {} tokens ({:.0f} steps), {}, recompute={}",
                    t["tokens"].get<double>(), t["global_batch"].get<int64_t>(),
                    t["steps"].get<double>(), t["precision"].get<std::string>(),

@@ -14,7 +14,7 @@ constexpr int64_t kMoeRowAlign = 32;
 
 // The chunks run_memory prices: the shape's, or the whole model with one micro-batch in flight.
 std::vector<RunShape::Chunk> chunks_of(const RunShape& s) {
-  return s.chunks.empty() ? std::vector<RunShape::Chunk>{{s.layers, 1, 0}} : s.chunks;
+  return s.chunks.empty() ? std::vector<RunShape::Chunk>{{s.model.n_layer, 1, 0}} : s.chunks;
 }
 
 // ZeRO workspaces one class of `units` interchangeable units holds at once (parallel/
@@ -32,21 +32,16 @@ double workspace_bound(const RunShape& s, double units) {
 }  // namespace
 
 int64_t RunShape::local_layers() const {
-  if (chunks.empty()) return layers;
+  if (chunks.empty()) return model.n_layer;
   int64_t n = 0;
   for (const Chunk& c : chunks) n += c.layers;
   return n;
 }
 
-bool RunShape::is_moe(int64_t layer) const {
-  const int64_t every = std::max<int64_t>(1, moe_every);
-  return experts > 0 && layer % every == every - 1;
-}
-
 int64_t RunShape::local_moe_layers() const {
   int64_t n = 0;
   for (const Chunk& c : chunks_of(*this)) {
-    for (int64_t l = c.first; l < c.first + c.layers; ++l) n += is_moe(l) ? 1 : 0;
+    n += model.moe_layers(c.first, c.first + c.layers);
   }
   return n;
 }
@@ -57,14 +52,15 @@ MoeRows moe_rows(const RunShape& s) {
   // take at most every route of the ep group. The capacity is model/moe_routing.cc's
   // moe_capacity, ceil(cf·T·k/E) in double as there.
   MoeRows r;
-  if (s.experts <= 0) return r;
-  const int64_t B = s.micro_batch, T = s.seq, k = s.top_k, E = s.experts;
+  if (s.model.moe.experts <= 0) return r;
+  const int64_t B = s.micro_batch, T = s.seq, k = s.model.moe.top_k, E = s.model.moe.experts;
   const int64_t ep = std::max<int64_t>(1, s.ep), El = E / ep, N = B * T;
-  const int64_t per_rank =
-      s.capacity_factor > 0.0
-          ? std::min(int64_t(std::ceil(s.capacity_factor * double(T) * double(k) / double(E))) * B,
-                     N)
-          : N;
+  const int64_t per_rank = s.model.moe.capacity_factor > 0.0
+                               ? std::min(int64_t(std::ceil(s.model.moe.capacity_factor *
+                                                            double(T) * double(k) / double(E))) *
+                                              B,
+                                          N)
+                               : N;
   const int64_t routed = std::min(El * per_rank * ep, N * k * ep);
   r.tokens = double(N);
   r.expert_rows = double(routed + El * (kMoeRowAlign - 1));
@@ -76,17 +72,18 @@ MoeRows moe_rows(const RunShape& s) {
 }
 
 FlatLayout flat_layout(const RunShape& s) {
-  const int64_t C = s.d_model, tp = s.tp;
+  check_model_shape(s.model);  // a resolved shape: every width given, none left at 0
+  const int64_t C = s.model.d_model, tp = s.tp;
   const int64_t unit = 16 * s.dp_cp(), expert_unit = 16 * s.edp();
-  int64_t block = 0, moe_block = align(s.experts * C, 16);
-  const int64_t F = s.mlp_width();
-  if (s.llama) {
+  int64_t block = 0, moe_block = align(s.model.moe.experts * C, 16);
+  const int64_t F = s.model.ffn;
+  if (s.model.llama()) {
     // A Llama block (model/block_spec.h, the parts' registrations): mlp.down_proj (C, ffn),
     // mlp.up_proj and mlp.gate_proj (ffn, C), post_attention_layernorm (C), self_attn.o_proj
     // (C, C), v_proj and k_proj (KVH·hs, C), q_proj (C, C), input_layernorm (C); no biases. A
     // tensor-parallel rank holds 1/tp of every matrix (whole key/value heads with their query
     // heads). A MoE block (Mixtral) has the router (E, C), whole, in place of the MLP.
-    const int64_t KV = s.kv_head_count() * (C / s.heads);
+    const int64_t KV = s.model.n_kv_head * (C / s.model.n_head);
     const int64_t attention[] = {C, C * C / tp, KV * C / tp, KV * C / tp, C * C / tp, C};
     const int64_t mlp[] = {C * F / tp, F * C / tp, F * C / tp};
     for (int64_t n : attention) block += align(n, 16);
@@ -105,7 +102,7 @@ FlatLayout flat_layout(const RunShape& s) {
   }
   // An expert unit: this rank's E/ep experts, each of the dense MLP's shape, whole (model/moe.cc,
   // register_experts): GPT-2's c_proj (w, b) and c_fc (w, b); Mixtral's w2, w3 and w1.
-  const int64_t expert = s.llama
+  const int64_t expert = s.model.llama()
                              ? 3 * align(C * F, 16)
                              : align(C * F, 16) + align(C, 16) + align(F * C, 16) + align(F, 16);
   // GPT-2's root: wpe, wte (this rank's padded rows), ln_f (w, b); on a pipeline's end stages wte
@@ -115,19 +112,19 @@ FlatLayout flat_layout(const RunShape& s) {
   // tied copy before it) and model.norm.
   const int64_t wte = align(s.padded_vocab / tp * C, 16);
   FlatLayout f;
-  if (s.llama) {
-    const int64_t lm_head = s.tied ? 0 : wte, norm = align(C, 16);
+  if (s.model.llama()) {
+    const int64_t lm_head = s.model.tie_embeddings ? 0 : wte, norm = align(C, 16);
     if (s.embedding && s.head) {
       f.ends = {double(align(wte + lm_head + norm, unit))};
     } else if (s.embedding) {
       f.ends = {double(align(wte, unit))};
-    } else if (s.head && s.tied) {
+    } else if (s.head && s.model.tie_embeddings) {
       f.ends = {double(align(wte, unit)), double(align(norm, unit))};
     } else if (s.head) {
       f.ends = {double(align(lm_head + norm, unit))};
     }
   } else {
-    const int64_t wpe = align(s.max_seq * C, 16), ln_f = 2 * align(C, 16);
+    const int64_t wpe = align(s.model.max_seq * C, 16), ln_f = 2 * align(C, 16);
     if (s.embedding && s.head) {
       f.ends = {double(align(wpe + wte + ln_f, unit))};
     } else if (s.embedding) {
@@ -137,9 +134,10 @@ FlatLayout flat_layout(const RunShape& s) {
     }
   }
   f.block = double(align(block, unit));
-  if (s.experts > 0) {
+  if (s.model.moe.experts > 0) {
     f.moe_block = double(align(moe_block, unit));
-    f.experts = double(align(s.experts / std::max<int64_t>(1, s.ep) * expert, expert_unit));
+    f.experts =
+        double(align(s.model.moe.experts / std::max<int64_t>(1, s.ep) * expert, expert_unit));
   }
   for (double e : f.ends) f.root += e;
   // The store's order (model/gpt.cc): a head without the embedding first (wte, head), the chunks
@@ -152,7 +150,7 @@ FlatLayout flat_layout(const RunShape& s) {
   const std::vector<RunShape::Chunk> chunks = chunks_of(s);
   for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
     for (int64_t l = c->first + c->layers - 1; l >= c->first; --l) {
-      if (s.is_moe(l)) {
+      if (s.model.is_moe(l)) {
         f.units.push_back({f.experts, false, true});
         f.units.push_back({f.moe_block, true, false});
       } else {
@@ -175,12 +173,12 @@ FlatLayout flat_layout(const RunShape& s) {
 RunMemory run_memory(const RunShape& s) {
   // This rank's tokens of a sequence: T/cp under context parallelism.
   const double B = double(s.micro_batch), T = double(s.seq), Tl = T / double(s.cp);
-  const double C = double(s.d_model), NH = double(s.heads);
+  const double C = double(s.model.d_model), NH = double(s.model.n_head);
   const double tp = double(s.tp), BT = B * Tl, BTC = BT * C;
   // This rank's query columns C/tp, columns of the fused q, k, v activation W (3C/tp; Llama's
   // C/tp + 2·(KVH/tp)·hs) and MLP channels Hl (4C/tp; Llama's ffn/tp).
-  const double Cl = C / tp, KVl = double(s.kv_head_count()) / tp * (C / NH);
-  const double W = Cl + 2 * KVl, Hl = double(s.mlp_width()) / tp;
+  const double Cl = C / tp, KVl = double(s.model.n_kv_head) / tp * (C / NH);
+  const double W = Cl + 2 * KVl, Hl = double(s.model.ffn) / tp;
   // Attention's saved state and backward scratch per layer (RunShape::flash_attention): per query
   // head, whatever the key/value heads. Under context parallelism (parallel/context_parallel.cc)
   // the saved state is each local row's log-sum-exp, and the scratch holds the packed K|V of the
@@ -198,14 +196,15 @@ RunMemory run_memory(const RunShape& s) {
                                        (s.flash_attention ? 0.0 : 2 * B * NHl * chunk * chunk);
   const double rows = s.sequence_parallel ? BT / tp : BT;  // of the residual stream, per rank
   // A norm's statistics per row: a LayerNorm's mean and rstd, an RMSNorm's rstd.
-  const double stats = s.llama ? 1.0 : 2.0;
+  const double stats = s.model.llama() ? 1.0 : 2.0;
   constexpr double f32 = 4.0;
   const FlatLayout flat = flat_layout(s);
-  const bool moe = s.experts > 0;
+  const bool moe = s.model.moe.experts > 0;
   const MoeRows mr = moe_rows(s);
   // Experts are whole: each of the dense MLP's width, SwiGLU (gate, up, product) in a Llama.
-  const double E = double(s.experts), k = double(s.top_k), H = double(s.mlp_width());
-  const double expert_hidden = s.llama ? 3.0 : 2.0;
+  const double E = double(s.model.moe.experts), k = double(s.model.moe.top_k),
+               H = double(s.model.ffn);
+  const double expert_hidden = s.model.llama() ? 3.0 : 2.0;
   const double N = mr.tokens, R = mr.expert_rows, send = mr.send_rows, recv = mr.recv_rows;
 
   RunMemory m;
@@ -223,7 +222,7 @@ RunMemory run_memory(const RunShape& s) {
   // experts (send_rows,C). Tensor parallelism splits the column-parallel ones; sequence
   // parallelism the residual and the statistics.
   const double moe_acts = N * E + N * k + R * (2 * C + expert_hidden * H) + send * C;
-  const double mlp_acts = BT * Hl * (s.llama ? 3.0 : 2.0);
+  const double mlp_acts = BT * Hl * (s.model.llama() ? 3.0 : 2.0);
   auto block_saves = [&](bool with_att, bool moe_block) {
     return 2 * BTC + 2 * stats * rows + rows * C + BT * Cl + BT * W + (with_att ? att_saved : 0.0) +
            (moe_block ? moe_acts : mlp_acts);
@@ -242,7 +241,8 @@ RunMemory run_memory(const RunShape& s) {
   for (const RunShape::Chunk& c : chunks_of(s)) {
     double kept = 0;
     for (int64_t l = c.first; keep && l < c.first + c.layers; ++l) {
-      kept += s.is_moe(l) ? block_saves(with_att, true) + route : block_saves(with_att, false);
+      kept +=
+          s.model.is_moe(l) ? block_saves(with_att, true) + route : block_saves(with_att, false);
     }
     held += double(c.slots) * ((double(c.layers) + 1) * rows * C + kept);
   }
@@ -258,9 +258,9 @@ RunMemory run_memory(const RunShape& s) {
   // with its output, and a MoE model's routing for it.
   const double moe_scratch =
       moe ? N * E + N * k + (recv + send + R) * C + R * H * (expert_hidden - 1) : 0.0;
-  const double norm_grads = s.llama ? 2 * C : 4 * C;
+  const double norm_grads = s.model.llama() ? 2 * C : 4 * C;
   const double scratch = BTC + BT * W + att_saved + att_scratch + BT * Cl +
-                         BT * Hl * (s.llama ? 2.0 : 1.0) +
+                         BT * Hl * (s.model.llama() ? 2.0 : 1.0) +
                          (s.sequence_parallel ? BTC + norm_grads : 0.0) + moe_scratch;
   const double rerun =
       s.recompute == Recompute::full
@@ -310,7 +310,7 @@ RunMemory run_memory(const RunShape& s) {
 
 RunMemory expert_memory(const RunShape& s) {
   RunMemory m;
-  if (s.experts <= 0) return m;
+  if (s.model.moe.experts <= 0) return m;
   constexpr double f32 = 4.0;
   const FlatLayout flat = flat_layout(s);
   const double shard = flat.expert_total / double(s.edp());

@@ -11,21 +11,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/model_shape.h"
 #include "plan/training_spec.h"
 
 namespace tetra::plan {
 
 struct RunShape {
-  int64_t vocab = 0, padded_vocab = 0;  // V and the padded rows of wte (all tp ranks' together)
-  int64_t layers = 0, d_model = 0, heads = 0, max_seq = 0;
-  // Llama blocks (model/block.cc): RMSNorms (no means, no biases), q_proj, k_proj and v_proj into
-  // one (B,T,C + 2·KVH·hs) activation, a SwiGLU MLP of width ffn (gate, up, their product), no
-  // wpe, and the head untied (an lm_head (Vp,C) beside the embedding) unless `tied`. GPT-2 blocks
-  // have kv_heads = heads, ffn = 4C and are always tied.
-  bool llama = false;
-  int64_t kv_heads = 0;  // KVH; 0: heads
-  int64_t ffn = 0;       // the MLP's width; 0: 4·d_model
-  bool tied = true;
+  // The model (core/model_shape.h, resolved). Llama blocks (model/block.cc): RMSNorms (no means,
+  // no biases), q_proj, k_proj and v_proj into one (B,T,C + 2·KVH·hs) activation, a SwiGLU MLP
+  // of width ffn (gate, up, their product), no wpe, and the head untied (an lm_head (Vp,C) beside
+  // the embedding) unless tied. GPT-2 blocks have n_kv_head = n_head, ffn = 4C and are tied.
+  ModelShape model;
+  int64_t padded_vocab = 0;          // the padded rows of wte (all tp ranks' together)
   int64_t micro_batch = 1, seq = 1;  // B, T
   Recompute recompute = Recompute::none;
   int zero = 0;
@@ -47,14 +44,12 @@ struct RunShape {
   // (B·NH·T² per layer) and their gradient as scratch; a flash kernel (run.device = cuda) keeps
   // the row log-sum-exp (B·NH·T) and as much scratch, and takes no bf16 copies.
   bool flash_attention = false;
-  // Mixture of experts (docs/moe.md): block l is a MoE block when experts > 0 and l % moe_every
-  // == moe_every - 1. Its MLP is a router (E, C) in the block's unit and E MLPs of the dense MLP's
-  // shape in a unit of their own ("h.l.experts", whole under tensor parallelism), E/ep of them on
-  // this rank; ZeRO shards and reduces the expert units over the edp group of dp/ep ranks. Each
-  // token goes to top_k experts; an expert takes at most ceil(capacity_factor·T·k/E) routes of a
-  // sequence (0: no capacity).
-  int64_t experts = 0, top_k = 1, moe_every = 1, ep = 1;
-  double capacity_factor = 0;
+  // Mixture of experts (docs/moe.md), as model.moe: a MoE block's MLP is a router (E, C) in the
+  // block's unit and E MLPs of the dense MLP's shape in a unit of their own ("h.l.experts", whole
+  // under tensor parallelism), E/ep of them on this rank; ZeRO shards and reduces the expert
+  // units over the edp group of dp/ep ranks. Each token goes to top_k experts; an expert takes at
+  // most ceil(capacity_factor·T·k/E) routes of a sequence (0: no capacity).
+  int64_t ep = 1;
   // This rank's part of the model: its chunks (layers from `first`, and the micro-batches the
   // pipeline program keeps in flight there), and whether it holds the embedding (first stage) or
   // the head (last). No chunks: the whole model with one micro-batch in flight.
@@ -67,15 +62,11 @@ struct RunShape {
   int64_t pp_rank = 0;
   /** Blocks this rank holds. */
   int64_t local_layers() const;
-  /** Whether block `layer` is a MoE block, and how many of this rank's blocks are. */
-  bool is_moe(int64_t layer) const;
+  /** How many of this rank's blocks are MoE blocks. */
   int64_t local_moe_layers() const;
   /** The ranks a unit is sharded over: dp·cp for dense units, dp·cp/ep (edp) for expert units. */
   int64_t dp_cp() const { return std::max<int64_t>(1, dp) * std::max<int64_t>(1, cp); }
   int64_t edp() const { return std::max<int64_t>(1, dp_cp() / std::max<int64_t>(1, ep)); }
-  /** The MLP's width (ffn, else GPT-2's 4C) and key/value heads (kv_heads, else heads). */
-  int64_t mlp_width() const { return ffn > 0 ? ffn : 4 * d_model; }
-  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
 /** One MoE block's buffers for a micro-batch (B,T) on this rank: the bounds model/moe.cc's

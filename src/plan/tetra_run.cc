@@ -13,20 +13,10 @@ namespace tetra::plan {
 RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, const RunOptions& o,
                    int64_t pp_rank) {
   RunShape s;
-  s.vocab = m.vocab;
-  // As GptConfig::make pads it: every tensor-parallel rank an equal slice of wte.
+  s.model = m;
+  // As GptConfig pads it: every tensor-parallel rank an equal slice of wte.
   const int64_t multiple = m.vocab_multiple * l.tp;
-  s.padded_vocab = (m.vocab + multiple - 1) / multiple * multiple;
-  s.layers = m.layers;
-  s.d_model = m.d_model;
-  s.heads = m.heads;
-  s.max_seq = m.positions > 0 ? m.positions : m.seq;
-  if (!m.gpt2_style) {
-    s.llama = true;
-    s.kv_heads = m.kv_heads;
-    s.ffn = m.ffn;
-    s.tied = m.tie_embeddings;
-  }
+  s.padded_vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
   s.micro_batch = l.micro_batch;
   s.seq = m.seq;
   s.recompute = l.recompute;
@@ -42,13 +32,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
   s.cp_all_gather = o.cp_all_gather;
-  if (is_moe(m)) {
-    s.experts = m.experts;
-    s.top_k = m.top_k;
-    s.moe_every = std::max<int64_t>(1, m.moe_every);
-    s.ep = l.ep;
-    s.capacity_factor = m.capacity_factor;
-  }
+  s.ep = m.has_moe() ? l.ep : 1;
   // The chunks of this pipeline rank's program and the micro-batches each keeps in flight (GPipe
   // keeps all of them, even on one stage).
   if (l.pp > 1 || l.schedule == Schedule::gpipe) {
@@ -58,8 +42,8 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
     const std::vector<int> slots = pipeline::peak_inflight_per_chunk(sched, int(pp_rank));
     for (int c = 0; c < sched.v; ++c) {
       const int stage = sched.stage(int(pp_rank), c);
-      s.chunks.push_back({stage_layers(l, m.layers, stage), int64_t(slots[size_t(c)]),
-                          stage_first_layer(l, m.layers, stage)});
+      s.chunks.push_back({stage_layers(l, m.n_layer, stage), int64_t(slots[size_t(c)]),
+                          stage_first_layer(l, m.n_layer, stage)});
     }
     s.embedding = pp_rank == 0;
     s.head = pp_rank == l.pp - 1;
@@ -159,13 +143,13 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // has no row-parallel product to reduce, its backward gathers the output's gradient in place
     // of the MLP's row-parallel one.
     GroupTraffic g{"tp", l.tp, {}};
-    const double BTC = BT * double(s.d_model) * f32;
-    const double C = double(s.d_model) * f32;
+    const double BTC = BT * double(s.model.d_model) * f32;
+    const double C = double(s.model.d_model) * f32;
     const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
     const double reductions = mb * (L * (2 * forwards + 2) - moe * forwards);
     const bool sp = s.sequence_parallel;
     // A norm's gradient tensors: a LayerNorm's weight and bias, an RMSNorm's weight.
-    const double norm = s.llama ? 1.0 : 2.0;
+    const double norm = s.model.llama() ? 1.0 : 2.0;
     if (sp) {
       g.ops.push_back({Collective::all_gather, BTC, mb * L * (2 * forwards + 2)});
       g.ops.push_back({Collective::reduce_scatter, BTC, reductions});
@@ -202,7 +186,7 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     GroupTraffic g{"pp", l.pp, {}};
     const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
     const double rows = BT / (s.sequence_parallel ? double(s.tp) : 1.0);
-    const double boundary = rows * double(s.d_model) * f32;
+    const double boundary = rows * double(s.model.d_model) * f32;
     double sends = 0;
     for (int64_t c = 0; c < v; ++c) {
       const int64_t stage = c * l.pp + s.pp_rank;
@@ -219,8 +203,9 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // bytes are the (ep-1)/ep of them that leave the rank).
     GroupTraffic g{"ep", s.ep, {}};
     const double exchanges = s.recompute == Recompute::full ? 6.0 : 4.0;
-    const double rows = BT * double(s.top_k);
-    g.ops.push_back({Collective::all_to_all, rows * double(s.d_model) * f32, mb * moe * exchanges});
+    const double rows = BT * double(s.model.moe.top_k);
+    g.ops.push_back(
+        {Collective::all_to_all, rows * double(s.model.d_model) * f32, mb * moe * exchanges});
     out.push_back(std::move(g));
   }
   if (s.cp > 1) {
@@ -228,9 +213,9 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // tp rank's KVH/tp heads) cp-1 hops on, its backward K and V again with dK and dV
     // (plan/comm_cost.h, cp_ring_traffic); sends to the ring's next rank.
     GroupTraffic g{"cp", s.cp, {}};
-    const int64_t hs = s.d_model / s.heads;
+    const int64_t hs = s.model.d_model / s.model.n_head;
     const RingTraffic ring = cp_ring_traffic(
-        s.micro_batch, s.seq, s.cp, hs * std::max<int64_t>(1, s.kv_head_count() / s.tp), f32);
+        s.micro_batch, s.seq, s.cp, hs * std::max<int64_t>(1, s.model.n_kv_head / s.tp), f32);
     // Full recomputation runs every block's forward, and so its ring, again in backward.
     const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
     g.ops.push_back({Collective::send, ring.hop, forwards * mb * L * double(ring.hops)});

@@ -18,7 +18,7 @@ MoeReport::MoeReport(const GptConfig& config, RunLayout& layout, Gpt& model, int
     if (config.is_moe(l)) layers_.push_back(l);
   }
   totals_.resize(layers_.size());
-  if (config.moe.ep > 1) {
+  if (config.ep > 1) {
     // Each exchange moves a block's routes (N·k rows of C floats): dispatch and combine forward,
     // their gradients backward, and the forward's again when blocks are recomputed. The MoE blocks
     // are spread over the pipeline stages, so a rank's mean share is layers / pp.
@@ -153,7 +153,7 @@ std::string MoeReport::summary() const {
                        t.routes > 0 ? 100.0 * t.dropped / t.routes : 0.0, t.imbalance / steps_,
                        t.aux / steps_);
   }
-  if (config_.moe.ep > 1) {
+  if (config_.ep > 1) {
     out += fmt::format(
         "[moe]   all-to-all per step and rank: {:.3f} MB measured, {:.3f} MB by the seed's formula "
         "(tokens x k x C x 4 B x 2 per block and micro-batch, forward and backward; drops send "

@@ -227,7 +227,7 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
   // The expert exchanges move different bytes on each rank (its routes, and the rows its experts
   // took): the planner's figure is their mean over the ranks. Collective.
   ep_bytes_ = layout_.ep().counters().sent_bytes;
-  if (opt_.model.moe.ep > 1) {
+  if (opt_.model.ep > 1) {
     float sum = float(ep_bytes_);
     layout_.world().all_reduce(std::span<float>(&sum, 1), comm::ReduceOp::sum).wait();
     ep_bytes_ = double(sum) / layout_.world_size();
@@ -537,7 +537,7 @@ nlohmann::json Reporter::audit(const std::vector<double>& rank_compute_ms) const
   const double kernels = std::max(0.0, mean(compute_ms_) - ideal);
   const char* const groups[5] = {"comm_dp", "comm_tp", "comm_pp", "comm_ep", "comm_cp"};
   const bool present[5] = {layout_.dp_size() > 1, layout_.tp().size() > 1, layout_.pp_size() > 1,
-                           opt_.model.moe.ep > 1, layout_.cp_size() > 1};
+                           opt_.model.ep > 1, layout_.cp_size() > 1};
   nlohmann::json parts = nlohmann::json::array();
   double sum = 0;
   auto part = [&](const char* name, double ms) {

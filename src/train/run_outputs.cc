@@ -197,7 +197,7 @@ SafeTensorsFile RunOutputs::gather(ParamStore& store, const Gpt& model, const fl
   // Under expert parallelism the first ep group (dp ranks 0 .. ep-1) holds every expert once:
   // its members send theirs to dp rank 0, then each stage's dp rank 0 sends its part to stage 0.
   const comm::Communicator& edp = layout_.edp();
-  if (opt_.model.moe.ep > 1 && layout_.tp().rank() == 0 && edp.valid() && edp.rank() == 0) {
+  if (opt_.model.ep > 1 && layout_.tp().rank() == 0 && edp.valid() && edp.rank() == 0) {
     // An expert's tensors are those of the store's expert units (whatever the family names them).
     gather_to_first(layout_.mesh()->ep(), file, [&store](const std::string& name) {
       const TensorId id = store.find(name);

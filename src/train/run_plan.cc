@@ -37,29 +37,9 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   const int dp = world_size <= 1 ? 1 : parallel::MeshLayout::make(o.mesh, world_size).shape().dp;
 
   plan::ModelSpec& m = p.model;
-  // GPT-2 (learned positions, tied) or Llama (grouped-query attention, a SwiGLU MLP of width
-  // ffn, no positions to learn, the head tied or not): GptConfig holds both shapes resolved.
+  static_cast<ModelShape&>(m) = g;  // the shape the model is built from, whole
   m.name = g.llama() ? "llama (tetra train)" : "gpt2 (tetra train)";
-  m.gpt2_style = !g.llama();
-  m.layers = g.n_layer;
-  m.d_model = g.d_model;
-  m.heads = g.n_head;
-  m.kv_heads = g.n_kv_head;
-  m.ffn = g.ffn;
-  m.tie_embeddings = g.tie_embeddings;
-  m.vocab = g.vocab_size;
   m.seq = o.seq_len;
-  m.positions = g.llama() ? 0 : g.max_seq;
-  // GptConfig keeps the padded vocabulary, not model.vocab_multiple; padded / tp as the multiple
-  // pads the vocabulary to exactly it (vocab <= padded), and run_shape multiplies it by tp again.
-  m.vocab_multiple = g.padded_vocab / g.tp;
-  // Mixture of experts (docs/moe.md): block l is MoE when l % moe_every == moe_every - 1.
-  if (g.moe.experts > 0) {
-    m.experts = g.moe.experts;
-    m.top_k = g.moe.top_k;
-    m.moe_every = g.moe.every;
-    m.capacity_factor = g.moe.capacity_factor;
-  }
 
   plan::TrainingSpec& t = p.training;
   t.micro_batch = o.micro_batch;
@@ -79,7 +59,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   k.tp = g.tp;
   k.pp = o.mesh.pp;
   k.dp = dp;
-  k.ep = g.moe.experts > 0 ? g.moe.ep : 1;  // expert parallelism borrows dp's ranks
+  k.ep = g.ep;  // expert parallelism borrows dp's ranks
   k.cp = o.mesh.cp;
   k.zero = o.zero.stage;
   k.schedule = o.pp_kind;
@@ -182,16 +162,13 @@ std::string run_plan_line(const RunPlan& p, const std::string& config_path) {
 namespace {
 
 // The planner keys that describe what a training config cannot: a preset, and a token budget or
-// batch the run's own keys already fix. Each with what to do instead. (model.arch, model.ffn and
-// model.tie_embeddings are keys of both; model.kv_heads is the planner's model.n_kv_head.)
+// batch the run's own keys already fix. Each with what to do instead.
 const std::map<std::string, std::string>& planner_only_keys() {
   static const std::map<std::string, std::string> keys = {
       {"model.preset",
-       "a training config gives its model as model.n_layer, n_head, d_model, vocab_size and "
-       "max_seq (a Llama model's as model.arch = \"llama\" with those and model.n_kv_head, ffn "
-       "and tie_embeddings)"},
-      {"model.experts", "a training config sets its experts as model.moe_experts"},
-      {"model.top_k", "a training config sets its experts per token as model.moe_top_k"},
+       "a training config gives its model key by key (model.n_layer, n_head, d_model, "
+       "vocab_size, max_seq; a Llama model's also model.arch = \"llama\", n_kv_head, ffn and "
+       "tie_embeddings)"},
       {"training.tokens", "a run's tokens are train.steps x the global batch; set train.steps"},
       {"training.global_batch",
        "a run's global batch is train.micro_batch x train.seq_len x train.grad_accum x dp; set "
@@ -205,13 +182,6 @@ const char* const kAssumptions[] = {"training.target_mfu", "training.kernel_effi
 
 bool in_schema(const ConfigSchema& schema, const std::string& key) {
   return std::any_of(schema.begin(), schema.end(), [&](const KeySpec& s) { return s.key == key; });
-}
-
-const KeySpec& spec_of(const ConfigSchema& schema, const std::string& key) {
-  for (const KeySpec& s : schema) {
-    if (s.key == key) return s;
-  }
-  fail("[plan] internal: no key '{}' in the schema", key);
 }
 
 void collect_keys(const toml::table& table, const std::string& prefix, std::set<std::string>& out) {
@@ -266,32 +236,11 @@ std::string train_only_key(const std::set<std::string>& keys) {
   return "";
 }
 
-std::string shown(const ConfigValue& v) {
-  return std::visit(
-      [](const auto& x) -> std::string {
-        if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::string>) {
-          return "\"" + x + "\"";
-        } else {
-          return fmt::format("{}", x);
-        }
-      },
-      v);
-}
-
-// One level of a config (the file, or the command line) as `tetra train` keys: the aliases
-// renamed, the two spellings of one setting checked to agree, the planner's own keys left out.
-void merge_level(const Config& level, const std::string& where,
-                 std::map<std::string, ConfigValue>& out) {
+// One level of a config (the file, or the command line) as `tetra train` keys, the planner's own
+// keys left out.
+void merge_level(const Config& level, std::map<std::string, ConfigValue>& out) {
   for (const KeySpec& s : train_config_schema()) {
     if (level.is_set(s.key)) out[s.key] = level.at(s.key);
-  }
-  for (const auto& [alias, key] : plan_key_aliases()) {
-    if (!level.is_set(alias)) continue;
-    TETRA_CHECK(!level.is_set(key) || level.at(key) == level.at(alias),
-                "[plan] {} sets both {} = {} and {} = {}, two spellings of one setting ({} is the "
-                "planner's name for {}); keep one of them",
-                where, key, shown(level.at(key)), alias, shown(level.at(alias)), alias, key);
-    out[key] = level.at(alias);
   }
 }
 
@@ -312,40 +261,9 @@ std::string to_toml(const std::map<std::string, ConfigValue>& values) {
 
 }  // namespace
 
-const std::vector<std::pair<std::string, std::string>>& plan_key_aliases() {
-  static const std::vector<std::pair<std::string, std::string>> aliases = {
-      {"model.layers", "model.n_layer"},
-      {"model.heads", "model.n_head"},
-      {"model.kv_heads", "model.n_kv_head"},
-      {"model.vocab", "model.vocab_size"},
-      {"model.seq", "train.seq_len"},
-      {"training.micro_batch", "train.micro_batch"},
-      {"training.precision", "train.precision"},
-      {"training.recompute", "train.recompute"},
-      {"layout.tp", "parallel.tp"},
-      {"layout.pp", "parallel.pp"},
-      {"layout.dp", "parallel.dp"},
-      {"layout.ep", "parallel.ep"},
-      {"layout.cp", "parallel.cp"},
-      {"layout.zero", "zero.stage"},
-      {"layout.schedule", "pp.schedule"},
-      {"layout.v", "pp.chunks"},
-      {"layout.pp_layers", "pp.layers"},
-      {"layout.microbatches", "train.grad_accum"},
-  };
-  return aliases;
-}
-
 const ConfigSchema& training_plan_schema() {
   static const ConfigSchema schema = [] {
     ConfigSchema s = train_config_schema();
-    // An alias takes its `tetra train` key's type, default and range: it is that key.
-    for (const auto& [alias, key] : plan_key_aliases()) {
-      KeySpec spec = spec_of(train_config_schema(), key);
-      spec.key = alias;
-      spec.help = "the planner's spelling of " + key;
-      s.push_back(spec);
-    }
     for (const KeySpec& k : plan::plan_schema()) {
       const bool assumption = std::find(std::begin(kAssumptions), std::end(kAssumptions), k.key) !=
                               std::end(kAssumptions);
@@ -378,8 +296,8 @@ TrainingPlan plan_training_config(const std::string& config_path,
   const Config file = Config::load(schema, config_path, {});
   const Config line = Config::from_overrides(schema, overrides);
   std::map<std::string, ConfigValue> values;
-  merge_level(file, config_path, values);
-  merge_level(line, "the command line", values);
+  merge_level(file, values);
+  merge_level(line, values);
   // The planner reads no data; a config without data.train is still a run to plan.
   if (!values.count("data.train") || std::get<std::string>(values["data.train"]).empty()) {
     values["data.train"] = std::string("(tetra plan reads no data)");

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -20,12 +19,8 @@ namespace tetra {
 
 /** The run that TrainOptions describe on a number of ranks, in the planner's terms. */
 struct RunPlan {
-  // GPT-2 style (positions = max_seq) or Llama style (model.arch = llama: kv_heads, ffn and
-  // tie_embeddings from model.n_kv_head, ffn and tie_embeddings, resolved); seq = train.seq_len;
-  // experts, top_k, moe_every and capacity_factor from model.moe_experts, moe_top_k, moe_every
-  // and moe.capacity_factor.
-  plan::ModelSpec model;
-  plan::TrainingSpec training;          // tokens = train.steps x the global batch
+  plan::ModelSpec model;        // the model's shape (GptConfig's, whole) and seq = train.seq_len
+  plan::TrainingSpec training;  // tokens = train.steps x the global batch
   plan::LayoutConstraints constraints;  // all given: tp, pp, dp, ep, ZeRO, schedule, split
   plan::Layout layout;                  // plan::layout_from_constraints of the above
   plan::RunOptions options;             // sequence parallelism, checkpoint snapshot, bf16 reduce
@@ -67,12 +62,8 @@ std::string run_plan_line(const RunPlan& p, const std::string& config_path);
 
 // `tetra plan` with a training config.
 
-/** The planner's spellings a training config may use instead of the `tetra train` keys, as
- *  (planner key, train key): model.layers for model.n_layer, layout.tp for parallel.tp, ... */
-const std::vector<std::pair<std::string, std::string>>& plan_key_aliases();
-
-/** The keys `tetra plan` accepts in a training config: every `tetra train` key, the aliases, the
- *  cluster.* keys and the planner's assumptions (training.target_mfu, kernel_efficiency,
+/** The keys `tetra plan` accepts in a training config: every `tetra train` key, the cluster.*
+ *  keys and the planner's assumptions (training.target_mfu, kernel_efficiency,
  *  restart_minutes). */
 const ConfigSchema& training_plan_schema();
 
@@ -90,12 +81,11 @@ struct TrainingPlan {
 };
 
 /** Reads a training config as `tetra train --config config_path overrides...` would (the
- *  aliases resolved: the command line overrides the file whatever the spelling, and the two
- *  spellings of one setting within the file, or within the command line, must agree) and plans
- *  its run on cluster.gpus ranks, else dp x tp x pp (dp = 1 when 0). The cluster is the cpu
- *  preset with one node of that many devices (tetra launch runs every rank on this machine) and
- *  run.peak_gflops as the device peak when set; cluster.* keys override it. Throws tetra::Error
- *  for a planner-only key, conflicting spellings and whatever `tetra train` refuses. */
+ *  command line over the file) and plans its run on cluster.gpus ranks, else dp x tp x pp (dp = 1
+ * when 0). The cluster is the cpu preset with one node of that many devices (tetra launch runs
+ * every rank on this machine) and run.peak_gflops as the device peak when set; cluster.* keys
+ * override it. Throws tetra::Error for a planner-only key, conflicting spellings and whatever
+ * `tetra train` refuses. */
 TrainingPlan plan_training_config(const std::string& config_path,
                                   const std::vector<std::string>& overrides);
 

@@ -36,7 +36,7 @@ Reader into() {
 
 struct TrainKey {
   KeySpec spec;
-  Reader read;  // empty: read by gpt_config_from (model.*) or in TrainOptions::from
+  Reader read;  // empty: read by gpt_config_from or in TrainOptions::from
 };
 
 // The one table of `tetra train` keys: type, default, help, valid range and the field it fills.
@@ -44,53 +44,6 @@ struct TrainKey {
 const std::vector<TrainKey>& train_keys() {
   using O = TrainOptions;
   static const std::vector<TrainKey> keys = {
-      {{"model.vocab_size", ValueKind::Int, "512", "real vocabulary size V", "[1, 16777216]"}, {}},
-      {{"model.n_layer", ValueKind::Int, "4", "transformer blocks L", "[1, 1024]"}, {}},
-      {{"model.n_head", ValueKind::Int, "4", "attention heads NH (must divide d_model)",
-        "[1, 1024]"},
-       {}},
-      {{"model.d_model", ValueKind::Int, "128", "channels C", "[1, 65536]"}, {}},
-      {{"model.max_seq", ValueKind::Int, "128", "position embeddings (max sequence length)",
-        "[1, 65536]"},
-       {}},
-      {{"model.vocab_multiple", ValueKind::Int, "64", "pad the vocab to a multiple of this",
-        "[1, 65536]"},
-       {}},
-      {{"model.arch", ValueKind::String, "\"gpt2\"",
-        "block family: gpt2 (LayerNorm, GELU, learned positions, tied) or llama (RMSNorm, "
-        "SwiGLU, RoPE, grouped-query attention; docs/llama.md)",
-        "gpt2 | llama"},
-       {}},
-      {{"model.n_kv_head", ValueKind::Int, "0",
-        "llama: key/value heads (dividing n_head; 0: n_head)", "[0, 1024]"},
-       {}},
-      {{"model.ffn", ValueKind::Int, "0",
-        "llama: SwiGLU width (0: 8*d_model/3 rounded up to a multiple of 64)", "[0, 1048576]"},
-       {}},
-      {{"model.rope_theta", ValueKind::Float, "10000", "llama: rotary embedding base", "(0, 1e12]"},
-       {}},
-      {{"model.norm_eps", ValueKind::Float, "1e-5", "llama: RMSNorm epsilon", "(0, 1)"}, {}},
-      {{"model.tie_embeddings", ValueKind::Bool, "false",
-        "llama: the head reads the embedding matrix (GPT-2 always does)"},
-       {}},
-      {{"model.moe_experts", ValueKind::Int, "0",
-        "experts per mixture-of-experts block (0: a dense model; docs/moe.md)", "[0, 4096]"},
-       {}},
-      {{"model.moe_every", ValueKind::Int, "1",
-        "block l is a MoE block when l % moe_every == moe_every - 1", "[1, 1024]"},
-       {}},
-      {{"model.moe_top_k", ValueKind::Int, "2", "experts each token is routed to", "[1, 4096]"},
-       {}},
-      {{"moe.capacity_factor", ValueKind::Float, "1.25",
-        "routes an expert takes per sequence: ceil(cf * T * top_k / experts); 0: no capacity",
-        "[0, 1e6]"},
-       {}},
-      {{"moe.aux_loss_coeff", ValueKind::Float, "0.01",
-        "weight of the load-balancing loss E * sum f_i P_i (per MoE block)", "[0, 1e6]"},
-       {}},
-      {{"moe.z_loss_coeff", ValueKind::Float, "0",
-        "weight of the router z-loss mean(logsumexp(logits)^2) (per MoE block)", "[0, 1e6]"},
-       {}},
       {{"moe.expert_products", ValueKind::String, "\"grouped\"",
         "how a block's local experts multiply: grouped (every expert's product of a kind in one "
         "group the backend spreads over its threads at once) or loop (one expert after another, "
@@ -403,6 +356,7 @@ const std::vector<TrainKey>& train_keys() {
 const ConfigSchema& train_config_schema() {
   static const ConfigSchema schema = [] {
     ConfigSchema s;
+    for (const auto& k : model_shape_keys()) s.push_back(k);
     for (const auto& k : train_keys()) s.push_back(k.spec);
     for (auto& k : comm::comm_config_schema()) s.push_back(k);
     for (auto& k : parallel::mesh_config_schema()) s.push_back(k);
@@ -412,40 +366,8 @@ const ConfigSchema& train_config_schema() {
 }
 
 GptConfig gpt_config_from(const Config& c, int tp, int ep) {
-  GptConfig g = GptConfig::make(int(c.i("model.vocab_size")), int(c.i("model.n_layer")),
-                                int(c.i("model.n_head")), int(c.i("model.d_model")),
-                                int(c.i("model.max_seq")), int(c.i("model.vocab_multiple")), tp);
-  MoeConfig m;
-  m.experts = int(c.i("model.moe_experts"));
-  m.every = int(c.i("model.moe_every"));
-  m.top_k = int(c.i("model.moe_top_k"));
-  m.capacity_factor = c.f("moe.capacity_factor");
-  m.aux_loss_coeff = c.f("moe.aux_loss_coeff");
-  m.z_loss_coeff = c.f("moe.z_loss_coeff");
-  m.grouped = c.s("moe.expert_products") == "grouped";
-  m.ep = ep;
-  g.set_moe(m);
-  const std::string arch = c.s("model.arch");
-  if (arch == "llama") {
-    LlamaShape l;
-    l.n_kv_head = int(c.i("model.n_kv_head"));
-    l.ffn = int(c.i("model.ffn"));
-    l.rope_theta = c.f("model.rope_theta");
-    l.norm_eps = c.f("model.norm_eps");
-    l.tie_embeddings = c.b("model.tie_embeddings");
-    g.set_llama(l);
-    return g;
-  }
-  // GPT-2's shape is fixed by its family: refuse a Llama key rather than ignore it.
-  for (const char* key : {"model.n_kv_head", "model.ffn"}) {
-    TETRA_CHECK(c.i(key) == 0,
-                "[config] {}={} shapes a Llama model; set model.arch=llama, or drop {} (GPT-2 has "
-                "n_head key/value heads and a 4*d_model MLP)",
-                key, c.i(key), key);
-  }
-  TETRA_CHECK(c.f("model.rope_theta") == 10000.0 && c.f("model.norm_eps") == 1e-5,
-              "[config] model.rope_theta and model.norm_eps shape a Llama model (GPT-2 has learned "
-              "positions and LayerNorm eps 1e-5); set model.arch=llama or drop them");
+  GptConfig g = GptConfig::split(model_shape_from(c), tp, ep);
+  g.grouped_experts = c.s("moe.expert_products") == "grouped";
   return g;
 }
 

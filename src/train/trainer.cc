@@ -93,7 +93,7 @@ void Trainer::setup(const std::string& config_toml) {
   // embedding group.
   if (layout_->pp_size() > 1 || opt_.pp_kind == pipeline::Kind::gpipe) zero.overlap = false;
   zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
-                                                   parallel::ExpertGroup{edp, opt_.model.moe.ep});
+                                                   parallel::ExpertGroup{edp, opt_.model.ep});
   sdc_ = std::make_unique<SdcCheck>(opt_, *layout_, backend_, *store_, *zero_);
   faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *sdc_, *store_);
   model_->set_hooks(faults_.get());
@@ -104,9 +104,9 @@ void Trainer::setup(const std::string& config_toml) {
     // for tp tokens; the store is never finalized).
     ParamStore whole(backend_.device());
     std::unique_ptr<Gpt> names;
-    if (layout_->pp_size() > 1 || opt_.model.moe.ep > 1) {
+    if (layout_->pp_size() > 1 || opt_.model.ep > 1) {
       GptConfig all_experts = opt_.model;
-      all_experts.moe.ep = 1;
+      all_experts.ep = 1;
       names = std::make_unique<Gpt>(backend_, all_experts, whole, opt_.model.tp, 1, recompute,
                                     nullptr, &layout_->tp());
     }

@@ -185,7 +185,7 @@ TEST(Launch, RefusesWhatCannotWork) {
   // A train command's own errors come once, from the launcher, before any rank starts.
   r = run("launch -n 4 -- train --model.n_layer=0");
   EXPECT_EQ(r.status, 2);
-  const std::string error = "'model.n_layer' must be an integer in [1, 1024], got '0'";
+  const std::string error = "'model.n_layer' must be an integer in [1, 10000], got '0'";
   ASSERT_TRUE(has(r, error)) << r.out;
   EXPECT_EQ(r.out.find(error), r.out.rfind(error)) << r.out;
   r = run_env("TETRA_HEARTBEAT_DIR=/dev/null", "launch -n 2 -- train");

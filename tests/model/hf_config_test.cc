@@ -77,7 +77,7 @@ TEST(HfConfig, RefusesWhatIsOutOfRangeOrNotAGpt2Config) {
                           R"("n_embd": 32, "n_head": 2, "n_layer": 4294967296})";
   EXPECT_EQ(error_of([&] { parse_hf_gpt2_config(big, "d/config.json", "export"); }),
             "[export] d/config.json: n_layer is 4294967296, out of range: tetra's GPT-2 takes 1 .. "
-            "1024 (layers, model.n_layer); the file is damaged or describes a model tetra cannot "
+            "10000 (layers, model.n_layer); the file is damaged or describes a model tetra cannot "
             "run");
   EXPECT_NE(error_of([&] {
               parse_hf_gpt2_config("[1, 2]", "d", "x");

@@ -184,8 +184,7 @@ TEST(Llama, ShapeErrorsSayWhatToChange) {
 
   l.ffn = 50;  // tp 4 does not split 50 SwiGLU channels
   m = error_of([&] { GptConfig::make(37, 2, 4, 32, 8, 64, 4).set_llama(l); });
-  EXPECT_NE(m.find("parallel.tp=4 does not divide the SwiGLU width model.ffn=50"),
-            std::string::npos)
+  EXPECT_NE(m.find("parallel.tp=4 does not divide the MLP width model.ffn=50"), std::string::npos)
       << m;
 
   // The default width is 8C/3 rounded up to a multiple of 64: SwiGLU's three matrices then hold

@@ -285,7 +285,7 @@ TEST(Moe, GroupedExpertProductsComputeTheLoopsNumbers) {
     std::vector<std::vector<float>> grads;
     std::vector<double> losses;
     for (bool grouped : {false, true}) {
-      c.moe.grouped = grouped;
+      c.grouped_experts = grouped;
       TestModel<float> m(c, B, T);
       m.randomise(4);
       auto in = tokens(B * T, 37, 1), tg = tokens(B * T, 37, 2);
@@ -405,26 +405,22 @@ TEST(Moe, DecodingMatchesTheFullForward) {
 }
 
 TEST(Moe, RefusalsSayWhatWouldWork) {
-  auto refused = [](const MoeConfig& m, int L, const std::string& needle) {
+  auto refused = [](const MoeConfig& m, int L, const std::string& needle, int ep = 1) {
     GptConfig c = GptConfig::make(37, L, 2, 16, 16, 64);
     try {
-      c.set_moe(m);
+      c.set_moe(m, ep);
       ADD_FAILURE() << "accepted: " << needle;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  MoeConfig ep3 = moe(4, 2, 1.25);
-  ep3.ep = 3;
-  refused(ep3, 2, "parallel.ep in {1, 2, 4}");
+  refused(moe(4, 2, 1.25), 2, "parallel.ep in {1, 2, 4}", 3);
   refused(moe(4, 5, 1.25), 2, "model.moe_top_k=5 must be in 1..model.moe_experts=4");
   refused(moe(4, 2, -1.0), 2, "moe.capacity_factor=-1 must be >= 0");
   refused(moe(4, 2, 1.25), 1, "use model.n_layer >= 2");
   refused(moe(4, 2, 1.25, 3), 2, "model.moe_every in 1..2");
   refused(moe(1, 1, 1.25), 2, "at least 2 experts");
-  MoeConfig dense;
-  dense.ep = 2;
-  refused(dense, 2, "set model.moe_experts");
+  refused(MoeConfig{}, 2, "set model.moe_experts", 2);
 }
 
 }  // namespace

@@ -196,9 +196,9 @@ const GroupTraffic* group(const std::vector<GroupTraffic>& traffic, const std::s
 TEST(RunTraffic, MoeRunsExchangeRowsAndReduceExpertsOverTheirGroup) {
   ModelSpec m;
   m.name = "moe";
-  m.gpt2_style = true;
-  m.layers = 4, m.d_model = 64, m.heads = m.kv_heads = 4, m.ffn = 256, m.vocab = 64, m.seq = 32;
-  m.experts = 4, m.top_k = 2, m.moe_every = 2;  // blocks 1 and 3
+  m.n_layer = 4, m.d_model = 64, m.n_head = m.n_kv_head = 4, m.ffn = 256, m.vocab_size = 64;
+  m.max_seq = m.seq = 32;
+  m.moe.experts = 4, m.moe.top_k = 2, m.moe.every = 2;  // blocks 1 and 3
   TrainingSpec t;
   t.precision = Precision::Fp32;
   Layout l{1, 1, 2, 2, 1, Schedule::one_f_one_b, 1, 2, 3, {}, Recompute::none};
@@ -257,12 +257,13 @@ TEST(RunTraffic, MoeRunsExchangeRowsAndReduceExpertsOverTheirGroup) {
 TEST(RunTraffic, LlamaSumsOnlyItsNormsWeights) {
   ModelSpec g;
   g.name = "gpt2";
-  g.gpt2_style = true;
-  g.layers = 4, g.d_model = 64, g.heads = g.kv_heads = 4, g.ffn = 256, g.vocab = 64, g.seq = 32;
+  g.n_layer = 4, g.d_model = 64, g.n_head = g.n_kv_head = 4, g.ffn = 256, g.vocab_size = 64;
+  g.max_seq = g.seq = 32;
   ModelSpec m = g;
   m.name = "llama";
-  m.gpt2_style = false;
-  m.kv_heads = 2, m.ffn = 160;
+  m.arch = Arch::llama;
+  m.tie_embeddings = false;
+  m.n_kv_head = 2, m.ffn = 160;
   TrainingSpec t;
   t.precision = Precision::Fp32;
   Layout l{2, 1, 1, 1, 0, Schedule::one_f_one_b, 1, 2, 3, {}, Recompute::none};

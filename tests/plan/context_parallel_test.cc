@@ -15,7 +15,7 @@ namespace {
 ModelSpec small_model() {
   ModelSpec m = model_preset("gpt2-124m");
   m.seq = 2048;
-  m.positions = 2048;
+  m.max_seq = 2048;
   return m;
 }
 
@@ -65,7 +65,7 @@ TEST(ContextParallel, RunMemoryPerTokenCategoriesScaleByOneOverCp) {
   const ModelSpec m = small_model();
   TrainingSpec t;
   t.precision = Precision::Fp32;
-  const double L = double(m.layers), B = 2, NH = double(m.heads), T = double(m.seq), f32 = 4;
+  const double L = double(m.n_layer), B = 2, NH = double(m.n_head), T = double(m.seq), f32 = 4;
   const double KV = double(m.d_model);  // GPT-2: as many key/value columns as query ones
   for (bool flash : {false, true}) {
     SCOPED_TRACE(flash);

@@ -99,8 +99,8 @@ TEST(LayoutSearch, RefusesLayoutsThatDoNotDivideTheModel) {
   EXPECT_NE(problem(s, layout(8, 3, 16, 128)).find("layers=80 is not divisible by pp=3"),
             std::string::npos);
   ModelSpec odd = s.m;
-  odd.heads = 60;
-  odd.kv_heads = 60;
+  odd.n_head = 60;
+  odd.n_kv_head = 60;
   odd.d_model = 7680;
   s.c.gpus = 512;
   EXPECT_NE(layout_problem(odd, s.c, s.t, layout(8, 4, 16, 128)).find("heads=60"),

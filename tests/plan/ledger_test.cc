@@ -90,7 +90,7 @@ TEST(Ledger, ModelFlopsOfGpt2AreTheMatmulWeightsPlusAttention) {
   const double L = 12, C = 768, V = 50257;
   for (const int64_t T : {1024, 64}) {
     m.seq = T;
-    m.positions = 1024;
+    m.max_seq = 1024;
     const FlopsPerToken f = flops_per_token(m, Recompute::none);
     EXPECT_DOUBLE_EQ(f.model(), 6 * (12 * L * C * C + V * C) + 12 * L * C * double(T)) << T;
     EXPECT_EQ(count_params(m).total(), 124439808) << T;
@@ -105,22 +105,22 @@ TEST(Ledger, ModelFlopsOfGpt2AreTheMatmulWeightsPlusAttention) {
 // per token adds its MLP's matrices.
 TEST(Ledger, MoeModelFlopsScaleWithTopKNotExperts) {
   ModelSpec m = model_preset("gpt2-124m");
-  m.moe_every = 2;  // 6 MoE blocks of 12
-  m.experts = 8;
-  m.top_k = 2;
+  m.moe.every = 2;  // 6 MoE blocks of 12
+  m.moe.experts = 8;
+  m.moe.top_k = 2;
   const double C = 768, moe = 6;
   auto flops = [](const ModelSpec& x) { return flops_per_token(x, Recompute::none).model(); };
   const double dense = flops(model_preset("gpt2-124m"));
   EXPECT_DOUBLE_EQ(flops(m) - dense, 6 * moe * (8 * C * C + 8 * C));
   ModelSpec wide = m;
-  wide.experts = 64;
+  wide.moe.experts = 64;
   EXPECT_DOUBLE_EQ(flops(wide) - flops(m), 6 * moe * (64 - 8) * C);
   ModelSpec switch_k1 = m;
-  switch_k1.top_k = 1;
+  switch_k1.moe.top_k = 1;
   EXPECT_DOUBLE_EQ(flops(m) - flops(switch_k1), 6 * moe * 8 * C * C);
   // One expert and one route per token: the dense FLOPs and one router column per MoE block.
   ModelSpec one = m;
-  one.experts = one.top_k = 1;
+  one.moe.experts = one.moe.top_k = 1;
   EXPECT_DOUBLE_EQ(flops(one) - dense, 6 * moe * C);
 }
 
@@ -159,13 +159,20 @@ TEST(Ledger, LayoutMemorySplitsStateOverModelParallelRanks) {
 namespace tetra::plan {
 namespace {
 
+// A GPT-2 run's shape (n_head key/value heads, a 4C MLP, tied), V padded to Vp.
+RunShape gpt2_run(int64_t V, int64_t Vp, int64_t L, int64_t C, int64_t NH, int64_t T, int64_t B) {
+  RunShape s;
+  s.model.vocab_size = V, s.padded_vocab = Vp, s.model.n_layer = L, s.model.d_model = C;
+  s.model.n_head = s.model.n_kv_head = NH, s.model.ffn = 4 * C, s.model.max_seq = T;
+  s.micro_batch = B, s.seq = T;
+  return s;
+}
+
 // A flash attention (run.device = cuda) keeps the row log-sum-exp instead of the probabilities:
 // per layer B·NH·T elements saved and as many of scratch instead of B·NH·T² each, and no bf16
 // copies for attention. Everything else of the run's memory is the CPU backend's.
 TEST(RunMemory, FlashAttentionKeepsNoTByTMatrix) {
-  RunShape s;
-  s.vocab = 50257, s.padded_vocab = 50304, s.layers = 12, s.d_model = 768, s.heads = 12;
-  s.max_seq = 1024, s.micro_batch = 4, s.seq = 1024;
+  RunShape s = gpt2_run(50257, 50304, 12, 768, 12, 1024, 4);
   RunShape flash = s;
   flash.flash_attention = true;
   const RunMemory cpu = run_memory(s), gpu = run_memory(flash);
@@ -185,18 +192,19 @@ TEST(RunMemory, FlashAttentionKeepsNoTByTMatrix) {
 // and its E/ep experts receive from every rank of the group.
 TEST(RunMemory, MoeRowsAreTheTrainersBounds) {
   RunShape s;
-  s.micro_batch = 2, s.seq = 32, s.experts = 4, s.top_k = 2, s.capacity_factor = 1.25;
+  s.micro_batch = 2, s.seq = 32, s.model.moe.experts = 4, s.model.moe.top_k = 2,
+  s.model.moe.capacity_factor = 1.25;
   // cap = ceil(1.25·32·2/4) = 20 routes per sequence, 40 of the micro-batch's per expert: 160 >
   // the 128 routes there are.
   MoeRows r = moe_rows(s);
   EXPECT_EQ(r.tokens, 64);
   EXPECT_EQ(r.expert_rows, 128 + 4 * 31);
   EXPECT_EQ(r.send_rows + r.recv_rows, 0);
-  s.capacity_factor = 0.5;  // cap = 8: 16 rows per expert
+  s.model.moe.capacity_factor = 0.5;  // cap = 8: 16 rows per expert
   EXPECT_EQ(moe_rows(s).expert_rows, 64 + 4 * 31);
-  s.capacity_factor = 0;  // no capacity: every route
+  s.model.moe.capacity_factor = 0;  // no capacity: every route
   EXPECT_EQ(moe_rows(s).expert_rows, 128 + 4 * 31);
-  s.capacity_factor = 0.5;
+  s.model.moe.capacity_factor = 0.5;
   s.ep = s.dp = 2;  // two experts here, 16 rows each from either rank's micro-batch
   r = moe_rows(s);
   EXPECT_EQ(r.expert_rows, 64 + 2 * 31);
@@ -209,11 +217,9 @@ TEST(RunMemory, MoeRowsAreTheTrainersBounds) {
 // (R,4C), with its routing's int32 index vectors (N·k + R); backward's shared MoeScratch; the
 // flat layout's router in the block's unit and the experts in a unit of their own.
 TEST(RunMemory, MoeBlocksKeepTheirRowsAndRouting) {
-  RunShape dense;
-  dense.vocab = dense.padded_vocab = 64, dense.layers = 4, dense.d_model = 64, dense.heads = 4;
-  dense.max_seq = 32, dense.micro_batch = 2, dense.seq = 32;
+  RunShape dense = gpt2_run(64, 64, 4, 64, 4, 32, 2);
   RunShape s = dense;
-  s.experts = 4, s.top_k = 2, s.moe_every = 2;  // blocks 1 and 3
+  s.model.moe.experts = 4, s.model.moe.top_k = 2, s.model.moe.every = 2;  // blocks 1 and 3
   EXPECT_EQ(s.local_moe_layers(), 2);
   const double N = 64, C = 64, E = 4, k = 2, R = N * k + E * 31, f32 = 4;
   const RunMemory d = run_memory(dense), m = run_memory(s);
@@ -238,10 +244,9 @@ TEST(RunMemory, MoeBlocksKeepTheirRowsAndRouting) {
 // times its size; dense units over dp. ZeRO's workspaces hold each class apart: the blocks' at
 // the largest block's size, the expert units' at theirs, each by the stage's bound.
 TEST(RunMemory, ExpertUnitsAreShardedOverTheExpertDataParallelGroup) {
-  RunShape s;
-  s.vocab = s.padded_vocab = 64, s.layers = 4, s.d_model = 64, s.heads = 4;
-  s.max_seq = 32, s.micro_batch = 2, s.seq = 32;
-  s.experts = 4, s.top_k = 2, s.moe_every = 2, s.ep = 2, s.dp = 4, s.zero = 3;
+  RunShape s = gpt2_run(64, 64, 4, 64, 4, 32, 2);
+  s.model.moe.experts = 4, s.model.moe.top_k = 2, s.model.moe.every = 2, s.ep = 2, s.dp = 4,
+  s.zero = 3;
   EXPECT_EQ(s.edp(), 2);
   const FlatLayout f = flat_layout(s);
   const double expert = 2 * 4 * 64 * 64 + 5 * 64, f32 = 4;
@@ -273,19 +278,23 @@ TEST(RunMemory, ExpertUnitsAreShardedOverTheExpertDataParallelGroup) {
 TEST(RunMemory, LlamaUnitsAreItsTensors) {
   ModelSpec m;
   m.name = "llama";
-  m.layers = 4, m.d_model = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 160, m.vocab = 64;
-  m.seq = 32;
+  m.arch = Arch::llama;
+  m.n_layer = 4, m.d_model = 64, m.n_head = 4, m.n_kv_head = 2, m.ffn = 160, m.vocab_size = 64;
+  m.max_seq = m.seq = 32;
+  m.tie_embeddings = false;
   RunShape s;
-  s.vocab = s.padded_vocab = 64, s.layers = 4, s.d_model = 64, s.heads = 4, s.max_seq = 32;
+  s.model.vocab_size = s.padded_vocab = 64, s.model.n_layer = 4, s.model.d_model = 64,
+  s.model.n_head = 4, s.model.max_seq = 32;
   s.micro_batch = 2, s.seq = 32;
-  s.llama = true, s.kv_heads = 2, s.ffn = 160, s.tied = false;
+  s.model.arch = Arch::llama, s.model.n_kv_head = 2, s.model.ffn = 160,
+  s.model.tie_embeddings = false;
   const double C = 64, KV = 2 * 16, F = 160, V = 64;
   const double block = 3 * C * F + 2 * C * C + 2 * KV * C + 2 * C;
   FlatLayout f = flat_layout(s);
   EXPECT_EQ(f.block, block);
   EXPECT_EQ(f.ends, (std::vector<double>{2 * V * C + C}));
   EXPECT_EQ(f.total, double(count_params(m).total()));
-  m.tie_embeddings = s.tied = true;
+  m.tie_embeddings = s.model.tie_embeddings = true;
   f = flat_layout(s);
   EXPECT_EQ(f.ends, (std::vector<double>{V * C + C}));
   EXPECT_EQ(f.total, double(count_params(m).total()));
@@ -300,7 +309,7 @@ TEST(RunMemory, LlamaUnitsAreItsTensors) {
   s.chunks = {{2, 1, 2}};
   s.embedding = false, s.head = true;
   EXPECT_EQ(flat_layout(s).ends, (std::vector<double>{V * C, C}));
-  s.tied = false;
+  s.model.tie_embeddings = false;
   EXPECT_EQ(flat_layout(s).ends, (std::vector<double>{V * C + C}));
   // A unit is padded to 16 x dp, a tensor aligned to 16: model.norm (64) and lm_head share one.
   s.dp = 3;
@@ -315,9 +324,10 @@ TEST(RunMemory, LlamaUnitsAreItsTensors) {
 // backward scratch dln, dqkv, datty, dgate and dup, the attention's; the head an rstd per row.
 TEST(RunMemory, LlamaBlocksKeepTheirActivations) {
   RunShape s;
-  s.vocab = s.padded_vocab = 64, s.layers = 4, s.d_model = 64, s.heads = 4, s.max_seq = 32;
+  s.model.vocab_size = s.padded_vocab = 64, s.model.n_layer = 4, s.model.d_model = 64,
+  s.model.n_head = 4, s.model.max_seq = 32;
   s.micro_batch = 2, s.seq = 32;
-  s.llama = true, s.kv_heads = 2, s.ffn = 160;
+  s.model.arch = Arch::llama, s.model.n_kv_head = 2, s.model.ffn = 160;
   const double BT = 64, B = 2, T = 32, C = 64, W = 64 + 2 * 32, H = 160, V = 64, NH = 4, f32 = 4;
   const double att = B * NH * T * T;
   const double saves = 2 * BT * C + 2 * BT + BT * C + BT * C + BT * W + att + 3 * BT * H;
@@ -336,7 +346,7 @@ TEST(RunMemory, LlamaBlocksKeepTheirActivations) {
   s.bf16 = true;
   EXPECT_DOUBLE_EQ(run_memory(s).temporaries - m.temporaries, 2 * (BT * H + H * C));
   EXPECT_GT(BT * H + H * C, BT * W + att);
-  s.seq = s.max_seq = 64;
+  s.seq = s.model.max_seq = 64;
   const double BT2 = 128, att2 = B * NH * 64 * 64;
   EXPECT_DOUBLE_EQ(
       run_memory(s).temporaries -
@@ -346,7 +356,7 @@ TEST(RunMemory, LlamaBlocksKeepTheirActivations) {
             return run_memory(fp32).temporaries;
           }(),
       2 * (BT2 * W + att2));
-  s.seq = s.max_seq = 32;
+  s.seq = s.model.max_seq = 32;
   // Tensor parallelism with sequence parallelism: 2 key/value heads and 80 MLP channels a rank,
   // the residual's rows and the norms' statistics halved, and two norm weights' gradients.
   s.bf16 = false;
@@ -387,7 +397,7 @@ TEST(Ledger, ActivationsTensorByTensorForLlama) {
                                                     Attention::flash));
   // Grouped-query attention keeps 8 KV heads' k and v, not 128.
   ModelSpec mha = m;
-  mha.kv_heads = mha.heads;
+  mha.n_kv_head = mha.n_head;
   EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(mha, Recompute::none, Precision::Bf16Mixed, 8,
                                                     Attention::flash) -
                        activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 8,

@@ -96,7 +96,7 @@ TEST(PlanCli, OtherConfigsRun) {
 
 TEST(PlanCli, OverridesApply) {
   const CliResult r =
-      tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tp=8 --layout.pp=4 --json");
+      tetra_plan("--config configs/plan/70b-512-h100.toml --parallel.tp=8 --parallel.pp=4 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"]["tp"], 8);
@@ -112,16 +112,18 @@ TEST(PlanCli, UnknownPresetIsRefused) {
 }
 
 TEST(PlanCli, TpLargerThanANodeIsRefused) {
-  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tp=16");
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --parallel.tp=16");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "tp=16 exceeds gpus_per_node=8; TP must stay inside a node, use tp<=8"))
+  EXPECT_TRUE(has(r,
+                  "parallel.tp=16 exceeds cluster.gpus_per_node=8; tensor parallelism stays inside "
+                  "a node, use parallel.tp<=8"))
       << r.out;
 }
 
 TEST(PlanCli, LayoutNotDividingTheModelIsRefused) {
-  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.pp=3");
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --parallel.pp=3");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "layers=80 is not divisible by pp=3")) << r.out;
+  EXPECT_TRUE(has(r, "model.n_layer=80 is not divisible by parallel.pp=3")) << r.out;
 }
 
 // Llama 3 405B on TP 8 x PP 16: 126 layers on 16 uneven stages, as Meta ran it, with the bubble
@@ -143,12 +145,12 @@ TEST(PlanCli, UnevenStagesOfLlama3405BAreEvaluatedBySimulation) {
   // and the pipeline runs at its pace.
   const CliResult e = tetra_plan(
       "--config configs/plan/405b-tp8-pp16-uneven.toml --json "
-      "--layout.pp_layers=7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7");
+      "--pp.layers=7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7");
   ASSERT_EQ(e.code, 0) << e.out;
   EXPECT_EQ(nlohmann::json::parse(e.out)["bubble"], j["bubble"]);
   const CliResult even = tetra_plan(
-      "--config configs/plan/70b-512-h100.toml --json --layout.tp=8 --layout.pp=4 "
-      "--layout.schedule=1f1b");
+      "--config configs/plan/70b-512-h100.toml --json --parallel.tp=8 --parallel.pp=4 "
+      "--pp.schedule=1f1b");
   ASSERT_EQ(even.code, 0) << even.out;
   const auto b = nlohmann::json::parse(even.out)["bubble"];
   EXPECT_NEAR(b["formula"].get<double>(), 3.0 / 131.0, 1e-12);
@@ -177,7 +179,7 @@ TEST(PlanCli, TraceWritesTheSimulatedPipelineStep) {
   EXPECT_EQ(forwards, 16u * 16u);  // p ranks x m micro-batches
   EXPECT_GT(waits, 0u);
   const CliResult flat = tetra_plan(
-      "--config configs/plan/70b-512-h100.toml --layout.tp=8 --layout.pp=1 --trace " + path);
+      "--config configs/plan/70b-512-h100.toml --parallel.tp=8 --parallel.pp=1 --trace " + path);
   EXPECT_EQ(flat.code, 2);
   EXPECT_TRUE(has(flat, "--trace shows a pipeline step, but the layout has pp=1")) << flat.out;
 }
@@ -185,14 +187,14 @@ TEST(PlanCli, TraceWritesTheSimulatedPipelineStep) {
 TEST(PlanCli, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
   const std::string base = "--config configs/plan/405b-tp8-pp16-uneven.toml ";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--layout.pp_layers=7,8,8",
+      {"--pp.layers=7,8,8",
        "gives 3 stage(s) holding 23 layers, but the model has 126 "
        "layers on 16 stages (pp x v): give 16 counts that sum to 126"},
-      {"--layout.pp_layers=",
-       "layers=126 is not divisible by pp=16; use pp dividing 126, or "
-       "uneven stages with layout.pp_layers=auto"},
-      {"--layout.pp=256 --layout.dp=8", "pp=256 exceeds the model's 126 layers"},
-      {"--layout.schedule=interleaved --training.global_batch=25165824",
+      {"--pp.layers=",
+       "model.n_layer=126 is not divisible by parallel.pp=16; use a pp dividing 126, or "
+       "uneven stages with pp.layers=auto"},
+      {"--parallel.pp=256 --parallel.dp=8", "parallel.pp=256 exceeds the model's 126 layers"},
+      {"--pp.schedule=interleaved --training.global_batch=25165824",
        "must be a multiple of pp=16 (got m=24); use m=16 or 32"},
   };
   for (const auto& [flags, message] : cases) {
@@ -203,15 +205,22 @@ TEST(PlanCli, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {
 }
 
 TEST(PlanCli, LayoutNotDividingTheGpusIsRefused) {
-  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100-given.toml --layout.dp=8");
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100-given.toml --parallel.dp=8");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r, "but cluster.gpus = 512; set dp = gpus/(tp*pp) = 16")) << r.out;
 }
 
 TEST(PlanCli, UnknownKeyGetsASuggestion) {
-  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tpp=8");
+  const CliResult r = tetra_plan("--config configs/plan/70b-512-h100.toml --parallel.tpp=8");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "layout.tp")) << r.out;
+  EXPECT_TRUE(has(r, "Did you mean 'parallel.tp'?")) << r.out;
+  // A key by its former planner name gets the name both commands share.
+  const CliResult old = tetra_plan("--config configs/plan/70b-512-h100.toml --layout.zero=1");
+  EXPECT_EQ(old.code, 2);
+  EXPECT_TRUE(has(old,
+                  "unknown key 'layout.zero' (from --layout.zero=1). It was renamed "
+                  "'zero.stage'; use that name."))
+      << old.out;
 }
 
 TEST(PlanCli, MissingConfigIsRefused) {
@@ -222,7 +231,7 @@ TEST(PlanCli, MissingConfigIsRefused) {
 TEST(PlanCli, HelpListsKeys) {
   const CliResult r = tetra_plan("--help");
   EXPECT_EQ(r.code, 0);
-  EXPECT_TRUE(has(r, "--layout.zero")) << r.out;
+  EXPECT_TRUE(has(r, "--zero.stage")) << r.out;
 }
 
 TEST(PlanCli, BadNumbersAreRefusedWithTheKeyTheValueAndTheRange) {
@@ -240,11 +249,11 @@ TEST(PlanCli, BadNumbersAreRefusedWithTheKeyTheValueAndTheRange) {
       {"--training.target_mfu=0", "'training.target_mfu' must be a finite number in (0, 1]"},
       {"--training.tokens=-1", "'training.tokens' must be a finite number in [0, 1e18]"},
       {"--training.global_batch=1e30", "got '1e30'"},
-      {"--model.layers=-1", "'model.layers' must be an integer in [0, 10000], got '-1'"},
-      {"--layout.zero=4", "'layout.zero' must be an integer in [-1, 3], got '4'"},
-      {"--layout.tp=-1", "'layout.tp' must be an integer in [0, 10000000], got '-1'"},
-      {"--layout.schedule=zb", "'layout.schedule' must be one of: \"\", gpipe, 1f1b, interleaved"},
-      {"--training.precision=fp8", "'training.precision' must be one of: bf16, bf16-mixed, fp32"},
+      {"--model.n_layer=-1", "'model.n_layer' must be an integer in [1, 10000], got '-1'"},
+      {"--zero.stage=4", "'zero.stage' must be an integer in [-1, 3], got '4'"},
+      {"--parallel.tp=-1", "'parallel.tp' must be an integer in [0, 10000000], got '-1'"},
+      {"--pp.schedule=zb", "'pp.schedule' must be one of: \"\", gpipe, 1f1b, interleaved"},
+      {"--train.precision=fp8", "'train.precision' must be one of: bf16, bf16-mixed, fp32"},
       {"--model.arch=bert", "'model.arch' must be one of: gpt2, llama"},
   };
   for (const auto& [arg, message] : cases) {
@@ -269,7 +278,7 @@ TEST(PlanCli, ArgumentErrorsSayWhatToChange) {
       {"--json=true", "[plan] --json is a switch and takes no value"},
       {"--gpus=8", "Did you mean '--cluster.gpus'?"},
       {"configs/plan/70b-512-h100.toml", "[plan] unexpected argument"},
-      {"--layout.tp", "[plan] --layout.tp needs a value"},
+      {"--parallel.tp", "[plan] --parallel.tp needs a value"},
   };
   for (const auto& [arg, message] : cases) {
     const CliResult r = tetra_plan(arg);
@@ -280,9 +289,9 @@ TEST(PlanCli, ArgumentErrorsSayWhatToChange) {
 
 TEST(PlanCli, FlagSpellings) {
   const CliResult a =
-      tetra_plan("--config=configs/plan/70b-512-h100.toml --layout.tp 8 --top=2 --json");
+      tetra_plan("--config=configs/plan/70b-512-h100.toml --parallel.tp 8 --top=2 --json");
   const CliResult b =
-      tetra_plan("--config configs/plan/70b-512-h100.toml --layout.tp=8 --top 2 --json");
+      tetra_plan("--config configs/plan/70b-512-h100.toml --parallel.tp=8 --top 2 --json");
   ASSERT_EQ(a.code, 0) << a.out;
   ASSERT_EQ(b.code, 0) << b.out;
   EXPECT_EQ(a.out, b.out);
@@ -295,8 +304,8 @@ TEST(PlanCli, HelpShowsEveryKeyWithItsRange) {
     EXPECT_EQ(r.code, 0) << r.out;
     for (const char* s : {"--top N", "(an integer in [1, 1000]; default 5)", "--json",
                           "--cluster.gpu_mtbf_years=0  (a finite number in [0, 1e4])",
-                          "--layout.zero=-1  (an integer in [-1, 3])",
-                          "--training.recompute=\"\"  (one of: \"\", none, selective, full)"}) {
+                          "--zero.stage=-1  (an integer in [-1, 3])",
+                          "--train.recompute=\"\"  (one of: \"\", none, selective, full)"}) {
       EXPECT_TRUE(has(r, s)) << s << "\n" << r.out;
     }
   }
@@ -328,23 +337,22 @@ TEST(PlanCli, TrainingConfigIsPlannedAsItsRun) {
   EXPECT_TRUE(has(table, "tetra train, this run on 1 rank(s): " + tetra::plan::run_summary(p)))
       << table.out;
 
-  // Overrides in either spelling, and the two spellings refused when they disagree.
-  const CliResult aliased =
-      tetra_plan("--config configs/tiny.toml --json --layout.tp=2 --training.micro_batch=2", false);
-  ASSERT_EQ(aliased.code, 0) << aliased.out;
-  const auto a = nlohmann::json::parse(aliased.out);
+  // Overrides by the keys `tetra train` reads.
+  const CliResult overridden =
+      tetra_plan("--config configs/tiny.toml --json --parallel.tp=2 --train.micro_batch=2", false);
+  ASSERT_EQ(overridden.code, 0) << overridden.out;
+  const auto a = nlohmann::json::parse(overridden.out);
   EXPECT_EQ(a["layout"]["tp"], 2);
   EXPECT_EQ(a["layout"]["micro_batch"], 2);
   EXPECT_EQ(a["cluster"]["gpus"], 2);
-  const CliResult both =
-      tetra_plan("--config configs/brown.toml --model.n_layer=2 --model.layers=3");
-  EXPECT_EQ(both.code, 2);
-  EXPECT_TRUE(has(both, "sets both model.n_layer = 2 and model.layers = 3")) << both.out;
+  const CliResult former = tetra_plan("--config configs/brown.toml --model.layers=3");
+  EXPECT_EQ(former.code, 2);
+  EXPECT_TRUE(has(former, "It was renamed 'model.n_layer'")) << former.out;
   const CliResult preset = tetra_plan("--config configs/brown.toml --model.preset=gpt2-124m");
   EXPECT_EQ(preset.code, 2);
   EXPECT_TRUE(has(preset, "model.preset is a key of planner configs")) << preset.out;
   const CliResult help = tetra_plan("--help");
-  EXPECT_TRUE(has(help, "--model.layers = --model.n_layer")) << help.out;
+  EXPECT_TRUE(has(help, "name a\nsetting by the same key")) << help.out;
 }
 
 // A mixture-of-experts training config (4 experts, top-2, ep 2 over dp 2) is planned with its

@@ -40,45 +40,36 @@ TEST(Presets, ParameterCounts) {
 TEST(Presets, Gpt2SmallAsTetraTrainsItHas124439808Parameters) {
   ModelSpec m = model_preset("gpt2-124m");
   m.vocab_multiple = 64;
-  m.positions = 1024;
+  m.max_seq = 1024;
   m.seq = 256;
   EXPECT_EQ(count_params(m).total(), 124439808);
   const ParamCounts pc = count_params(m);
   EXPECT_EQ(pc.matmul_active(), 12LL * 12 * 768 * 768 + 50257LL * 768);
-  m.positions = 0;  // planner configs: the positions are the sequence
-  EXPECT_EQ(count_params(m).total(), 124439808 - (1024 - 256) * 768);
 }
 
 // A MoE block holds a router (E, C, no bias) and E MLPs of the dense MLP's shape in place of the
-// MLP (docs/moe.md), only every moe_every-th block: with E = 1 and k = 1 the count is the dense
-// one plus one router per MoE block; with E experts a MoE block adds E - 1 MLPs and the router,
-// of which a token passes through k MLPs.
+// MLP (docs/moe.md), only every moe_every-th block: with E experts a MoE block adds E - 1 MLPs
+// and the router, of which a token passes through k MLPs.
 TEST(Presets, MoeBlocksHoldTheRouterAndEveryExpert) {
   const ModelSpec dense = model_preset("gpt2-124m");
-  ModelSpec one = dense;
-  one.moe_every = 2;  // blocks 1, 3, ..., 11
-  const ParamCounts d = count_params(dense), o = count_params(one);
+  ModelSpec moe = dense;
+  moe.moe.experts = 8;
+  moe.moe.top_k = 2;
+  moe.moe.every = 2;  // blocks 1, 3, ..., 11
   const int64_t C = 768, mlp = 2 * C * 4 * C + 4 * C + C;
+  const ParamCounts d = count_params(dense), p = count_params(moe);
   EXPECT_EQ(d.moe_layers, 0);
-  EXPECT_EQ(o.moe_layers, 6);
-  EXPECT_TRUE(is_moe_layer(one, 1) && is_moe_layer(one, 11) && !is_moe_layer(one, 0));
-  EXPECT_EQ(o.total(), d.total() + 6 * C);
-  EXPECT_EQ(o.active(), d.active() + 6 * C);
-  EXPECT_EQ(o.matmul_active(), d.matmul_active() + 6 * C);
-
-  ModelSpec moe = one;
-  moe.experts = 8;
-  moe.top_k = 2;
-  const ParamCounts p = count_params(moe);
+  EXPECT_EQ(p.moe_layers, 6);
+  EXPECT_TRUE(moe.is_moe(1) && moe.is_moe(11) && !moe.is_moe(0));
   EXPECT_EQ(p.total(), d.total() + 6 * (7 * mlp + 8 * C));
   EXPECT_EQ(p.active(), d.active() + 6 * (mlp + 8 * C));
   EXPECT_EQ(p.matmul_active(), d.matmul_active() + 6 * (2 * C * 4 * C + 8 * C));
   // Every block a MoE block: the dense MLP is nowhere.
-  moe.moe_every = 1;
+  moe.moe.every = 1;
   EXPECT_EQ(count_params(moe).total(), d.total() + 12 * (7 * mlp + 8 * C));
-  // The presets' MoE (moe_every 0, experts > 1) has every block a MoE block.
+  // The presets' MoE has every block a MoE block.
   const ModelSpec mixtral = model_preset("mixtral-8x7b");
-  EXPECT_EQ(count_params(mixtral).moe_layers, mixtral.layers);
+  EXPECT_EQ(count_params(mixtral).moe_layers, mixtral.n_layer);
 }
 
 TEST(Presets, UnknownPresetsAreRefused) {
@@ -151,7 +142,7 @@ TEST_F(CpuPreset, MissingPeakIsMeasuredNotRefused) {
 
 TEST(Presets, ModelValidation) {
   ModelSpec m = model_preset("gpt2-124m");
-  m.heads = 7;
+  m.n_head = 7;
   EXPECT_THROW(validate_model(m), Error);
 }
 

@@ -104,7 +104,7 @@ TEST(PublishedRuns, Megatron530BOn2520A100) {
 TEST(PublishedRuns, TorchtitanInterleavedOverPlain1F1B) {
   const LayoutEstimate plain = choose_layout(inputs("torchtitan-405b-512-h100")).chosen;
   const LayoutEstimate inter =
-      choose_layout(inputs("torchtitan-405b-512-h100", {"--layout.schedule=interleaved"})).chosen;
+      choose_layout(inputs("torchtitan-405b-512-h100", {"--pp.schedule=interleaved"})).chosen;
   EXPECT_EQ(plain.layout.microbatches, 8);
   EXPECT_EQ(inter.layout.v, 2);
   const double ratio = plain.step_seconds / inter.step_seconds;

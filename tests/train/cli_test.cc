@@ -237,7 +237,7 @@ TEST_F(TrainCli, RepeatRunsAreBitIdenticalAndKeepOldMetrics) {
 // Integers are checked as 64-bit values before any narrowing and echoed as typed: 2^32 + 1
 // layers once trained 1 layer, micro_batch 2^32 + 4 trained 4, 2^32 was refused as "got 0".
 TEST_F(TrainCli, IntegersNeverWrap) {
-  const std::string layers = "'model.n_layer' must be an integer in [1, 1024], got '";
+  const std::string layers = "'model.n_layer' must be an integer in [1, 10000], got '";
   for (const char* typed : {"4294967297", "4294967296", "2147483648", "9223372036854775808",
                             "-9223372036854775809", "1e30", "nan", "inf", "12abc", "0"}) {
     EXPECT_REFUSED(tetra(base() + " --model.n_layer=" + typed), layers + typed + "'");
@@ -443,7 +443,7 @@ TEST_F(TrainCli, HelpShowsEveryKeyWithItsRange) {
     CliRun r = tetra(std::string("train ") + flag);
     EXPECT_EQ(r.code, 0) << r.output;
     for (const char* line :
-         {"--config FILE.toml", "--model.n_layer=4  (an integer in [1, 1024])",
+         {"--config FILE.toml", "--model.n_layer=4  (an integer in [1, 10000])",
           "--optim.eps=1e-8  (a finite number in [1e-30, 1])",
           "--run.threads=0  (an integer in [0, 1024])", "at most 1024",
           "--run.progress=\"auto\"  (one of: auto, always, never)", "--data.verify=true",

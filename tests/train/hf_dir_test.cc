@@ -277,14 +277,14 @@ TEST_F(HfDir, ConfigJsonFieldsAreRangeCheckedBeforeUse) {
   };
   const Case cases[] = {
       {"n_layer", "4294967297",
-       "n_layer is 4294967297, out of range: tetra's GPT-2 takes 1 .. 1024 (layers, "
+       "n_layer is 4294967297, out of range: tetra's GPT-2 takes 1 .. 10000 (layers, "
        "model.n_layer); the file is damaged or describes a model tetra cannot run"},
       {"n_layer", "18446744073709551615", "n_layer is 18446744073709551615, out of range"},
-      {"n_head", "0", "n_head is 0, out of range: tetra's GPT-2 takes 1 .. 1024"},
+      {"n_head", "0", "n_head is 0, out of range: tetra's GPT-2 takes 1 .. 131072"},
       {"vocab_size", "-300", "vocab_size is -300, out of range"},
-      {"n_embd", "1e30", "n_embd is 1e+30; expected an integer in 1 .. 65536"},
-      {"n_embd", "32.0", "n_embd is 32.0; expected an integer in 1 .. 65536"},
-      {"n_positions", "\"16\"", "n_positions is \"16\"; expected an integer in 1 .. 65536"},
+      {"n_embd", "1e30", "n_embd is 1e+30; expected an integer in 1 .. 131072"},
+      {"n_embd", "32.0", "n_embd is 32.0; expected an integer in 1 .. 131072"},
+      {"n_positions", "\"16\"", "n_positions is \"16\"; expected an integer in 1 .. 1048576"},
       {"n_head", "3", "n_head 3 does not divide n_embd 32"},
       {"eos_token_id", "100000",
        "eos_token_id is 100000, out of range: token ids lie in 0 .. 299 (vocab_size 300)"},
@@ -353,7 +353,7 @@ TEST_F(HfDir, TensorNamesWithHugeOrMissingBlockNumbersAreNamed) {
   EXPECT_REFUSED(run_command(tetra("generate --model " + path("in/huge.safetensors") +
                                    " --tokenizer byte --model.n_head=2 --prompt hi")),
                  "tensor 'transformer.h.99999999999.ln_1.weight' is not a block tensor h.N.* with "
-                 "N in 0 .. 1023");
+                 "N in 0 .. 9999");
   f = read_safetensors(path("in/a.safetensors"));
   f.tensors["transformer.h.5.ln_1.weight"] = f.tensors.at("transformer.h.0.ln_1.weight");
   write_safetensors(path("in/gap.safetensors"), f);

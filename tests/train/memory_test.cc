@@ -68,24 +68,24 @@ class MemoryLedger : public ::testing::Test {
     return line.empty() ? json::object() : json::parse(line);
   }
 
-  // `tetra plan`'s ledger of a tetra run for the same model and layout; `model` adds (or
-  // overrides) planner model keys (a Llama model's).
+  // `tetra plan`'s ledger of a tetra run for the same model and layout, by the same keys; `model`
+  // adds model keys (a Llama model's), as on the run's command line.
   static json planned(int ranks, int stage, const std::string& recompute,
                       const std::string& precision = "fp32", const std::string& model = "") {
     const Ran r = run_command(
         tetra_command(1, "plan --json --config " + std::string(TETRA_SOURCE_DIR) +
-                             "/configs/plan/gpt2-124m-cpu.toml --model.seq=" + std::to_string(kT) +
-                             fmt::format(" --model.vocab={} --model.layers={} --model.d_model={} "
-                                         "--model.heads={} --model.kv_heads={} ",
-                                         kV, kL, kC, kH, kH) +
+                             "/configs/plan/gpt2-124m-cpu.toml --model.preset= --train.seq_len=" +
+                             std::to_string(kT) +
+                             fmt::format(" --model.vocab_size={} --model.n_layer={} "
+                                         "--model.d_model={} --model.n_head={} ",
+                                         kV, kL, kC, kH) +
                              model + " --cluster.gpus=" + std::to_string(ranks) +
                              " --cluster.gpus_per_node=" + std::to_string(ranks) +
                              " --training.global_batch=" + std::to_string(ranks * kT) +
-                             " --training.micro_batch=" + std::to_string(kB) +
-                             " --training.recompute=" + recompute +
-                             " --training.precision=" + precision +
-                             " --layout.tp=1 --layout.pp=1 --layout.dp=" + std::to_string(ranks) +
-                             " --layout.zero=" + std::to_string(stage)),
+                             " --train.micro_batch=" + std::to_string(kB) +
+                             " --train.recompute=" + recompute + " --train.precision=" + precision +
+                             " --parallel.tp=1 --parallel.pp=1 --parallel.dp=" +
+                             std::to_string(ranks) + " --zero.stage=" + std::to_string(stage)),
         /*with_stderr=*/false);
     EXPECT_EQ(r.code, 0) << r.output;
     return json::parse(r.output)["memory"]["tetra_run"];
@@ -176,7 +176,7 @@ TEST_F(MemoryLedger, MixedPrecisionCountsTheBf16OperandCopies) {
 // they do GPT-2's.
 TEST_F(MemoryLedger, LlamaEveryStageMatchesThePlan) {
   const std::string train = "--model.arch=llama --model.n_kv_head=2";
-  const std::string plan = "--model.preset= --model.arch=llama --model.kv_heads=2 --model.ffn=704";
+  const std::string& plan = train;  // one vocabulary: the run's keys plan it
   std::vector<json> two;
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("Llama, 2 ranks, ZeRO stage " + std::to_string(stage));

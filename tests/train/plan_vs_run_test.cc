@@ -241,8 +241,8 @@ class PlanVsRunLlama : public PlanVsRun {
     const json j = run(ranks, name, kLlama + flags);
     expect_agreement(j, groups);
     const RunPlan p = planned(name, ranks);
-    EXPECT_FALSE(p.model.gpt2_style);
-    EXPECT_TRUE(p.shape.llama);
+    EXPECT_TRUE(p.model.llama());
+    EXPECT_TRUE(p.shape.model.llama());
     expect_memory_exact(name, last_step(name), p.prediction.memory);
     return p;
   }
@@ -254,7 +254,7 @@ TEST_F(PlanVsRunLlama, OneRankUnderEachRecomputation) {
     check(1, std::string("llama_") + r, std::string("--train.recompute=") + r, {});
   }
   const RunPlan tied = check(1, "llama_tied", "--model.tie_embeddings=true", {});
-  EXPECT_TRUE(tied.shape.tied);
+  EXPECT_TRUE(tied.shape.model.tie_embeddings);
 }
 
 TEST_F(PlanVsRunLlama, DataParallelEveryZeroStage) {

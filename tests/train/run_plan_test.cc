@@ -58,11 +58,11 @@ TEST_F(RunPlanTest, TrainingConfigsAreThoseWithATrainKey) {
   EXPECT_FALSE(
       is_training_config(std::string(TETRA_SOURCE_DIR) + "/configs/plan/70b-512-h100.toml", {}));
   EXPECT_FALSE(is_training_config(
-      std::string(TETRA_SOURCE_DIR) + "/configs/plan/gpt2-124m-cpu.toml", {"model.layers=4"}));
-  EXPECT_TRUE(is_training_config("", {"model.n_layer=2"}));
-  EXPECT_TRUE(is_training_config("", {"--parallel.tp=2"}));
-  EXPECT_FALSE(is_training_config("", {"model.d_model=64", "layout.tp=2"}));  // both have them
-  EXPECT_FALSE(is_training_config(config("[model\nn_layer = 2\n"), {}));      // its load says why
+      std::string(TETRA_SOURCE_DIR) + "/configs/plan/gpt2-124m-cpu.toml", {"model.n_layer=4"}));
+  EXPECT_TRUE(is_training_config("", {"train.steps=2"}));
+  EXPECT_TRUE(is_training_config("", {"--optim.lr=1e-3"}));
+  EXPECT_FALSE(is_training_config("", {"model.d_model=64", "parallel.tp=2"}));  // both have them
+  EXPECT_FALSE(is_training_config(config("[model\nn_layer = 2\n"), {}));        // its load says why
 }
 
 // configs/brown.toml on one process: the model, batch and precision of the run, and the numbers
@@ -76,11 +76,11 @@ TEST_F(RunPlanTest, BrownIsPlannedAsTheRunItLaunches) {
   EXPECT_EQ(r.layout.pp, 1);
   EXPECT_EQ(r.layout.micro_batch, 8);
   EXPECT_EQ(r.layout.microbatches, 1);
-  EXPECT_EQ(r.model.layers, 4);
+  EXPECT_EQ(r.model.n_layer, 4);
   EXPECT_EQ(r.model.d_model, 256);
-  EXPECT_EQ(r.model.vocab, 4096);
+  EXPECT_EQ(r.model.vocab_size, 4096);
   EXPECT_EQ(r.model.seq, 128);
-  EXPECT_EQ(r.model.positions, 128);
+  EXPECT_EQ(r.model.max_seq, 128);
   EXPECT_EQ(r.training.global_batch_tokens, 8 * 128);
   EXPECT_DOUBLE_EQ(r.training.tokens, 1200.0 * 8 * 128);
   EXPECT_EQ(r.training.precision, plan::Precision::Fp32);
@@ -90,11 +90,8 @@ TEST_F(RunPlanTest, BrownIsPlannedAsTheRunItLaunches) {
                    6.0 * double(L * 12 * C * C + V * C) + 12.0 * double(L * C * T));
   // The memory is run_memory of the shape the trainer built for itself.
   plan::RunShape s;
-  s.vocab = s.padded_vocab = V;
-  s.layers = L;
-  s.d_model = C;
-  s.heads = 4;
-  s.max_seq = T;
+  s.model = p.options.model;
+  s.padded_vocab = V;
   s.micro_batch = 8;
   s.seq = T;
   const plan::RunMemory want = plan::run_memory(s);
@@ -121,52 +118,66 @@ TEST_F(RunPlanTest, ReportHoldsTheRunsNumbers) {
   EXPECT_NE(plan::format_report(r).find(plan::run_summary(want)), std::string::npos);
 }
 
-TEST_F(RunPlanTest, PlannerSpellingsAreAliases) {
+// One vocabulary: every key of a planner config that is not the planner's own (model.preset, the
+// training.* budget and assumptions, cluster.*) is a `tetra train` key of the same kind, and the
+// model's keys are the same specs in both.
+TEST_F(RunPlanTest, PlanAndTrainShareOneVocabulary) {
+  auto find = [](const ConfigSchema& schema, const std::string& key) -> const KeySpec* {
+    for (const KeySpec& k : schema) {
+      if (k.key == key) return &k;
+    }
+    return nullptr;
+  };
+  int shared = 0;
+  for (const KeySpec& k : plan::plan_schema()) {
+    if (k.key == "model.preset" || k.key.starts_with("training.") ||
+        k.key.starts_with("cluster.")) {
+      EXPECT_EQ(find(train_config_schema(), k.key), nullptr) << k.key;
+      continue;
+    }
+    const KeySpec* t = find(train_config_schema(), k.key);
+    ASSERT_NE(t, nullptr) << k.key << " is a planner key `tetra train` does not read";
+    EXPECT_EQ(int(t->kind), int(k.kind)) << k.key;
+    ++shared;
+  }
+  EXPECT_GE(shared, 30);
+  for (const KeySpec& k : model_shape_keys()) {
+    const KeySpec* p = find(plan::plan_schema(), k.key);
+    const KeySpec* t = find(train_config_schema(), k.key);
+    ASSERT_TRUE(p && t) << k.key;
+    EXPECT_EQ(p->default_value + p->valid, t->default_value + t->valid) << k.key;
+  }
+
+  // A training config in those keys plans as the run it launches.
   const TrainingPlan a = plan_training_config(
-      config("[model]\nlayers = 2\nheads = 2\nd_model = 64\nvocab = 300\nmax_seq = 32\n"
-             "[training]\nmicro_batch = 2\nrecompute = \"full\"\n"
-             "[layout]\ntp = 2\nzero = 1\nmicrobatches = 3\n"
-             "[data]\ntrain = \"x.bin\"\n"),
-      {"model.seq=16"});
+      config("[model]\nn_layer = 2\nn_head = 2\nd_model = 64\nvocab_size = 300\nmax_seq = 32\n"
+             "[train]\nmicro_batch = 2\nrecompute = \"full\"\ngrad_accum = 3\n"
+             "[parallel]\ntp = 2\n[zero]\nstage = 1\n[data]\ntrain = \"x.bin\"\n"),
+      {"train.seq_len=16"});
   const TrainOptions& o = a.options;
   EXPECT_EQ(o.model.n_layer, 2);
-  EXPECT_EQ(o.model.n_head, 2);
-  EXPECT_EQ(o.model.vocab_size, 300);
-  EXPECT_EQ(o.model.tp, 2);
+  EXPECT_EQ(a.run.model.n_layer, 2);
   EXPECT_EQ(o.seq_len, 16);
-  EXPECT_EQ(o.micro_batch, 2);
-  EXPECT_EQ(o.grad_accum, 3);
-  EXPECT_EQ(o.zero.stage, 1);
-  EXPECT_EQ(o.recompute, "full");
+  EXPECT_EQ(a.run.model.seq, 16);
+  EXPECT_EQ(a.run.layout.microbatches, 3);
+  EXPECT_EQ(a.run.layout.zero, 1);
   EXPECT_EQ(a.run.world, 2);                 // tp 2, dp 1
   EXPECT_EQ(a.run.shape.padded_vocab, 384);  // 300 padded to 64 x tp
   EXPECT_EQ(a.run.shape.tp, 2);
+  // The command line overrides the file.
+  EXPECT_EQ(plan_training_config(kBrown, {"model.n_layer=8"}).options.model.n_layer, 8);
 
-  // Both spellings in one file are fine when they agree.
-  EXPECT_NO_THROW(plan_training_config(config("[model]\nn_layer = 3\nlayers = 3\n"), {}));
-  // The command line overrides the file, whichever spelling either uses.
-  const TrainingPlan b = plan_training_config(kBrown, {"model.layers=8"});
-  EXPECT_EQ(b.options.model.n_layer, 8);
-  const TrainingPlan c = plan_training_config(config("[model]\nlayers = 3\n[train]\nsteps = 2\n"),
-                                              {"model.n_layer=5"});
-  EXPECT_EQ(c.options.model.n_layer, 5);
-}
-
-TEST_F(RunPlanTest, ConflictingSpellingsAreRefusedNamingBoth) {
-  const std::string file = config("[model]\nn_layer = 4\nlayers = 8\n");
-  const std::string e = error_of([&] { plan_training_config(file, {}); });
-  EXPECT_NE(e.find("[plan] " + file + " sets both model.n_layer = 4 and model.layers = 8"),
+  // The planner's former names are refused with the shared one, in a file and on the line.
+  const std::string file =
+      error_of([&] { plan_training_config(config("[model]\nlayers = 3\n"), {}); });
+  EXPECT_NE(file.find("unknown key 'model.layers'. It was renamed 'model.n_layer'"),
             std::string::npos)
-      << e;
-  const std::string cli = error_of([&] {
-    plan_training_config(kBrown, {"parallel.tp=2", "layout.tp=1"});
-  });
-  EXPECT_NE(cli.find("the command line sets both parallel.tp = 2 and layout.tp = 1"),
-            std::string::npos)
-      << cli;
-  // An alias takes its train key's range, and says so under the name typed.
-  const std::string range = error_of([&] { plan_training_config(kBrown, {"model.layers=0"}); });
-  EXPECT_NE(range.find("'model.layers' must be an integer in [1, 1024], got '0'"),
+      << file;
+  const std::string line = error_of([&] { plan_training_config(kBrown, {"model.kv_heads=1"}); });
+  EXPECT_NE(line.find("It was renamed 'model.n_kv_head'"), std::string::npos) << line;
+  // A key takes the same range under either command.
+  const std::string range = error_of([&] { plan_training_config(kBrown, {"model.n_layer=0"}); });
+  EXPECT_NE(range.find("'model.n_layer' must be an integer in [1, 10000], got '0'"),
             std::string::npos)
       << range;
 }
@@ -174,8 +185,7 @@ TEST_F(RunPlanTest, ConflictingSpellingsAreRefusedNamingBoth) {
 TEST_F(RunPlanTest, PlannerOnlyKeysAreRefusedWithWhatToSetInstead) {
   const std::string e = error_of([&] { plan_training_config(kBrown, {"model.preset=gpt2-124m"}); });
   EXPECT_NE(e.find("[plan] model.preset is a key of planner configs"), std::string::npos) << e;
-  EXPECT_NE(e.find("model.n_layer, n_head, d_model, vocab_size and max_seq"), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("model.n_layer, n_head, d_model, vocab_size, max_seq"), std::string::npos) << e;
   const std::string t = error_of([&] { plan_training_config(kBrown, {"training.tokens=1e9"}); });
   EXPECT_NE(t.find("set train.steps"), std::string::npos) << t;
   // Cluster keys and the planner's assumptions are a training config's too.
@@ -242,8 +252,8 @@ TEST_F(RunPlanTest, PipelineRunsArePlannedWithTheirScheduleAndSplit) {
   EXPECT_TRUE(r["run"].contains("note"));  // the whole model's memory, as the trainer prints it
 
   const TrainingPlan v =
-      plan_training_config(kBrown, {"layout.pp=2", "layout.microbatches=4",
-                                    "layout.schedule=interleaved", "layout.v=2", "pp.layers="});
+      plan_training_config(kBrown, {"parallel.pp=2", "train.grad_accum=4",
+                                    "pp.schedule=interleaved", "pp.chunks=2", "pp.layers="});
   EXPECT_EQ(v.run.layout.schedule, plan::Schedule::interleaved);
   EXPECT_EQ(v.run.layout.v, 2);
   EXPECT_TRUE(v.run.layout.split.empty());  // even: 4 layers on 2 x 2 chunks
@@ -272,8 +282,7 @@ TEST_F(RunPlanTest, RunOptionsReachTheShape) {
 // key/value heads, SwiGLU width (8C/3 rounded up to 64 when model.ffn is 0) and head, its
 // parameters (an untied lm_head beside the embedding; no wpe, no biases, RMSNorm weights only)
 // and model FLOPs (6 x the matrices, the head's product tied or not, + 12·L·C·T: grouped-query
-// attention has as many score products as multi-head attention). model.arch and model.ffn are
-// keys of both configs; model.kv_heads is the planner's spelling of model.n_kv_head.
+// attention has as many score products as multi-head attention).
 TEST_F(RunPlanTest, LlamaConfigsArePlannedAsTheirRun) {
   const std::string file = config(
       "[model]\narch = \"llama\"\nvocab_size = 4096\nn_layer = 4\nn_head = 4\nn_kv_head = 2\n"
@@ -281,46 +290,37 @@ TEST_F(RunPlanTest, LlamaConfigsArePlannedAsTheirRun) {
       "[data]\ntrain = \"x.bin\"\n");
   const TrainingPlan p = plan_training_config(file, {});
   const RunPlan& r = p.run;
-  EXPECT_FALSE(r.model.gpt2_style);
-  EXPECT_EQ(r.model.heads, 4);
-  EXPECT_EQ(r.model.kv_heads, 2);
+  EXPECT_TRUE(r.model.llama());
+  EXPECT_EQ(r.model.n_head, 4);
+  EXPECT_EQ(r.model.n_kv_head, 2);
   EXPECT_EQ(r.model.ffn, 704);
   EXPECT_FALSE(r.model.tie_embeddings);
-  EXPECT_EQ(r.model.positions, 0);
+  EXPECT_EQ(r.model.max_seq, 128);
   const int64_t L = 4, C = 256, V = 4096, T = 128, KV = 2 * 64, F = 704;
   const int64_t matrices = 2 * C * C + 2 * KV * C + 3 * C * F;
   EXPECT_EQ(r.prediction.params, 2 * V * C + C + L * (matrices + 2 * C));
   EXPECT_DOUBLE_EQ(r.prediction.flops_per_token,
                    6.0 * double(L * matrices + V * C) + 12.0 * double(L * C * T));
   const plan::RunShape& s = r.shape;
-  EXPECT_TRUE(s.llama);
-  EXPECT_EQ(s.kv_heads, 2);
-  EXPECT_EQ(s.ffn, 704);
-  EXPECT_FALSE(s.tied);
+  EXPECT_TRUE(s.model.llama());
+  EXPECT_EQ(s.model.n_kv_head, 2);
+  EXPECT_EQ(s.model.ffn, 704);
+  EXPECT_FALSE(s.model.tie_embeddings);
   EXPECT_DOUBLE_EQ(r.prediction.memory.total(), plan::run_memory(s).total());
   EXPECT_DOUBLE_EQ(plan::flat_layout(s).total, double(r.prediction.params));  // nothing padded
 
   // Tied: the embedding is the head; its product still counts.
   const TrainingPlan tied = plan_training_config(file, {"model.tie_embeddings=true"});
   EXPECT_TRUE(tied.run.model.tie_embeddings);
-  EXPECT_TRUE(tied.run.shape.tied);
+  EXPECT_TRUE(tied.run.shape.model.tie_embeddings);
   EXPECT_EQ(tied.run.prediction.params, r.prediction.params - V * C);
   EXPECT_EQ(tied.run.prediction.flops_per_token, r.prediction.flops_per_token);
   EXPECT_LT(tied.run.prediction.memory.params, r.prediction.memory.params);
 
-  // The planner's spellings: model.kv_heads for model.n_kv_head; model.ffn is the run's own.
-  const TrainingPlan a = plan_training_config(file, {"model.kv_heads=1", "model.ffn=512"});
+  const TrainingPlan a = plan_training_config(file, {"model.n_kv_head=1", "model.ffn=512"});
   EXPECT_EQ(a.options.model.n_kv_head, 1);
-  EXPECT_EQ(a.run.model.kv_heads, 1);
+  EXPECT_EQ(a.run.model.n_kv_head, 1);
   EXPECT_EQ(a.run.model.ffn, 512);
-  // The command line overrides the file, whatever the spelling.
-  EXPECT_EQ(plan_training_config(file, {"model.kv_heads=4"}).run.model.kv_heads, 4);
-  const std::string conflict = error_of([&] {
-    plan_training_config(file, {"model.kv_heads=4", "model.n_kv_head=1"});
-  });
-  EXPECT_NE(conflict.find("the command line sets both model.n_kv_head = 1 and model.kv_heads = 4"),
-            std::string::npos)
-      << conflict;
   // A GPT-2 training config with a Llama key: the trainer's refusal, not the planner's.
   const std::string gpt2 = error_of([&] { plan_training_config(kBrown, {"model.ffn=512"}); });
   EXPECT_NE(gpt2.find("model.ffn=512 shapes a Llama model"), std::string::npos) << gpt2;
@@ -378,14 +378,12 @@ TEST(RunPlanParts, EveryPartAllocatesWhatThePlanSays) {
             store.finalize(sharding, &ledger);
 
             plan::RunShape s;
-            s.vocab = s.padded_vocab = 64;
-            s.layers = 4, s.d_model = 64, s.heads = 4, s.max_seq = 32;
+            s.model = c;  // the shape the model was built from
+            s.padded_vocab = 64;
             s.micro_batch = B, s.seq = T;
             s.recompute = r;
             s.dp = dp;
             s.bf16 = mixed;
-            s.llama = arch.llama;
-            if (arch.llama) s.kv_heads = 2, s.ffn = 160, s.tied = arch.tied;
             s.chunks = part.chunks;
             s.embedding = part.part.embedding;
             s.head = part.part.head;
