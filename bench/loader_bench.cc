@@ -135,11 +135,11 @@ int run(int argc, char** argv) {
     config = Config::load(train_config_schema(), config_path, overrides);
   }
   TrainOptions o = TrainOptions::from(config);
-  TokenDataset dataset(o.train_data, o.seq_len);
-  const int64_t per_step = int64_t(o.micro_batch) * o.grad_accum;
-  const double tokens_per_batch = double(per_step) * o.seq_len;
+  TokenDataset dataset(o.data.train, o.batch.seq_len);
+  const int64_t per_step = int64_t(o.batch.micro_batch) * o.batch.grad_accum;
+  const double tokens_per_batch = double(per_step) * o.batch.seq_len;
   std::printf("shape: %d x %d micro-batches x %d tokens = %.0f tokens per step; %lld samples\n",
-              o.grad_accum, o.micro_batch, o.seq_len, tokens_per_batch,
+              o.batch.grad_accum, o.batch.micro_batch, o.batch.seq_len, tokens_per_batch,
               (long long)dataset.num_samples());
 
   // The loader alone: a consumer that takes batches as fast as they come.
@@ -152,14 +152,14 @@ int run(int argc, char** argv) {
 
   // The model's appetite: forward + backward on the same shape (AdamW adds little).
   ParamStore store;
-  Gpt model(cpu_backend(), o.model, store, o.micro_batch, o.seq_len);
+  Gpt model(cpu_backend(), o.model, store, o.batch.micro_batch, o.batch.seq_len);
   store.finalize({});
   store.init(1);
   const Batch& b = prefetch.next();
   model.forward_backward(b.inputs.data(), b.targets.data(), 1.0f);  // warm-up: oneDNN primitives
   clock.reset();
   for (int s = 0; s < model_steps; ++s) {
-    for (int m = 0; m < o.grad_accum; ++m) {
+    for (int m = 0; m < o.batch.grad_accum; ++m) {
       model.forward_backward(b.inputs.data(), b.targets.data(), 1.0f);
     }
   }

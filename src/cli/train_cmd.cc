@@ -34,7 +34,7 @@ int train_main(const Args& args) {
   Config config = Config::load(train_config_schema(), config_path, overrides);
   TrainOptions options = TrainOptions::from(config);
   comm::Communicator world;
-  if (launched_by_mpi()) world = comm::init_world(options.comm);
+  if (launched_by_mpi()) world = comm::init_world(options.parallel.comm);
   Trainer trainer(options, config.to_toml(), world);
   trainer.run();
   return 0;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "model/weights_shape.h"
+
 namespace tetra {
 
 namespace {
@@ -85,6 +87,58 @@ Activation mlp_activation(const GptConfig& c) {
 
 BlockSpec block_spec(const GptConfig& c, int layer) {
   return c.llama() ? llama_block(c, layer) : gpt2_block(c, layer);
+}
+
+RootSpec root_spec(const GptConfig& c) {
+  if (!c.llama()) {
+    return {"transformer.wte.weight",
+            "transformer.wpe.weight",
+            {"transformer.ln_f", false, kLayerNormEps},
+            ""};
+  }
+  return {kLlamaEmbedding, "", {"model.norm", true, c.norm_eps}, c.tie_embeddings ? "" : kLmHead};
+}
+
+std::vector<std::string> model_tensor_names(const GptConfig& c) {
+  std::vector<std::string> names;
+  auto linear = [&](const LinearSpec& l, const std::string& prefix = "") {
+    names.push_back(prefix + l.name + ".weight");
+    if (l.bias) names.push_back(prefix + l.name + ".bias");
+  };
+  auto norm = [&](const NormSpec& n) {
+    names.push_back(n.name + ".weight");
+    if (!n.rms) names.push_back(n.name + ".bias");
+  };
+  auto mlp = [&](const MlpSpec& m, const std::string& prefix = "") {
+    linear(m.in, prefix);
+    if (m.act == Activation::swiglu) linear(m.up, prefix);
+    linear(m.down, prefix);
+  };
+  for (int l = 0; l < c.n_layer; ++l) {
+    const BlockSpec b = block_spec(c, l);
+    norm(b.ln1);
+    norm(b.ln2);
+    linear(b.attention.qkv);
+    if (!b.attention.fused_qkv) {
+      linear(b.attention.k);
+      linear(b.attention.v);
+    }
+    linear(b.attention.out);
+    if (!b.moe) {
+      mlp(b.mlp);
+      continue;
+    }
+    names.push_back(b.experts.router + ".weight");
+    for (int e = 0; e < c.moe.experts; ++e) {
+      mlp(b.experts.expert, b.experts.experts + "." + std::to_string(e) + ".");
+    }
+  }
+  const RootSpec r = root_spec(c);
+  for (const std::string& n : {r.wte, r.wpe, r.lm_head}) {
+    if (!n.empty()) names.push_back(n);
+  }
+  norm(r.final_norm);
+  return names;
 }
 
 ParamSpec weight_spec(const LinearSpec& l, int64_t out, int64_t in, bool conv1d, Slice slice) {

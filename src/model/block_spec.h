@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/param_store.h"
 #include "model/gpt_config.h"
@@ -67,6 +68,23 @@ struct BlockSpec {
   MlpSpec mlp;
   MoeSpec experts;
 };
+
+/** The model's tensors outside its blocks: the token embedding, GPT-2's position table, the final
+ *  norm and an untied head; a name is "" when the model has no such tensor. */
+struct RootSpec {
+  std::string wte;  // "<wte>": the embedding (tied: also the head)
+  std::string wpe;  // GPT-2's learned positions; "" with RoPE
+  NormSpec final_norm;
+  std::string lm_head;  // an untied head; "" when tied
+};
+
+/** The model's root tensors and their Hugging Face names. */
+RootSpec root_spec(const GptConfig& c);
+
+/** Every tensor name of the whole model (all blocks, every expert, the root), as its modules
+ *  register them: what a pipeline stage or an expert-parallel rank, holding only some of them,
+ *  checks a file's other tensors against. */
+std::vector<std::string> model_tensor_names(const GptConfig& c);
 
 /** The MLPs' (and experts') activation of the model's family. */
 Activation mlp_activation(const GptConfig& c);

@@ -2,13 +2,15 @@
 
 #include <utility>
 
+#include "model/block_spec.h"
+
 namespace tetra {
 
 namespace {
 
 ParamSpec wpe_spec(const GptConfig& config) {
   ParamSpec wpe;
-  wpe.name = "transformer.wpe.weight";
+  wpe.name = root_spec(config).wpe;
   wpe.shape = {config.max_seq, config.d_model};
   wpe.decay = true;
   wpe.init = {ParamInit::Kind::normal, 0.02f, -1};
@@ -26,7 +28,7 @@ EmbeddingT<F>::EmbeddingT(const GptConfig& config, const parallel::LayerEnv<F>& 
 template <typename F>
 ParamSpec EmbeddingT<F>::wte_spec(const GptConfig& config, const parallel::TensorParallel& tp) {
   ParamSpec wte;
-  wte.name = config.llama() ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  wte.name = root_spec(config).wte;
   wte.shape = {config.padded_vocab, config.d_model};
   wte.decay = true;
   wte.init = {ParamInit::Kind::normal, 0.02f, config.vocab_size};

@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <variant>
 
@@ -61,17 +62,17 @@ int64_t first_non_finite(const float* v, int64_t n) {
 }  // namespace
 
 void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
-                           const ParamStore* model) {
-  load_safetensors_into(store, read_safetensors(path), path, describe, model);
+                           const std::vector<std::string>* whole) {
+  load_safetensors_into(store, read_safetensors(path), path, describe, whole);
 }
 
 void load_safetensors_into(ParamStore& store, const SafeTensorsFile& file, const std::string& path,
-                           const std::string& describe, const ParamStore* model) {
+                           const std::string& describe, const std::vector<std::string>* whole) {
   std::map<std::string, const SafeTensor*> by_name;
   std::vector<std::string> unknown;
-  auto known = [&](const std::string& n) {
-    return store.find(n) >= 0 || (model && model->find(n) >= 0);
-  };
+  const std::set<std::string> others =
+      whole ? std::set<std::string>(whole->begin(), whole->end()) : std::set<std::string>();
+  auto known = [&](const std::string& n) { return store.find(n) >= 0 || others.count(n) > 0; };
   for (const auto& [name, t] : file.tensors) {
     // A model's own names (Llama's are Hugging Face's as they are), or GPT-2's written without
     // the "transformer." prefix.

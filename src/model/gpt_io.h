@@ -23,14 +23,15 @@ namespace tetra {
  * GPT-2 names may carry the "transformer." prefix or not; Llama names are LlamaForCausalLM's. A
  * tied Llama accepts a file's lm_head.weight only when it equals embed_tokens. Refuses, before
  * touching the store, missing, unknown or mis-shaped tensors (naming each; `describe` says what the
- * model is) and any NaN or infinity (naming the tensor and the element). When `store` holds one
- * pipeline stage, `model` is the whole model's (registered, not finalized): the file's tensors of
- * other stages are known there and skipped. */
+ * model is) and any NaN or infinity (naming the tensor and the element). When `store` holds part
+ * of the model (a pipeline stage; an expert-parallel rank's experts), `whole` names every tensor
+ * of the whole model (model_tensor_names, model/block_spec.h): the file's others are skipped. */
 void load_safetensors_into(ParamStore& store, const std::string& path, const std::string& describe,
-                           const ParamStore* model = nullptr);
+                           const std::vector<std::string>* whole = nullptr);
 /** The same from a file already read (`path` names it in errors). */
 void load_safetensors_into(ParamStore& store, const SafeTensorsFile& file, const std::string& path,
-                           const std::string& describe, const ParamStore* model = nullptr);
+                           const std::string& describe,
+                           const std::vector<std::string>* whole = nullptr);
 
 /** The tensors of a flat buffer on the store's device laid out like the store's full (unsharded)
  * layout — the weights themselves, or their gradients — in Hugging Face names and file layouts,

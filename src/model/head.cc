@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/block_spec.h"
 #include "model/embedding.h"
 
 namespace tetra {
@@ -32,7 +33,7 @@ namespace {
 // An untied head's lm_head.weight (Vp, C): the embedding's shape, vocabulary slice and padding.
 ParamSpec lm_head_spec(const GptConfig& config, const parallel::TensorParallel& tp) {
   ParamSpec w = EmbeddingT<float>::wte_spec(config, tp);
-  w.name = "lm_head.weight";
+  w.name = root_spec(config).lm_head;
   return w;
 }
 
@@ -45,15 +46,15 @@ HeadT<F>::HeadT(const GptConfig& config, const parallel::LayerEnv<F>& env, Tenso
       lm_head_w_(config.tie_embeddings ? wte : env.store.add(lm_head_spec(config, env.tp))),
       lnfw_([&] {
         ParamSpec w;
-        w.name = config.llama() ? "model.norm.weight" : "transformer.ln_f.weight";
+        w.name = root_spec(config).final_norm.name + ".weight";
         w.shape = {config.d_model};
         w.init.kind = ParamInit::Kind::ones;
         return env.store.add(std::move(w));
       }()),
       lnfb_([&] {
-        if (config.llama()) return TensorId(-1);
+        if (root_spec(config).final_norm.rms) return TensorId(-1);
         ParamSpec b;
-        b.name = "transformer.ln_f.bias";
+        b.name = root_spec(config).final_norm.name + ".bias";
         b.shape = {config.d_model};
         return env.store.add(std::move(b));
       }()),

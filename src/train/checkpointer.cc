@@ -77,7 +77,7 @@ bool same_dir(const fs::path& a, const fs::path& b) {
 }  // namespace
 
 int64_t Checkpointer::global_batch() const {
-  return int64_t(opt_.micro_batch) * opt_.grad_accum * layout_.data_size();
+  return int64_t(opt_.batch.micro_batch) * opt_.batch.grad_accum * layout_.data_size();
 }
 
 ResumedState Checkpointer::read_state(const ckpt::Manifest& m) const {
@@ -197,11 +197,11 @@ void Checkpointer::refuse_mismatch(const ckpt::Manifest& m, const ResumedState& 
   TETRA_CHECK(d.num_samples == num_samples,
               "[ckpt] ckpt.resume={}: {} was saved over {} training samples but data.train has "
               "{} (train.seq_len={}): resume with the same data.train and train.seq_len",
-              opt_.ckpt.resume, where, d.num_samples, num_samples, opt_.seq_len);
-  TETRA_CHECK(d.shuffle == opt_.shuffle && d.seed == opt_.seed,
+              opt_.ckpt.resume, where, d.num_samples, num_samples, opt_.batch.seq_len);
+  TETRA_CHECK(d.shuffle == opt_.data.shuffle && d.seed == opt_.seed,
               "[ckpt] ckpt.resume={}: {} was saved with data.shuffle={} and train.seed={}, this "
               "run has data.shuffle={} and train.seed={}; resume with the saved values",
-              opt_.ckpt.resume, where, d.shuffle, d.seed, opt_.shuffle, opt_.seed);
+              opt_.ckpt.resume, where, d.shuffle, d.seed, opt_.data.shuffle, opt_.seed);
   // The length: a checkpoint past the run's end cannot be continued by it.
   TETRA_CHECK(r.step <= opt_.steps,
               "[ckpt] ckpt.resume={}: {} is after step {}, past this run's train.steps={}; raise "
@@ -248,7 +248,7 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
           // A pipeline stage holds its layers' tensors, an expert-parallel rank its experts: the
           // checkpoint's others are not this rank's to load.
           ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(),
-                     layout_.pp_size() > 1 || opt_.mesh.ep > 1);
+                     layout_.pp_size() > 1 || opt_.parallel.mesh.ep > 1);
         }
       } catch (const Error& e) {
         error = e.what();
@@ -261,7 +261,7 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
         log_info(
             "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
             "parallel rank(s), ZeRO stage {})",
-            dir.string(), r.step, m.layout.dump(), layout_.dp_size(), opt_.zero.stage);
+            dir.string(), r.step, m.layout.dump(), layout_.dp_size(), opt_.parallel.zero.stage);
         if (r.step == opt_.steps) {
           log_warn(
               "[ckpt] the checkpoint is already at step {} and train.steps={}: nothing is left "
@@ -343,10 +343,10 @@ void Checkpointer::start(int64_t start_step, MemoryLedger& ledger) {
   w.rank = layout_.rank();
   w.world = layout_.world_size();
   w.nonce = fmt::format("{:016x}", nonce);
-  w.publish_timeout_s = opt_.comm.timeout_s;
-  w.fault_rank = opt_.fault_rank;
-  w.kill_in_save_step = opt_.kill_in_save_step;
-  w.error_step = opt_.save_error_step;
+  w.publish_timeout_s = opt_.parallel.comm.timeout_s;
+  w.fault_rank = opt_.faults.fault_rank;
+  w.kill_in_save_step = opt_.faults.kill_in_save_step;
+  w.error_step = opt_.faults.save_error_step;
   writer_ = std::make_unique<ckpt::Writer>(w, &ledger, store_.device());
   writer_->reserve(sources());
   const int64_t every = opt_.ckpt.every;
@@ -390,8 +390,8 @@ std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double 
                                    {"cp", layout_.cp_size()},
                                    {"tp", layout_.tp().size()},
                                    {"pp", layout_.pp_size()},
-                                   {"ep", opt_.mesh.ep},
-                                   {"zero", opt_.zero.stage}}},
+                                   {"ep", opt_.parallel.mesh.ep},
+                                   {"zero", opt_.parallel.zero.stage}}},
                                  {"config", config_toml_},
                                  {"model", opt_.model.describe()},
                                  {"model_shape", shape_of(opt_.model)}};

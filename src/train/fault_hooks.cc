@@ -17,13 +17,14 @@
 
 namespace tetra {
 
-FaultInjection::FaultInjection(const TrainOptions& options, int rank, UnitHooks& inner,
-                               ParamStore& store)
-    : opt_(options),
+FaultInjection::FaultInjection(const FaultOptions& faults, int zero_stage, int grad_accum, int rank,
+                               UnitHooks& inner, ParamStore& store)
+    : faults_(faults),
+      zero_stage_(zero_stage),
       rank_(rank),
       inner_(inner),
       store_(store),
-      calls_(options.zero.stage, options.grad_accum, store.units().size()) {}
+      calls_(zero_stage, grad_accum, store.units().size()) {}
 
 namespace {
 
@@ -38,13 +39,14 @@ void scale(Device& device, float* x, size_t n, float s) {
 }  // namespace
 
 void FaultInjection::begin_step(int64_t step) {
-  nan_ = step == opt_.nan_grad_step && rank_ == opt_.nan_grad_rank;
-  fail_ = step == opt_.fail_step && rank_ == opt_.fail_rank;
-  corrupt_ = step == opt_.corrupt_step && rank_ == opt_.fault_rank && opt_.corrupt_grad != 0.0;
+  nan_ = step == faults_.nan_grad_step && rank_ == faults_.nan_grad_rank;
+  fail_ = step == faults_.fail_step && rank_ == faults_.fail_rank;
+  corrupt_ =
+      step == faults_.corrupt_step && rank_ == faults_.fault_rank && faults_.corrupt_grad != 0.0;
   calls_.begin_step();
   // A straggler: this rank computes slower than its peers by a fixed delay every step.
-  if (opt_.slow_ms > 0 && rank_ == opt_.fault_rank) {
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt_.slow_ms));
+  if (faults_.slow_ms > 0 && rank_ == faults_.fault_rank) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(faults_.slow_ms));
   }
 }
 
@@ -57,10 +59,10 @@ void FaultInjection::after_backward(int unit) {
     nan_ = false;
   }
   const ParamUnit& u = store_.units()[size_t(unit)];
-  if (calls_.reduces(unit) && corrupt_ && opt_.zero.stage > 0 && u.group == ShardGroup::dense) {
+  if (calls_.reduces(unit) && corrupt_ && zero_stage_ > 0 && u.group == ShardGroup::dense) {
     // This rank's contribution, as the reduction is about to receive it.
     float* g = store_.grad(u.first) - (store_.tensor(u.first).offset - u.offset);
-    scale(store_.device(), g, u.size, float(1.0 + opt_.corrupt_grad));
+    scale(store_.device(), g, u.size, float(1.0 + faults_.corrupt_grad));
   }
   inner_.after_backward(unit);
   if (fail_ && unit == 0) {
@@ -71,20 +73,20 @@ void FaultInjection::after_backward(int unit) {
 }
 
 void FaultInjection::after_reduction() {
-  if (!corrupt_ || opt_.zero.stage > 0) return;
+  if (!corrupt_ || zero_stage_ > 0) return;
   log_warn("[train] debug.corrupt_grad: rank {} scales its copy of the reduced gradient by {}",
-           rank_, 1.0 + opt_.corrupt_grad);
+           rank_, 1.0 + faults_.corrupt_grad);
   scale(store_.device(), store_.grads().data(), store_.grads().size(),
-        float(1.0 + opt_.corrupt_grad));
+        float(1.0 + faults_.corrupt_grad));
 }
 
 void FaultInjection::end_step(int64_t step) {
-  if (rank_ != opt_.fault_rank) return;
-  if (step == opt_.kill_step) {
+  if (rank_ != faults_.fault_rank) return;
+  if (step == faults_.kill_step) {
     log_warn("[train] debug.kill_step={}: rank {} dies by SIGKILL", step, rank_);
     ::raise(SIGKILL);
   }
-  if (step == opt_.hang_step) {
+  if (step == faults_.hang_step) {
     log_warn("[train] debug.hang_step={}: rank {} stops making progress", step, rank_);
     for (;;) ::pause();
   }

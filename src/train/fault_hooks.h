@@ -9,15 +9,18 @@
 
 #include "core/param_store.h"
 #include "kernels/backend.h"
+#include "train/options.h"
 #include "train/sdc.h"
-#include "train/train_config.h"
 
 namespace tetra {
 
 /** Wraps the data-parallel engine's unit hooks (the model reports to this). */
 class FaultInjection final : public UnitHooks {
  public:
-  FaultInjection(const TrainOptions& options, int rank, UnitHooks& inner, ParamStore& store);
+  /** The faults of `faults` on this `rank`, around `inner` (a run of `zero_stage` with
+   *  `grad_accum` micro-batches per step). */
+  FaultInjection(const FaultOptions& faults, int zero_stage, int grad_accum, int rank,
+                 UnitHooks& inner, ParamStore& store);
 
   /** Arms this step's injections (debug.nan_grad_step, debug.fail_step on their ranks) and,
    *  with debug.slow_ms, sleeps that long on debug.fault_rank. */
@@ -37,7 +40,8 @@ class FaultInjection final : public UnitHooks {
   void end_forward_only() override { inner_.end_forward_only(); }
 
  private:
-  const TrainOptions& opt_;
+  const FaultOptions faults_;
+  const int zero_stage_;
   int rank_;
   UnitHooks& inner_;
   ParamStore& store_;

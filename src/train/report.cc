@@ -60,7 +60,7 @@ Reporter::Reporter(const TrainOptions& options, RunLayout& layout, Backend& back
 
 void Reporter::start_run_dir(const std::string& config_toml) {
   if (!layout_.is_root()) return;
-  const fs::path dir(opt_.run_dir);
+  const fs::path dir(opt_.run.dir);
   std::error_code ec;
   // A previous run's metrics and config are kept side by side under the same suffix.
   const fs::path metrics = dir / "metrics.jsonl", config = dir / "config.toml";
@@ -72,10 +72,10 @@ void Reporter::start_run_dir(const std::string& config_toml) {
     for (const fs::path& p : {metrics, config}) {
       if (!fs::exists(p)) continue;
       fs::rename(p, aside(p), ec);
-      TETRA_CHECK(!ec, "[train] run.dir={}: cannot keep the previous {} as {} ({})", opt_.run_dir,
+      TETRA_CHECK(!ec, "[train] run.dir={}: cannot keep the previous {} as {} ({})", opt_.run.dir,
                   p.filename().string(), aside(p).filename().string(), ec.message());
     }
-    log_info("[train] kept the previous run's files in {} with suffix .{}", opt_.run_dir, n);
+    log_info("[train] kept the previous run's files in {} with suffix .{}", opt_.run.dir, n);
   }
   write_file_atomically(
       config.string(), {{reinterpret_cast<const uint8_t*>(config_toml.data()), config_toml.size()}},
@@ -86,8 +86,8 @@ void Reporter::measure_peak(int threads) {
   threads_ = threads;
   // One rank measures (or reads the cache) and tells the others, so that ranks sharing a host
   // neither disturb each other's measurement nor race on the cache file.
-  if (opt_.peak_gflops > 0) {
-    peak_gflops_ = opt_.peak_gflops;
+  if (opt_.run.peak_gflops > 0) {
+    peak_gflops_ = opt_.run.peak_gflops;
   } else if (layout_.is_root()) {
     peak_gflops_ = backend_.peak_gflops(opt_.model.bf16, threads, &peak_measured_);
   }
@@ -133,25 +133,27 @@ void Reporter::header() const {
   const TokenDataset& train = data_.train();
   log_info("[train] {}", m.describe());
   log_info("[train] data: {} samples of {} tokens ({} tokens) from {} shard(s){}",
-           train.num_samples(), opt_.seq_len, train.num_tokens(), train.shards().size(),
-           opt_.shuffle ? ", shuffled" : "");
+           train.num_samples(), opt_.batch.seq_len, train.num_tokens(), train.shards().size(),
+           opt_.data.shuffle ? ", shuffled" : "");
   log_info("[train] step: {} ranks x {} micro-batches x {} x {} = {} tokens; {} steps; lr {} ({})",
-           layout_.data_size(), opt_.grad_accum, opt_.micro_batch, opt_.seq_len, tokens_per_step(),
-           opt_.steps, opt_.schedule.lr,
-           opt_.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
+           layout_.data_size(), opt_.batch.grad_accum, opt_.batch.micro_batch, opt_.batch.seq_len,
+           tokens_per_step(), opt_.steps, opt_.optim.schedule.lr,
+           opt_.optim.schedule.kind == LrSchedule::Kind::cosine ? "warm-up + cosine" : "constant");
   log_info(
       "[train] tensor parallel {}{}; ZeRO stage {} over {} data-parallel rank(s){}, gradients "
       "reduced in {}; recompute {}",
       layout_.tp().size(),
       layout_.cp_size() > 1
           ? fmt::format("; context parallel {} ({} attention, {} tokens per rank)",
-                        layout_.cp_size(), opt_.cp_attention, opt_.seq_len / layout_.cp_size())
+                        layout_.cp_size(), opt_.parallel.cp_attention,
+                        opt_.batch.seq_len / layout_.cp_size())
           : "",
-      opt_.zero.stage, layout_.dp_size(),
-      opt_.zero.stage == 3 ? fmt::format(", reshard after forward {}, prefetch {}",
-                                         opt_.zero.reshard_after_forward, opt_.zero.prefetch)
-                           : "",
-      opt_.zero.reduce_bf16 ? "bf16" : "fp32", opt_.recompute);
+      opt_.parallel.zero.stage, layout_.dp_size(),
+      opt_.parallel.zero.stage == 3
+          ? fmt::format(", reshard after forward {}, prefetch {}",
+                        opt_.parallel.zero.reshard_after_forward, opt_.parallel.zero.prefetch)
+          : "",
+      opt_.parallel.zero.reduce_bf16 ? "bf16" : "fp32", opt_.recompute);
   if (layout_.pp_size() > 1) {
     const GptPart& part = model_.part();
     std::string layers;
@@ -160,18 +162,18 @@ void Reporter::header() const {
     log_info(
         "[train] pipeline: {} stages x {} chunk(s), {} over {} micro-batches, layers per stage "
         "{}; this stage (rank {} of the pipeline) holds layers {}{}{}",
-        layout_.pp_size(), opt_.pp_chunks, pipeline::to_string(opt_.pp_kind), opt_.grad_accum,
-        fmt::join(opt_.pp_split, ","), layout_.pp_rank(), layers,
+        layout_.pp_size(), opt_.parallel.pp_chunks, pipeline::to_string(opt_.parallel.pp_kind),
+        opt_.batch.grad_accum, fmt::join(opt_.parallel.pp_split, ","), layout_.pp_rank(), layers,
         part.embedding ? ", the embedding" : "",
         part.head ? ", ln_f and the head (with a copy of the tied wte)" : "");
   }
   log_info("{}", memory_table("before step 1"));
-  log_info("{}", run_plan_line(plan_, (fs::path(opt_.run_dir) / "config.toml").string()));
+  log_info("{}", run_plan_line(plan_, (fs::path(opt_.run.dir) / "config.toml").string()));
   log_info(
       "[train] device {}; threads: {}; peak {:.1f} GFLOP/s ({}, the MFU denominator); model "
       "FLOPs/token {:.3g}; precision {}, matmuls {}",
       backend_.describe(), threads_, peak_gflops_,
-      opt_.peak_gflops > 0 ? "run.peak_gflops" : (peak_measured_ ? "measured" : "datasheet"),
+      opt_.run.peak_gflops > 0 ? "run.peak_gflops" : (peak_measured_ ? "measured" : "datasheet"),
       plan_.prediction.flops_per_token, precision_name(m), backend_.matmul_path(m.bf16));
 }
 
@@ -179,8 +181,8 @@ void Reporter::begin(int64_t start_step) {
   start_step_ = start_step;
   header();
   if (layout_.is_root()) {
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(opt_.run_dir) / "metrics.jsonl").string());
-    tty_ = opt_.progress == "always" || (opt_.progress == "auto" && isatty(2));
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(opt_.run.dir) / "metrics.jsonl").string());
+    tty_ = opt_.run.progress == "always" || (opt_.run.progress == "auto" && isatty(2));
   }
   if (const parallel::Mesh* mesh = layout_.mesh(); mesh && layout_.is_root()) {
     log_info("{}", mesh->layout_table());
@@ -198,7 +200,7 @@ void Reporter::begin(int64_t start_step) {
     }
   }
   // Rank 0 profiles; its steps are the ones the table describes.
-  if (opt_.profile && layout_.is_root()) profile_ = std::make_unique<Profile>();
+  if (opt_.run.profile && layout_.is_root()) profile_ = std::make_unique<Profile>();
   profiling_ = std::make_unique<ProfileActivation>(profile_.get());
   clock_ = Stopwatch();
 }
@@ -245,7 +247,7 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
         "[train] step {}: MFU {:.0f}% is above 100%, so the peak of {:.1f} GFLOP/s at {} "
         "threads is too low: {}",
         step, 100.0 * mfu, peak_gflops_, threads_,
-        opt_.peak_gflops > 0
+        opt_.run.peak_gflops > 0
             ? std::string("raise run.peak_gflops, or set it to 0 to measure it")
             : "it was measured while other work ran. It is measured again when tetra next "
               "starts on a quieter machine");
@@ -283,7 +285,7 @@ nlohmann::json Reporter::step_record(int64_t step, double lr, const UpdateResult
   const Rss rss = read_rss();
   rec["rss"] = rss.current;
   rec["rss_peak"] = rss.peak;
-  if (opt_.trace) {
+  if (opt_.run.trace) {
     for (pipeline::Span span : pipe.timeline.spans) {
       span.start += step_start_s;
       span.end += step_start_s;
@@ -363,7 +365,7 @@ TrainResult Reporter::finish(TrainResult result, const std::vector<double>& rank
         a["sum_ms"].get<double>(), step > 0 ? 100 * a["sum_ms"].get<double>() / step : 0.0, step,
         100 * a["mfu"].get<double>());
     log_info("{}", table);
-    const std::string path = (fs::path(opt_.run_dir) / "audit.json").string();
+    const std::string path = (fs::path(opt_.run.dir) / "audit.json").string();
     const std::string text = a.dump(1) + "\n";
     write_file_atomically(path, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
                           "train");
@@ -371,15 +373,15 @@ TrainResult Reporter::finish(TrainResult result, const std::vector<double>& rank
   profiling_.reset();
   if (profile_) {
     log_info("{}", profile_->table());
-    const std::string path = (fs::path(opt_.run_dir) / "profile.json").string();
+    const std::string path = (fs::path(opt_.run.dir) / "profile.json").string();
     const std::string text = profile_->to_json().dump(1) + "\n";
     write_file_atomically(path, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}},
                           "train");
     log_info("[train] wrote the per-kernel profile to {}", path);
   }
-  if (opt_.trace) {
+  if (opt_.run.trace) {
     const std::string path =
-        (fs::path(opt_.run_dir) / fmt::format("trace-rank-{}.json", layout_.rank())).string();
+        (fs::path(opt_.run.dir) / fmt::format("trace-rank-{}.json", layout_.rank())).string();
     pipeline::write_chrome_trace(path, trace_, fmt::format("tetra train, rank {}", layout_.rank()));
     log_info("[train] wrote the pipeline trace to {} (open it in ui.perfetto.dev)", path);
   }
@@ -494,7 +496,7 @@ void Reporter::plan_vs_measured() {
       1e3 * e.time.data, 1e3 * med(data_wait_s_), 1e3 * e.time.comm, 1e3 * e.time.bubble,
       1e3 * e.time.kernels, 1e3 * e.time.stragglers);
   const std::string text = out.dump(1) + "\n";
-  write_file_atomically((fs::path(opt_.run_dir) / "plan_vs_measured.json").string(),
+  write_file_atomically((fs::path(opt_.run.dir) / "plan_vs_measured.json").string(),
                         {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "train");
 }
 

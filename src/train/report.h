@@ -85,7 +85,9 @@ class Reporter {
   std::string memory_table(const char* when) const;
   void header() const;
   // Whole sequences of every data-parallel rank (the cp ranks of one share its sequences).
-  int64_t tokens_per_step() const { return opt_.tokens_per_rank_step() * layout_.data_size(); }
+  int64_t tokens_per_step() const {
+    return opt_.batch.tokens_per_rank_step() * layout_.data_size();
+  }
 
   const TrainOptions& opt_;
   RunLayout& layout_;

@@ -10,10 +10,11 @@
 
 namespace tetra {
 
-RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, Backend& backend)
+RunLayout::RunLayout(const ParallelOptions& options, bool sequence_parallel,
+                     const comm::Communicator& world, Backend& backend)
     : world_(world) {
-  const parallel::MeshShape& shape = opt.mesh;
-  const bool sp = opt.model.sequence_parallel;
+  const parallel::MeshShape& shape = options.mesh;
+  const bool sp = sequence_parallel;
   if (!world_.valid()) {
     // One process runs a mesh of one: every dimension asked for beyond 1 (dp=0 means "what the
     // world leaves", 1 here) needs that many ranks, which only a launcher provides; ep borrows
@@ -38,7 +39,7 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
     ep_ = std::make_unique<parallel::ExpertParallel>(backend);
     cp_ = std::make_unique<parallel::ContextAttention<float>>(
-        backend, comm::Communicator(), parallel::cp_attention_from_string(opt.cp_attention));
+        backend, comm::Communicator(), parallel::cp_attention_from_string(options.cp_attention));
     return;
   }
   mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
@@ -50,7 +51,7 @@ RunLayout::RunLayout(const TrainOptions& opt, const comm::Communicator& world, B
   dp_rank_ = dp_.rank();
   cp_size_ = mesh_->cp().size();
   cp_ = std::make_unique<parallel::ContextAttention<float>>(
-      backend, mesh_->cp(), parallel::cp_attention_from_string(opt.cp_attention));
+      backend, mesh_->cp(), parallel::cp_attention_from_string(options.cp_attention));
   pp_ = mesh_->pp();
   pp_size_ = pp_.size();
   pp_rank_ = pp_.rank();

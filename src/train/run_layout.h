@@ -12,16 +12,17 @@
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
 #include "pipeline/schedule.h"
-#include "train/train_config.h"
+#include "train/options.h"
 
 namespace tetra {
 
 class RunLayout {
  public:
-  /** Builds the mesh over `world` (collective; invalid world: a single process) and the
-   *  tensor-parallel group on `backend`, refusing layouts this process cannot run with what to
-   *  change. */
-  RunLayout(const TrainOptions& options, const comm::Communicator& world, Backend& backend);
+  /** Builds the mesh of `options` over `world` (collective; invalid world: a single process)
+   *  and the tensor-parallel group on `backend` (sequence parallel or not), refusing layouts
+   *  this process cannot run with what to change. */
+  RunLayout(const ParallelOptions& options, bool sequence_parallel, const comm::Communicator& world,
+            Backend& backend);
 
   bool multi() const { return mesh_ != nullptr; }
   bool is_root() const { return rank_ == 0; }

@@ -83,10 +83,10 @@ void check_not_clobbering(const TrainOptions& opt, const TokenDataset& train,
               key, value, opt.ckpt.dir);
   std::error_code ec;
   const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  TETRA_CHECK(!(fs::equivalent(parent, opt.run_dir, ec) && is_run_dir_file(p.filename())),
+  TETRA_CHECK(!(fs::equivalent(parent, opt.run.dir, ec) && is_run_dir_file(p.filename())),
               "[train] {}={} would replace {}, which this run writes in run.dir={}; choose "
               "another name (model.safetensors, for instance)",
-              key, value, p.filename().string(), opt.run_dir);
+              key, value, p.filename().string(), opt.run.dir);
   std::vector<std::string> inputs;
   for (const auto& shard : train.shards()) inputs.push_back(shard->path());
   if (!train.tokenizer_path().empty()) inputs.push_back(train.tokenizer_path());
@@ -112,42 +112,44 @@ RunOutputs::RunOutputs(const TrainOptions& opt, RunLayout& layout, const TrainDa
   // The other ranks are this job: only rank 0 writes run.dir, and every rank's checkpoint files
   // go through rank 0's publishing. A job that dies leaves no lock (the kernel drops it), so
   // tetra launch's restarts and verify-resume's successive runs take it again.
-  prepare_dir(opt.run_dir, "run.dir", opt.run_dir);
-  run_lock_ = DirLock::acquire(opt.run_dir, "run.dir=" + opt.run_dir, "train");
+  prepare_dir(opt.run.dir, "run.dir", opt.run.dir);
+  run_lock_ = DirLock::acquire(opt.run.dir, "run.dir=" + opt.run.dir, "train");
   if (!opt.ckpt.dir.empty()) {
     prepare_dir(opt.ckpt.dir, "ckpt.dir", opt.ckpt.dir);
     // One lock per directory: flock refuses a second descriptor of the same process too.
     std::error_code ec;
-    if (!fs::equivalent(opt.ckpt.dir, opt.run_dir, ec)) {
+    if (!fs::equivalent(opt.ckpt.dir, opt.run.dir, ec)) {
       ckpt_lock_ = DirLock::acquire(opt.ckpt.dir, "ckpt.dir=" + opt.ckpt.dir, "train");
     }
   }
-  check_not_clobbering(
-      opt, data.train(), "save.final", opt.save_final,
-      {{"debug.dump_grads", opt.dump_grads}, {"debug.dump_logits", opt.dump_logits}});
-  check_not_clobbering(opt, data.train(), "debug.dump_grads", opt.dump_grads,
-                       {{"debug.dump_logits", opt.dump_logits}});
-  check_not_clobbering(opt, data.train(), "debug.dump_logits", opt.dump_logits, {});
-  if (!is_model_dir_target(opt.save_final)) prepare_output_file("save.final", opt.save_final);
-  prepare_output_file("debug.dump_grads", opt.dump_grads);
-  prepare_output_file("debug.dump_logits", opt.dump_logits);
-  if (!opt.dump_routes.empty()) prepare_dir(opt.dump_routes, "debug.dump_routes", opt.dump_routes);
-  if (is_model_dir_target(opt.save_final)) {
+  check_not_clobbering(opt, data.train(), "save.final", opt.outputs.save_final,
+                       {{"debug.dump_grads", opt.outputs.dump_grads},
+                        {"debug.dump_logits", opt.outputs.dump_logits}});
+  check_not_clobbering(opt, data.train(), "debug.dump_grads", opt.outputs.dump_grads,
+                       {{"debug.dump_logits", opt.outputs.dump_logits}});
+  check_not_clobbering(opt, data.train(), "debug.dump_logits", opt.outputs.dump_logits, {});
+  if (!is_model_dir_target(opt.outputs.save_final))
+    prepare_output_file("save.final", opt.outputs.save_final);
+  prepare_output_file("debug.dump_grads", opt.outputs.dump_grads);
+  prepare_output_file("debug.dump_logits", opt.outputs.dump_logits);
+  if (!opt.outputs.dump_routes.empty())
+    prepare_dir(opt.outputs.dump_routes, "debug.dump_routes", opt.outputs.dump_routes);
+  if (is_model_dir_target(opt.outputs.save_final)) {
     // A model directory holds the tokenizer: the one the training data was prepared with.
     TETRA_CHECK(!data.train().tokenizer_path().empty(),
                 "[train] save.final={} is a model directory, which holds the tokenizer, but "
                 "data.train has no manifest.json naming one (its shards were not written by tetra "
                 "data prepare); save to a .safetensors file and run tetra export --hf DIR --model "
                 "FILE --tokenizer TOKENIZER",
-                opt.save_final);
+                opt.outputs.save_final);
     load_tokenizer(data.train().tokenizer_path());
-    check_hf_model_dir_target(opt.save_final, "train");
+    check_hf_model_dir_target(opt.outputs.save_final, "train");
   }
 }
 
 void RunOutputs::dump_logits(Gpt& model, const Batch& batch) {
   const GptConfig& c = opt_.model;
-  const int64_t rows = int64_t(opt_.micro_batch) * opt_.seq_len;
+  const int64_t rows = int64_t(opt_.batch.micro_batch) * opt_.batch.seq_len;
   Device& device = model.backend().device();
   Buffer<float> all(size_t(rows) * size_t(c.padded_vocab), {}, device);
   layout_.tp().gather_columns(model.forward_logits(batch.inputs.data()), all.data(), rows,
@@ -161,30 +163,30 @@ void RunOutputs::dump_logits(Gpt& model, const Batch& batch) {
   device.to_host(logits.data(), real.data(), real.bytes());
   SafeTensorsFile f;
   f.tensors["logits"] =
-      safetensor_f32({opt_.micro_batch, opt_.seq_len, c.vocab_size}, logits.data());
-  write_safetensors(opt_.dump_logits, f);
+      safetensor_f32({opt_.batch.micro_batch, opt_.batch.seq_len, c.vocab_size}, logits.data());
+  write_safetensors(opt_.outputs.dump_logits, f);
 }
 
 void RunOutputs::dump_grads(ParamStore& store, const Gpt& model) {
   SafeTensorsFile grads = gather(store, model, store.grads().data(), false);
-  if (layout_.is_root()) write_safetensors(opt_.dump_grads, grads);
+  if (layout_.is_root()) write_safetensors(opt_.outputs.dump_grads, grads);
 }
 
 void RunOutputs::save_final(ParamStore& store, const Gpt& model, parallel::DataParallel& zero) {
   const Buffer<float> params = zero.full_params();  // collective under ZeRO-3
   SafeTensorsFile file = gather(store, model, params.data(), true);
   if (!layout_.is_root()) return;
-  if (is_model_dir_target(opt_.save_final)) {
+  if (is_model_dir_target(opt_.outputs.save_final)) {
     const auto tok = load_tokenizer(data_.train().tokenizer_path());
     const uint32_t eot = tok->eot_token();
-    save_hf_model_dir(opt_.save_final, opt_.model, file,
+    save_hf_model_dir(opt_.outputs.save_final, opt_.model, file,
                       {tok->to_json(2), tok->decode(std::span<const uint32_t>(&eot, 1)), eot},
                       "train");
-    log_info("[train] saved the model directory {}", opt_.save_final);
+    log_info("[train] saved the model directory {}", opt_.outputs.save_final);
     return;
   }
-  write_safetensors(opt_.save_final, file);
-  log_info("[train] saved weights to {}", opt_.save_final);
+  write_safetensors(opt_.outputs.save_final, file);
+  log_info("[train] saved weights to {}", opt_.outputs.save_final);
 }
 
 SafeTensorsFile RunOutputs::gather(ParamStore& store, const Gpt& model, const float* flat,

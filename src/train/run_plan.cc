@@ -31,51 +31,52 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   const GptConfig& g = o.model;
   RunPlan p;
   p.world = world_size;
-  p.configured_dp = o.mesh.dp;
+  p.configured_dp = o.parallel.mesh.dp;
   // A single process trains on one data-parallel rank whatever parallel.dp says (the trainer
   // refuses tp or pp > 1 there); a launched job resolves dp as its mesh does, with its errors.
-  const int dp = world_size <= 1 ? 1 : parallel::MeshLayout::make(o.mesh, world_size).shape().dp;
+  const int dp =
+      world_size <= 1 ? 1 : parallel::MeshLayout::make(o.parallel.mesh, world_size).shape().dp;
 
   plan::ModelSpec& m = p.model;
   static_cast<ModelShape&>(m) = g;  // the shape the model is built from, whole
   m.name = g.llama() ? "llama (tetra train)" : "gpt2 (tetra train)";
-  m.seq = o.seq_len;
+  m.seq = o.batch.seq_len;
 
   plan::TrainingSpec& t = p.training;
-  t.micro_batch = o.micro_batch;
-  t.global_batch_tokens = o.tokens_per_rank_step() * dp;
+  t.micro_batch = o.batch.micro_batch;
+  t.global_batch_tokens = o.batch.tokens_per_rank_step() * dp;
   t.tokens = double(o.steps) * double(t.global_batch_tokens);
   // tetra's bf16 is mixed precision: bf16 operands, f32 state (run_memory prices it as such).
   t.precision = g.bf16 ? plan::Precision::Bf16Mixed : plan::Precision::Fp32;
   t.recompute = parse_recompute(o.recompute, "train.recompute");
   // The CPU backend keeps attention's probabilities; the CUDA backend's kernel is a flash one.
   t.attention =
-      o.device == DeviceKind::cuda ? plan::Attention::flash : plan::Attention::materialized;
-  t.reshard_after_forward = o.zero.reshard_after_forward;
-  t.zero_prefetch = o.zero.prefetch;
-  t.bucket_bytes = o.zero.bucket_mb * double(1 << 20);
+      o.run.device == DeviceKind::cuda ? plan::Attention::flash : plan::Attention::materialized;
+  t.reshard_after_forward = o.parallel.zero.reshard_after_forward;
+  t.zero_prefetch = o.parallel.zero.prefetch;
+  t.bucket_bytes = o.parallel.zero.bucket_mb * double(1 << 20);
 
   plan::LayoutConstraints& k = p.constraints;
   k.tp = g.tp;
-  k.pp = o.mesh.pp;
+  k.pp = o.parallel.mesh.pp;
   k.dp = dp;
   k.ep = g.ep;  // expert parallelism borrows dp's ranks
-  k.cp = o.mesh.cp;
-  k.zero = o.zero.stage;
-  k.schedule = o.pp_kind;
-  k.v = o.pp_kind == pipeline::Kind::interleaved ? o.pp_chunks : 1;
-  k.microbatches = o.grad_accum;
+  k.cp = o.parallel.mesh.cp;
+  k.zero = o.parallel.zero.stage;
+  k.schedule = o.parallel.pp_kind;
+  k.v = o.parallel.pp_kind == pipeline::Kind::interleaved ? o.parallel.pp_chunks : 1;
+  k.microbatches = o.batch.grad_accum;
   k.recompute = t.recompute;
   // The trainer's own split (pp.layers resolved), so an uneven or auto split is planned as run.
-  if (o.pp_split.size() > 1 && !all_equal(o.pp_split))
-    k.pp_layers = fmt::format("{}", fmt::join(o.pp_split, ","));
+  if (o.parallel.pp_split.size() > 1 && !all_equal(o.parallel.pp_split))
+    k.pp_layers = fmt::format("{}", fmt::join(o.parallel.pp_split, ","));
   p.layout = plan::layout_from_constraints(m, t, k);
 
   p.options.sequence_parallel = g.sequence_parallel;
   p.options.checkpoint = !o.ckpt.dir.empty();
-  p.options.reduce_bf16 = o.zero.reduce_bf16;
-  p.options.flash_attention = o.device == DeviceKind::cuda;
-  p.options.cp_all_gather = o.cp_attention == "all_gather";
+  p.options.reduce_bf16 = o.parallel.zero.reduce_bf16;
+  p.options.flash_attention = o.run.device == DeviceKind::cuda;
+  p.options.cp_all_gather = o.parallel.cp_attention == "all_gather";
   p.shape = plan::run_shape(m, t, p.layout, p.options);
   p.prediction = plan::predict_run(m, t, p.layout, p.options);
   p.traffic = plan::run_traffic(p.shape, p.layout, t.bucket_bytes);
@@ -83,25 +84,25 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
 }
 
 void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank) {
-  if (o.memory_limit_gb <= 0) return;
+  if (o.run.memory_limit_gb <= 0) return;
   auto planned = [&](const TrainOptions& x, int world) {
     const RunPlan p = plan_run(x, world);
     return plan::run_memory(plan::run_shape(p.model, p.training, p.layout, p.options, pp_rank));
   };
-  const double limit = o.memory_limit_gb * 1e9;
+  const double limit = o.run.memory_limit_gb * 1e9;
   const plan::RunMemory m = planned(o, world_size);
   if (m.total() <= limit) return;
   std::vector<std::string> fits;
   // Context parallelism divides every per-token buffer by cp (on cp times the ranks, each
   // sequence split into 2·cp chunks).
-  for (int cp = 2 * o.mesh.cp; cp <= 64 && o.seq_len % (2 * cp) == 0; cp *= 2) {
+  for (int cp = 2 * o.parallel.mesh.cp; cp <= 64 && o.batch.seq_len % (2 * cp) == 0; cp *= 2) {
     TrainOptions x = o;
-    x.mesh.cp = cp;
+    x.parallel.mesh.cp = cp;
     if (x.recompute == "selective") x.recompute = "none";
-    const double bytes = planned(x, world_size / o.mesh.cp * cp).total();
+    const double bytes = planned(x, world_size / o.parallel.mesh.cp * cp).total();
     if (bytes <= limit) {
       fits.push_back(fmt::format("parallel.cp={} on {} ranks ({:.3g} GB per rank)", cp,
-                                 world_size / o.mesh.cp * cp, bytes / 1e9));
+                                 world_size / o.parallel.mesh.cp * cp, bytes / 1e9));
       break;
     }
   }
@@ -116,7 +117,7 @@ void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank
   fail(
       "[train] this rank's memory by the ledger's plan is {:.3g} GB (activations {:.3g} GB, "
       "temporaries {:.3g} GB), above run.memory_limit_gb={:g}; {}",
-      m.total() / 1e9, m.activations / 1e9, m.temporaries / 1e9, o.memory_limit_gb,
+      m.total() / 1e9, m.activations / 1e9, m.temporaries / 1e9, o.run.memory_limit_gb,
       fits.empty() ? std::string("lower train.micro_batch or train.seq_len, or raise the limit")
                    : "use " + fmt::format("{}", fmt::join(fits, ", or ")));
 }
@@ -318,9 +319,10 @@ TrainingPlan plan_training_config(const std::string& config_path,
   o.model.bf16 = bf16;
 
   const Config all = Config::load(schema, config_path, overrides);
-  const int model_parallel = o.mesh.tp * o.mesh.cp * o.mesh.pp;
-  const int world = all.is_set("cluster.gpus") ? int(all.i("cluster.gpus"))
-                                               : (o.mesh.dp > 0 ? o.mesh.dp : 1) * model_parallel;
+  const int model_parallel = o.parallel.mesh.tp * o.parallel.mesh.cp * o.parallel.mesh.pp;
+  const int world = all.is_set("cluster.gpus")
+                        ? int(all.i("cluster.gpus"))
+                        : (o.parallel.mesh.dp > 0 ? o.parallel.mesh.dp : 1) * model_parallel;
   out.run = plan_run(o, world);
 
   plan::PlanInputs& in = out.inputs;
@@ -344,7 +346,7 @@ TrainingPlan plan_training_config(const std::string& config_path,
     const double ram = c.memory_bytes * double(c.gpus_per_node);
     c.gpus_per_node = world;
     c.memory_bytes = ram / world;
-    if (o.peak_gflops > 0) c.peak_flops = o.peak_gflops * 1e9;
+    if (o.run.peak_gflops > 0) c.peak_flops = o.run.peak_gflops * 1e9;
   }
   in.cluster = plan::apply_cluster_keys(all, c);
   return out;

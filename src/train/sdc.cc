@@ -55,16 +55,19 @@ int known_answer_input(int64_t i) {
   return int(h % 127) - 63;
 }
 
-SdcCheck::SdcCheck(const TrainOptions& options, RunLayout& layout, Backend& backend,
-                   ParamStore& store, UnitHooks& inner)
-    : opt_(options),
+SdcCheck::SdcCheck(const HealthOptions& health, const FaultOptions& faults, int zero_stage,
+                   int grad_accum, RunLayout& layout, Backend& backend, ParamStore& store,
+                   UnitHooks& inner)
+    : health_(health),
+      faults_(faults),
+      zero_stage_(zero_stage),
       layout_(layout),
       backend_(backend),
       k_(backend.f32()),
       store_(store),
       inner_(inner),
-      calls_(options.zero.stage, options.grad_accum, store.units().size()) {
-  if (opt_.health.known_answer_every > 0) {
+      calls_(zero_stage, grad_accum, store.units().size()) {
+  if (health_.known_answer_every > 0) {
     // Values p/16 with |p| <= 63: every product and every partial sum of 128 of them is a
     // multiple of 2^-8 below 2^11, exact in f32 (and in TF32 or bf16 operands: 6 bits), so any
     // order of additions, vector width, blocking or thread count gives the same bits; the sum of
@@ -81,11 +84,11 @@ SdcCheck::SdcCheck(const TrainOptions& options, RunLayout& layout, Backend& back
 }
 
 void SdcCheck::begin_step(int64_t step) {
-  const HealthOptions& h = opt_.health;
+  const HealthOptions& h = health_;
   // The replica check needs two replicas, the z-score three data-parallel ranks alike (of one cp
   // coordinate).
   grad_due_ = h.grad_check_every > 0 && step % h.grad_check_every == 0 &&
-              (opt_.zero.stage == 0 ? layout_.dp_size() >= 2 : layout_.data_size() >= 3);
+              (zero_stage_ == 0 ? layout_.dp_size() >= 2 : layout_.data_size() >= 3);
   kat_due_ = h.known_answer_every > 0 && step % h.known_answer_every == 0;
   pre_sq_ = 0.0;
   ms_ = 0.0;
@@ -121,7 +124,7 @@ bool SdcCheck::known_answer(int64_t step) {
   const size_t n = kat_a_.size();
   backend_.device().from_host(kat_a_.data(), kat_host_.data(), n * sizeof(float));
   backend_.device().from_host(kat_b_.data(), kat_host_.data() + n, n * sizeof(float));
-  if (step == opt_.wrong_answer_step && layout_.rank() == opt_.fault_rank) {
+  if (step == faults_.wrong_answer_step && layout_.rank() == faults_.fault_rank) {
     // debug.wrong_answer_step: one input element off by 2^-4, as a flipped bit in memory would be.
     const float wrong = kat_host_[0] + 1.0f / 16.0f;
     backend_.device().from_host(kat_a_.data(), &wrong, sizeof wrong);
@@ -141,7 +144,7 @@ bool SdcCheck::known_answer(int64_t step) {
 std::vector<BadRank> SdcCheck::check(int64_t step) {
   if (!ran()) return {};
   Stopwatch sw;
-  const bool replica = grad_due_ && opt_.zero.stage == 0;
+  const bool replica = grad_due_ && zero_stage_ == 0;
   Report mine;
   mine.pre_sq = pre_sq_;
   mine.replica_sq = replica ? replica_sum_squares() : 0.0;
@@ -232,11 +235,11 @@ std::vector<BadRank> SdcCheck::check(int64_t step) {
         for (size_t i = 0; i < alike.size(); ++i) {
           const double z = (x[i] - m) / sigma;
           max_z_ = std::max(max_z_, std::abs(z));
-          if (!(std::abs(z) <= opt_.health.grad_zscore)) {
+          if (!(std::abs(z) <= health_.grad_zscore)) {
             name(alike[i], "zscore",
                  fmt::format("its local gradient norm {:.6g} is {:.3g}x its dp group's median "
                              "(z={:.1f}, health.grad_zscore={})",
-                             std::exp(x[i]), std::exp(x[i] - m), z, opt_.health.grad_zscore));
+                             std::exp(x[i]), std::exp(x[i] - m), z, health_.grad_zscore));
           }
         }
       }

@@ -23,8 +23,8 @@
 #include "core/arena.h"
 #include "core/param_store.h"
 #include "kernels/backend.h"
+#include "train/options.h"
 #include "train/run_layout.h"
-#include "train/train_config.h"
 
 namespace tetra {
 
@@ -61,8 +61,10 @@ inline constexpr int kKnownAnswerSize = 128;
  *  data-parallel engine (it sees each unit's gradient just before its reduction). */
 class SdcCheck final : public UnitHooks {
  public:
-  SdcCheck(const TrainOptions& options, RunLayout& layout, Backend& backend, ParamStore& store,
-           UnitHooks& inner);
+  /** The checks of `health` (with the wrong answer of `faults` injected), around `inner`, for a
+   *  run of `zero_stage` with `grad_accum` micro-batches per step. */
+  SdcCheck(const HealthOptions& health, const FaultOptions& faults, int zero_stage, int grad_accum,
+           RunLayout& layout, Backend& backend, ParamStore& store, UnitHooks& inner);
 
   /** Arms the checks due at 1-based step `step`. */
   void begin_step(int64_t step);
@@ -91,7 +93,9 @@ class SdcCheck final : public UnitHooks {
   // Runs the known-answer computation; true when it gives the constant.
   bool known_answer(int64_t step);
 
-  const TrainOptions& opt_;
+  const HealthOptions health_;
+  const FaultOptions faults_;
+  const int zero_stage_;
   RunLayout& layout_;
   Backend& backend_;
   Kernels<float>& k_;

@@ -51,95 +51,95 @@ const std::vector<TrainKey>& train_keys() {
         "grouped | loop"},
        {}},
       {{"data.train", ValueKind::String, "\"\"", "training shards: path, list a,b or glob"},
-       into<&O::train_data>()},
+       into<&O::data, &DataOptions::train>()},
       {{"data.val", ValueKind::String, "\"\"", "validation shards (optional)"},
-       into<&O::val_data>()},
+       into<&O::data, &DataOptions::val>()},
       {{"data.shuffle", ValueKind::Bool, "false", "visit samples in a seeded random order"},
-       into<&O::shuffle>()},
+       into<&O::data, &DataOptions::shuffle>()},
       {{"data.verify", ValueKind::Bool, "true",
         "check the shards against the checksums of their manifest.json before step 1"},
-       into<&O::verify_data>()},
+       into<&O::data, &DataOptions::verify>()},
       {{"train.micro_batch", ValueKind::Int, "8", "sequences per micro-batch B", "[1, 16384]"},
-       into<&O::micro_batch>()},
+       into<&O::batch, &BatchOptions::micro_batch>()},
       {{"train.seq_len", ValueKind::Int, "128", "tokens per sequence T (at most model.max_seq)",
         "[1, 65536]"},
-       into<&O::seq_len>()},
+       into<&O::batch, &BatchOptions::seq_len>()},
       {{"train.grad_accum", ValueKind::Int, "1", "micro-batches per optimizer step", "[1, 65536]"},
-       into<&O::grad_accum>()},
+       into<&O::batch, &BatchOptions::grad_accum>()},
       {{"train.steps", ValueKind::Int, "100", "optimizer steps", "[1, 1000000000000]"},
        into<&O::steps>()},
       {{"train.seed", ValueKind::Int, "1337", "seed of init and data order", "[0, inf)"},
        into<&O::seed>()},
       {{"train.on_nonfinite", ValueKind::String, "\"skip\"",
         "a non-finite gradient norm: skip the update or stop the run", "skip | stop"},
-       into<&O::on_nonfinite>()},
+       into<&O::optim, &OptimOptions::on_nonfinite>()},
       {{"train.max_skipped", ValueKind::Int, "5",
         "consecutive skipped updates (train.on_nonfinite=skip) that stop the run", "[1, 1000000]"},
-       into<&O::max_skipped>()},
+       into<&O::optim, &OptimOptions::max_skipped>()},
       {{"train.spike_zscore", ValueKind::Float, "0",
         "skip the update of a step whose loss is this many standard deviations above the mean "
         "of the last train.spike_window losses (0: off)",
         "[0, 1e6]"},
-       into<&O::spike_zscore>()},
+       into<&O::optim, &OptimOptions::spike_zscore>()},
       {{"train.spike_window", ValueKind::Int, "50",
         "losses the spike policy's rolling mean and deviation are over", "[2, 100000]"},
-       into<&O::spike_window>()},
+       into<&O::optim, &OptimOptions::spike_window>()},
       {{"optim.lr", ValueKind::Float, "6e-4",
         "peak learning rate (an AdamW step moves a weight by about lr)", "(0, 1000]"},
-       into<&O::schedule, &LrSchedule::lr>()},
+       into<&O::optim, &OptimOptions::schedule, &LrSchedule::lr>()},
       {{"optim.min_lr_ratio", ValueKind::Float, "0.1", "cosine floor as a fraction of lr",
         "[0, 1]"},
-       into<&O::schedule, &LrSchedule::min_lr_ratio>()},
+       into<&O::optim, &OptimOptions::schedule, &LrSchedule::min_lr_ratio>()},
       {{"optim.warmup_steps", ValueKind::Int, "0", "linear warm-up steps", "[0, 1000000000000]"},
-       into<&O::schedule, &LrSchedule::warmup_steps>()},
+       into<&O::optim, &OptimOptions::schedule, &LrSchedule::warmup_steps>()},
       {{"optim.schedule", ValueKind::String, "\"cosine\"", "learning-rate decay after warm-up",
         "cosine | constant"},
        [](O& o, const ConfigValue& v) {
-         o.schedule.kind = LrSchedule::parse_kind(std::get<std::string>(v));
+         o.optim.schedule.kind = LrSchedule::parse_kind(std::get<std::string>(v));
        }},
       {{"optim.weight_decay", ValueKind::Float, "0.1", "AdamW decoupled decay (2-D weights)",
         "[0, 1000]"},
-       into<&O::adamw, &AdamWConfig::weight_decay>()},
+       into<&O::optim, &OptimOptions::adamw, &AdamWConfig::weight_decay>()},
       {{"optim.beta1", ValueKind::Float, "0.9", "AdamW beta1 (below 1 also as a float)",
         "[0, 0.9999999]"},
-       into<&O::adamw, &AdamWConfig::beta1>()},
+       into<&O::optim, &OptimOptions::adamw, &AdamWConfig::beta1>()},
       {{"optim.beta2", ValueKind::Float, "0.95", "AdamW beta2 (below 1 also as a float)",
         "[0, 0.9999999]"},
-       into<&O::adamw, &AdamWConfig::beta2>()},
+       into<&O::optim, &OptimOptions::adamw, &AdamWConfig::beta2>()},
       {{"optim.eps", ValueKind::Float, "1e-8", "AdamW epsilon (nonzero also as a float)",
         "[1e-30, 1]"},
-       into<&O::adamw, &AdamWConfig::eps>()},
+       into<&O::optim, &OptimOptions::adamw, &AdamWConfig::eps>()},
       {{"optim.grad_clip", ValueKind::Float, "1.0", "global-norm clip (0 disables)", "[0, inf)"},
-       into<&O::grad_clip>()},
+       into<&O::optim, &OptimOptions::grad_clip>()},
       {{"eval.every", ValueKind::Int, "0", "validation every N steps (0: only at the end)",
         "[0, 2147483647]"},
-       into<&O::eval_every>()},
+       into<&O::data, &DataOptions::eval_every>()},
       {{"eval.batches", ValueKind::Int, "4", "micro-batches per validation", "[1, 1000000]"},
-       into<&O::eval_batches>()},
+       into<&O::data, &DataOptions::eval_batches>()},
       {{"run.dir", ValueKind::String, "\"runs/default\"", "metrics.jsonl and config.toml go here"},
-       into<&O::run_dir>()},
+       into<&O::run, &RuntimeOptions::dir>()},
       {{"run.device", ValueKind::String, "\"cpu\"",
         "where tensors live and kernels run: cpu (oneDNN, OpenBLAS, OpenMP) or cuda (one GPU per "
         "rank: cuBLASLt, tetra's kernels; in builds with the CUDA toolkit)",
         "cpu | cuda"},
        [](O& o, const ConfigValue& v) {
-         o.device = parse_device_kind(std::get<std::string>(v), "run.device");
+         o.run.device = parse_device_kind(std::get<std::string>(v), "run.device");
        }},
       {{"run.threads", ValueKind::Int, "0",
         "compute threads (0: all cores); at most 1024, since threads beyond the cores only "
         "contend for them and every thread joins each of a step's barriers",
         "[0, 1024]"},
-       into<&O::threads>()},
+       into<&O::run, &RuntimeOptions::threads>()},
       {{"run.peak_gflops", ValueKind::Float, "0",
         "fp32 matmul peak per rank in GFLOP/s, the MFU denominator (0: measured once per "
         "machine and thread count, and cached)",
         "[0, 1e9]"},
-       into<&O::peak_gflops>()},
+       into<&O::run, &RuntimeOptions::peak_gflops>()},
       {{"run.memory_limit_gb", ValueKind::Float, "0",
         "refuse to start when the memory ledger's plan for a rank (what it allocates) exceeds "
         "this many GB (1e9 bytes), naming the layouts that fit; 0: no limit",
         "[0, 1e9]"},
-       into<&O::memory_limit_gb>()},
+       into<&O::run, &RuntimeOptions::memory_limit_gb>()},
       {{"kernels.matmul", ValueKind::String, "\"auto\"",
         "the library of each f32 product on the CPU: auto (the fastest per product, measured once "
         "per machine and cached), or one library for every product, so that runs compare number "
@@ -149,37 +149,37 @@ const std::vector<TrainKey>& train_keys() {
        {}},
       {{"run.progress", ValueKind::String, "\"auto\"", "live progress line",
         "auto | always | never"},
-       into<&O::progress>()},
+       into<&O::run, &RuntimeOptions::progress>()},
       {{"run.trace", ValueKind::Bool, "false",
         "write every step's pipeline timeline (forward, backward, waits for transfers, the "
         "gradient reduction, the update) per rank to run.dir/trace-rank-N.json, for "
         "ui.perfetto.dev"},
-       into<&O::trace>()},
+       into<&O::run, &RuntimeOptions::trace>()},
       {{"run.profile", ValueKind::Bool, "false",
         "time every kernel per step (matmuls by role and shape with GFLOP/s); prints a table at "
         "the end and writes profile.json to run.dir"},
-       into<&O::profile>()},
+       into<&O::run, &RuntimeOptions::profile>()},
       {{"init.from", ValueKind::String, "\"\"", "load weights from a safetensors file (HF GPT-2)"},
        into<&O::init_from>()},
       {{"save.final", ValueKind::String, "\"\"", "write weights to a safetensors file at the end"},
-       into<&O::save_final>()},
+       into<&O::outputs, &OutputOptions::save_final>()},
       {{"debug.dump_grads", ValueKind::String, "\"\"", "safetensors of step 1's gradients"},
-       into<&O::dump_grads>()},
+       into<&O::outputs, &OutputOptions::dump_grads>()},
       {{"debug.dump_logits", ValueKind::String, "\"\"", "safetensors of step 1's first logits"},
-       into<&O::dump_logits>()},
+       into<&O::outputs, &OutputOptions::dump_logits>()},
       {{"debug.dump_routes", ValueKind::String, "\"\"",
         "a mixture-of-experts run's routing decisions of every step, per sequence, MoE block and "
         "rank, into this directory (routes-rank-N.jsonl; the layout tests compare them)"},
-       into<&O::dump_routes>()},
+       into<&O::outputs, &OutputOptions::dump_routes>()},
       {{"debug.nan_grad_step", ValueKind::Int, "0",
         "inject a NaN into one gradient at this 1-based step (0: never); for tests", "[0, inf)"},
-       into<&O::nan_grad_step>()},
+       into<&O::faults, &FaultOptions::nan_grad_step>()},
       {{"debug.nan_grad_rank", ValueKind::Int, "0", "the rank that injects debug.nan_grad_step",
         "[0, 1048576]"},
-       into<&O::nan_grad_rank>()},
+       into<&O::faults, &FaultOptions::nan_grad_rank>()},
       {{"debug.slow_ms", ValueKind::Float, "0",
         "debug.fault_rank sleeps this long in every step (a straggler); for tests", "[0, 1e6]"},
-       into<&O::slow_ms>()},
+       into<&O::faults, &FaultOptions::slow_ms>()},
       {{"health.telemetry_every", ValueKind::Int, "10",
         "steps per window of per-rank telemetry and straggler detection (0: off)", "[0, 1000000]"},
        into<&O::health, &HealthOptions::telemetry_every>()},
@@ -215,52 +215,52 @@ const std::vector<TrainKey>& train_keys() {
       {{"debug.corrupt_grad", ValueKind::Float, "0",
         "debug.fault_rank's gradient is scaled by 1 + this at debug.corrupt_step; for tests",
         "[0, 1e6]"},
-       into<&O::corrupt_grad>()},
+       into<&O::faults, &FaultOptions::corrupt_grad>()},
       {{"debug.corrupt_step", ValueKind::Int, "0",
         "the 1-based step debug.corrupt_grad acts on (0: never); for tests", "[0, inf)"},
-       into<&O::corrupt_step>()},
+       into<&O::faults, &FaultOptions::corrupt_step>()},
       {{"debug.wrong_answer_step", ValueKind::Int, "0",
         "debug.fault_rank computes its known-answer test wrong at this 1-based step (0: never); "
         "for tests",
         "[0, inf)"},
-       into<&O::wrong_answer_step>()},
+       into<&O::faults, &FaultOptions::wrong_answer_step>()},
       {{"debug.spike_step", ValueKind::Int, "0",
         "the loss of this 1-based step reads 100 times larger to the spike policy (0: never); for "
         "tests",
         "[0, inf)"},
-       into<&O::spike_step>()},
+       into<&O::faults, &FaultOptions::spike_step>()},
       {{"debug.skip_step", ValueKind::Int, "0",
         "skip the update of this 1-based step as a non-finite gradient would (0: never); for tests",
         "[0, inf)"},
-       into<&O::skip_step>()},
+       into<&O::faults, &FaultOptions::skip_step>()},
       {{"debug.fail_step", ValueKind::Int, "0",
         "fail with an error in the middle of this 1-based step's backward (0: never); for tests",
         "[0, inf)"},
-       into<&O::fail_step>()},
+       into<&O::faults, &FaultOptions::fail_step>()},
       {{"debug.fail_rank", ValueKind::Int, "0", "the rank that fails at debug.fail_step",
         "[0, 1048576]"},
-       into<&O::fail_rank>()},
+       into<&O::faults, &FaultOptions::fail_rank>()},
       {{"debug.kill_step", ValueKind::Int, "0",
         "debug.fault_rank dies by SIGKILL after this 1-based step (0: never); for tests",
         "[0, inf)"},
-       into<&O::kill_step>()},
+       into<&O::faults, &FaultOptions::kill_step>()},
       {{"debug.kill_in_save_step", ValueKind::Int, "0",
         "debug.fault_rank dies by SIGKILL halfway through writing this step's checkpoint (0: "
         "never); for tests",
         "[0, inf)"},
-       into<&O::kill_in_save_step>()},
+       into<&O::faults, &FaultOptions::kill_in_save_step>()},
       {{"debug.save_error_step", ValueKind::Int, "0",
         "debug.fault_rank's write of this step's checkpoint fails as on a full disk (0: never); "
         "for tests",
         "[0, inf)"},
-       into<&O::save_error_step>()},
+       into<&O::faults, &FaultOptions::save_error_step>()},
       {{"debug.hang_step", ValueKind::Int, "0",
         "debug.fault_rank stops making progress after this 1-based step (0: never); for tests",
         "[0, inf)"},
-       into<&O::hang_step>()},
+       into<&O::faults, &FaultOptions::hang_step>()},
       {{"debug.fault_rank", ValueKind::Int, "0", "the rank the debug.kill/save/hang keys act on",
         "[0, 1048576]"},
-       into<&O::fault_rank>()},
+       into<&O::faults, &FaultOptions::fault_rank>()},
       {{"ckpt.dir", ValueKind::String, "\"\"",
         "write checkpoints here (empty: none); see docs/checkpoints.md"},
        into<&O::ckpt, &CkptOptions::dir>()},
@@ -309,40 +309,42 @@ const std::vector<TrainKey>& train_keys() {
       {{"zero.stage", ValueKind::Int, "0",
         "ZeRO over dp: 0 replicate, 1 shard optimizer state, 2 + gradients, 3 + parameters",
         "[0, 3]"},
-       into<&O::zero, &parallel::ZeroOptions::stage>()},
+       into<&O::parallel, &ParallelOptions::zero, &parallel::ZeroOptions::stage>()},
       {{"zero.reshard_after_forward", ValueKind::Bool, "true",
         "stage 3: free a unit's gathered parameters after its forward (false: keep for backward)"},
-       into<&O::zero, &parallel::ZeroOptions::reshard_after_forward>()},
+       into<&O::parallel, &ParallelOptions::zero, &parallel::ZeroOptions::reshard_after_forward>()},
       {{"zero.prefetch", ValueKind::Int, "1",
         "stage 3: parameter gathers issued ahead of the unit being computed", "[0, 8]"},
-       into<&O::zero, &parallel::ZeroOptions::prefetch>()},
+       into<&O::parallel, &ParallelOptions::zero, &parallel::ZeroOptions::prefetch>()},
       {{"dp.bucket_mb", ValueKind::Float, "4",
         "gradient bucket size for the stage-0 DP all-reduce (MiB)", "(0, 65536]"},
-       into<&O::zero, &parallel::ZeroOptions::bucket_mb>()},
+       into<&O::parallel, &ParallelOptions::zero, &parallel::ZeroOptions::bucket_mb>()},
       {{"dp.overlap", ValueKind::Bool, "true", "reduce gradients during backward (false: after)"},
-       into<&O::zero, &parallel::ZeroOptions::overlap>()},
+       into<&O::parallel, &ParallelOptions::zero, &parallel::ZeroOptions::overlap>()},
       {{"dp.reduce_dtype", ValueKind::String, "\"fp32\"",
         "the data-parallel gradient reduction's type: bf16 rounds gradients to bf16 and reduces "
         "them in bf16 (half the bytes, about 3 significant digits per partial sum); the "
         "gradients, the update and every other collective stay f32",
         "fp32 | bf16"},
-       [](O& o, const ConfigValue& v) { o.zero.reduce_bf16 = std::get<std::string>(v) == "bf16"; }},
+       [](O& o, const ConfigValue& v) {
+         o.parallel.zero.reduce_bf16 = std::get<std::string>(v) == "bf16";
+       }},
       {{"pp.schedule", ValueKind::String, "\"1f1b\"",
         "pipeline schedule over parallel.pp ranks (train.grad_accum micro-batches per step)",
         "gpipe | 1f1b | interleaved"},
-       into<&O::pp_schedule>()},
+       into<&O::parallel, &ParallelOptions::pp_schedule>()},
       {{"pp.chunks", ValueKind::Int, "1",
         "model chunks per pipeline rank (interleaved: 2 or more; otherwise 1)", "[1, 1024]"},
-       into<&O::pp_chunks>()},
+       into<&O::parallel, &ParallelOptions::pp_chunks>()},
       {{"pp.layers", ValueKind::String, "\"\"",
         "layers per pipeline stage: \"\" (even), parallel.pp x pp.chunks counts such as "
         "\"5,6,6,5\", or auto (balanced by modelled compute, the head counted)"},
-       into<&O::pp_layers>()},
+       into<&O::parallel, &ParallelOptions::pp_layers>()},
       {{"cp.attention", ValueKind::String, "\"ring\"",
         "context-parallel attention (parallel.cp > 1): ring passes K/V chunks around the cp ring "
         "overlapped with the blocks; all_gather gathers every chunk first",
         "ring | all_gather"},
-       into<&O::cp_attention>()},
+       into<&O::parallel, &ParallelOptions::cp_attention>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
         "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},
@@ -378,11 +380,11 @@ TrainOptions TrainOptions::from(const Config& c) {
     if (k.read) k.read(o, c.at(k.spec.key));
   }
   // Checks across keys; each key's own range is enforced by Config.
-  TETRA_CHECK(o.seq_len <= o.model.max_seq,
+  TETRA_CHECK(o.batch.seq_len <= o.model.max_seq,
               "[config] train.seq_len={} exceeds model.max_seq={}; lower seq_len or raise max_seq",
-              o.seq_len, o.model.max_seq);
+              o.batch.seq_len, o.model.max_seq);
   o.model.sequence_parallel = o.model.sequence_parallel && o.model.tp > 1;
-  Backend& backend = backend_for(o.device);  // refuses a device this build or machine lacks
+  Backend& backend = backend_for(o.run.device);  // refuses a device this build or machine lacks
   if (o.model.bf16) {
     const std::string unsupported = backend.bf16_unsupported();
     TETRA_CHECK(unsupported.empty(), "[config] {}", unsupported);
@@ -390,24 +392,24 @@ TrainOptions TrainOptions::from(const Config& c) {
   // kernels.matmul, else TETRA_MATMUL on the CPU (the CPU backend's own default, read here too so
   // that a bad value is refused before anything runs), else the backend's choice per product.
   if (c.is_set("kernels.matmul")) {
-    o.matmul = {c.s("kernels.matmul"), "kernels.matmul"};
+    o.run.matmul = {c.s("kernels.matmul"), "kernels.matmul"};
   } else if (const char* env = std::getenv("TETRA_MATMUL");
-             env && *env && o.device == DeviceKind::cpu) {
-    o.matmul = {env, "TETRA_MATMUL"};
+             env && *env && o.run.device == DeviceKind::cpu) {
+    o.run.matmul = {env, "TETRA_MATMUL"};
   }
-  o.schedule.total_steps = o.steps;
+  o.optim.schedule.total_steps = o.steps;
   TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),
               "[config] ckpt.resume=auto looks for checkpoints in ckpt.dir, which is not set; set "
               "ckpt.dir or give ckpt.resume a checkpoint directory");
-  o.comm = comm::CommOptions::from_config(c);
-  o.mesh = parallel::MeshShape::from_config(c);
-  if (o.mesh.cp > 1) {
+  o.parallel.comm = comm::CommOptions::from_config(c);
+  o.parallel.mesh = parallel::MeshShape::from_config(c);
+  if (o.parallel.mesh.cp > 1) {
     // Context parallelism (docs/training.md): each sequence in 2*cp chunks, two per cp rank.
-    const int cp = o.mesh.cp, chunks = 2 * cp;
-    TETRA_CHECK(o.mesh.ep == 1,
+    const int cp = o.parallel.mesh.cp, chunks = 2 * cp;
+    TETRA_CHECK(o.parallel.mesh.ep == 1,
                 "[config] parallel.cp={} with parallel.ep={}: context parallelism does not combine "
                 "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep",
-                cp, o.mesh.ep);
+                cp, o.parallel.mesh.ep);
     TETRA_CHECK(o.model.moe.experts == 0,
                 "[config] parallel.cp={} with model.moe_experts={}: context parallelism runs dense "
                 "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts",
@@ -422,17 +424,19 @@ TrainOptions TrainOptions::from(const Config& c) {
                 "blockwise kernels compute in f32 only; use train.precision=fp32 with cp, or "
                 "parallel.cp=1 with bf16",
                 cp);
-    TETRA_CHECK(o.seq_len % chunks == 0,
+    TETRA_CHECK(o.batch.seq_len % chunks == 0,
                 "[config] train.seq_len={} is not divisible by 2*parallel.cp = {}: each rank holds "
                 "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. {}, "
                 "or a parallel.cp with 2*cp dividing {}",
-                o.seq_len, chunks, o.seq_len >= chunks ? o.seq_len / chunks * chunks : chunks,
-                o.seq_len);
+                o.batch.seq_len, chunks,
+                o.batch.seq_len >= chunks ? o.batch.seq_len / chunks * chunks : chunks,
+                o.batch.seq_len);
   }
-  o.pp_kind = pipeline::parse_kind(o.pp_schedule);
+  o.parallel.pp_kind = pipeline::parse_kind(o.parallel.pp_schedule);
   try {
     // The schedule's and the split's refusals, before anything is allocated.
-    pipeline::make_schedule(o.pp_kind, o.mesh.pp, o.grad_accum, o.pp_chunks);
+    pipeline::make_schedule(o.parallel.pp_kind, o.parallel.mesh.pp, o.batch.grad_accum,
+                            o.parallel.pp_chunks);
     // auto balances the modelled compute per token (plan::flops_per_token's terms), in
     // blocks: a block's 6 x its matrices (GPT-2: 12C²; Llama: q, k, v and o 2C² + 2C·KVH·hs and
     // the SwiGLU's 3C·ffn) + 12·C·T, the head's product 6·V·C; the embedding is a lookup. A
@@ -440,16 +444,18 @@ TrainOptions TrainOptions::from(const Config& c) {
     const GptConfig& m = o.model;
     const double C = m.d_model, kv = double(m.n_kv_head) * m.head_size();
     const double matrices = 2 * C * C + 2 * C * kv + (m.llama() ? 3.0 : 2.0) * C * m.ffn;
-    const double block = 6 * matrices + 12 * C * o.seq_len;
-    o.pp_split = pipeline::parse_split(o.pp_layers, m.n_layer, o.mesh.pp * o.pp_chunks, 0.0,
-                                       6 * m.vocab_size * C / block, "pp.layers");
+    const double block = 6 * matrices + 12 * C * o.batch.seq_len;
+    o.parallel.pp_split = pipeline::parse_split(o.parallel.pp_layers, m.n_layer,
+                                                o.parallel.mesh.pp * o.parallel.pp_chunks, 0.0,
+                                                6 * m.vocab_size * C / block, "pp.layers");
   } catch (const Error& e) {
     fail(
         "[config] parallel.pp={} pp.schedule={} pp.chunks={} train.grad_accum={} (micro-batches) "
         "model.n_layer={}: {}",
-        o.mesh.pp, o.pp_schedule, o.pp_chunks, o.grad_accum, o.model.n_layer, e.what());
+        o.parallel.mesh.pp, o.parallel.pp_schedule, o.parallel.pp_chunks, o.batch.grad_accum,
+        o.model.n_layer, e.what());
   }
-  TETRA_CHECK(!o.train_data.empty(),
+  TETRA_CHECK(!o.data.train.empty(),
               "[config] data.train is not set; point it at a token shard (tetra data prepare "
               "makes them)");
   return o;

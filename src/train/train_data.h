@@ -11,15 +11,17 @@
 #include "data/prefetch.h"
 #include "data/sampler.h"
 #include "data/token_dataset.h"
+#include "train/options.h"
 #include "train/run_layout.h"
-#include "train/train_config.h"
 
 namespace tetra {
 
 class TrainData {
  public:
-  /** Opens and checks data.train and data.val (every rank). */
-  TrainData(const TrainOptions& options, const RunLayout& layout);
+  /** Opens and checks data.train and data.val (every rank) for `batch`, their tokens below
+   *  `vocab_size`; `seed` orders the samples (data.shuffle). */
+  TrainData(const DataOptions& data, const BatchOptions& batch, uint64_t seed, int64_t vocab_size,
+            const RunLayout& layout);
 
   /** Starts the prefetcher at `resumed` (a checkpoint's sampler state) or at the beginning. */
   void start(const std::optional<SamplerState>& resumed);
@@ -34,7 +36,9 @@ class TrainData {
   void validation(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
 
  private:
-  const TrainOptions& opt_;
+  const DataOptions data_;
+  const BatchOptions batch_;
+  const uint64_t seed_;
   const RunLayout& layout_;
   std::unique_ptr<TokenDataset> train_, val_;
   std::unique_ptr<Prefetcher> prefetch_;  // training batches, assembled ahead of the step

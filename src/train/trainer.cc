@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "model/block_spec.h"
 #include "model/gpt_io.h"
 #include "train/run_plan.h"
 
@@ -28,7 +29,7 @@ int default_threads() {
 
 Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
                  const comm::Communicator& world)
-    : opt_(options), world_(world), backend_(backend_for(options.device)) {
+    : opt_(options), world_(world), backend_(backend_for(options.run.device)) {
   comm::run_or_abort(world_, [&] { setup(config_toml); });
 }
 
@@ -39,85 +40,85 @@ TrainResult Trainer::run() {
 }
 
 void Trainer::setup(const std::string& config_toml) {
-  layout_ = std::make_unique<RunLayout>(opt_, world_, backend_);
+  layout_ =
+      std::make_unique<RunLayout>(opt_.parallel, opt_.model.sequence_parallel, world_, backend_);
   refuse_over_memory_limit(opt_, layout_->world_size(), layout_->pp_rank());
-  const int threads = opt_.threads > 0 ? opt_.threads : default_threads();
+  const int threads = opt_.run.threads > 0 ? opt_.run.threads : default_threads();
   backend_.set_threads(threads);
-  if (!opt_.matmul.policy.empty())
-    backend_.set_matmul_policy(opt_.matmul.policy, opt_.matmul.source);
+  if (!opt_.run.matmul.policy.empty())
+    backend_.set_matmul_policy(opt_.run.matmul.policy, opt_.run.matmul.source);
   const Recompute recompute = parse_recompute(opt_.recompute, "train.recompute");
-  TETRA_CHECK(opt_.dump_routes.empty() || opt_.model.moe.experts > 0,
+  TETRA_CHECK(opt_.outputs.dump_routes.empty() || opt_.model.moe.experts > 0,
               "[train] debug.dump_routes={} records a mixture-of-experts model's routing, and this "
               "model has none: set model.moe_experts, or leave debug.dump_routes unset",
-              opt_.dump_routes);
-  TETRA_CHECK(opt_.dump_grads.empty() || opt_.zero.stage == 0,
+              opt_.outputs.dump_routes);
+  TETRA_CHECK(opt_.outputs.dump_grads.empty() || opt_.parallel.zero.stage == 0,
               "[train] debug.dump_grads needs every gradient on one rank: set zero.stage=0");
   // The first micro-batch's logits exist only on the last stage, before any step; not gathered.
-  TETRA_CHECK(layout_->pp_size() == 1 || opt_.dump_logits.empty(),
+  TETRA_CHECK(layout_->pp_size() == 1 || opt_.outputs.dump_logits.empty(),
               "[train] debug.dump_logits={} needs the whole model on one rank, but parallel.pp={} "
               "splits it over the pipeline; leave debug.dump_logits unset (or run with "
               "parallel.pp=1)",
-              opt_.dump_logits, layout_->pp_size());
+              opt_.outputs.dump_logits, layout_->pp_size());
 
   // Every input and output is checked before anything is computed or written.
-  data_ = std::make_unique<TrainData>(opt_, *layout_);
+  data_ = std::make_unique<TrainData>(opt_.data, opt_.batch, opt_.seed, opt_.model.vocab_size,
+                                      *layout_);
   outputs_ = std::make_unique<RunOutputs>(opt_, *layout_, *data_);
 
   // This rank's pipeline program and the model part it runs.
-  pipeline::Schedule schedule =
-      pipeline::make_schedule(opt_.pp_kind, layout_->pp_size(), opt_.grad_accum, opt_.pp_chunks);
-  GptPart part = layout_->model_part(schedule, opt_.pp_split);
+  pipeline::Schedule schedule = pipeline::make_schedule(
+      opt_.parallel.pp_kind, layout_->pp_size(), opt_.batch.grad_accum, opt_.parallel.pp_chunks);
+  GptPart part = layout_->model_part(schedule, opt_.parallel.pp_split);
   executor_ =
       std::make_unique<pipeline::Executor>(std::move(schedule), layout_->pp(), backend_.device());
   store_ = std::make_unique<ParamStore>(backend_.device());
   // Under context parallelism the model holds this rank's seq_len/cp tokens of every sequence.
-  model_ = std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.micro_batch,
-                                 opt_.seq_len / layout_->cp_size(), recompute, &ledger_,
+  model_ = std::make_unique<Gpt>(backend_, opt_.model, *store_, opt_.batch.micro_batch,
+                                 opt_.batch.seq_len / layout_->cp_size(), recompute, &ledger_,
                                  &layout_->tp(), std::move(part), &layout_->ep(), &layout_->cp());
   // Expert units are sharded and reduced over the ranks holding the same experts (edp).
   const comm::Communicator& edp = layout_->edp();
   store_->finalize(parallel::DataParallel::sharding_for(
-                       opt_.zero.stage, layout_->dp_size(), layout_->dp_rank(),
+                       opt_.parallel.zero.stage, layout_->dp_size(), layout_->dp_rank(),
                        edp.valid() ? edp.size() : 0, edp.valid() ? edp.rank() : 0),
                    &ledger_);
-  if (opt_.zero.stage > 0 && layout_->dp_size() == 1) {
+  if (opt_.parallel.zero.stage > 0 && layout_->dp_size() == 1) {
     log_info(
         "[zero] zero.stage={} with one data-parallel rank shards nothing: this rank holds every "
         "parameter, gradient and optimizer state (the stage's code paths still run)",
-        opt_.zero.stage);
+        opt_.parallel.zero.stage);
   }
-  parallel::ZeroOptions zero = opt_.zero;
+  parallel::ZeroOptions zero = opt_.parallel.zero;
   // Reductions overlap backward only when the last micro-batch's backward is the rank's last
   // compute (1F1B on one pipeline rank). Otherwise they start after the last backward (the
   // program's reduce_grads), on a pipeline once the tied wte's gradient has been summed over the
   // embedding group.
-  if (layout_->pp_size() > 1 || opt_.pp_kind == pipeline::Kind::gpipe) zero.overlap = false;
+  if (layout_->pp_size() > 1 || opt_.parallel.pp_kind == pipeline::Kind::gpipe)
+    zero.overlap = false;
   zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
                                                    parallel::ExpertGroup{edp, opt_.model.ep});
-  sdc_ = std::make_unique<SdcCheck>(opt_, *layout_, backend_, *store_, *zero_);
-  faults_ = std::make_unique<FaultInjection>(opt_, layout_->rank(), *sdc_, *store_);
+  sdc_ = std::make_unique<SdcCheck>(opt_.health, opt_.faults, opt_.parallel.zero.stage,
+                                    opt_.batch.grad_accum, *layout_, backend_, *store_, *zero_);
+  faults_ =
+      std::make_unique<FaultInjection>(opt_.faults, opt_.parallel.zero.stage, opt_.batch.grad_accum,
+                                       layout_->rank(), *sdc_, *store_);
   model_->set_hooks(faults_.get());
   stage_ = std::make_unique<ModelStage>(*model_, *zero_, &layout_->cp());
   if (!opt_.init_from.empty()) {
-    // A pipeline stage, or an expert-parallel rank holding some of the experts, knows the file's
-    // other tensors from the whole model's registrations (all experts; it allocates activations
-    // for tp tokens; the store is never finalized).
-    ParamStore whole(backend_.device());
-    std::unique_ptr<Gpt> names;
-    if (layout_->pp_size() > 1 || opt_.model.ep > 1) {
-      GptConfig all_experts = opt_.model;
-      all_experts.ep = 1;
-      names = std::make_unique<Gpt>(backend_, all_experts, whole, opt_.model.tp, 1, recompute,
-                                    nullptr, &layout_->tp());
-    }
+    // A pipeline stage, or an expert-parallel rank holding some of the experts, skips the file's
+    // other tensors: the model spec names every tensor of the whole model.
+    const bool part = layout_->pp_size() > 1 || opt_.model.ep > 1;
+    const std::vector<std::string> whole =
+        part ? model_tensor_names(opt_.model) : std::vector<std::string>();
     load_safetensors_into(*store_, model_weights_path(opt_.init_from, "init"),
-                          opt_.model.describe(), names ? &whole : nullptr);
+                          opt_.model.describe(), part ? &whole : nullptr);
   } else {
     store_->init(opt_.seed);
   }
-  adamw_ = std::make_unique<AdamW>(backend_, opt_.adamw, store_->state_size(), &ledger_);
-  updater_ =
-      std::make_unique<Updater>(opt_, *layout_, *store_, *model_, *zero_, *adamw_, sdc_.get());
+  adamw_ = std::make_unique<AdamW>(backend_, opt_.optim.adamw, store_->state_size(), &ledger_);
+  updater_ = std::make_unique<Updater>(opt_.optim, opt_.health, opt_.faults, *layout_, *store_,
+                                       *model_, *zero_, *adamw_, sdc_.get());
   ckpt_ = std::make_unique<Checkpointer>(opt_, *layout_, *store_, *adamw_, *model_, config_toml);
   std::optional<SamplerState> sampler;
   if (const std::optional<ResumedState> r = ckpt_->resume(data_->train().num_samples())) {
@@ -130,24 +131,24 @@ void Trainer::setup(const std::string& config_toml) {
   report_ = std::make_unique<Reporter>(opt_, *layout_, backend_, ledger_, *model_, *data_,
                                        executor_->schedule());
   report_->start_run_dir(config_toml);
-  moe_report_ =
-      std::make_unique<MoeReport>(opt_.model, *layout_, *model_, opt_.grad_accum, opt_.micro_batch,
-                                  opt_.seq_len, recompute == Recompute::full);
-  if (!opt_.dump_routes.empty()) moe_report_->dump_routes_to(opt_.dump_routes);
+  moe_report_ = std::make_unique<MoeReport>(opt_.model, *layout_, *model_, opt_.batch.grad_accum,
+                                            opt_.batch.micro_batch, opt_.batch.seq_len,
+                                            recompute == Recompute::full);
+  if (!opt_.outputs.dump_routes.empty()) moe_report_->dump_routes_to(opt_.outputs.dump_routes);
   report_->measure_peak(threads);
   ckpt_->start(start_step_, ledger_);
   heartbeat_ = std::make_unique<Heartbeat>(layout_->rank());
   health_ = std::make_unique<HealthMonitor>(opt_.health, *layout_);
   heartbeat_->beat(start_step_, ckpt_->newest_step());
-  goodput_ = std::make_unique<Goodput>(opt_.run_dir, start_step_, layout_->is_root());
+  goodput_ = std::make_unique<Goodput>(opt_.run.dir, start_step_, layout_->is_root());
 }
 
 double Trainer::evaluate() {
   const ProfileActivation not_profiled(nullptr);  // validation is not part of a training step
   std::vector<int32_t> inputs, targets;
   data_->validation(inputs, targets);
-  stage_->begin_evaluation(inputs, targets, opt_.eval_batches);
-  executor_->run_forward(*stage_, opt_.eval_batches);
+  stage_->begin_evaluation(inputs, targets, opt_.data.eval_batches);
+  executor_->run_forward(*stage_, opt_.data.eval_batches);
   double loss = stage_->loss();
   if (layout_->cp_size() > 1) {
     // Each cp rank's loss is over its chunks (the same number of tokens on every rank): the
@@ -177,9 +178,9 @@ nlohmann::json Trainer::state_after(int64_t step) const {
                           {"skipped", skips.total},
                           {"consecutive_skips", skips.in_a_row},
                           {"adamw_steps", adamw_->steps_taken()},
-                          {"next_lr", opt_.schedule.at(step)},
+                          {"next_lr", opt_.optim.schedule.at(step)},
                           {"sampler", data_->state().to_json()}};
-  if (opt_.spike_zscore > 0.0) state["loss_window"] = updater_->loss_window();
+  if (opt_.optim.spike_zscore > 0.0) state["loss_window"] = updater_->loss_window();
   return state;
 }
 
@@ -188,10 +189,10 @@ TrainResult Trainer::train() {
   TrainResult result;
   for (int64_t s = start_step_; s < opt_.steps; ++s) {
     const int64_t step = s + 1;
-    const double lr = opt_.schedule.at(s);
+    const double lr = opt_.optim.schedule.at(s);
     Stopwatch step_clock;
     const Batch& batch = data_->next();
-    if (s == 0 && !opt_.dump_logits.empty()) outputs_->dump_logits(*model_, batch);
+    if (s == 0 && !opt_.outputs.dump_logits.empty()) outputs_->dump_logits(*model_, batch);
 
     // Forward and backward of every micro-batch as the pipeline program says, the gradient
     // reduction, and the update.
@@ -201,7 +202,7 @@ TrainResult Trainer::train() {
     moe_report_->begin_step();
     faults_->begin_step(step);
     sdc_->begin_step(step);
-    stage_->begin_training(batch, opt_.grad_accum);
+    stage_->begin_training(batch, opt_.batch.grad_accum);
     UpdateResult update;
     const double step_start_s = report_->elapsed_s();
     const pipeline::StepStats pipe = executor_->run(
@@ -212,7 +213,7 @@ TrainResult Trainer::train() {
         },
         [&] {
           update = updater_->step(step, lr, stage_->loss(), [&] {
-            if (s == 0 && !opt_.dump_grads.empty()) outputs_->dump_grads(*store_, *model_);
+            if (s == 0 && !opt_.outputs.dump_grads.empty()) outputs_->dump_grads(*store_, *model_);
           });
         });
 
@@ -234,7 +235,8 @@ TrainResult Trainer::train() {
     health_->step(step, rank_step, rec);
     goodput_->step(step, rank_step.step_ms, rank_step.data_ms);
     const bool last = step == opt_.steps;
-    if (data_->has_validation() && (last || (opt_.eval_every > 0 && step % opt_.eval_every == 0))) {
+    if (data_->has_validation() &&
+        (last || (opt_.data.eval_every > 0 && step % opt_.data.eval_every == 0))) {
       Stopwatch eval_clock;
       result.final_val_loss = evaluate();
       rec["val_loss"] = result.final_val_loss;
@@ -257,7 +259,7 @@ TrainResult Trainer::train() {
   heartbeat_->beat(std::max(start_step_, opt_.steps), ckpt_->newest_step(), true);
   result.skipped = updater_->skips().total;
   result = report_->finish(result, health_->window_compute_ms());
-  if (!opt_.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);
+  if (!opt_.outputs.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);
   // A run whose last checkpoint is not on disk has not finished, whatever ckpt.on_error says;
   // checked after save.final, which may still keep the weights.
   ckpt_->finish();

@@ -12,9 +12,13 @@
 
 namespace tetra {
 
-Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& store, Gpt& model,
-                 parallel::DataParallel& zero, AdamW& adamw, SdcCheck* sdc)
-    : opt_(options),
+Updater::Updater(const OptimOptions& optim, const HealthOptions& health, const FaultOptions& faults,
+                 RunLayout& layout, ParamStore& store, Gpt& model, parallel::DataParallel& zero,
+                 AdamW& adamw, SdcCheck* sdc)
+    : optim_(optim),
+      on_bad_rank_(health.on_bad_rank),
+      skip_step_(faults.skip_step),
+      spike_step_(faults.spike_step),
       layout_(layout),
       store_(store),
       model_(model),
@@ -24,15 +28,15 @@ Updater::Updater(const TrainOptions& options, RunLayout& layout, ParamStore& sto
       tied_(layout.embedding(), model.tied_wte()) {}
 
 void Updater::set_loss_window(const std::vector<double>& losses) {
-  const size_t keep = std::min(losses.size(), size_t(opt_.spike_window));
+  const size_t keep = std::min(losses.size(), size_t(optim_.spike_window));
   losses_.assign(losses.end() - std::ptrdiff_t(keep), losses.end());
 }
 
 double Updater::spike(int64_t step, double loss) {
-  if (opt_.spike_zscore <= 0.0 || !std::isfinite(loss)) return 0.0;
-  const double seen = step == opt_.spike_step ? 100.0 * loss : loss;  // debug.spike_step
+  if (optim_.spike_zscore <= 0.0 || !std::isfinite(loss)) return 0.0;
+  const double seen = step == spike_step_ ? 100.0 * loss : loss;  // debug.spike_step
   double z = 0.0;
-  if (losses_.size() == size_t(opt_.spike_window)) {
+  if (losses_.size() == size_t(optim_.spike_window)) {
     double mean = 0.0, var = 0.0;
     for (double l : losses_) mean += l;
     mean /= double(losses_.size());
@@ -41,10 +45,10 @@ double Updater::spike(int64_t step, double loss) {
     // make every rounding above them a spike.
     const double sd = std::max(std::sqrt(var / double(losses_.size())), 1e-6 * std::abs(mean));
     z = (seen - mean) / sd;
-    if (z > opt_.spike_zscore) return z;
+    if (z > optim_.spike_zscore) return z;
   }
   losses_.push_back(seen);
-  if (losses_.size() > size_t(opt_.spike_window)) losses_.pop_front();
+  if (losses_.size() > size_t(optim_.spike_window)) losses_.pop_front();
   return 0.0;
 }
 
@@ -106,11 +110,11 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   }
   if (!nonfinite && r.bad_ranks.empty()) r.spike_z = spike(step, r.loss);
   if (before_update) before_update();
-  r.skipped = nonfinite || !r.bad_ranks.empty() || r.spike_z > 0.0 || step == opt_.skip_step;
+  r.skipped = nonfinite || !r.bad_ranks.empty() || r.spike_z > 0.0 || step == skip_step_;
   if (!r.skipped) {
     skips_.in_a_row = 0;
     adamw_.step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
-                clip_scale(r.grad_norm, opt_.grad_clip));
+                clip_scale(r.grad_norm, optim_.grad_clip));
     zero_.after_update();
     return r;
   }
@@ -131,7 +135,7 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
       }
     }
     what += "; bad numbers from " + names;
-    TETRA_CHECK(opt_.health.on_bad_rank == "warn",
+    TETRA_CHECK(on_bad_rank_ == "warn",
                 "[health] step {}: {}; stopping before the update (health.on_bad_rank=stop), so "
                 "the weights stay those of step {}. Restart without the named host, or set "
                 "health.on_bad_rank=warn to skip such updates instead.",
@@ -139,21 +143,21 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   } else if (r.spike_z > 0.0) {
     what =
         fmt::format("loss {} is a spike (z={:.1f} over the last {} losses, train.spike_zscore={})",
-                    r.loss, r.spike_z, opt_.spike_window, opt_.spike_zscore);
+                    r.loss, r.spike_z, optim_.spike_window, optim_.spike_zscore);
   } else {
     what += " (debug.skip_step)";
   }
-  TETRA_CHECK(opt_.on_nonfinite == "skip" || !nonfinite,
+  TETRA_CHECK(optim_.on_nonfinite == "skip" || !nonfinite,
               "[train] step {}: {}; stopping before the update (train.on_nonfinite=stop), so the "
               "weights stay those of step {}. Lower optim.lr or check the data.",
               step, what, step - 1);
-  TETRA_CHECK(skips_.in_a_row < opt_.max_skipped,
+  TETRA_CHECK(skips_.in_a_row < optim_.max_skipped,
               "[train] step {}: {}; that is {} skipped updates in a row (train.max_skipped={}): "
               "stopping. The weights stay those of step {}; lower optim.lr or check the data and "
               "--init.from.",
-              step, what, skips_.in_a_row, opt_.max_skipped, step - skips_.in_a_row);
+              step, what, skips_.in_a_row, optim_.max_skipped, step - skips_.in_a_row);
   log_warn("[train] step {}: {}; update skipped ({} in a row, train.max_skipped={})", step, what,
-           skips_.in_a_row, opt_.max_skipped);
+           skips_.in_a_row, optim_.max_skipped);
   return r;
 }
 

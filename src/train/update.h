@@ -17,9 +17,9 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/tied_weight.h"
+#include "train/options.h"
 #include "train/run_layout.h"
 #include "train/sdc.h"
-#include "train/train_config.h"
 
 namespace tetra {
 
@@ -43,8 +43,11 @@ struct SkipCounters {
 
 class Updater {
  public:
-  Updater(const TrainOptions& options, RunLayout& layout, ParamStore& store, Gpt& model,
-          parallel::DataParallel& zero, AdamW& adamw, SdcCheck* sdc = nullptr);
+  /** The update by `optim`, a bad rank handled by health.on_bad_rank, the skips and spikes of
+   *  `faults` injected. */
+  Updater(const OptimOptions& optim, const HealthOptions& health, const FaultOptions& faults,
+          RunLayout& layout, ParamStore& store, Gpt& model, parallel::DataParallel& zero,
+          AdamW& adamw, SdcCheck* sdc = nullptr);
 
   /** Waits for every gradient reduction, then sums the tied wte's gradient over the embedding
    *  group (a pipeline's end stages; parallel/tied_weight.h): both copies update with the sum. */
@@ -72,7 +75,9 @@ class Updater {
   // that is no spike joins the window.
   double spike(int64_t step, double loss);
 
-  const TrainOptions& opt_;
+  const OptimOptions optim_;
+  const std::string on_bad_rank_;
+  const int64_t skip_step_, spike_step_;
   RunLayout& layout_;
   ParamStore& store_;
   Gpt& model_;

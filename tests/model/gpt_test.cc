@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 
 #include "core/error.h"
+#include "model/block_spec.h"
 #include "tests/model/test_model.h"
 
 namespace tetra {
@@ -204,4 +206,43 @@ TEST(Gpt, TensorParallelSizeMustSplitTheHeadsAndPadsTheVocabulary) {
 }
 
 }  // namespace
+// The model spec names every tensor the whole model registers, no more: a pipeline stage or an
+// expert-parallel rank loading a file (init.from) checks the tensors it does not hold against
+// these names (model_tensor_names) instead of building a second whole model.
+TEST(Gpt, TheSpecNamesEveryTensorTheModelRegisters) {
+  auto moe = [](int every) {
+    MoeConfig m;
+    m.experts = 4;
+    m.every = every;
+    return m;
+  };
+  auto llama = [](bool tied) {
+    LlamaShape l;
+    l.n_kv_head = 1;
+    l.tie_embeddings = tied;
+    return l;
+  };
+  std::vector<std::pair<std::string, GptConfig>> cases;
+  cases.push_back({"GPT-2", GptConfig::make(37, 3, 2, 16, 8, 64)});
+  cases.push_back({"GPT-2 MoE every 2", cases[0].second});
+  cases.back().second.set_moe(moe(2));
+  for (bool tied : {false, true}) {
+    cases.push_back({tied ? "Llama tied" : "Llama", cases[0].second});
+    cases.back().second.set_llama(llama(tied));
+  }
+  cases.push_back({"Mixtral", cases[2].second});
+  cases.back().second.set_moe(moe(1));
+  for (const auto& [name, c] : cases) {
+    SCOPED_TRACE(name);
+    ParamStoreT<float> store;
+    GptT<float> model(cpu_backend(), c, store, 1, 8);
+    std::vector<std::string> registered;
+    for (const ParamEntry& e : store.tensors()) registered.push_back(e.spec.name);
+    std::vector<std::string> named = model_tensor_names(c);
+    std::sort(registered.begin(), registered.end());
+    std::sort(named.begin(), named.end());
+    EXPECT_EQ(named, registered);
+  }
+}
+
 }  // namespace tetra

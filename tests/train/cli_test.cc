@@ -397,19 +397,19 @@ TEST_F(TrainCli, MatmulPolicyFixesOneLibraryOrChoosesPerProduct) {
 TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {
   Config c = Config::from_overrides(train_config_schema(), {"data.train=x.bin"});
   TrainOptions o = TrainOptions::from(c);
-  EXPECT_TRUE(o.verify_data);
-  EXPECT_EQ(o.on_nonfinite, "skip");
-  EXPECT_EQ(o.max_skipped, 5);
-  EXPECT_EQ(o.nan_grad_step, 0);
+  EXPECT_TRUE(o.data.verify);
+  EXPECT_EQ(o.optim.on_nonfinite, "skip");
+  EXPECT_EQ(o.optim.max_skipped, 5);
+  EXPECT_EQ(o.faults.nan_grad_step, 0);
   o = TrainOptions::from(Config::from_overrides(
       train_config_schema(),
       {"data.train=x.bin", "data.verify=false", "train.on_nonfinite=stop", "train.max_skipped=2",
        "debug.nan_grad_step=3", "debug.nan_grad_rank=1", "train.seed=9223372036854775807"}));
-  EXPECT_FALSE(o.verify_data);
-  EXPECT_EQ(o.on_nonfinite, "stop");
-  EXPECT_EQ(o.max_skipped, 2);
-  EXPECT_EQ(o.nan_grad_step, 3);
-  EXPECT_EQ(o.nan_grad_rank, 1);
+  EXPECT_FALSE(o.data.verify);
+  EXPECT_EQ(o.optim.on_nonfinite, "stop");
+  EXPECT_EQ(o.optim.max_skipped, 2);
+  EXPECT_EQ(o.faults.nan_grad_step, 3);
+  EXPECT_EQ(o.faults.nan_grad_rank, 1);
   EXPECT_EQ(o.seed, uint64_t(INT64_MAX));
 }
 

@@ -157,7 +157,7 @@ TEST_F(RunPlanTest, PlanAndTrainShareOneVocabulary) {
   const TrainOptions& o = a.options;
   EXPECT_EQ(o.model.n_layer, 2);
   EXPECT_EQ(a.run.model.n_layer, 2);
-  EXPECT_EQ(o.seq_len, 16);
+  EXPECT_EQ(o.batch.seq_len, 16);
   EXPECT_EQ(a.run.model.seq, 16);
   EXPECT_EQ(a.run.layout.microbatches, 3);
   EXPECT_EQ(a.run.layout.zero, 1);
@@ -227,11 +227,11 @@ TEST_F(RunPlanTest, DpZeroIsTheWorldOverTpTimesPp) {
   // What the trainer calls: its options and its world size.
   TrainOptions o = one.options;
   o.model = GptConfig::make(4096, 4, 4, 256, 128, 64, 1);
-  o.mesh = {};
-  o.mesh.tp = 1;
+  o.parallel.mesh = {};
+  o.parallel.mesh.tp = 1;
   EXPECT_EQ(plan_run(o, 1).layout.dp, 1);
   EXPECT_EQ(plan_run(o, 6).layout.dp, 6);
-  o.mesh.dp = 5;  // ignored by a single process, which trains on one rank
+  o.parallel.mesh.dp = 5;  // ignored by a single process, which trains on one rank
   EXPECT_EQ(plan_run(o, 1).layout.dp, 1);
 }
 
