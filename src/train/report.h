@@ -1,7 +1,9 @@
 // What a training run tells the person running it: the run header (model, data, layout, the
 // memory table next to the plan, the MFU denominator), one metrics.jsonl record per step (loss,
 // rates, MFU, communication, memory, the pipeline's bubble), the progress line, and at the end the
-// per-kernel profile, the pipeline trace and the summary (docs/training.md).
+// per-kernel profile, the pipeline trace and the summary (docs/training.md). What the steps
+// measured against the plan and the peak is StepAudit's (train/step_audit.h), the per-rank
+// health HealthMonitor's (train/health.h), the experts' routing MoeReport's (train/moe_report.h).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,7 @@
 #include "train/metrics.h"
 #include "train/run_layout.h"
 #include "train/run_plan.h"
+#include "train/step_audit.h"
 #include "train/train_config.h"
 #include "train/train_data.h"
 #include "train/update.h"
@@ -64,22 +67,12 @@ class Reporter {
   /** The progress line (or log line every tenth of the run), and after the first step the memory
    *  table. */
   void progress(int64_t step, const UpdateResult& update);
-  /** Closes metrics.jsonl; plan vs measured, the MFU audit (`rank_compute_ms`: every rank's mean
-   *  compute time in the last telemetry window, empty when none), the profile table and
-   *  profile.json, the trace files. */
+  /** Closes metrics.jsonl; plan vs measured and the MFU audit (train/step_audit.h;
+   *  `rank_compute_ms`: every rank's mean compute time in the last telemetry window, empty when
+   *  none), the profile table and profile.json, the trace files. */
   TrainResult finish(TrainResult result, const std::vector<double>& rank_compute_ms);
   /** The run's last line. */
   void summary(const TrainResult& result) const;
-  /** The planner's prediction of this run's step next to what it measured (collective: a
-   *  multi-rank run first measures its MPI link, the cpu cluster's calibration, and caches it):
-   * step time, memory per rank, bytes per group and step, the pipeline bubble; rank 0 prints them
-   * and writes them to run.dir/plan_vs_measured.json (docs/training.md, "Plan vs measured"). */
-  void plan_vs_measured();
-  /** The measured MFU audit of this rank's steps (rank 0 prints it and writes
-   *  run.dir/audit.json): the ideal step at the peak, then data, exposed communication per group,
-   *  the bubble, kernels and stragglers, each the median over the steps (docs/health.md, "The MFU
-   *  audit"). */
-  nlohmann::json audit(const std::vector<double>& rank_compute_ms) const;
 
  private:
   std::string memory_table(const char* when) const;
@@ -107,13 +100,7 @@ class Reporter {
   std::unique_ptr<ProfileActivation> profiling_;
   std::vector<pipeline::Span> trace_;  // run.trace: every step's spans, seconds from begin()
   std::vector<double> rates_;          // tokens/s per step
-  // What plan_vs_measured compares: each step's time, bubble and data wait, and the last step's
-  // bytes per group.
-  std::vector<double> step_s_, bubbles_, data_wait_s_;
-  // What the audit splits each step into (ms): exposed waits per group, the bubble, compute.
-  std::vector<double> dp_wait_ms_, tp_wait_ms_, pp_wait_ms_, ep_wait_ms_, cp_wait_ms_, bubble_ms_,
-      compute_ms_;
-  double dp_bytes_ = 0, tp_bytes_ = 0, pp_bytes_ = 0, ep_bytes_ = 0, cp_bytes_ = 0;
+  std::unique_ptr<StepAudit> audit_;   // plan vs measured and the MFU audit of the steps
   bool mfu_warned_ = false, tty_ = false;
   double last_mfu_ = 0.0, last_tps_ = 0.0;
   Stopwatch clock_;

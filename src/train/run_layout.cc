@@ -68,6 +68,24 @@ RunLayout::RunLayout(const ParallelOptions& options, bool sequence_parallel,
   if (!warning.empty() && is_root()) log_warn("{}", warning);
 }
 
+double RunLayout::model_loss(double local) const {
+  double loss = local;
+  if (cp_size_ > 1) {
+    const comm::Communicator& cp = mesh_->cp();
+    std::vector<double> all(size_t(cp.size()));
+    cp.all_gather(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(&loss), sizeof loss),
+          std::span<std::byte>(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof loss))
+        .wait();
+    loss = 0;
+    for (double l : all) loss += l / double(all.size());
+  }
+  if (pp_size_ > 1) {
+    pp_.broadcast(std::span(reinterpret_cast<std::byte*>(&loss), sizeof loss), pp_size_ - 1).wait();
+  }
+  return loss;
+}
+
 GptPart RunLayout::model_part(const pipeline::Schedule& schedule,
                               const pipeline::Split& split) const {
   GptPart part;

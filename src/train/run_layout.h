@@ -61,6 +61,12 @@ class RunLayout {
    *  as the program keeps in flight; the embedding on the first stage, the head on the last. */
   GptPart model_part(const pipeline::Schedule& schedule, const pipeline::Split& split) const;
 
+  /** The model's loss from this rank's `local` one, on every rank: the mean over the cp group
+   *  (each cp rank's loss is over its chunks, the same number of tokens on every rank), summed in
+   *  rank order, as the last pipeline stage (which alone computes it) has it. Collective over the
+   *  cp and pp groups. */
+  double model_loss(double local) const;
+
   /** Sends rank 0's `value` to every rank (a no-op for a single process). */
   template <typename T>
   void broadcast_from_root(T& value) const {

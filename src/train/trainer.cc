@@ -149,27 +149,7 @@ double Trainer::evaluate() {
   data_->validation(inputs, targets);
   stage_->begin_evaluation(inputs, targets, opt_.data.eval_batches);
   executor_->run_forward(*stage_, opt_.data.eval_batches);
-  double loss = stage_->loss();
-  if (layout_->cp_size() > 1) {
-    // Each cp rank's loss is over its chunks (the same number of tokens on every rank): the
-    // sequences' loss is their mean, summed in rank order.
-    const comm::Communicator& cp = layout_->mesh()->cp();
-    std::vector<double> all(size_t(cp.size()));
-    cp.all_gather(
-          std::span<const std::byte>(reinterpret_cast<const std::byte*>(&loss), sizeof loss),
-          std::span<std::byte>(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof loss))
-        .wait();
-    loss = 0;
-    for (double l : all) loss += l / double(all.size());
-  }
-  // The loss is the last stage's (pipeline rank p - 1 holds the last virtual stage).
-  if (layout_->pp_size() > 1) {
-    layout_->pp()
-        .broadcast(std::span(reinterpret_cast<std::byte*>(&loss), sizeof loss),
-                   layout_->pp_size() - 1)
-        .wait();
-  }
-  return loss;
+  return layout_->model_loss(stage_->loss());
 }
 
 nlohmann::json Trainer::state_after(int64_t step) const {

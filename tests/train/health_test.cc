@@ -2,10 +2,11 @@
 // metrics.jsonl holds every rank's step, compute, communication and data times and gradient norm
 // with their p50/p99/max and the slowest rank; a rank slowed by an injected delay is named with
 // its host, a clean run names none, and health.on_straggler=stop stops the job naming it. Ranks
-// are real processes under mpirun on 2 cores, next to other tests: the factor is 4 and the injected
-// delay 600 ms, so oversubscription noise (an unslowed rank's few ms reading 3x its peers') names
-// nobody while the slowed rank reads over 10x. Three ranks: while the slowed one sleeps, the other
-// two have a core each.
+// are real processes under mpirun on 2 cores, next to other tests: the factor is 8 and the injected
+// delay 600 ms, so oversubscription noise names nobody (an unslowed rank's few ms read 3x its
+// peers' alone, and once over 4x next to another test's ranks in a CI-like ctest -j2) while the
+// slowed rank reads over 50x (600 ms against its peers' ~10 ms). Three ranks: while the slowed one
+// sleeps, the other two have a core each.
 #include "train/health.h"
 
 #include <gtest/gtest.h>
@@ -32,7 +33,7 @@ class Health : public testing::RunDirTest {
         "--model.d_model=32 --model.max_seq=16 --train.seq_len=16 --train.micro_batch=2 "
         "--train.steps=10 --run.threads=1 --run.peak_gflops=50 --eval.every=0 "
         "--run.progress=never --dist.timeout_s=60 --health.telemetry_every=5 "
-        "--health.straggler_factor=4 --data.train=" +
+        "--health.straggler_factor=8 --data.train=" +
             path("train.bin") + " --run.dir=" + path(run) + " " + extra));
   }
   // The records that carry a window's per-rank telemetry.
