@@ -29,7 +29,8 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Under tetra launch (TETRA_HEARTBEAT_DIR set), names the stragglers' hosts for the launcher.
+// Under tetra launch (TETRA_HEARTBEAT_DIR set), names the stragglers' hosts for the launcher. Each
+// rank writes the same list through its own temporary file, so the last rename wins unharmed.
 void write_straggler_hosts(const nlohmann::json& named) {
   const char* dir = std::getenv("TETRA_HEARTBEAT_DIR");
   if (!dir || !*dir) return;
@@ -139,7 +140,8 @@ void HealthMonitor::step(int64_t step, const RankStep& s, nlohmann::json& rec) {
   const std::string what =
       fmt::format("steps {}..{}: straggler(s) (health.straggler_factor={}): {}", first_, step,
                   opt_.straggler_factor, fmt::join(lines, "; "));
-  if (opt_.on_straggler == "stop" && layout_.is_root()) write_straggler_hosts(named);
+  // Every rank names them: the first rank to stop aborts the job, perhaps before the root could.
+  if (opt_.on_straggler == "stop") write_straggler_hosts(named);
   TETRA_CHECK(opt_.on_straggler != "stop",
               "[health] {}; stopping (health.on_straggler=stop): restart the job without that "
               "host, or set health.on_straggler=warn",
