@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Two "hosts" on one machine for trying a multi-host layout before renting a cluster: two network
+# namespaces with their own hostnames (hosta, hostb), joined by a veth pair (10.77.0.1 and
+# 10.77.0.2, nothing routed anywhere else). mpirun runs on hosta and starts its daemon on hostb
+# through an rsh agent that does `ip netns exec` where a cluster would do ssh; MPI traffic is
+# pinned to the pair (TCP only). Each host's processes get their own /tmp and /dev/shm (a mount
+# namespace with fresh tmpfs mounts), so no shared-memory page or session file crosses hosts; every
+# other directory is shared, as a cluster's file system would share the run and checkpoint ones.
+#
+#   scripts/twohost.sh run -n 4 -- build/tetra train --config configs/tiny.toml ...
+#       creates the hosts, runs the command as `mpirun -np N` with ranks dealt over both hosts
+#       (N/2 each: ranks 0..N/2-1 on hosta), and removes the hosts afterwards, whatever happens
+#   scripts/twohost.sh check       exits 0 when this machine lets it create namespaces
+#   scripts/twohost.sh up | down   creates or removes the hosts by hand
+#
+# Needs root (ip netns). TWOHOST_ID (default: this script's pid) names the namespaces, so runs
+# side by side do not meet; the addresses live inside the namespaces only.
+set -euo pipefail
+
+ID=${TWOHOST_ID:-$$}
+NS_A=tetra-$ID-a
+NS_B=tetra-$ID-b
+VETH_A=tva$ID
+VETH_B=tvb$ID
+IP_A=10.77.0.1
+IP_B=10.77.0.2
+NET=10.77.0.0/24
+
+up() {
+  ip netns add "$NS_A"
+  ip netns add "$NS_B"
+  ip link add "$VETH_A" type veth peer name "$VETH_B"
+  ip link set "$VETH_A" netns "$NS_A"
+  ip link set "$VETH_B" netns "$NS_B"
+  ip -n "$NS_A" addr add "$IP_A/24" dev "$VETH_A"
+  ip -n "$NS_B" addr add "$IP_B/24" dev "$VETH_B"
+  for ns in "$NS_A" "$NS_B"; do
+    ip -n "$ns" link set lo up
+  done
+  ip -n "$NS_A" link set "$VETH_A" up
+  ip -n "$NS_B" link set "$VETH_B" up
+}
+
+check() {
+  local ns=tetra-$ID-check
+  if ! ip netns add "$ns" 2>/dev/null; then
+    echo "twohost.sh: cannot create a network namespace here (needs root and CAP_SYS_ADMIN)" >&2
+    return 1
+  fi
+  ip netns del "$ns"
+}
+
+down() {
+  # Every process left in a namespace first (a daemon on hostb outlives a failed job otherwise).
+  for ns in "$NS_A" "$NS_B"; do
+    if ip netns list | grep -qw "$ns"; then
+      ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true
+      ip netns del "$ns"
+    fi
+  done
+}
+
+# A shell command line that runs the rest of the line as host NAME: its hostname and its own /tmp
+# and /dev/shm (inside `ip netns exec NS unshare --uts --mount`).
+as_host() {
+  echo "hostname $1 && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm &&"
+}
+
+# The rsh agent: "AGENT [ssh options] HOST COMMAND..." runs COMMAND (a shell command line, as ssh
+# gives it to the remote shell) on HOST's namespace as that host.
+agent() {
+  local dir=$1
+  cat >"$dir/rsh" <<EOF
+#!/usr/bin/env bash
+while [[ \$1 == -* ]]; do shift; done
+host=\$1; shift
+case \$host in
+  $IP_A|hosta) ns=$NS_A name=hosta ;;
+  $IP_B|hostb) ns=$NS_B name=hostb ;;
+  *) echo "twohost rsh: unknown host \$host" >&2; exit 255 ;;
+esac
+exec ip netns exec \$ns unshare --uts --mount sh -c "$(as_host '$name') \$*"
+EOF
+  chmod +x "$dir/rsh"
+}
+
+run() {
+  local n=2
+  while [[ $# -gt 0 && $1 != -- ]]; do
+    case $1 in
+      -n) n=$2; shift 2 ;;
+      *) echo "twohost.sh run: unknown option $1 (use -n N -- COMMAND)" >&2; exit 2 ;;
+    esac
+  done
+  [[ ${1:-} == -- ]] && shift
+  [[ $# -gt 0 ]] || { echo "twohost.sh run: give the command after --" >&2; exit 2; }
+  (( n % 2 == 0 )) || { echo "twohost.sh run: -n must be even (N/2 ranks per host)" >&2; exit 2; }
+  # Not under /tmp: the hosts' own /tmp hides it from mpirun.
+  AGENT_DIR=$(mktemp -d /run/tetra-twohost.XXXXXX)
+  trap 'down; rm -rf "$AGENT_DIR"' EXIT
+  down
+  up
+  agent "$AGENT_DIR"
+  local per=$((n / 2)) env=(-x PATH -x HOME)
+  [[ -n ${TETRA_MATMUL:-} ]] && env+=(-x TETRA_MATMUL)
+  ip netns exec "$NS_A" unshare --uts --mount sh -c "$(as_host hosta) exec mpirun --allow-run-as-root \
+    --oversubscribe --bind-to none -np $n --host $IP_A:$per,$IP_B:$per \
+    --mca plm_rsh_agent $AGENT_DIR/rsh \
+    --mca btl tcp,self --mca btl_tcp_if_include $NET --mca oob_tcp_if_include $NET \
+    --wdir $(printf '%q' "$PWD") ${env[*]} $(printf '%q ' "$@")"
+}
+
+case ${1:-} in
+  check) check ;;
+  up) up ;;
+  down) down ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: scripts/twohost.sh run [-n N] -- COMMAND | check | up | down" >&2; exit 2 ;;
+esac
