@@ -1,0 +1,169 @@
+// Two hosts equal one: the same 4-rank run started on two namespaced hosts (scripts/twohost.sh:
+// 2 ranks each, TCP between them, each host its own /tmp and /dev/shm) and on this host alone
+// (shared memory) gives the same losses and final weights for every parallel dimension; a
+// checkpoint written by both hosts into one shared directory resumes on one host, and one written
+// on one host resumes on two, under another layout too. Skips, saying why, where this machine
+// does not let a test create network namespaces (ip netns needs root).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/token_shard.h"
+#include "tests/train/layout_run.h"
+#include "tests/train/run_tetra.h"
+
+namespace tetra {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::contains;
+using testing::LayoutRun;
+using testing::Ran;
+using testing::run_command;
+using testing::tetra_command;
+
+constexpr int kVocab = 333;
+constexpr int kSteps = 4;
+const std::string kTwoHost = std::string(TETRA_SOURCE_DIR) + "/scripts/twohost.sh";
+
+/** `tetra <args>` on 4 ranks over two namespaced hosts (ranks 0-1 on hosta, 2-3 on hostb). */
+std::string two_host_command(const std::string& args) {
+  // Namespaces named after this process: the suite's cases run side by side under ctest -j.
+  return "TWOHOST_ID=" + std::to_string(::getpid()) + " " + kTwoHost + " run -n 4 -- " +
+         TETRA_BINARY + " " + testing::with_measurement_knobs(args);
+}
+
+class TwoHost : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("tetra_two_host_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::vector<uint32_t> tokens(20000);
+    uint32_t x = 7;
+    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kVocab;
+    write_token_shard((dir_ / "train.bin").string(), tokens);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    const Ran check = run_command(kTwoHost + " check");
+    if (check.code != 0) GTEST_SKIP() << "no namespaced hosts here: " << check.output;
+  }
+
+  /** A tiny 4-rank run named `name` with `layout`'s flags (global batch 8 sequences per step),
+   *  on two hosts or on this one. */
+  static LayoutRun train(bool two_hosts, const std::string& name, const std::string& layout,
+                         int steps = kSteps, const std::string& extra = "") {
+    const fs::path run = dir_ / name;
+    const std::string args =
+        "train --model.vocab_size=" + std::to_string(kVocab) +
+        " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=4 --model.d_model=32 "
+        "--model.max_seq=16 --train.seq_len=16 --optim.lr=1e-2 --optim.warmup_steps=1 "
+        "--data.shuffle=true --run.threads=1 --run.peak_gflops=50 --dp.bucket_mb=0.01 "
+        "--dist.timeout_s=60 --eval.every=0 --run.progress=never --train.steps=" +
+        std::to_string(steps) + " --data.train=" + (dir_ / "train.bin").string() +
+        " --run.dir=" + run.string() + " --save.final=" + (run / "w.safetensors").string() + " " +
+        layout + " " + extra;
+    const Ran ran = run_command(two_hosts ? two_host_command(args) : tetra_command(4, args));
+    return testing::read_layout_run(ran, run, run / "w.safetensors");
+  }
+
+  /** True when every step's loss and every final weight are the same bits. */
+  static bool bitwise_equal(const LayoutRun& a, const LayoutRun& b) {
+    if (a.loss != b.loss || a.grad_norm != b.grad_norm) return false;
+    for (const auto& [name, t] : a.weights.tensors)
+      if (t.bytes != b.weights.tensors.at(name).bytes) return false;
+    return true;
+  }
+
+  static fs::path dir_;
+};
+fs::path TwoHost::dir_;
+
+struct Layout {
+  const char* name;
+  const char* flags;
+  bool bitwise;  // the same reduction order on both: OpenMPI picks its algorithms by size alone
+};
+
+// gtest names each case by its layout (and prints no bytes of the struct).
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
+class TwoHostLayout : public TwoHost, public ::testing::WithParamInterface<Layout> {};
+
+TEST_P(TwoHostLayout, GivesTheOneHostRun) {
+  const Layout& l = GetParam();
+  const LayoutRun one = train(false, std::string(l.name) + "_one", l.flags);
+  ASSERT_EQ(one.code, 0) << one.output;
+  const LayoutRun two = train(true, std::string(l.name) + "_two", l.flags);
+  ASSERT_EQ(two.code, 0) << two.output;
+  // The start-up table places every rank on its host.
+  EXPECT_TRUE(contains(two.output, "hosta")) << two.output;
+  EXPECT_TRUE(contains(two.output, "hostb")) << two.output;
+  // The bytes each rank sends are the layout's, whatever carries them.
+  EXPECT_EQ(one.comm_bytes, two.comm_bytes);
+  const bool same = bitwise_equal(one, two);
+  std::cout << "[ two-host ] " << l.name << (same ? ": bitwise equal" : ": not bitwise equal")
+            << std::endl;
+  if (l.bitwise) {
+    EXPECT_TRUE(same) << "two hosts changed " << l.name << "'s bits";
+  } else {
+    // docs/testing.md's layout bounds for the one-host equivalence tests.
+    testing::expect_same_trajectory(one, two, 1e-5, kSteps, 2e-5, 1.5e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TwoHostLayout,
+    ::testing::Values(Layout{"dp4", "--train.micro_batch=2", true},
+                      Layout{"dp2_tp2", "--parallel.tp=2 --train.micro_batch=4", true},
+                      Layout{"zero3", "--zero.stage=3 --train.micro_batch=2", true},
+                      Layout{"pp2_dp2",
+                             "--parallel.pp=2 --pp.schedule=1f1b --train.micro_batch=2 "
+                             "--train.grad_accum=2",
+                             true},
+                      Layout{"ep2_moe",
+                             "--model.moe_experts=4 --model.moe_top_k=2 --parallel.ep=2 "
+                             "--moe.capacity_factor=0 --train.micro_batch=2",
+                             true},
+                      Layout{"cp2_llama",
+                             "--model.arch=llama --model.n_kv_head=2 --model.ffn=88 "
+                             "--parallel.cp=2 --train.micro_batch=4",
+                             true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Checkpoints every 2 steps into one shared directory and the last rank killed after step 5: a
+// job checkpointed by both hosts (each writing its own ranks' shards) resumes on one host bitwise
+// equal to an uninterrupted run, and one checkpointed on one host resumes on two as tp2 x dp2
+// within the layout bounds of that uninterrupted run.
+TEST_F(TwoHost, CheckpointsResumeAcrossHosts) {
+  const std::string dp4 = "--train.micro_batch=2", tp2 = "--parallel.tp=2 --train.micro_batch=4";
+  const std::string kill = " --ckpt.every=2 --debug.kill_step=5 --debug.fault_rank=3";
+  const LayoutRun whole = train(false, "ck_whole", dp4, 6);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+
+  for (const bool written_on_two : {true, false}) {
+    const std::string name = written_on_two ? "ck_two" : "ck_one";
+    SCOPED_TRACE(name);
+    const std::string ckpt = " --ckpt.dir=" + (dir_ / (name + "_ckpt")).string();
+    const LayoutRun killed = train(written_on_two, name, dp4, 6, ckpt + kill);
+    ASSERT_NE(killed.code, 0) << killed.output;
+    ASSERT_TRUE(contains(killed.output, "debug.kill_step=5")) << killed.output;
+    const LayoutRun resumed =
+        train(!written_on_two, name, written_on_two ? dp4 : tp2, 6, ckpt + " --ckpt.resume=auto");
+    ASSERT_EQ(resumed.code, 0) << resumed.output;
+    EXPECT_TRUE(contains(resumed.output, "[ckpt] resumed from")) << resumed.output;
+    EXPECT_TRUE(contains(resumed.output, "after step 4")) << resumed.output;
+    if (written_on_two) {
+      EXPECT_TRUE(bitwise_equal(whole, resumed)) << "a two-host checkpoint resumed on one host";
+    } else {
+      testing::expect_same_weights(whole, resumed, 2e-5, 1.5e-4);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tetra
