@@ -10,6 +10,11 @@
 #   scripts/twohost.sh run -n 4 -- build/tetra train --config configs/tiny.toml ...
 #       creates the hosts, runs the command as `mpirun -np N` with ranks dealt over both hosts
 #       (N/2 each: ranks 0..N/2-1 on hosta), and removes the hosts afterwards, whatever happens
+#   scripts/twohost.sh on-hosta -- COMMAND
+#       the same for a command that starts mpirun itself (tetra launch --hosts 10.77.0.1:2,...):
+#       it runs on hosta with the MPI settings of the hosts in its environment
+#   scripts/twohost.sh kill hostb  (beside a run of the same TWOHOST_ID) kills every process on
+#       hostb, the MPI daemon included: a host lost
 #   scripts/twohost.sh check       exits 0 when this machine lets it create namespaces
 #   scripts/twohost.sh up | down   creates or removes the hosts by hand
 #
@@ -84,6 +89,30 @@ EOF
   chmod +x "$dir/rsh"
 }
 
+# The hosts' MPI settings, as environment (mpirun passes OMPI_MCA_* on to its daemons): the rsh
+# agent, and TCP on the pair only.
+mpi_env() {
+  echo "OMPI_MCA_plm_rsh_agent=$AGENT_DIR/rsh OMPI_MCA_btl=tcp,self" \
+    "OMPI_MCA_btl_tcp_if_include=$NET OMPI_MCA_oob_tcp_if_include=$NET"
+}
+
+# Creates the hosts and runs a shell command line on hosta with mpi_env set, then removes them.
+on_hosta() {
+  # Not under /tmp: the hosts' own /tmp hides it from mpirun.
+  AGENT_DIR=$(mktemp -d /run/tetra-twohost.XXXXXX)
+  trap 'down; rm -rf "$AGENT_DIR"' EXIT
+  down
+  up
+  agent "$AGENT_DIR"
+  ip netns exec "$NS_A" unshare --uts --mount sh -c "$(as_host hosta) export $(mpi_env) && $1"
+}
+
+command_after_dashes() {
+  [[ ${1:-} == -- ]] && shift
+  [[ $# -gt 0 ]] || { echo "twohost.sh: give the command after --" >&2; exit 2; }
+  printf '%q ' "$@"
+}
+
 run() {
   local n=2
   while [[ $# -gt 0 && $1 != -- ]]; do
@@ -92,22 +121,13 @@ run() {
       *) echo "twohost.sh run: unknown option $1 (use -n N -- COMMAND)" >&2; exit 2 ;;
     esac
   done
-  [[ ${1:-} == -- ]] && shift
-  [[ $# -gt 0 ]] || { echo "twohost.sh run: give the command after --" >&2; exit 2; }
+  local cmd
+  cmd=$(command_after_dashes "$@")
   (( n % 2 == 0 )) || { echo "twohost.sh run: -n must be even (N/2 ranks per host)" >&2; exit 2; }
-  # Not under /tmp: the hosts' own /tmp hides it from mpirun.
-  AGENT_DIR=$(mktemp -d /run/tetra-twohost.XXXXXX)
-  trap 'down; rm -rf "$AGENT_DIR"' EXIT
-  down
-  up
-  agent "$AGENT_DIR"
   local per=$((n / 2)) env=(-x PATH -x HOME)
   [[ -n ${TETRA_MATMUL:-} ]] && env+=(-x TETRA_MATMUL)
-  ip netns exec "$NS_A" unshare --uts --mount sh -c "$(as_host hosta) exec mpirun --allow-run-as-root \
-    --oversubscribe --bind-to none -np $n --host $IP_A:$per,$IP_B:$per \
-    --mca plm_rsh_agent $AGENT_DIR/rsh \
-    --mca btl tcp,self --mca btl_tcp_if_include $NET --mca oob_tcp_if_include $NET \
-    --wdir $(printf '%q' "$PWD") ${env[*]} $(printf '%q ' "$@")"
+  on_hosta "exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np $n \
+    --host $IP_A:$per,$IP_B:$per --wdir $(printf '%q' "$PWD") ${env[*]} $cmd"
 }
 
 case ${1:-} in
@@ -115,5 +135,14 @@ case ${1:-} in
   up) up ;;
   down) down ;;
   run) shift; run "$@" ;;
-  *) echo "usage: scripts/twohost.sh run [-n N] -- COMMAND | check | up | down" >&2; exit 2 ;;
+  kill)
+    case ${2:-} in
+      hosta) ns=$NS_A ;;
+      hostb) ns=$NS_B ;;
+      *) echo "twohost.sh kill: name the host, hosta or hostb" >&2; exit 2 ;;
+    esac
+    ip netns pids "$ns" | xargs -r kill -9 ;;
+  on-hosta) shift; on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
+  *) echo "usage: scripts/twohost.sh run [-n N] -- COMMAND | on-hosta -- COMMAND |" \
+       "kill hostb | check | up | down" >&2; exit 2 ;;
 esac

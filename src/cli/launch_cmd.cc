@@ -26,6 +26,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/daemon_link.h"
 #include "cli/launch_job.h"
 #include "core/config.h"
 #include "core/dir_lock.h"
@@ -149,10 +150,10 @@ bool has_prefix_arg(const Args& args, const std::string& prefix) {
   return false;
 }
 
-// Checks a train command's flags and config here, once, before N ranks start only to print the
-// same error N times; returns its train.steps. Skipped (nothing) for --help, and for a --config
-// that is not a regular file (a pipe would be read empty by the ranks after this read it).
-std::optional<int64_t> check_train_args(const Args& rest) {
+// A train command's config: its flags and --config file read here, once, before N ranks start
+// only to print the same error N times. Nothing for --help, and for a --config that is not a
+// regular file (a pipe would be read empty by the ranks after this read it).
+std::optional<Config> train_config(const Args& rest) {
   const Args args(rest.begin() + 1, rest.end());
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") return std::nullopt;
@@ -166,7 +167,7 @@ std::optional<int64_t> check_train_args(const Args& rest) {
       !fs::is_regular_file(p.s("--config"), ec)) {
     return std::nullopt;
   }
-  return Config::load(train_config_schema(), p.s("--config"), p.overrides()).i("train.steps");
+  return Config::load(train_config_schema(), p.s("--config"), p.overrides());
 }
 
 // --hosts h1,h2:slots -> mpirun's --host list; hosts without a slot count share the ranks evenly.
@@ -317,6 +318,60 @@ std::vector<std::string> straggler_hosts(const fs::path& beats) {
   return out;
 }
 
+// Rank -> host of mpirun's default mapping (by slot, in the order of `spec`, "a:2,b:2").
+std::vector<std::string> rank_hosts(const std::string& spec, int ranks) {
+  std::vector<std::string> out;
+  for (const std::string& h : split(spec, ',')) {
+    const size_t colon = h.find(':');
+    const int64_t slots = *parse_count(h.substr(colon + 1), 1 << 20);
+    for (int64_t i = 0; i < slots && int(out.size()) < ranks; ++i)
+      out.push_back(h.substr(0, colon));
+  }
+  return out;
+}
+
+// The checkpoint directory of a train command, where its flags or config file (read on this
+// host) say; "" when neither does or the config cannot be read here.
+std::string ckpt_dir(const Args& rest) {
+  try {
+    const std::optional<Config> config = train_config(rest);
+    return config ? config->s("ckpt.dir") : "";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+// What tetra knows of a job that lost hosts: which, how, the ranks that ran there, the step
+// reached and the checkpoint a restart resumes from.
+void report_lost_hosts(const std::vector<launch::LostHost>& lost, const std::string& spec,
+                       int ranks, const std::map<int, launch::Beat>& beats,
+                       const std::string& ckpt) {
+  const std::vector<std::string> where = rank_hosts(spec, ranks);
+  int64_t reached = 0, checkpoint = 0;
+  for (const auto& [rank, beat] : beats) {
+    reached = std::max(reached, beat.step);
+    checkpoint = std::max(checkpoint, beat.checkpoint);
+  }
+  for (const launch::LostHost& h : lost) {
+    std::vector<int> on;
+    for (int r = 0; r < int(where.size()); ++r) {
+      if (where[size_t(r)] == h.host) on.push_back(r);
+    }
+    std::fprintf(stderr,
+                 "[launch] host %s lost while the job ran: the connection to its MPI daemon "
+                 "ended (%s), taking rank(s) %s with it; mpirun then stopped the ranks on the "
+                 "other hosts\n",
+                 h.host.c_str(), h.how.c_str(),
+                 on.empty() ? "unknown" : launch::rank_list(on).c_str());
+  }
+  const std::string where_ckpt = ckpt.empty() ? "" : fmt::format(" in {}", ckpt);
+  std::fprintf(
+      stderr, "[launch] the job had finished step %lld; %s\n", (long long)reached,
+      checkpoint > 0
+          ? fmt::format("the newest checkpoint is after step {}{}", checkpoint, where_ckpt).c_str()
+          : "no checkpoint had been written yet (set ckpt.every to resume after a loss)");
+}
+
 }  // namespace
 
 int launch_main(const Args& args) {
@@ -421,8 +476,10 @@ int launch_main(const Args& args) {
   }
 
   // Not for --dry-run, which only prints the command (its config may be on another machine).
+  const std::optional<Config> config =
+      is_train && hosts.empty() && !p.b("--dry-run") ? train_config(rest) : std::nullopt;
   const std::optional<int64_t> steps =
-      is_train && hosts.empty() && !p.b("--dry-run") ? check_train_args(rest) : std::nullopt;
+      config ? std::optional<int64_t>(config->i("train.steps")) : std::nullopt;
   const auto faults = parse_faults(p.s("--inject-fault"), ranks, max_restarts, steps);
 
   // The mpirun command on `hosts` (empty: this machine).
@@ -438,6 +495,11 @@ int launch_main(const Args& args) {
       if (unsigned(ranks) > cores) c.push_back("--oversubscribe");
     } else {
       c.insert(c.end(), {"--host", host_spec(on, ranks)});
+      // Each other host's daemon through a link that notes its loss (daemon_link.h).
+      if (!other_hosts(on).empty()) {
+        const std::vector<std::string> link = launch::daemon_link_args(self_exe());
+        c.insert(c.end(), link.begin(), link.end());
+      }
     }
     c.push_back(self_exe());
     c.insert(c.end(), rest.begin(), rest.end());
@@ -446,7 +508,12 @@ int launch_main(const Args& args) {
   std::vector<std::string> cmd = mpirun_command(hosts);
 
   if (p.b("--dry-run")) {
-    std::printf("%s\n", fmt::format("{}", fmt::join(cmd, " ")).c_str());
+    // Words with spaces quoted, so that the line runs as printed.
+    std::string line;
+    for (const std::string& w : cmd) {
+      line += (line.empty() ? "" : " ") + (w.find(' ') == std::string::npos ? w : "'" + w + "'");
+    }
+    std::printf("%s\n", line.c_str());
     return 0;
   }
 
@@ -480,6 +547,7 @@ int launch_main(const Args& args) {
   for (int attempt = 0;; ++attempt) {
     if (is_train) {
       launch::clear_beats(beats->path());
+      launch::clear_lost_hosts(beats->path());
       std::error_code ec;
       fs::remove(beats->path() / kStragglerHostsFile, ec);
       // The attempt's start (Unix seconds): the trainer counts the time from the previous
@@ -500,8 +568,15 @@ int launch_main(const Args& args) {
     const launch::JobOutcome job = launch::run_job(run, watch);
     code = job.code;
     if (code == 0) break;
-    const std::string cause =
+    std::string cause =
         job.stopped_for.empty() ? "the job " + describe_status(job.status) : job.stopped_for;
+    if (is_train && !launch::stop_requested()) {
+      const std::vector<launch::LostHost> lost = launch::lost_hosts(beats->path());
+      if (!lost.empty()) {
+        report_lost_hosts(lost, host_spec(hosts, ranks), ranks, job.beats, ckpt_dir(rest));
+        cause = fmt::format("host {} lost", lost.front().host);
+      }
+    }
     if (attempt >= max_restarts || launch::stop_requested()) {
       if (max_restarts > 0) {
         std::fprintf(

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/daemon_link.h"
 #include "core/config.h"
 #include "core/error.h"
 
@@ -17,7 +18,7 @@ namespace {
 struct Command {
   const char* name;
   int (*run)(const tetra::cli::Args&);
-  const char* help;
+  const char* help;  // nullptr: not listed (run by tetra itself)
 };
 
 const Command kCommands[] = {
@@ -37,11 +38,14 @@ const Command kCommands[] = {
      "an HTML page of a run's charts: tetra report RUN_DIR [--out DIR]"},
     {"verify-resume", tetra::cli::verify_resume_main,
      "kill a run, resume it, compare bitwise: tetra verify-resume --config F"},
+    {"launch-link", tetra::cli::launch_link_main, nullptr},
 };
 
 void usage() {
   std::fprintf(stderr, "usage: tetra <command> [args]\n\ncommands:\n");
-  for (const auto& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
+  for (const auto& c : kCommands) {
+    if (c.help) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
+  }
 }
 
 // libgomp reads its wait policy once, when it is loaded, and by default a waiting thread spins
@@ -80,7 +84,9 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<std::string> names;
-  for (const auto& c : kCommands) names.emplace_back(c.name);
+  for (const auto& c : kCommands) {
+    if (c.help) names.emplace_back(c.name);
+  }
   std::fprintf(stderr, "error: [tetra] unknown command '%s'.%s\n\n", argv[1],
                tetra::closest_suggestion(names, argv[1]).c_str());
   usage();

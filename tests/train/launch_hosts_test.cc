@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
 #include "tests/train/run_tetra.h"
@@ -60,6 +61,23 @@ TEST(LaunchExcludeHost, RefusesToLeaveTooFewSlotsOrNoHost) {
   r = launch("--dry-run -n 2 --hosts a,b --exclude-host a,, -- train");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "has an empty entry")) << r.output;
+}
+
+// The daemons mpirun starts on other hosts go through tetra's link, which notes a host lost
+// (tests/train/two_host_test.cc runs it); a job on this machine alone has no daemon to watch.
+TEST(LaunchHosts, OtherHostsDaemonsGoThroughTheLink) {
+  Ran r = launch("--dry-run -n 2 --hosts a,b -- train");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, std::string("--mca plm_rsh_agent '") +
+                                     std::filesystem::canonical(TETRA_BINARY).string() +
+                                     " launch-link'"))
+      << r.output;
+  r = launch("--dry-run -n 2 --hosts localhost:2 -- train");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "launch-link")) << r.output;
+  r = run_command(std::string(TETRA_BINARY) + " launch-link");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "is the rsh agent tetra launch gives mpirun")) << r.output;
 }
 
 class LaunchStraggler : public testing::RunDirTest {};

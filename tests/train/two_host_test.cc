@@ -53,22 +53,27 @@ class TwoHost : public ::testing::Test {
     if (check.code != 0) GTEST_SKIP() << "no namespaced hosts here: " << check.output;
   }
 
-  /** A tiny 4-rank run named `name` with `layout`'s flags (global batch 8 sequences per step),
-   *  on two hosts or on this one. */
+  /** The arguments of a tiny 4-rank run named `name` with `layout`'s flags (global batch 8
+   *  sequences per step). */
+  static std::string train_args(const std::string& name, const std::string& layout, int steps,
+                                const std::string& extra) {
+    const fs::path run = dir_ / name;
+    return "train --model.vocab_size=" + std::to_string(kVocab) +
+           " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=4 --model.d_model=32 "
+           "--model.max_seq=16 --train.seq_len=16 --optim.lr=1e-2 --optim.warmup_steps=1 "
+           "--data.shuffle=true --run.threads=1 --run.peak_gflops=50 --dp.bucket_mb=0.01 "
+           "--dist.timeout_s=60 --eval.every=0 --run.progress=never --train.steps=" +
+           std::to_string(steps) + " --data.train=" + (dir_ / "train.bin").string() +
+           " --run.dir=" + run.string() + " --save.final=" + (run / "w.safetensors").string() +
+           " " + layout + " " + extra;
+  }
+
+  /** That run, on two hosts or on this one. */
   static LayoutRun train(bool two_hosts, const std::string& name, const std::string& layout,
                          int steps = kSteps, const std::string& extra = "") {
-    const fs::path run = dir_ / name;
-    const std::string args =
-        "train --model.vocab_size=" + std::to_string(kVocab) +
-        " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=4 --model.d_model=32 "
-        "--model.max_seq=16 --train.seq_len=16 --optim.lr=1e-2 --optim.warmup_steps=1 "
-        "--data.shuffle=true --run.threads=1 --run.peak_gflops=50 --dp.bucket_mb=0.01 "
-        "--dist.timeout_s=60 --eval.every=0 --run.progress=never --train.steps=" +
-        std::to_string(steps) + " --data.train=" + (dir_ / "train.bin").string() +
-        " --run.dir=" + run.string() + " --save.final=" + (run / "w.safetensors").string() + " " +
-        layout + " " + extra;
+    const std::string args = train_args(name, layout, steps, extra);
     const Ran ran = run_command(two_hosts ? two_host_command(args) : tetra_command(4, args));
-    return testing::read_layout_run(ran, run, run / "w.safetensors");
+    return testing::read_layout_run(ran, dir_ / name, dir_ / name / "w.safetensors");
   }
 
   /** True when every step's loss and every final weight are the same bits. */
@@ -163,6 +168,58 @@ TEST_F(TwoHost, CheckpointsResumeAcrossHosts) {
       testing::expect_same_weights(whole, resumed, 2e-5, 1.5e-4);
     }
   }
+}
+
+// Every process of hostb killed, its MPI daemon included, after step 5 of 12: tetra launch names
+// the lost host, its ranks and the newest checkpoint, restarts the job on both hosts from it, and
+// the run ends bitwise equal to an uninterrupted one.
+TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
+  const std::string dp4 = "--train.micro_batch=2";
+  const LayoutRun whole = train(false, "lost_whole", dp4, 12);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+
+  const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
+  const fs::path run = dir_ / "lost";
+  // Steps of at least 100 ms (rank 0 waits that long in each), so that the kill lands mid-run.
+  const std::string args =
+      train_args("lost", dp4, 12,
+                 "--ckpt.dir=" + (dir_ / "lost_ckpt").string() +
+                     " --ckpt.every=2 --debug.slow_ms=100 --debug.fault_rank=0");
+  const std::string killer = "( for i in $(seq 1200); do [ $(cat " +
+                             (run / "metrics.jsonl").string() +
+                             " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id +
+                             kTwoHost + " kill hostb ) & ";
+  // In a subshell, so that run_command's 2>&1 takes all of it.
+  const Ran r =
+      run_command("(" + killer + id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "lost_beats").string() +
+                  " " + kTwoHost + " on-hosta -- " + TETRA_BINARY +
+                  " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 --max-restarts 1 -- " + args +
+                  "; status=$?; wait; exit $status)");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[launch] host 10.77.0.2 lost while the job ran: the connection to its MPI "
+                       "daemon ended (killed by signal 9 (Killed)), taking rank(s) 2-3 with it"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "the newest checkpoint is after step ")) << r.output;
+  EXPECT_TRUE(contains(r.output, " in " + (dir_ / "lost_ckpt").string())) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launch] restart 1/1: host 10.77.0.2 lost;")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ckpt] resumed from")) << r.output;
+  const LayoutRun resumed = testing::read_layout_run(r, run, run / "w.safetensors");
+  EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the restart after a lost host";
+}
+
+// A rank that dies on a host that stays up is not a lost host: mpirun names the rank and tetra
+// launch adds no host verdict.
+TEST_F(TwoHost, ARankLostIsNotAHostLost) {
+  const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
+  const Ran r = run_command(id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "rank_beats").string() + " " +
+                            kTwoHost + " on-hosta -- " + TETRA_BINARY +
+                            " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 -- " +
+                            train_args("rank_lost", "--train.micro_batch=2", 6,
+                                       "--debug.kill_step=3 --debug.fault_rank=3"));
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "process rank 3")) << r.output;
+  EXPECT_FALSE(contains(r.output, "lost while the job ran")) << r.output;
 }
 
 }  // namespace
