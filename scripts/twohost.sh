@@ -15,6 +15,7 @@
 #       it runs on hosta with the MPI settings of the hosts in its environment
 #   scripts/twohost.sh kill hostb  (beside a run of the same TWOHOST_ID) kills every process on
 #       hostb, the MPI daemon included: a host lost
+#   scripts/twohost.sh cut         (beside a run) sets the pair down: a network partition
 #   scripts/twohost.sh check       exits 0 when this machine lets it create namespaces
 #   scripts/twohost.sh up | down   creates or removes the hosts by hand
 #
@@ -142,7 +143,8 @@ case ${1:-} in
       *) echo "twohost.sh kill: name the host, hosta or hostb" >&2; exit 2 ;;
     esac
     ip netns pids "$ns" | xargs -r kill -9 ;;
+  cut) ip -n "$NS_A" link set "$VETH_A" down ;;
   on-hosta) shift; on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
   *) echo "usage: scripts/twohost.sh run [-n N] -- COMMAND | on-hosta -- COMMAND |" \
-       "kill hostb | check | up | down" >&2; exit 2 ;;
+       "kill hostb | cut | check | up | down" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 #include "cli/daemon_link.h"
 
 #include <fmt/format.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kLostPrefix = "lost-host-";
+constexpr const char* kCutPrefix = "cut-";  // comm/watchdog.cc writes them
 
 std::atomic<pid_t> g_agent{0};
 std::atomic<bool> g_asked_to_stop{false};
@@ -63,6 +65,9 @@ int launch_link_main(const Args& args) {
   for (auto& s : argv) cargv.push_back(s.data());
   cargv.push_back(nullptr);
 
+  // mpirun gone (killed by the launcher after a partition, say), the agent is told to end too.
+  const pid_t mpirun = ::getppid();
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
   struct sigaction sa {};
   sa.sa_handler = on_stop;
   sigemptyset(&sa.sa_mask);
@@ -76,6 +81,7 @@ int launch_link_main(const Args& args) {
     _exit(127);
   }
   g_agent.store(child);
+  if (::getppid() != mpirun) on_stop(SIGTERM);
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
@@ -94,7 +100,21 @@ namespace launch {
 std::vector<std::string> daemon_link_args(const std::string& self) {
   const char* agent = std::getenv("OMPI_MCA_plm_rsh_agent");
   setenv(kDaemonAgentEnv, agent && *agent ? agent : "ssh", 1);
-  return {"--mca", "plm_rsh_agent", self + " launch-link"};
+  // mpirun and its daemons notice a peer that stopped answering within seconds (keep-alive probes
+  // after 5 s of silence, 1 s apart, 5 missed), not after Open MPI's default 8 minutes: after a
+  // partition every process of the job ends on both sides.
+  return {"--mca",
+          "plm_rsh_agent",
+          self + " launch-link",
+          "--mca",
+          "oob_tcp_keepalive_time",
+          "5",
+          "--mca",
+          "oob_tcp_keepalive_intvl",
+          "1",
+          "--mca",
+          "oob_tcp_keepalive_probes",
+          "5"};
 }
 
 std::vector<LostHost> lost_hosts(const fs::path& dir) {
@@ -115,11 +135,33 @@ std::vector<LostHost> lost_hosts(const fs::path& dir) {
   return out;
 }
 
-void clear_lost_hosts(const fs::path& dir) {
-  for (const LostHost& h : lost_hosts(dir)) {
-    std::error_code ec;
-    fs::remove(dir / (kLostPrefix + h.host), ec);
+std::vector<CutLink> cut_links(const fs::path& dir) {
+  std::vector<CutLink> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().rfind(kCutPrefix, 0) != 0) continue;
+    std::ifstream in(it->path());
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream words(line);
+      CutLink c;
+      if (!(words >> c.from >> c.to)) continue;
+      std::getline(words >> std::ws, c.why);
+      if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    }
   }
+  return out;
+}
+
+void clear_lost_hosts(const fs::path& dir) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kLostPrefix, 0) == 0 || name.rfind(kCutPrefix, 0) == 0) {
+      stale.push_back(it->path());
+    }
+  }
+  for (const fs::path& f : stale) fs::remove(f, ec);
 }
 
 }  // namespace launch

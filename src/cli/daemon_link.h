@@ -3,7 +3,8 @@
 // between the two (`tetra launch-link`, the agent mpirun runs), so that a connection to a host's
 // daemon that ends abnormally -- the daemon killed, the host gone -- is written down before mpirun
 // learns of it and tears the job down with its own, hostless message. The launcher then names the
-// lost host, the ranks that ran there and the newest checkpoint.
+// lost host, the ranks that ran there and the newest checkpoint. A network partition is told
+// apart by what the ranks' watchdogs noted: hosts they could not reach when a collective was late.
 #pragma once
 
 #include <filesystem>
@@ -30,7 +31,17 @@ struct LostHost {
 /** The hosts the links of the job whose heartbeats are in `dir` found lost, in the order lost. */
 std::vector<LostHost> lost_hosts(const std::filesystem::path& dir);
 
-/** Removes what the links of a previous job wrote into `dir`. */
+/** A host that another could not reach when a collective was late: what the watchdog of a rank
+ *  on `from` noted (cut-RANK files, "FROM TO WHY" lines) before it ended the job. */
+struct CutLink {
+  std::string from, to, why;
+  bool operator==(const CutLink&) const = default;
+};
+
+/** The distinct cut links the ranks of the job whose heartbeats are in `dir` noted. */
+std::vector<CutLink> cut_links(const std::filesystem::path& dir);
+
+/** Removes what the links and watchdogs of a previous job wrote into `dir`. */
 void clear_lost_hosts(const std::filesystem::path& dir);
 
 }  // namespace tetra::cli::launch

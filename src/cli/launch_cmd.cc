@@ -341,17 +341,10 @@ std::string ckpt_dir(const Args& rest) {
   }
 }
 
-// What tetra knows of a job that lost hosts: which, how, the ranks that ran there, the step
-// reached and the checkpoint a restart resumes from.
+// The hosts a job lost: which, how, and the ranks that ran there.
 void report_lost_hosts(const std::vector<launch::LostHost>& lost, const std::string& spec,
-                       int ranks, const std::map<int, launch::Beat>& beats,
-                       const std::string& ckpt) {
+                       int ranks) {
   const std::vector<std::string> where = rank_hosts(spec, ranks);
-  int64_t reached = 0, checkpoint = 0;
-  for (const auto& [rank, beat] : beats) {
-    reached = std::max(reached, beat.step);
-    checkpoint = std::max(checkpoint, beat.checkpoint);
-  }
   for (const launch::LostHost& h : lost) {
     std::vector<int> on;
     for (int r = 0; r < int(where.size()); ++r) {
@@ -363,6 +356,15 @@ void report_lost_hosts(const std::vector<launch::LostHost>& lost, const std::str
                  "other hosts\n",
                  h.host.c_str(), h.how.c_str(),
                  on.empty() ? "unknown" : launch::rank_list(on).c_str());
+  }
+}
+
+// How far a failed job got: the step reached and the checkpoint a restart resumes from.
+void report_progress(const std::map<int, launch::Beat>& beats, const std::string& ckpt) {
+  int64_t reached = 0, checkpoint = 0;
+  for (const auto& [rank, beat] : beats) {
+    reached = std::max(reached, beat.step);
+    checkpoint = std::max(checkpoint, beat.checkpoint);
   }
   const std::string where_ckpt = ckpt.empty() ? "" : fmt::format(" in {}", ckpt);
   std::fprintf(
@@ -571,9 +573,23 @@ int launch_main(const Args& args) {
     std::string cause =
         job.stopped_for.empty() ? "the job " + describe_status(job.status) : job.stopped_for;
     if (is_train && !launch::stop_requested()) {
+      const std::vector<launch::CutLink> cut = launch::cut_links(beats->path());
       const std::vector<launch::LostHost> lost = launch::lost_hosts(beats->path());
-      if (!lost.empty()) {
-        report_lost_hosts(lost, host_spec(hosts, ranks), ranks, job.beats, ckpt_dir(rest));
+      if (!cut.empty()) {
+        // The daemon links then end too (their ranks end the daemons a cut strands), which is
+        // not a host lost.
+        for (const launch::CutLink& c : cut) {
+          std::fprintf(stderr,
+                       "[launch] network partition: host %s could not reach host %s when a "
+                       "collective was late (%s)\n",
+                       c.from.c_str(), c.to.c_str(), c.why.c_str());
+        }
+        report_progress(job.beats, ckpt_dir(rest));
+        cause =
+            fmt::format("network partition ({} cannot reach {})", cut.front().from, cut.front().to);
+      } else if (!lost.empty()) {
+        report_lost_hosts(lost, host_spec(hosts, ranks), ranks);
+        report_progress(job.beats, ckpt_dir(rest));
         cause = fmt::format("host {} lost", lost.front().host);
       }
     }

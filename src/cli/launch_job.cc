@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -122,6 +123,17 @@ std::unordered_map<pid_t, Proc> scan_procs() {
   return out;
 }
 
+// Whether process `pid` is a `tetra launch-link` (daemon_link.h): its second argument.
+bool is_daemon_link(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/cmdline", int(pid));
+  std::ifstream in(path);
+  std::string exe, command;
+  std::getline(in, exe, '\0');
+  std::getline(in, command, '\0');
+  return command == "launch-link";
+}
+
 // The world rank an MPI launcher gave process `pid` (from its environment), or -1.
 int rank_of_process(pid_t pid) {
   char path[64];
@@ -223,7 +235,9 @@ class Watch {
   }
 
   // Finds the job's processes under mpirun (ranks, or the daemons that start them) and which
-  // ranks have ended; returns how many of mpirun's own children are alive.
+  // ranks have ended; returns how many of mpirun's own children are alive. Once every rank found
+  // on this host has ended, mpirun's links to other hosts' daemons (tetra launch-link) do not
+  // count: they live as long as a daemon that a cut network keeps from ending.
   int scan_processes() {
     const auto procs = scan_procs();
     std::unordered_map<pid_t, std::vector<pid_t>> children;
@@ -258,13 +272,21 @@ class Watch {
       }
       level = std::move(next);
     }
+    int found = 0, gone = 0;
     for (RankState& s : ranks_) {
       if (s.pid == 0) continue;
+      ++found;
       const auto it = procs.find(s.pid);
       if (it == procs.end() || it->second.start != s.start || ended(it->second)) {
         s.gone = true;
       } else {
         s.state = it->second.state;
+      }
+      gone += s.gone ? 1 : 0;
+    }
+    if (found > 0 && gone == found) {
+      for (pid_t c : children[child_]) {
+        if (!ended(procs.at(c)) && is_daemon_link(c)) --live_children;
       }
     }
     return live_children;
@@ -528,9 +550,10 @@ JobOutcome run_job(const std::vector<std::string>& cmd, const WatchOptions& opt)
         if (childless_since < 0) childless_since = t;
         if (t - childless_since > kOrphanedMpirunS) {
           stop_job(Stop::kOrphaned,
-                   fmt::format("mpirun (pid {}) has had no process of its job left for {} s "
-                               "without returning (Open MPI 4.1 hangs so when ranks fail "
-                               "at start-up; their errors are above)",
+                   fmt::format("mpirun (pid {}) has had no process of its job left on this host "
+                               "for {} s without returning (Open MPI 4.1 hangs so when ranks "
+                               "fail at start-up, or when a daemon on another host cannot be "
+                               "reached; the errors are above)",
                                child, secs(kOrphanedMpirunS)));
         }
       } else if (live_children > 0) {

@@ -69,6 +69,7 @@ class GroupImpl {
   virtual std::shared_ptr<GroupImpl> split(int color, int key, const std::string& name) = 0;
   virtual void synchronize() = 0;
   [[noreturn]] virtual void abort_job(const std::string& message, int exit_code) = 0;
+  virtual void set_deadline(double seconds, const std::string& why) = 0;
 };
 
 std::shared_ptr<GroupImpl> make_mpi_world(const CommOptions& options, int* argc, char*** argv);

@@ -68,6 +68,8 @@ CommOptions CommOptions::from_config(const Config& config) {
   o.backend = config.s("dist.backend");
   o.progress = config.s("dist.progress");
   o.timeout_s = config.f("dist.timeout_s");
+  o.step_timeout_factor = config.f("dist.step_timeout_factor");
+  o.step_timeout_min_s = config.f("dist.step_timeout_min_s");
   o.debug_hash = config.b("dist.debug_hash");
   o.debug_hash_every = config.i("dist.debug_hash_every");
   o.history = config.i("dist.history");
@@ -86,6 +88,14 @@ ConfigSchema comm_config_schema() {
       {"dist.timeout_s", ValueKind::Float, "300",
        "seconds a collective may stay pending before the watchdog reports and aborts (exit 75)",
        "(0, 1e6]"},
+      {"dist.step_timeout_factor", ValueKind::Float, "10",
+       "inside a training step a collective may stay pending this many times the median step "
+       "(at least dist.step_timeout_min_s, at most dist.timeout_s) before the watchdog reports "
+       "and aborts; a cut link or a lost host is then noticed in seconds, not minutes. 0: "
+       "dist.timeout_s always",
+       "[0, 1e6]"},
+      {"dist.step_timeout_min_s", ValueKind::Float, "30",
+       "the shortest deadline dist.step_timeout_factor gives", "(0, 1e6]"},
       {"dist.debug_hash", ValueKind::Bool, "false",
        "compare a hash of the collective sequence across ranks; a mismatch aborts (exit 76)"},
       {"dist.debug_hash_every", ValueKind::Int, "1",
@@ -324,6 +334,10 @@ void Communicator::synchronize() const { impl().synchronize(); }
 void Communicator::abort_job(const std::string& message, int exit_code) const {
   impl().abort_job(message, exit_code);
   std::abort();  // unreachable: backends never return from abort_job
+}
+
+void Communicator::set_deadline(double seconds, const std::string& why) const {
+  impl().set_deadline(seconds, why);
 }
 
 Communicator init_world(const CommOptions& options, int* argc, char*** argv) {

@@ -52,6 +52,8 @@ struct CommOptions {
   std::string backend = "mpi";
   std::string progress = "group";
   double timeout_s = 300.0;
+  double step_timeout_factor = 10;  // 0: every operation gets timeout_s
+  double step_timeout_min_s = 30;
   bool debug_hash = false;
   int64_t debug_hash_every = 1;
   int64_t history = 64;
@@ -203,6 +205,9 @@ class Communicator {
    *  launcher stop every rank with `exit_code`. Nothing is unwound, so no rank blocks on peers
    *  that will never arrive and no pending operation outlives the buffers it touches. */
   [[noreturn]] void abort_job(const std::string& message, int exit_code) const;
+  /** The watchdog's deadline for this process's operations from now on: `seconds` (at most
+   *  dist.timeout_s; 0: dist.timeout_s), named in its report by `why`. */
+  void set_deadline(double seconds, const std::string& why = "") const;
 
   Work all_gather_view(View in, View out) const;
   Work all_to_all_view(View in, View out) const;

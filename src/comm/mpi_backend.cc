@@ -60,7 +60,17 @@ void Engine::start(const std::vector<std::string>& hosts, uint64_t token) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   hosts_ = hosts;
   watchdog_ = std::make_unique<Watchdog>(options_, world_rank_, world_size, hosts, token);
-  MPI_Barrier(MPI_COMM_WORLD);  // every local rank has mapped the arrival board
+  // Where every rank answers probes; gathering them also waits until every local rank has
+  // mapped the arrival board.
+  constexpr int kAddress = 256;
+  char mine[kAddress] = {};
+  const std::string& address = watchdog_->probe_address();
+  std::memcpy(mine, address.data(), std::min(address.size(), size_t(kAddress - 1)));
+  std::vector<char> all(size_t(world_size) * kAddress);
+  MPI_Allgather(mine, kAddress, MPI_CHAR, all.data(), kAddress, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> addresses;
+  for (int i = 0; i < world_size; ++i) addresses.emplace_back(all.data() + size_t(i) * kAddress);
+  watchdog_->set_peer_addresses(std::move(addresses));
   watchdog_->start();
 }
 

@@ -284,6 +284,9 @@ class MpiGroup : public GroupImpl, public std::enable_shared_from_this<MpiGroup>
   [[noreturn]] void abort_job(const std::string& message, int exit_code) override {
     engine_->abort_job(message, exit_code);
   }
+  void set_deadline(double seconds, const std::string& why) override {
+    engine_->watchdog().set_deadline(seconds, why);
+  }
 
   // Executed on the group's lane, its mpi_m_ held.
   void exec(Op& op);

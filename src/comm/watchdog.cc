@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -11,35 +12,22 @@
 #include <bit>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
 
+#include "comm/arrival_board.h"
+#include "comm/peer_probe.h"
 #include "core/timer.h"
 
 namespace tetra::comm {
 
 namespace {
 
-constexpr int kBoardGroups = 32;
+// How long a late collective's watchdog waits for ranks on other hosts to answer its probe.
+constexpr double kProbeTimeoutS = 2;
 
 }  // namespace
-
-// One rank's entry on the arrival board. Written only by its owner, read by every local rank's
-// watchdog; lock-free atomics are address-free, so they work across processes.
-struct BoardGroup {
-  std::atomic<uint64_t> key;
-  std::atomic<uint64_t> entered;   // last sequence number entered on this group
-  std::atomic<uint64_t> finished;  // last sequence number finished on this group
-};
-
-struct BoardSlot {
-  std::atomic<uint64_t> host_tag;  // non-zero once the rank is up (on this host)
-  std::atomic<uint64_t> cur_key;   // group of the last operation entered
-  std::atomic<uint64_t> cur_seq;
-  std::atomic<uint32_t> cur_op;
-  std::atomic<uint32_t> running;  // 1 while inside an operation
-  std::atomic<uint64_t> since;    // bits of now_s() at the last enter/leave
-  BoardGroup groups[kBoardGroups];
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 GroupId make_group_id(const std::string& name, const std::vector<int>& world_ranks) {
   XXH3_state_t* st = XXH3_createState();
@@ -87,6 +75,29 @@ Watchdog::Watchdog(const CommOptions& options, int world_rank, int world_size,
     const std::string& host = hosts_[size_t(world_rank_)];
     board_[world_rank_].host_tag.store(XXH3_64bits(host.data(), host.size()) | 1);
   }
+  deadline_s_.store(options_.timeout_s);
+  // Ranks on other hosts ask this one over the network what its entry says.
+  if (world_size_ > 1) {
+    probe_server_ = std::make_unique<ProbeServer>([this] {
+      return board_ ? view_of(board_[world_rank_], now_s()).serialize() : std::string();
+    });
+  }
+}
+
+const std::string& Watchdog::probe_address() const {
+  static const std::string none;
+  return probe_server_ ? probe_server_->address() : none;
+}
+
+void Watchdog::set_peer_addresses(std::vector<std::string> addresses) {
+  peer_addresses_ = std::move(addresses);
+}
+
+void Watchdog::set_deadline(double seconds, const std::string& why) {
+  std::lock_guard<std::mutex> lock(m_);
+  const bool shorter = seconds > 0 && seconds < options_.timeout_s;
+  deadline_s_.store(shorter ? seconds : options_.timeout_s);
+  deadline_why_ = shorter ? why : "";
 }
 
 Watchdog::~Watchdog() {
@@ -96,6 +107,7 @@ Watchdog::~Watchdog() {
   }
   stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  probe_server_.reset();  // its answers read the board
   if (board_) munmap(board_, board_bytes_);
 }
 
@@ -196,63 +208,80 @@ std::string Watchdog::history_locked() const {
 }
 
 std::string Watchdog::arrival_lines(const Running& r) const {
-  std::vector<int> arrived, missing, unknown;
-  std::string detail;
-  double now = now_s();
+  const bool is_p2p = r.op == OpKind::send || r.op == OpKind::recv;
+  const double now = now_s();
   std::vector<int> who = r.group.world_ranks;
-  if (r.op == OpKind::send || r.op == OpKind::recv) {
-    who = {r.group.world_ranks[size_t(r.peer)]};
-  }
+  if (is_p2p) who = {r.group.world_ranks[size_t(r.peer)]};
+  auto on_page = [&](int w) { return board_ && board_[w].host_tag.load() != 0; };
+  // What this host's page cannot show is asked of the ranks themselves, all at once.
+  std::vector<int> remote;
+  std::vector<std::string> addresses;
   for (int w : who) {
-    if (w == world_rank_ && r.op != OpKind::send && r.op != OpKind::recv) {
+    if ((w == world_rank_ && !is_p2p) || on_page(w)) continue;
+    remote.push_back(w);
+    addresses.push_back(size_t(w) < peer_addresses_.size() ? peer_addresses_[size_t(w)] : "");
+  }
+  const std::vector<ProbeReply> replies = probe_all(addresses, kProbeTimeoutS);
+
+  std::vector<int> arrived, missing;
+  std::map<std::pair<std::string, std::string>, std::vector<int>> unreached;  // (host, why)
+  std::string detail;
+  for (int w : who) {
+    if (w == world_rank_ && !is_p2p) {
       arrived.push_back(w);
       continue;
     }
-    const BoardSlot* b = board_ ? &board_[w] : nullptr;
-    if (!b || b->host_tag.load() == 0) {
-      unknown.push_back(w);
-      continue;
+    SlotView v;
+    std::string where = fmt::format("host {}", hosts_[size_t(w)]);
+    if (on_page(w)) {
+      v = view_of(board_[w], now);
+    } else {
+      const size_t i = size_t(std::find(remote.begin(), remote.end(), w) - remote.begin());
+      const ProbeReply& reply = replies[i];
+      if (!reply.reached || !SlotView::parse(reply.text, &v)) {
+        unreached[{hosts_[size_t(w)],
+                   reply.reached ? "answered without an arrival board" : reply.error}]
+            .push_back(w);
+        continue;
+      }
+      where += ", asked over the network";
     }
-    uint64_t entered = 0;
-    for (const BoardGroup& g : b->groups) {
-      if (g.key.load() == r.group.key) entered = g.entered.load();
-    }
-    bool is_p2p = r.op == OpKind::send || r.op == OpKind::recv;
+    const uint64_t entered = v.entered_on(r.group.key);
     if (!is_p2p && entered >= r.seq) {
       arrived.push_back(w);
       continue;
     }
     if (!is_p2p) missing.push_back(w);
-    auto name_it = group_names_.find(b->cur_key.load());
+    auto name_it = group_names_.find(v.cur_key);
     std::string gname = name_it != group_names_.end() ? "'" + name_it->second + "'"
                                                       : std::string("a group this rank is not in");
-    double since = std::bit_cast<double>(b->since.load());
     std::string doing =
-        b->running.load()
-            ? fmt::format("inside {} #{} on {} for {:.1f} s", op_name(OpKind(b->cur_op.load())),
-                          b->cur_seq.load(), gname, now - since)
-            : fmt::format(
-                  "outside the communicator (computing?) for {:.1f} s; last was {} #{} on "
-                  "{}",
-                  now - since, op_name(OpKind(b->cur_op.load())), b->cur_seq.load(), gname);
-    if (b->since.load() == 0) doing = "has issued no operation yet";
-    detail += fmt::format("[comm]     world rank {} (host {}): reached #{} on '{}'; now {}\n", w,
-                          hosts_[size_t(w)], entered, r.group.name, doing);
+        v.running ? fmt::format("inside {} #{} on {} for {:.1f} s", op_name(OpKind(v.cur_op)),
+                                v.cur_seq, gname, v.age_s)
+                  : fmt::format(
+                        "outside the communicator (computing?) for {:.1f} s; last was {} #{} on "
+                        "{}",
+                        v.age_s, op_name(OpKind(v.cur_op)), v.cur_seq, gname);
+    if (v.age_s < 0) doing = "has issued no operation yet";
+    detail += fmt::format("[comm]     world rank {} ({}): reached #{} on '{}'; now {}\n", w, where,
+                          entered, r.group.name, doing);
   }
   auto list = [](const std::vector<int>& v) {
     return v.empty() ? std::string("none") : fmt::format("{}", fmt::join(v, ", "));
   };
   std::string out;
-  if (r.op == OpKind::send || r.op == OpKind::recv) {
-    out += fmt::format("[comm]   peer (world rank {}):{}\n", who[0],
-                       unknown.empty() ? "" : " on another host, state unknown");
+  if (is_p2p) {
+    out += fmt::format("[comm]   peer (world rank {}){}\n", who[0],
+                       unreached.empty() ? "" : ": cannot be reached from here");
   } else {
     out += fmt::format("[comm]   ranks that have not arrived (world): {}\n", list(missing));
     out += fmt::format("[comm]   ranks waiting in it (world): {}\n", list(arrived));
-    if (!unknown.empty()) {
-      out +=
-          fmt::format("[comm]   ranks on other hosts, state unknown (world): {}\n", list(unknown));
-    }
+  }
+  for (const auto& [host_why, ranks] : unreached) {
+    cut_off_ +=
+        fmt::format("{} {} {}\n", hosts_[size_t(world_rank_)], host_why.first, host_why.second);
+    out += fmt::format("[comm]   host {} cannot be reached from host {} (world rank(s) {}): {}\n",
+                       host_why.first, hosts_[size_t(world_rank_)], list(ranks), host_why.second);
   }
   return out + detail;
 }
@@ -265,9 +294,11 @@ std::string Watchdog::report_locked(uint64_t id, const Running& r) const {
   }
   std::string out = fmt::format(
       "[comm] watchdog: {} #{}{} on group '{}' ({} ranks) of {} bytes has been pending {:.2f} s, "
-      "past dist.timeout_s={} (world rank {} on host {}, operation id {})\n",
+      "past {} (world rank {} on host {}, operation id {})\n",
       op_name(r.op), r.seq, peer, r.group.name, r.group.world_ranks.size(), r.bytes,
-      now - r.start_s, options_.timeout_s, world_rank_, hosts_[size_t(world_rank_)], id);
+      now - r.start_s,
+      deadline_why_.empty() ? fmt::format("dist.timeout_s={}", options_.timeout_s) : deadline_why_,
+      world_rank_, hosts_[size_t(world_rank_)], id);
   out += arrival_lines(r);
   return out;
 }
@@ -314,24 +345,61 @@ void Watchdog::run_abort_hook(int exit_code) const {
   hook();
 }
 
+std::string Watchdog::after_cut_off() const {
+  if (cut_off_.empty()) return "";
+  // Under tetra launch, the hosts out of reach are noted for its verdict; in a thread given a
+  // second, since a shared file system may be cut off too.
+  if (const char* dir = std::getenv("TETRA_HEARTBEAT_DIR"); dir && *dir) {
+    auto note = std::make_shared<std::atomic<bool>>(false);
+    const std::string path = fmt::format("{}/cut-{}", dir, world_rank_), text = cut_off_;
+    std::thread([note, path, text] {
+      if (FILE* f = std::fopen(path.c_str(), "w")) {
+        std::fwrite(text.data(), 1, text.size(), f);
+        std::fclose(f);
+      }
+      note->store(true);
+    }).detach();
+    for (int i = 0; i < 100 && !note->load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // Open MPI's daemon on this host (the rank's parent) cannot reach mpirun across the cut either;
+  // it would outlive the job by the minutes TCP takes to give up. It ends with its ranks.
+  const pid_t parent = ::getppid();
+  char path[64], comm[32] = {};
+  std::snprintf(path, sizeof path, "/proc/%d/comm", int(parent));
+  if (FILE* f = std::fopen(path, "r")) {
+    if (!std::fgets(comm, sizeof comm, f)) comm[0] = 0;
+    std::fclose(f);
+  }
+  if (std::string(comm) != "orted\n") return "";
+  ::kill(parent, SIGKILL);
+  return fmt::format(
+      "[comm] ended this host's MPI daemon (orted, pid {}): with hosts out of reach it could not "
+      "tear the job down and would stay behind\n",
+      int(parent));
+}
+
 void Watchdog::run() {
-  double poll = std::clamp(options_.timeout_s / 20.0, 0.01, 0.25);
   std::unique_lock<std::mutex> stop_lock(stop_m_);
   while (!stop_) {
-    stop_cv_.wait_for(stop_lock, std::chrono::duration<double>(poll));
+    const double limit = deadline_s_.load();
+    stop_cv_.wait_for(stop_lock,
+                      std::chrono::duration<double>(std::clamp(limit / 20.0, 0.01, 0.25)));
     if (stop_) break;
     std::string report;
     {
       std::lock_guard<std::mutex> lock(m_);
       double now = now_s();
       for (const auto& [id, r] : running_) {
-        if (now - r.start_s > options_.timeout_s) {
+        if (now - r.start_s > limit) {
           report = report_locked(id, r) + history_locked();
           break;
         }
       }
     }
     if (!report.empty()) {
+      report += after_cut_off();
       report +=
           fmt::format("[comm] aborting world rank {} with exit code {} (collective timeout)\n",
                       world_rank_, kExitCollectiveTimeout);

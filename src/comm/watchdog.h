@@ -3,15 +3,18 @@
 // arrived where that can be known, and this rank's last N operations), then aborts the process
 // with exit code kExitCollectiveTimeout (75); the launcher (mpirun/srun) then tears the job down.
 //
-// "Who has not arrived" comes from an arrival board: a shared-memory page per host in which every
-// rank publishes, without locks, the last sequence number it entered on each of its groups. Ranks
-// on other hosts cannot be seen from here and are reported as unknown.
+// "Who has not arrived" comes from the arrival board (arrival_board.h): a shared-memory page per
+// host in which every rank publishes, without locks, the last sequence number it entered on each
+// of its groups. Ranks on other hosts are asked over the network (peer_probe.h); a host that
+// does not answer is reported as cut off, with the reason.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,6 +49,7 @@ struct OpRecord {
 const char* op_state_name(OpRecord::State s);
 
 struct BoardSlot;
+class ProbeServer;
 
 class Watchdog {
  public:
@@ -56,8 +60,15 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
+  /** "ip,...:port" where this rank answers probes (every rank gathers them before start()). */
+  const std::string& probe_address() const;
+  /** Every world rank's probe_address(), before start(). */
+  void set_peer_addresses(std::vector<std::string> addresses);
   /** Starts the watching thread; call once the board page is mapped on every local rank. */
   void start();
+  /** From now on an operation may be pending `seconds` (at most dist.timeout_s; 0: that) before
+   *  the report and abort, which give `why` as the deadline's origin. */
+  void set_deadline(double seconds, const std::string& why);
 
   void on_issue(const OpRecord& record);
   void on_start(uint64_t id, const GroupId& group, uint64_t seq, OpKind op);
@@ -92,6 +103,9 @@ class Watchdog {
   std::string report_locked(uint64_t id, const Running& r) const;
   std::string arrival_lines(const Running& r) const;
   void run_abort_hook(int exit_code) const;
+  /** After a report that found hosts out of reach: notes them for tetra launch and ends this
+   *  host's MPI daemon; returns what it did, for the report. */
+  std::string after_cut_off() const;
 
   CommOptions options_;
   int world_rank_, world_size_;
@@ -104,6 +118,12 @@ class Watchdog {
   std::map<uint64_t, Running> running_;          // by id
   std::map<uint64_t, int> board_slots_;          // group key -> slot in this rank's board entry
   std::map<uint64_t, std::string> group_names_;  // group key -> name, for groups seen here
+
+  std::atomic<double> deadline_s_{0};
+  std::string deadline_why_;  // m_ held; "" for dist.timeout_s
+  std::unique_ptr<ProbeServer> probe_server_;
+  mutable std::string cut_off_;  // m_ held; "FROM TO WHY" per host a report found cut off
+  std::vector<std::string> peer_addresses_;  // by world rank
 
   BoardSlot* board_ = nullptr;
   std::string board_name_;

@@ -35,6 +35,19 @@ Trainer::Trainer(const TrainOptions& options, const std::string& config_toml,
 
 Trainer::~Trainer() = default;
 
+void Trainer::set_step_deadline(int64_t steps_run) {
+  // From this process's third step on: the first steps' start-up costs (allocation, warm-up,
+  // first touch of every page) are behind it, and a median over two steps exists.
+  const comm::CommOptions& c = opt_.parallel.comm;
+  if (!layout_->multi() || c.step_timeout_factor <= 0 || steps_run < 2) return;
+  const double median = report_->median_step_s();
+  const double deadline = std::max(c.step_timeout_min_s, c.step_timeout_factor * median);
+  layout_->world().set_deadline(
+      deadline, fmt::format("the step deadline of {:.3g} s (dist.step_timeout_factor={} x the "
+                            "median step, {:.3g} s; at least dist.step_timeout_min_s={})",
+                            deadline, c.step_timeout_factor, median, c.step_timeout_min_s));
+}
+
 TrainResult Trainer::run() {
   return comm::run_or_abort(world_, [&] { return train(); });
 }
@@ -185,6 +198,7 @@ TrainResult Trainer::train() {
     stage_->begin_training(batch, opt_.batch.grad_accum);
     UpdateResult update;
     const double step_start_s = report_->elapsed_s();
+    set_step_deadline(s - start_step_);
     const pipeline::StepStats pipe = executor_->run(
         *stage_,
         [&] {
@@ -196,6 +210,9 @@ TrainResult Trainer::train() {
             if (s == 0 && !opt_.outputs.dump_grads.empty()) outputs_->dump_grads(*store_, *model_);
           });
         });
+
+    // Evaluation, checkpoints and reports are not bounded by the step time.
+    if (layout_->multi()) layout_->world().set_deadline(0);
 
     // Report, validate and checkpoint at their cadence.
     nlohmann::json rec =

@@ -51,6 +51,9 @@ class Trainer {
 
  private:
   void setup(const std::string& config_toml);
+  /** The watchdog's deadline for the step after `steps_run` steps of this process (see
+   *  dist.step_timeout_factor). */
+  void set_step_deadline(int64_t steps_run);
   TrainResult train();
   // The mean validation loss over eval.batches micro-batches (every rank gets the last stage's).
   double evaluate();

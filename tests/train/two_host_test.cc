@@ -208,6 +208,47 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
   EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the restart after a lost host";
 }
 
+// The pair set down after step 5 (a network partition): at the step deadline (at least 2 s here,
+// not dist.timeout_s' 300) each host's watchdog finds the other out of reach and says so, tetra
+// launch reports the partition both ways with the newest checkpoint, and no process of the job is
+// left on either host, mpirun's daemons included, with nothing killed from outside.
+TEST_F(TwoHost, APartitionIsReportedAtTheStepDeadlineAndNothingStays) {
+  const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
+  const fs::path run = dir_ / "cut";
+  const std::string args =
+      train_args("cut", "--train.micro_batch=2", 40,
+                 "--ckpt.dir=" + (dir_ / "cut_ckpt").string() +
+                     " --ckpt.every=2 --dist.timeout_s=300 --dist.step_timeout_min_s=2 "
+                     "--debug.slow_ms=50 --debug.fault_rank=0");
+  const std::string cutter =
+      "( for i in $(seq 1200); do [ $(cat " + (run / "metrics.jsonl").string() +
+      " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id + kTwoHost + " cut ) & ";
+  const Ran r = run_command(
+      "(" + cutter + id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "cut_beats").string() + " " + kTwoHost +
+      " on-hosta -- " + TETRA_BINARY + " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 -- " + args +
+      "; status=$?; wait; exit $status)");
+  EXPECT_NE(r.code, 0) << r.output;
+  // 2 s, or ten median steps where a busy machine makes a step longer than 0.2 s.
+  EXPECT_TRUE(contains(r.output, "past the step deadline of ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(dist.step_timeout_factor=10 x the median step, ")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "host hostb cannot be reached from host hosta (world rank(s) 2, 3): "
+                       "network unreachable"))
+      << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "[launch] network partition: host hosta could not reach host hostb"))
+      << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "[launch] network partition: host hostb could not reach host hosta"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "the newest checkpoint is after step ")) << r.output;
+  EXPECT_FALSE(contains(r.output, "lost while the job ran")) << r.output;
+  // Nothing of the job on any host: no rank, no daemon, no link (their command lines name the
+  // run directory).
+  const Ran left = run_command("pgrep -af -- " + run.string() + " | grep -v pgrep");
+  EXPECT_EQ(left.output, "") << left.output;
+}
+
 // A rank that dies on a host that stays up is not a lost host: mpirun names the rank and tetra
 // launch adds no host verdict.
 TEST_F(TwoHost, ARankLostIsNotAHostLost) {
