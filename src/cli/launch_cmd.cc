@@ -1,11 +1,12 @@
 // tetra launch -n N [--hosts h1,h2] [--max-restarts R] [--dry-run] -- <command> [args]
-// Single-host convenience over mpirun: reruns this tetra binary on N ranks with sensible flags,
+// A convenience over mpirun: reruns this tetra binary on N ranks with sensible flags,
 // forwards SIGINT/SIGTERM/SIGHUP to mpirun (which passes them to the ranks) and returns its exit
 // status. A train job is watched whenever it runs (launch_job.h): a start-up deadline, a heartbeat
 // timeout, mpirun outliving its ranks. With --max-restarts, a job that fails (a rank dies, the
 // collective watchdog aborts, or a rank hangs) is started again from its newest checkpoint, as
-// torchrun does, as long as restarts make progress.
-// Across hosts or under a scheduler, call `mpirun -np N tetra ...` or `srun tetra ...` directly.
+// torchrun does, as long as restarts make progress. Across hosts, the daemons mpirun starts there
+// go through `tetra launch-link` (daemon_link.h), so that a lost host or a partition is named.
+// Under a scheduler, call `srun tetra ...` directly.
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/wait.h>
