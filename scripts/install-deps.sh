@@ -25,6 +25,8 @@ packages=(
   python3-matplotlib chromium
   # Node.js for Hugging Face's tokenizers (below) and the demo's corpus download.
   nodejs
+  # Slurm and munge for the two-host tests' cluster (scripts/twohost.sh slurm, docs/multihost.md).
+  slurm-wlm munge
 )
 # npm: Debian's package, unless the installed Node.js brings its own (NodeSource's does, and it
 # conflicts with Debian's).

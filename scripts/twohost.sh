@@ -13,6 +13,9 @@
 #   scripts/twohost.sh on-hosta -- COMMAND
 #       the same for a command that starts mpirun itself (tetra launch --hosts 10.77.0.1:2,...):
 #       it runs on hosta with the MPI settings of the hosts in its environment
+#   scripts/twohost.sh slurm -- srun -N2 -n4 build/tetra train ...   (or sbatch --wait job.sbatch)
+#       the same with a two-node Slurm cluster on the hosts (munge, slurmctld, one slurmd per
+#       host; Slurm's PMIx plugin, KillOnBadExit=1), SLURM_CONF set for the command
 #   scripts/twohost.sh kill hostb  (beside a run of the same TWOHOST_ID) kills every process on
 #       hostb, the MPI daemon included: a host lost
 #   scripts/twohost.sh cut         (beside a run) sets the pair down: a network partition
@@ -97,15 +100,98 @@ mpi_env() {
     "OMPI_MCA_btl_tcp_if_include=$NET OMPI_MCA_oob_tcp_if_include=$NET"
 }
 
-# Creates the hosts and runs a shell command line on hosta with mpi_env set, then removes them.
+# Creates the hosts (with SLURM=1, a Slurm cluster on them) and runs a shell command line on
+# hosta with mpi_env (and SLURM_CONF) set, then removes them.
 on_hosta() {
   # Not under /tmp: the hosts' own /tmp hides it from mpirun.
   AGENT_DIR=$(mktemp -d /run/tetra-twohost.XXXXXX)
-  trap 'down; rm -rf "$AGENT_DIR"' EXIT
+  trap 'slurm_down; down; rm -rf "$AGENT_DIR"' EXIT
   down
   up
   agent "$AGENT_DIR"
-  ip netns exec "$NS_A" unshare --uts --mount sh -c "$(as_host hosta) export $(mpi_env) && $1"
+  local env
+  env=$(mpi_env)
+  if [[ ${SLURM:-} == 1 ]]; then
+    slurm_up
+    env+=" SLURM_CONF=$AGENT_DIR/slurm.conf"
+  fi
+  ip netns exec "$NS_A" unshare --uts --mount sh -c "$(as_host hosta) export $env && $1"
+}
+
+# A two-node Slurm cluster on the hosts, in $AGENT_DIR: munged (in this namespace; its socket is a
+# file every namespace reaches), slurmctld on hosta, one slurmd per host. slurmd is entered with
+# nsenter --net (ip netns exec remounts /sys, which hides the cgroup tree slurmd needs), and each
+# node has its own TmpFS (PMIx makes per-step directories there; two nodes sharing one collide).
+slurm_up() {
+  local d=$AGENT_DIR n i
+  mkdir -p "$d/state" "$d/tmp-hosta" "$d/tmp-hostb"
+  mungekey --create --keyfile="$d/munge.key"
+  munged -f --socket="$d/munge.sock" --key-file="$d/munge.key" --pid-file="$d/munged.pid" \
+    --log-file="$d/munged.log" --seed-file="$d/munged.seed"
+  for n in hosta hostb; do
+    cat >"$d/slurm-$n.conf" <<EOF
+ClusterName=tetra
+SlurmctldHost=hosta($IP_A)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$d/munge.sock
+CredType=cred/munge
+MpiDefault=pmix
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SlurmctldPort=26817
+SlurmdPort=26818
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool-%n
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd-%n.pid
+SlurmctldLogFile=$d/slurmctld.log
+SlurmdLogFile=$d/slurmd-%n.log
+SchedulerType=sched/builtin
+SelectType=select/linear
+ReturnToService=2
+KillOnBadExit=1
+MailProg=/bin/true
+DebugFlags=NO_CONF_HASH
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+TmpFS=$d/tmp-$n
+NodeName=hosta NodeAddr=$IP_A CPUs=$(nproc) State=UNKNOWN
+NodeName=hostb NodeAddr=$IP_B CPUs=$(nproc) State=UNKNOWN
+PartitionName=main Nodes=hosta,hostb Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+EOF
+  done
+  cp "$d/slurm-hosta.conf" "$d/slurm.conf"
+  nsenter --net=/run/netns/"$NS_A" unshare --uts \
+    sh -c "hostname hosta && exec slurmctld -f $d/slurm.conf"
+  nsenter --net=/run/netns/"$NS_A" unshare --uts --mount \
+    sh -c "$(as_host hosta) exec slurmd -f $d/slurm-hosta.conf -N hosta"
+  nsenter --net=/run/netns/"$NS_B" unshare --uts --mount \
+    sh -c "$(as_host hostb) exec slurmd -f $d/slurm-hostb.conf -N hostb"
+  for i in $(seq 100); do
+    [[ $(SLURM_CONF=$d/slurm.conf nsenter --net=/run/netns/"$NS_A" sinfo -h -o %T 2>/dev/null |
+      sort -u) == idle ]] && return 0
+    sleep 0.1
+  done
+  echo "twohost.sh slurm: the nodes did not come up; their logs:" >&2
+  cat "$d"/slurm*.log >&2
+  return 1
+}
+
+slurm_down() {
+  local f pids=() i
+  for f in "$AGENT_DIR"/slurmctld.pid "$AGENT_DIR"/slurmd-*.pid "$AGENT_DIR"/munged.pid; do
+    [[ -f $f ]] && pids+=("$(cat "$f")")
+  done
+  [[ ${#pids[@]} -gt 0 ]] || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  # Gone before their directory is removed (they write their state on the way out).
+  for i in $(seq 50); do
+    kill -0 "${pids[@]}" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 command_after_dashes() {
@@ -145,6 +231,7 @@ case ${1:-} in
     ip netns pids "$ns" | xargs -r kill -9 ;;
   cut) ip -n "$NS_A" link set "$VETH_A" down ;;
   on-hosta) shift; on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
+  slurm) shift; SLURM=1 on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
   *) echo "usage: scripts/twohost.sh run [-n N] -- COMMAND | on-hosta -- COMMAND |" \
-       "kill hostb | cut | check | up | down" >&2; exit 2 ;;
+       "slurm -- COMMAND | kill hostb | cut | check | up | down" >&2; exit 2 ;;
 esac

@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which tetra reports with
   // the path, instead of the process dying silently of SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A write to a peer that is gone (a socket whose other end died) fails with EPIPE, which the
+  // communicator reports, instead of the process dying of SIGPIPE without a word (under srun a
+  // survivor sending to a killed rank did).
+  std::signal(SIGPIPE, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? 2 : 0;

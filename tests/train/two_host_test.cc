@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -247,6 +249,73 @@ TEST_F(TwoHost, APartitionIsReportedAtTheStepDeadlineAndNothingStays) {
   // run directory).
   const Ran left = run_command("pgrep -af -- " + run.string() + " | grep -v pgrep");
   EXPECT_EQ(left.output, "") << left.output;
+}
+
+// Slurm on the two hosts (scripts/twohost.sh slurm: slurmctld, a slurmd per host, PMIx).
+class TwoHostSlurm : public TwoHost {
+ protected:
+  void SetUp() override {
+    TwoHost::SetUp();
+    if (IsSkipped()) return;
+    if (run_command("command -v slurmctld slurmd srun sbatch munged").code != 0) {
+      GTEST_SKIP() << "Slurm is not installed (scripts/install-deps.sh installs slurm-wlm, munge)";
+    }
+  }
+  static std::string slurm(const std::string& command) {
+    return "TWOHOST_ID=" + std::to_string(::getpid()) + " " + kTwoHost + " slurm -- " + command;
+  }
+};
+
+// srun -N2 -n4 places ranks 0-1 on hosta and 2-3 on hostb, as mpirun does, and trains the
+// one-host run's bits.
+TEST_F(TwoHostSlurm, SrunGivesTheOneHostRun) {
+  const LayoutRun one = train(false, "srun_one", "--train.micro_batch=2");
+  ASSERT_EQ(one.code, 0) << one.output;
+  const fs::path run = dir_ / "srun_two";
+  const Ran ran = run_command(slurm("srun -N2 -n4 " + std::string(TETRA_BINARY) + " " +
+                                    train_args("srun_two", "--train.micro_batch=2", kSteps, "")));
+  const LayoutRun two = testing::read_layout_run(ran, run, run / "w.safetensors");
+  ASSERT_EQ(two.code, 0) << two.output;
+  EXPECT_TRUE(contains(two.output, "[mesh]     2    2    0    0    0    0    2  hostb"))
+      << two.output;
+  EXPECT_TRUE(bitwise_equal(one, two)) << "srun across hosts changed the bits";
+}
+
+// scripts/tetra.sbatch end to end: rank 3 (on hostb) killed after step 5 of 8 in the first
+// attempt; the script's second attempt resumes from step 4 and the job ends bitwise equal to an
+// uninterrupted run on one host.
+TEST_F(TwoHostSlurm, TheSbatchScriptRestartsFromTheNewestCheckpoint) {
+  const std::string dp4 = "--train.micro_batch=2";
+  const LayoutRun whole = train(false, "sbatch_whole", dp4, 8);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const fs::path job = dir_ / "sbatch_job", out = dir_ / "sbatch.out";
+  // The model and data of train_args; the script sets run.dir, ckpt.dir and ckpt.resume.
+  const std::string flags =
+      "--model.vocab_size=" + std::to_string(kVocab) +
+      " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=4 --model.d_model=32 "
+      "--model.max_seq=16 --train.seq_len=16 --optim.lr=1e-2 --optim.warmup_steps=1 "
+      "--data.shuffle=true --run.peak_gflops=50 --dp.bucket_mb=0.01 --dist.timeout_s=60 "
+      "--eval.every=0 --run.progress=never --train.steps=8 --ckpt.every=2 " +
+      dp4 + " --data.train=" + (dir_ / "train.bin").string() +
+      " --save.final=" + (job / "w.safetensors").string();
+  // Every key from the command line: the config file only has to exist.
+  std::ofstream(dir_ / "sbatch.toml") << "# every key is given on the command line\n";
+  const Ran r =
+      run_command("TETRA_JOB_DIR=" + job.string() + " TETRA_BINARY=" + TETRA_BINARY +
+                  " TETRA_FIRST_ATTEMPT_ARGS='--debug.kill_step=5 --debug.fault_rank=3' " +
+                  slurm("sbatch --wait --output=" + out.string() + " " + TETRA_SOURCE_DIR +
+                        "/scripts/tetra.sbatch " + (dir_ / "sbatch.toml").string() + " " + flags));
+  std::ifstream in(out);
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(r.code, 0) << r.output << log;
+  EXPECT_TRUE(contains(log, "[sbatch] job ")) << log;
+  EXPECT_TRUE(contains(log, "4 ranks on hosta,hostb")) << log;
+  EXPECT_TRUE(contains(log, "[train] debug.kill_step=5: rank 3 dies by SIGKILL")) << log;
+  EXPECT_TRUE(contains(log, "[sbatch] attempt 1 of 4 failed")) << log;
+  EXPECT_TRUE(contains(log, "[ckpt] resumed from " + (job / "ckpt").string())) << log;
+  EXPECT_TRUE(contains(log, "after step 4")) << log;
+  const LayoutRun resumed = testing::read_layout_run(r, job / "run", job / "w.safetensors");
+  EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the sbatch job's restart";
 }
 
 // A rank that dies on a host that stays up is not a lost host: mpirun names the rank and tetra
