@@ -162,7 +162,8 @@ void Reporter::header() const {
         part.head ? ", ln_f and the head (with a copy of the tied wte)" : "");
   }
   log_info("{}", memory_table("before step 1"));
-  log_info("{}", run_plan_line(plan_, (fs::path(opt_.run.dir) / "config.toml").string()));
+  log_info("{}", run_plan_line(plan_, (fs::path(opt_.run.dir) / "config.toml").string(),
+                               layout_.ranks_per_host()));
   log_info(
       "[train] device {}; threads: {}; peak {:.1f} GFLOP/s ({}, the MFU denominator); model "
       "FLOPs/token {:.3g}; precision {}, matmuls {}",

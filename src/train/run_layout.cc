@@ -1,6 +1,7 @@
 #include "train/run_layout.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,6 +100,16 @@ GptPart RunLayout::model_part(const pipeline::Schedule& schedule,
   part.embedding = pp_rank_ == 0;
   part.head = pp_rank_ == pp_size_ - 1;
   return part;
+}
+
+int RunLayout::ranks_per_host() const {
+  if (!mesh_) return 0;
+  std::map<std::string, int> per_host;
+  for (int r = 0; r < world_size_; ++r) ++per_host[world_.host(r)];
+  if (per_host.size() < 2) return 0;
+  int fewest = world_size_;
+  for (const auto& [host, n] : per_host) fewest = std::min(fewest, n);
+  return fewest;
 }
 
 }  // namespace tetra

@@ -28,6 +28,9 @@ class RunLayout {
   bool is_root() const { return rank_ == 0; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  /** Ranks per host when the job spans several (the fewest any host has), else 0: the node size
+   *  of the run's plan. */
+  int ranks_per_host() const;
   /** The ranks holding the same parameters (ZeRO's shards, the gradients' reduction, the
    *  checkpoint's replicas): the data-parallel ranks, and under context parallelism each of them
    *  times cp (the dp x cp group: a cp rank's gradients are another share of the same batch). */

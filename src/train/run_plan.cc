@@ -123,19 +123,24 @@ void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank
 }
 
 plan::ClusterSpec run_cluster(int world, double peak_gflops, const plan::MeasuredLink& link,
-                              int threads) {
+                              int threads, int ranks_per_host) {
   plan::ClusterSpec c = plan::cluster_preset("cpu");
   const double ram = c.memory_bytes * double(c.gpus_per_node);
-  c.gpus = c.gpus_per_node = std::max(1, world);
-  c.memory_bytes = ram / double(c.gpus);
+  c.gpus = std::max(1, world);
+  c.gpus_per_node = ranks_per_host > 0 && ranks_per_host < c.gpus ? ranks_per_host : c.gpus;
+  c.memory_bytes = ram / double(c.gpus_per_node);
   if (peak_gflops > 0) c.peak_flops = peak_gflops * 1e9;
   // Ranks whose threads outnumber the cores take turns on them.
   const double cores = double(std::max(1u, std::thread::hardware_concurrency()));
-  const double wanted = double(c.gpus) * double(std::max(1, threads));
+  const double wanted = double(c.gpus_per_node) * double(std::max(1, threads));
   if (wanted > cores) c.peak_flops *= cores / wanted;
   if (link.bus_bw > 0) {
     c.intra_bw = link.bus_bw;
     c.intra_latency = link.latency;
+    if (c.gpus_per_node < c.gpus) {
+      c.inter_bw = link.bus_bw;
+      c.inter_latency = link.latency;
+    }
   }
   return c;
 }
@@ -146,15 +151,17 @@ plan::LayoutEstimate predict_step(const RunPlan& p, const plan::ClusterSpec& c) 
   });
 }
 
-std::string run_plan_line(const RunPlan& p, const std::string& config_path) {
+std::string run_plan_line(const RunPlan& p, const std::string& config_path, int ranks_per_host) {
   const int64_t model_parallel = p.layout.tp * p.layout.cp * p.layout.pp;
   // Without parallel.dp the plan takes dp x tp x cp x pp ranks with dp = 1 unless told the world
   // size.
   const std::string world = p.configured_dp == 0 && p.world > model_parallel
                                 ? fmt::format(" --cluster.gpus={}", p.world)
                                 : std::string();
-  return fmt::format("[plan] {} (tetra plan --config {}{} plans this run)",
-                     plan::run_summary(p.prediction), config_path, world);
+  const std::string nodes =
+      ranks_per_host > 0 ? fmt::format(" --cluster.gpus_per_node={}", ranks_per_host) : "";
+  return fmt::format("[plan] {} (tetra plan --config {}{}{} plans this run)",
+                     plan::run_summary(p.prediction), config_path, world, nodes);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -43,12 +43,14 @@ RunPlan plan_run(const TrainOptions& o, int world_size);
  *  many times the ranks) and full recomputation. A no-op when the limit is 0. */
 void refuse_over_memory_limit(const TrainOptions& o, int world_size, int pp_rank);
 
-/** The cpu cluster a run's `world` ranks form on this machine (tetra launch runs them on one
- *  node): each rank a device at `peak_gflops` (the run's MFU denominator, at `threads` threads;
- *  shared out when world x threads exceeds the cores) with RAM / world, its MPI link `link` when
- *  measured (else the cpu preset's, from the cache when a run measured it). */
+/** The cpu cluster a run's `world` ranks form: one node (tetra launch on this machine), or nodes
+ *  of `ranks_per_host` when the job spans hosts. Each rank is a device at `peak_gflops` (the run's
+ *  MFU denominator, at `threads` threads; shared out when a node's ranks x threads exceed the
+ *  cores) with RAM / ranks on its node, and `link` (measured over the whole world, so across
+ *  hosts the link between them) as its MPI link when measured (else the cpu preset's, from the
+ *  cache when a run measured it). */
 plan::ClusterSpec run_cluster(int world, double peak_gflops, const plan::MeasuredLink& link,
-                              int threads = 1);
+                              int threads = 1, int ranks_per_host = 0);
 
 /** The planner's estimate of one optimizer step of the run on `c`, with the run's own traffic
  *  (RunPlan::traffic) as its communication: step time by the audit order, the simulated bubble. */
@@ -56,9 +58,10 @@ plan::LayoutEstimate predict_step(const RunPlan& p, const plan::ClusterSpec& c);
 
 /** The trainer's header line: "[plan] 4.24M params, 2.67e+07 FLOPs/token, 168.8 MiB per rank
  *  (tetra plan --config CONFIG plans this run)", with --cluster.gpus=N added when dp was inferred
- *  from a world larger than tp x pp. `config_path` is the training config to show, e.g. the
- *  run directory's config.toml. */
-std::string run_plan_line(const RunPlan& p, const std::string& config_path);
+ *  from a world larger than tp x pp, and --cluster.gpus_per_node=R when the job's hosts hold R
+ *  ranks each (`ranks_per_host`, 0: one host). `config_path` is the training config to show,
+ *  e.g. the run directory's config.toml. */
+std::string run_plan_line(const RunPlan& p, const std::string& config_path, int ranks_per_host = 0);
 
 // `tetra plan` with a training config.
 

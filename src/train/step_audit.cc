@@ -76,13 +76,17 @@ void StepAudit::plan_vs_measured(double peak_gflops, int threads, const MemoryLe
     const double bytes = 2.0 * (n - 1) / n * double(large - small) * sizeof(float);
     link.bus_bw = tl > ts ? bytes / (tl - ts) : 0.0;
     link.latency = std::max(0.0, ts / (2.0 * (n - 1)));
-    // Kept as the best this machine has shown: a busy machine measures a slower link than it has.
-    if (layout_.is_root()) plan::save_cpu_measured_link(link);
-    if (link.bus_bw > 0) link = plan::cpu_measured_link();
+    // Within one machine, kept as the best it has shown: a busy machine measures a slower link
+    // than it has. Across hosts this run's link is the one between them, not this machine's.
+    if (layout_.ranks_per_host() == 0) {
+      if (layout_.is_root()) plan::save_cpu_measured_link(link);
+      if (link.bus_bw > 0) link = plan::cpu_measured_link();
+    }
   }
   if (!layout_.is_root()) return;
 
-  const plan::ClusterSpec cluster = run_cluster(layout_.world_size(), peak_gflops, link, threads);
+  const plan::ClusterSpec cluster =
+      run_cluster(layout_.world_size(), peak_gflops, link, threads, layout_.ranks_per_host());
   const plan::LayoutEstimate e = predict_step(plan_, cluster);
   auto med = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
@@ -113,11 +117,16 @@ void StepAudit::plan_vs_measured(double peak_gflops, int threads, const MemoryLe
                         {"measured_data_wait_seconds", med(data_ms_) / 1e3}};
   auto pct = [](double p, double m) { return m > 0 ? 100.0 * (p - m) / m : 0.0; };
   log_info(
-      "[plan] plan vs measured for this run (tetra plan's model on the cpu cluster: {:.1f} GFLOP/s "
-      "per rank, MPI {:.2f} GB/s and {:.1f} us per hop{}, memory {:.1f} GB/s; load average "
-      "{:.1f}):",
+      "[plan] plan vs measured for this run (tetra plan's model on the cpu cluster{}: {:.1f} "
+      "GFLOP/s per rank, MPI {:.2f} GB/s and {:.1f} us per hop{}, memory {:.1f} GB/s; load "
+      "average {:.1f}):",
+      cluster.gpus_per_node < cluster.gpus
+          ? fmt::format(" of {} nodes x {} ranks", cluster.gpus / cluster.gpus_per_node,
+                        cluster.gpus_per_node)
+          : "",
       cluster.peak_flops / 1e9, cluster.intra_bw / 1e9, cluster.intra_latency * 1e6,
-      link.bus_bw > 0   ? " (the best measured on this machine)"
+      link.bus_bw > 0 && layout_.ranks_per_host() > 0 ? " (measured by this run across its hosts)"
+      : link.bus_bw > 0                               ? " (the best measured on this machine)"
       : layout_.multi() ? " (this run could not measure it: the cpu preset's)"
                         : " (one rank: unused)",
       cluster.mem_bw / 1e9, read_load_average());

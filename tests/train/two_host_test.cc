@@ -110,6 +110,11 @@ TEST_P(TwoHostLayout, GivesTheOneHostRun) {
   // The start-up table places every rank on its host.
   EXPECT_TRUE(contains(two.output, "hosta")) << two.output;
   EXPECT_TRUE(contains(two.output, "hostb")) << two.output;
+  // The run's plan has the nodes the hosts make, and the link between them measured.
+  EXPECT_TRUE(contains(two.output, "--cluster.gpus_per_node=2 plans this run")) << two.output;
+  EXPECT_TRUE(contains(two.output, "the cpu cluster of 2 nodes x 2 ranks")) << two.output;
+  EXPECT_TRUE(contains(two.output, "(measured by this run across its hosts)")) << two.output;
+  EXPECT_FALSE(contains(one.output, "--cluster.gpus_per_node=")) << one.output;
   // The bytes each rank sends are the layout's, whatever carries them.
   EXPECT_EQ(one.comm_bytes, two.comm_bytes);
   const bool same = bitwise_equal(one, two);
@@ -141,6 +146,21 @@ INSTANTIATE_TEST_SUITE_P(
                              "--parallel.cp=2 --train.micro_batch=4",
                              true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A tp group that has to span the hosts (tp4 on 2 x 2 ranks) trains, with the bandwidth reason
+// to keep it inside a node; tp2 groups fit in a host and are not warned about.
+TEST_F(TwoHost, ATpGroupAcrossHostsIsWarnedAbout) {
+  const LayoutRun tp4 = train(true, "tp4", "--parallel.tp=4 --train.micro_batch=8", 2);
+  ASSERT_EQ(tp4.code, 0) << tp4.output;
+  EXPECT_TRUE(contains(tp4.output,
+                       "[mesh] parallel.tp=4: the tp group of rank 0 spans hosts hosta, hostb (at "
+                       "least one node runs only 2 rank(s))"))
+      << tp4.output;
+  EXPECT_TRUE(contains(tp4.output, "use parallel.tp <= 2")) << tp4.output;
+  const LayoutRun tp2 = train(true, "tp2", "--parallel.tp=2 --train.micro_batch=4", 2);
+  ASSERT_EQ(tp2.code, 0) << tp2.output;
+  EXPECT_FALSE(contains(tp2.output, "spans hosts")) << tp2.output;
+}
 
 // Checkpoints every 2 steps into one shared directory and the last rank killed after step 5: a
 // job checkpointed by both hosts (each writing its own ranks' shards) resumes on one host bitwise
