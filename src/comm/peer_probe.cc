@@ -126,6 +126,7 @@ std::vector<ProbeReply> probe_all(const std::vector<std::string>& addresses, dou
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 &&
           errno != EINPROGRESS) {
         out[p].error = describe_errno(errno);
+        out[p].host_answered |= errno == ECONNREFUSED;
         ::close(fd);
         continue;
       }
@@ -153,6 +154,7 @@ std::vector<ProbeReply> probe_all(const std::vector<std::string>& addresses, dou
           at.connected = true;
         } else {
           out[at.peer].error = describe_errno(err);
+          out[at.peer].host_answered |= err == ECONNREFUSED;
           done = true;
         }
       } else if (!done && fds[i].revents) {

@@ -39,6 +39,9 @@ struct ProbeReply {
   bool reached = false;  // it answered: `text` is its answer
   std::string text;
   std::string error;  // why not: "no answer within 2 s", "connection refused", ...
+  // Not reached, but its host refused the connection: the network reaches that host, the rank's
+  // process is gone.
+  bool host_answered = false;
 };
 
 /** Connects to every address at once (each of a peer's interfaces; the first to answer counts)

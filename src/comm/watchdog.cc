@@ -238,6 +238,12 @@ std::string Watchdog::arrival_lines(const Running& r) const {
     } else {
       const size_t i = size_t(std::find(remote.begin(), remote.end(), w) - remote.begin());
       const ProbeReply& reply = replies[i];
+      if (!reply.reached && reply.host_answered) {
+        // Its host is up and reachable; the rank's process has ended (an abort, a crash).
+        missing.push_back(w);
+        detail += fmt::format("[comm]     world rank {} ({}): {}\n", w, where, reply.error);
+        continue;
+      }
       if (!reply.reached || !SlotView::parse(reply.text, &v)) {
         unreached[{hosts_[size_t(w)],
                    reply.reached ? "answered without an arrival board" : reply.error}]

@@ -78,10 +78,13 @@ TEST(PeerProbe, TellsAnAnswerFromARefusalAndSilence) {
   EXPECT_TRUE(r[1].reached) << r[1].error;
   EXPECT_FALSE(r[2].reached);
   EXPECT_NE(r[2].error.find("connection refused"), std::string::npos) << r[2].error;
+  EXPECT_TRUE(r[2].host_answered);  // a process gone, its host reachable: no partition
   EXPECT_FALSE(r[3].reached);
   EXPECT_NE(r[3].error.find("not probed"), std::string::npos) << r[3].error;
+  EXPECT_FALSE(r[3].host_answered);
   EXPECT_FALSE(r[4].reached);
   EXPECT_NE(r[4].error.find("no answer within 0.5 s"), std::string::npos) << r[4].error;
+  EXPECT_FALSE(r[4].host_answered);
 }
 
 }  // namespace
