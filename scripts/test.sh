@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: dependencies, a -Werror release build with every test
-# (unit, multi-rank under mpirun, PyTorch parity), an ASan/UBSan build of the unit tests, then
-# every fuzz target for FUZZ_SECONDS (default 10) each.
+# (unit, multi-rank under mpirun, PyTorch parity; then the two-host tests in their own stage), an
+# ASan/UBSan build of the unit tests, then every fuzz target for FUZZ_SECONDS (default 10) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -26,7 +26,7 @@ summary() {
   echo "== wall time by stage"
   printf '%s\n' "${stages[@]}"
   printf '%6d s  total\n' "$SECONDS"
-  for log in build/ctest.log build-asan/ctest.log; do
+  for log in build/ctest.log build/ctest-twohost.log build-asan/ctest.log; do
     [ -f "$log" ] || continue
     echo "== the 20 slowest tests of $log"
     sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .* \([0-9.]*\) sec$/\2 \1/p' "$log" |
@@ -42,11 +42,16 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 echo "== release build (-Werror; the CUDA backend too where nvcc is found) and full suite"
-rm -f build/ctest.log build-asan/ctest.log
+rm -f build/ctest.log build/ctest-twohost.log build-asan/ctest.log
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTETRA_WERROR=ON >/dev/null
 timed "release build" cmake --build build -j "$jobs"
-timed "release ctest (every test)" ctest_logged build/ctest.log --test-dir build \
-  --output-on-failure -j "$jobs" --timeout 600
+timed "release ctest (one host)" ctest_logged build/ctest.log --test-dir build \
+  --output-on-failure -j "$jobs" --timeout 600 -E '^TwoHost'
+# Two hosts in network namespaces (scripts/twohost.sh, docs/multihost.md): the layouts equal to
+# one host, checkpoints across hosts, a lost host, a partition, srun and sbatch. Their own stage,
+# so that its time is seen and the one-host tests' load does not stretch their step deadlines.
+timed "release ctest (two hosts)" ctest_logged build/ctest-twohost.log --test-dir build \
+  --output-on-failure -j "$jobs" --timeout 600 -R '^TwoHost'
 
 # The instrumented builds compile at -O1 with line tables only (-g1): half the compile time of
 # RelWithDebInfo's -O2 -g, and sanitizer reports still name file and line.
