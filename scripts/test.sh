@@ -46,12 +46,14 @@ rm -f build/ctest.log build/ctest-twohost.log build-asan/ctest.log
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTETRA_WERROR=ON >/dev/null
 timed "release build" cmake --build build -j "$jobs"
 timed "release ctest (one host)" ctest_logged build/ctest.log --test-dir build \
-  --output-on-failure -j "$jobs" --timeout 600 -E '^TwoHost'
+  --output-on-failure -j "$jobs" --timeout 600 -E 'TwoHost'
 # Two hosts in network namespaces (scripts/twohost.sh, docs/multihost.md): the layouts equal to
 # one host, checkpoints across hosts, a lost host, a partition, srun and sbatch. Their own stage,
 # so that its time is seen and the one-host tests' load does not stretch their step deadlines.
+# A case failing once runs once more: Open MPI's TCP transport has been seen to crash at start-up
+# under srun (a connect() "in progress" to a peer, then SIGSEGV in MPI_Init), before tetra runs.
 timed "release ctest (two hosts)" ctest_logged build/ctest-twohost.log --test-dir build \
-  --output-on-failure -j "$jobs" --timeout 600 -R '^TwoHost'
+  --output-on-failure -j "$jobs" --timeout 600 -R 'TwoHost' --repeat until-pass:2
 
 # The instrumented builds compile at -O1 with line tables only (-g1): half the compile time of
 # RelWithDebInfo's -O2 -g, and sanitizer reports still name file and line.
