@@ -162,10 +162,16 @@ std::vector<ProbeReply> probe_all(const std::vector<std::string>& addresses, dou
         const ssize_t n = ::read(at.fd, buf, sizeof buf);
         if (n > 0) {
           at.got.append(buf, size_t(n));
-        } else {
+        } else if (n == 0 && !at.got.empty()) {
           // The whole answer has come: the peer closes after writing it.
           out[at.peer].reached = true;
           out[at.peer].text = at.got;
+          done = true;
+        } else if (n == 0 || errno != EAGAIN) {
+          // Its host's kernel took the connection (it was in the listen queue) and then closed
+          // or reset it unanswered: the process ended while being asked.
+          out[at.peer].error = "its host took the connection, but the process ended unanswered";
+          out[at.peer].host_answered = true;
           done = true;
         }
       }
@@ -179,8 +185,18 @@ std::vector<ProbeReply> probe_all(const std::vector<std::string>& addresses, dou
   }
   for (const Attempt& at : live) {
     ::close(at.fd);
-    if (!out[at.peer].reached) {
-      out[at.peer].error = fmt::format(
+    ProbeReply& reply = out[at.peer];
+    if (reply.reached) continue;
+    if (at.connected) {
+      // The network reaches the host (its kernel completed the handshake); the process does not
+      // answer: stopped, or stuck on its way out.
+      reply.host_answered = true;
+      reply.error = fmt::format(
+          "its host took the connection, but the process did not answer within {:.3g} s "
+          "(stopped, or ending)",
+          timeout_s);
+    } else if (!reply.host_answered) {
+      reply.error = fmt::format(
           "no answer within {:.3g} s (a network partition, or the host is down)", timeout_s);
     }
   }

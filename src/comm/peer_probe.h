@@ -39,8 +39,8 @@ struct ProbeReply {
   bool reached = false;  // it answered: `text` is its answer
   std::string text;
   std::string error;  // why not: "no answer within 2 s", "connection refused", ...
-  // Not reached, but its host refused the connection: the network reaches that host, the rank's
-  // process is gone.
+  // Not reached, but its host refused, reset or took the connection without an answer: the
+  // network reaches that host; the rank's process is gone, ending or stopped.
   bool host_answered = false;
 };
 

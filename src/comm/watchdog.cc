@@ -26,6 +26,11 @@ namespace {
 
 // How long a late collective's watchdog waits for ranks on other hosts to answer its probe.
 constexpr double kProbeTimeoutS = 2;
+// How long a rank stays up, still answering probes, after it wrote its report. The other ranks'
+// watchdogs fire at about the same deadline and ask it what it did; an immediate exit, and the
+// launcher's teardown of every rank that follows it, would leave them asking processes on their
+// way out (PyTorch's NCCL watchdog waits for its peers' dumps in the same way).
+constexpr auto kReportGrace = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -328,6 +333,7 @@ void Watchdog::abort_job(const std::string& report, int exit_code) const {
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);
   std::fflush(stdout);
+  std::this_thread::sleep_for(kReportGrace);
   run_abort_hook(exit_code);
   _exit(exit_code);
 }
@@ -412,6 +418,7 @@ void Watchdog::run() {
       std::fwrite(report.data(), 1, report.size(), stderr);
       std::fflush(stderr);
       std::fflush(stdout);
+      std::this_thread::sleep_for(kReportGrace);
       run_abort_hook(kExitCollectiveTimeout);
       _exit(kExitCollectiveTimeout);
     }

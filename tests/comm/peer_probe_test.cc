@@ -1,6 +1,6 @@
 // The network side of the arrival board: an entry survives the trip through a probe's answer,
-// and probe_all tells an answering rank from a refused connection, a malformed address and an
-// address that never answers.
+// and probe_all tells an answering rank from a refused connection, a malformed address, a process
+// that ends while being asked and one that never answers.
 #include "comm/peer_probe.h"
 
 #include <arpa/inet.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/arrival_board.h"
@@ -68,11 +69,22 @@ TEST(PeerProbe, TellsAnAnswerFromARefusalAndSilence) {
   len = sizeof addr;
   ASSERT_EQ(::getsockname(mute, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const std::string silent = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  // A listener that takes one connection and closes it unanswered, as a process on its way out.
+  int ending = ::socket(AF_INET, SOCK_STREAM, 0);
+  addr.sin_port = 0;
+  ASSERT_EQ(::bind(ending, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(ending, 4), 0);
+  len = sizeof addr;
+  ASSERT_EQ(::getsockname(ending, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string dying = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::thread closer([ending] { ::close(::accept(ending, nullptr, nullptr)); });
 
   const std::vector<ProbeReply> r =
-      probe_all({server.address(), loopback(server), closed, "", silent}, 0.5);
+      probe_all({server.address(), loopback(server), closed, "", silent, dying}, 0.5);
+  closer.join();
   ::close(mute);
-  ASSERT_EQ(r.size(), 5u);
+  ::close(ending);
+  ASSERT_EQ(r.size(), 6u);
   EXPECT_TRUE(r[0].reached) << r[0].error;
   EXPECT_EQ(r[0].text, "board 1 2 3 1 0.5\n");
   EXPECT_TRUE(r[1].reached) << r[1].error;
@@ -83,8 +95,12 @@ TEST(PeerProbe, TellsAnAnswerFromARefusalAndSilence) {
   EXPECT_NE(r[3].error.find("not probed"), std::string::npos) << r[3].error;
   EXPECT_FALSE(r[3].host_answered);
   EXPECT_FALSE(r[4].reached);
-  EXPECT_NE(r[4].error.find("no answer within 0.5 s"), std::string::npos) << r[4].error;
-  EXPECT_FALSE(r[4].host_answered);
+  // Its kernel completed the handshake: the host is reachable, the process is stopped or ending.
+  EXPECT_NE(r[4].error.find("did not answer within 0.5 s"), std::string::npos) << r[4].error;
+  EXPECT_TRUE(r[4].host_answered);
+  EXPECT_FALSE(r[5].reached);
+  EXPECT_NE(r[5].error.find("ended unanswered"), std::string::npos) << r[5].error;
+  EXPECT_TRUE(r[5].host_answered);
 }
 
 }  // namespace

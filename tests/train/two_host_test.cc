@@ -271,6 +271,22 @@ TEST_F(TwoHost, APartitionIsReportedAtTheStepDeadlineAndNothingStays) {
   EXPECT_EQ(left.output, "") << left.output;
 }
 
+// Rank 3 (on hostb) stops making progress after step 4: the watchdogs on hosta ask it over the
+// network and name it, with what it last did, instead of "state unknown"; the host is not taken
+// for a partition.
+TEST_F(TwoHost, AHungRankOnAnotherHostIsAskedOverTheNetwork) {
+  const LayoutRun r = train(true, "hang", "--train.micro_batch=2", 8,
+                            "--dist.step_timeout_min_s=2 --debug.hang_step=4 --debug.fault_rank=3");
+  EXPECT_EQ(r.code, 75) << r.output;
+  EXPECT_TRUE(contains(r.output, "ranks that have not arrived (world): 3\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "world rank 3 (host hostb, asked over the network): reached #"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "on 'dpcp.0'; now outside the communicator (computing?) for "))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "cannot be reached")) << r.output;
+  EXPECT_FALSE(contains(r.output, "network partition")) << r.output;
+}
+
 // Slurm on the two hosts (scripts/twohost.sh slurm: slurmctld, a slurmd per host, PMIx).
 class TwoHostSlurm : public TwoHost {
  protected:
