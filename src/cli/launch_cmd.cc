@@ -1,12 +1,12 @@
 // tetra launch -n N [--hosts h1,h2] [--max-restarts R] [--dry-run] -- <command> [args]
 // A convenience over mpirun: reruns this tetra binary on N ranks with sensible flags,
 // forwards SIGINT/SIGTERM/SIGHUP to mpirun (which passes them to the ranks) and returns its exit
-// status. A train job is watched whenever it runs (launch_job.h): a start-up deadline, a heartbeat
-// timeout, mpirun outliving its ranks. With --max-restarts, a job that fails (a rank dies, the
-// collective watchdog aborts, or a rank hangs) is started again from its newest checkpoint, as
-// torchrun does, as long as restarts make progress. Across hosts, the daemons mpirun starts there
-// go through `tetra launch-link` (daemon_link.h), so that a lost host or a partition is named.
-// Under a scheduler, call `srun tetra ...` directly.
+// status. A train job is watched whenever it runs (launch_job.h): a start-up deadline, a step bound
+// learned from the step time and a heartbeat timeout, mpirun outliving its ranks. With
+// --max-restarts, a job that fails (a rank dies, the collective watchdog aborts, or a rank hangs)
+// is started again from its newest checkpoint, as torchrun does, as long as restarts make progress.
+// Across hosts, the daemons mpirun starts there go through `tetra launch-link` (daemon_link.h), so
+// that a lost host or a partition is named. Under a scheduler, call `srun tetra ...` directly.
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -384,8 +384,9 @@ int launch_main(const Args& args) {
       "  e.g. tetra launch -n 4 -- train --config gpt.toml\n\n"
       "Runs this tetra binary on N ranks through mpirun and returns its exit status;\n"
       "everything after -- is passed on untouched. A train job is watched: every rank must\n"
-      "be ready to train within --startup-timeout, and then finish a step at least every\n"
-      "--heartbeat-timeout, or the job is stopped (exit status 75).\n",
+      "be ready to train within --startup-timeout, and then finish each step within\n"
+      "--heartbeat-factor median steps (at least --heartbeat-min) and each evaluation or\n"
+      "checkpoint within --heartbeat-timeout, or the job is stopped (exit status 75).\n",
       {{.spec = {"-n", ValueKind::Int, "1", "ranks to start (required)", "[1, 1048576]"},
         .metavar = "N",
         .aliases = {"-np", "--np"}},
@@ -399,9 +400,19 @@ int launch_main(const Args& args) {
          "[0, 1000000]"},
         "R"},
        {{"--heartbeat-timeout", ValueKind::Float, "300",
-         "a train rank whose heartbeat (one per step) has not advanced for this long is hung and "
-         "the job is stopped; at least 1, or 0: never",
+         "a train rank whose heartbeat has not advanced for this long is hung and the job is "
+         "stopped (the bound between steps, and within one until the step time is measured); at "
+         "least 1, or 0: never",
          "[0, inf)"},
+        "SECONDS"},
+       {{"--heartbeat-factor", ValueKind::Float, "10",
+         "within a step, once a rank has measured its median step, its heartbeat may be silent "
+         "this many median steps (at least --heartbeat-min, at most --heartbeat-timeout, which "
+         "still bounds evaluations and checkpoint writes); 0: --heartbeat-timeout throughout",
+         "[0, inf)"},
+        "K"},
+       {{"--heartbeat-min", ValueKind::Float, "5",
+         "the shortest step bound --heartbeat-factor gives; at least 1", "[1, inf)"},
         "SECONDS"},
        {{"--startup-timeout", ValueKind::Float, "600",
          "every rank of a train job must be ready to train (its first heartbeat) within this "
@@ -445,8 +456,8 @@ int launch_main(const Args& args) {
 
   const int max_restarts = int(p.i("--max-restarts"));
   const bool is_train = rest.front() == "train";
-  for (const char* flag :
-       {"--max-restarts", "--heartbeat-timeout", "--startup-timeout", "--inject-fault"}) {
+  for (const char* flag : {"--max-restarts", "--heartbeat-timeout", "--heartbeat-factor",
+                           "--heartbeat-min", "--startup-timeout", "--inject-fault"}) {
     TETRA_CHECK(is_train || !p.given(flag),
                 "[launch] {} applies to a train command (the one that writes heartbeats and "
                 "checkpoints), not '{}'",
@@ -540,6 +551,8 @@ int launch_main(const Args& args) {
   if (is_train) watch.beats = beats->path();
   watch.startup_timeout_s = startup_timeout;
   watch.heartbeat_timeout_s = heartbeat_timeout;
+  watch.heartbeat_factor = p.f("--heartbeat-factor");
+  watch.heartbeat_min_s = p.f("--heartbeat-min");
   // A train command that resumes by itself starts from a step only its checkpoints know.
   watch.start_step = has_prefix_arg(rest, "--ckpt.resume") ? -1 : 0;
 

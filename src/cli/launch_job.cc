@@ -61,18 +61,21 @@ int64_t rank_of_beat_file(const std::string& name) {
 std::optional<Beat> read_beat(const fs::path& file) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return std::nullopt;
-  char buf[96] = {};
+  char buf[128] = {};
   const ssize_t n = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
   if (n <= 0) return std::nullopt;
   long long step = -1, ckpt = -1;
   int phase = 0, end = 0;
-  // "<step> <checkpoint> <phase>"; the phase is absent in an older tetra's beats.
-  const int fields = std::sscanf(buf, " %lld %lld %n%d %n", &step, &ckpt, &end, &phase, &end);
-  if (fields < 2 || end != n || step < 0 || ckpt < 0 || phase < 0 || phase > 1) {
+  double median = 0;
+  // "<step> <checkpoint> <phase> <median step s>"; an older tetra's beats end after the
+  // checkpoint or the phase.
+  const int fields =
+      std::sscanf(buf, " %lld %lld %n%d %n%lf %n", &step, &ckpt, &end, &phase, &end, &median, &end);
+  if (fields < 2 || end != n || step < 0 || ckpt < 0 || phase < 0 || phase > 2 || !(median >= 0)) {
     return std::nullopt;
   }
-  return Beat{step, ckpt, phase == 1};
+  return Beat{step, ckpt, Beat::Phase(phase), median};
 }
 
 // One process of /proc: its parent, state letter and start time (clock ticks after boot, which
@@ -187,6 +190,7 @@ struct RankState {
   int beats = 0;             // distinct heartbeats seen
   double changed_at = 0;     // when (launcher clock, s) its heartbeat last changed
   double slowest = 0;        // the longest time between two of its heartbeats
+  double slowest_step = 0;   // the longest from a training heartbeat to the next (a step)
   pid_t pid = 0;             // its process, when mpirun's process tree shows it
   unsigned long long start = 0;
   char state = '?';
@@ -224,10 +228,13 @@ class Watch {
       const std::optional<Beat> b = read_beat(it->path());
       if (!b) continue;
       RankState& s = ranks_[size_t(r)];
-      if (s.beat && s.beat->step == b->step && s.beat->checkpoint == b->checkpoint &&
-          s.beat->finishing == b->finishing)
-        continue;
-      if (s.beats > 0) s.slowest = std::max(s.slowest, t - s.changed_at);
+      if (s.beat && *s.beat == *b) continue;
+      if (s.beats > 0) {
+        s.slowest = std::max(s.slowest, t - s.changed_at);
+        if (s.beat->phase == Beat::training) {
+          s.slowest_step = std::max(s.slowest_step, t - s.changed_at);
+        }
+      }
       s.beat = b;
       s.beats += 1;
       s.changed_at = t;
@@ -328,18 +335,51 @@ class Watch {
     return opt_.start_step >= 0 && s.beats == 1 && s.beat->step == opt_.start_step;
   }
 
-  // The silence a rank is allowed: the heartbeat timeout, or twice its slowest step if that is
-  // longer, so that a timeout below the step time does not stop a job that is progressing. Its
-  // first step is not timed yet and does one-time work (the first collective connects the
-  // ranks, matmul kernels are chosen, memory is first touched), so until it ends the start-up
-  // deadline applies as well; so it does to the end of the run (the final save and summary, past
-  // the last step, are no step either); a stopped process is hung whatever its step time.
+  // The bound on a step learned from its time: --heartbeat-factor x the rank's median step, at
+  // least --heartbeat-min, at most --heartbeat-timeout; the timeout until a median is measured
+  // or with --heartbeat-factor 0.
+  double step_bound(const RankState& s) const {
+    const double median = s.beat->median_step_s;
+    if (opt_.heartbeat_factor <= 0 || median <= 0) return opt_.heartbeat_timeout_s;
+    return std::min(opt_.heartbeat_timeout_s,
+                    std::max(opt_.heartbeat_min_s, opt_.heartbeat_factor * median));
+  }
+
+  // The silence a rank is allowed. Within a step: the step bound, or twice its slowest step if
+  // that is longer, so that a bound below the step time does not stop a job that is progressing.
+  // Between steps (an evaluation, a checkpoint write): the heartbeat timeout, or twice the
+  // longest silence seen. Its first step is not timed yet and does one-time work (the first
+  // collective connects the ranks, matmul kernels are chosen, memory is first touched), so until
+  // it ends the start-up deadline applies as well; so it does to the end of the run (the final
+  // save and summary, past the last step, are no step either). A stopped process is hung whatever
+  // its step time: the step bound.
   double allowed(const RankState& s) const {
     const bool stopped = s.state == 'T' || s.state == 't';
-    if (stopped) return opt_.heartbeat_timeout_s;
-    if (in_first_step(s) || s.beat->finishing)
+    if (stopped) return step_bound(s);
+    if (in_first_step(s) || s.beat->phase == Beat::finishing)
       return std::max(opt_.heartbeat_timeout_s, opt_.startup_timeout_s);
-    return std::max(opt_.heartbeat_timeout_s, 2 * s.slowest);
+    if (s.beat->phase == Beat::between_steps)
+      return std::max(opt_.heartbeat_timeout_s, 2 * s.slowest);
+    return std::max(step_bound(s), 2 * s.slowest_step);
+  }
+
+  // The bound the report names for a rank's silence, and its terms: the step bound within a
+  // step (a stopped process is always in one), else the heartbeat timeout.
+  double named_bound(const RankState& s) const {
+    const bool stopped = s.state == 'T' || s.state == 't';
+    const bool in_step = stopped || (s.beat->phase == Beat::training && !in_first_step(s));
+    return in_step ? step_bound(s) : opt_.heartbeat_timeout_s;
+  }
+  std::string bound_text(const RankState& s) const {
+    const double bound = named_bound(s);
+    if (bound >= opt_.heartbeat_timeout_s) {
+      return fmt::format("heartbeat timeout {} s", secs(opt_.heartbeat_timeout_s));
+    }
+    return fmt::format(
+        "step bound {} s: --heartbeat-factor {} x its median step {:.3g} s, at least "
+        "--heartbeat-min {} s",
+        secs(bound), secs(opt_.heartbeat_factor), s.beat->median_step_s,
+        secs(opt_.heartbeat_min_s));
   }
 
   // A rank whose heartbeat has not advanced for longer than it is allowed.
@@ -350,13 +390,13 @@ class Watch {
     for (const RankState& s : ranks_) {
       if (s.gone || s.beats == 0) continue;
       if (t - s.changed_at > allowed(s)) over = true;
-      if (!noted_slow_ && 2 * s.slowest > opt_.heartbeat_timeout_s) {
+      if (!noted_slow_ && 2 * s.slowest_step > opt_.heartbeat_timeout_s) {
         noted_slow_ = true;
         std::fprintf(stderr,
                      "[launch] note: a step took %s s, longer than half of --heartbeat-timeout %s "
                      "s; a rank is called hung only after twice its slowest step without a "
                      "heartbeat\n",
-                     secs(s.slowest).c_str(), secs(opt_.heartbeat_timeout_s).c_str());
+                     secs(s.slowest_step).c_str(), secs(opt_.heartbeat_timeout_s).c_str());
       }
     }
     if (!over) return std::nullopt;
@@ -376,15 +416,19 @@ class Watch {
     const int culprit = *std::min_element(silent.begin(), silent.end(),
                                           [&](int a, int b) { return key(a) < key(b); });
     const RankState& s = ranks_[size_t(culprit)];
-    std::string why =
-        fmt::format("rank {} made no progress for {} s after step {} (heartbeat timeout {} s)",
-                    culprit, secs(t - s.changed_at), s.beat->step, secs(opt_.heartbeat_timeout_s));
-    if (allowed(s) > opt_.heartbeat_timeout_s) {
+    const char* where =
+        s.beat->phase == Beat::between_steps ? "after the update of step" : "after step";
+    std::string why = fmt::format("rank {} made no progress for {} s {} {} ({}", culprit,
+                                  secs(t - s.changed_at), where, s.beat->step, bound_text(s));
+    if (allowed(s) > named_bound(s)) {
       why += fmt::format(", allowed {} s as {}", secs(allowed(s)),
-                         in_first_step(s)    ? "its first step (the start-up deadline)"
-                         : s.beat->finishing ? "the end of the run (the start-up deadline)"
-                                             : "twice its slowest step");
+                         in_first_step(s) ? "its first step (the start-up deadline)"
+                         : s.beat->phase == Beat::finishing
+                             ? "the end of the run (the start-up deadline)"
+                         : s.beat->phase == Beat::between_steps ? "twice its longest silence"
+                                                                : "twice its slowest step");
     }
+    why += ")";
     details_.clear();
     if (s.pid > 0) {
       details_.push_back(

@@ -28,16 +28,24 @@ struct WatchOptions {
   bool heartbeats = false;         // the command writes heartbeats (tetra train)
   double startup_timeout_s = 0;    // every rank must write a heartbeat by then; 0: no limit
   double heartbeat_timeout_s = 0;  // then a heartbeat must advance this often; 0: no limit
+  // Within a step, once a rank's median step is known: at most heartbeat_factor x that median,
+  // at least heartbeat_min_s (and never above heartbeat_timeout_s). 0: the timeout throughout.
+  double heartbeat_factor = 0;
+  double heartbeat_min_s = 0;
   // The step the ranks start from (0, or the checkpoint a restart resumes from), which their
   // first heartbeat names: until the next, a rank is in its first step, which is allowed the
   // start-up deadline too. -1: not known (the command resumes itself), no such allowance.
   int64_t start_step = 0;
 };
 
-/** A rank's newest heartbeat: the step it finished last and the newest checkpoint it knows. */
+/** A rank's newest heartbeat: the step it finished last, the newest checkpoint it knows, where it
+ *  is (the phases of train/fault_hooks.h's BeatPhase) and its median step (0: not measured). */
 struct Beat {
+  enum Phase { training = 0, finishing = 1, between_steps = 2 };
   int64_t step = 0, checkpoint = 0;
-  bool finishing = false;  // past its last step: the final save, the summary, the exit
+  Phase phase = training;
+  double median_step_s = 0;
+  bool operator==(const Beat&) const = default;
 };
 
 struct JobOutcome {

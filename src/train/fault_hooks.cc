@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -80,6 +81,12 @@ void FaultInjection::after_reduction() {
         float(1.0 + faults_.corrupt_grad));
 }
 
+void FaultInjection::in_evaluation() const {
+  if (faults_.slow_eval_ms > 0 && rank_ == faults_.fault_rank) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(faults_.slow_eval_ms));
+  }
+}
+
 void FaultInjection::end_step(int64_t step) {
   if (rank_ != faults_.fault_rank) return;
   if (step == faults_.kill_step) {
@@ -105,11 +112,12 @@ Heartbeat::~Heartbeat() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Heartbeat::beat(int64_t step, int64_t newest_checkpoint, bool finishing) {
+void Heartbeat::beat(int64_t step, int64_t newest_checkpoint, BeatPhase phase,
+                     double median_step_s) {
   if (fd_ < 0) return;
   // Fixed width, so each beat overwrites the last in place.
-  const std::string beat =
-      fmt::format("{:>20} {:>20} {}\n", step, newest_checkpoint, finishing ? 1 : 0);
+  const std::string beat = fmt::format("{:>20} {:>20} {} {:>16.6f}\n", step, newest_checkpoint,
+                                       int(phase), std::min(median_step_s, 1e9));
   (void)!::pwrite(fd_, beat.data(), beat.size(), 0);
 }
 

@@ -25,6 +25,8 @@ class FaultInjection final : public UnitHooks {
   /** Arms this step's injections (debug.nan_grad_step, debug.fail_step on their ranks) and,
    *  with debug.slow_ms, sleeps that long on debug.fault_rank. */
   void begin_step(int64_t step);
+  /** In an evaluation: with debug.slow_eval_ms, sleeps that long on debug.fault_rank. */
+  void in_evaluation() const;
   /** After the step: dies by SIGKILL (debug.kill_step) or stops making progress
    *  (debug.hang_step) on debug.fault_rank. */
   void end_step(int64_t step);
@@ -49,16 +51,24 @@ class FaultInjection final : public UnitHooks {
   bool nan_ = false, fail_ = false, corrupt_ = false;
 };
 
-/** "<step> <newest checkpoint step> <phase>" in TETRA_HEARTBEAT_DIR/rank-N after every step,
- *  overwritten in place; phase 1 once the rank has left the step loop (finishing: the launcher
- *  then allows the end of the run the start-up deadline); nothing when the variable is unset. */
+/** Where a rank is, for the launcher's bound on its silence. */
+enum class BeatPhase {
+  training = 0,       // in the next step: bounded by the step time once it is known
+  finishing = 1,      // past its last step (the final save, the summary): the start-up deadline
+  between_steps = 2,  // after a step's update: its evaluation, checkpoint and reports
+};
+
+/** "<step> <newest checkpoint step> <phase> <median step s>" in TETRA_HEARTBEAT_DIR/rank-N,
+ *  overwritten in place, twice a step (between_steps once its update is done, training once its
+ *  evaluation and checkpoint are); the median step is 0 until measured. Nothing when the
+ *  variable is unset. */
 class Heartbeat {
  public:
   explicit Heartbeat(int rank);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
-  void beat(int64_t step, int64_t newest_checkpoint, bool finishing = false);
+  void beat(int64_t step, int64_t newest_checkpoint, BeatPhase phase, double median_step_s = 0);
 
  private:
   int fd_ = -1;

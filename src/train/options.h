@@ -107,7 +107,8 @@ struct FaultOptions {
   int64_t save_error_step = 0;    // fault_rank's write of this step's checkpoint fails (disk full)
   int64_t hang_step = 0;          // fault_rank stops making progress after this step
   int fault_rank = 0;
-  double slow_ms = 0;  // fault_rank sleeps this long in every step
+  double slow_ms = 0;       // fault_rank sleeps this long in every step
+  double slow_eval_ms = 0;  // and this long in every evaluation
   // Bad numbers on fault_rank: its gradient scaled by 1 + corrupt_grad at corrupt_step, its
   // known-answer test computed wrong at wrong_answer_step, and (on every rank) the loss of
   // spike_step read as 100 times larger by the spike policy.

@@ -152,7 +152,7 @@ void Trainer::setup(const std::string& config_toml) {
   ckpt_->start(start_step_, ledger_);
   heartbeat_ = std::make_unique<Heartbeat>(layout_->rank());
   health_ = std::make_unique<HealthMonitor>(opt_.health, *layout_);
-  heartbeat_->beat(start_step_, ckpt_->newest_step());
+  heartbeat_->beat(start_step_, ckpt_->newest_step(), BeatPhase::training);
   goodput_ = std::make_unique<Goodput>(opt_.run.dir, start_step_, layout_->is_root());
 }
 
@@ -160,6 +160,7 @@ double Trainer::evaluate() {
   const ProfileActivation not_profiled(nullptr);  // validation is not part of a training step
   std::vector<int32_t> inputs, targets;
   data_->validation(inputs, targets);
+  faults_->in_evaluation();
   stage_->begin_evaluation(inputs, targets, opt_.data.eval_batches);
   executor_->run_forward(*stage_, opt_.data.eval_batches);
   return layout_->model_loss(stage_->loss());
@@ -231,6 +232,10 @@ TrainResult Trainer::train() {
     rank_step.grad_sq = update.local_sq;
     health_->step(step, rank_step, rec);
     goodput_->step(step, rank_step.step_ms, rank_step.data_ms);
+    // The launcher bounds a step by the median step once three are measured, and what follows
+    // it (evaluation, a checkpoint) by its fixed --heartbeat-timeout.
+    const double median_step_s = s - start_step_ >= 2 ? report_->median_step_s() : 0.0;
+    heartbeat_->beat(step, ckpt_->newest_step(), BeatPhase::between_steps, median_step_s);
     const bool last = step == opt_.steps;
     if (data_->has_validation() &&
         (last || (opt_.data.eval_every > 0 && step % opt_.data.eval_every == 0))) {
@@ -247,13 +252,13 @@ TrainResult Trainer::train() {
     ckpt_->note(rec);
     goodput_->end_step(ckpt_->newest_step(), rec);
     report_->write(rec);
-    heartbeat_->beat(step, ckpt_->newest_step());
+    heartbeat_->beat(step, ckpt_->newest_step(), BeatPhase::training, median_step_s);
     faults_->end_step(step);
     report_->progress(step, update);
     result.final_loss = update.loss;
   }
   // Past the last step: the final save, the checkpoint's end and the summary are no step.
-  heartbeat_->beat(std::max(start_step_, opt_.steps), ckpt_->newest_step(), true);
+  heartbeat_->beat(std::max(start_step_, opt_.steps), ckpt_->newest_step(), BeatPhase::finishing);
   result.skipped = updater_->skips().total;
   result = report_->finish(result, health_->window_compute_ms());
   if (!opt_.outputs.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);

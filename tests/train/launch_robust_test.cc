@@ -119,6 +119,53 @@ TEST_F(LaunchRobust, AStoppedRankIsFoundWithoutMaxRestarts) {
   EXPECT_LT(since(stopped), 10) << r.output;
 }
 
+// The same with no flag: the launcher bounds a step by --heartbeat-factor (10) median steps, at
+// least --heartbeat-min (5 s), so a stopped rank on a job of fast steps is named within seconds,
+// not at the 300 s --heartbeat-timeout.
+TEST_F(LaunchRobust, AStoppedRankIsNamedAtTheStepBoundWithNoFlag) {
+  const fs::path beats = dir_ / "beats";
+  Ran r;
+  std::thread job([&] {
+    r = run_command("TETRA_HEARTBEAT_DIR=" + beats.string() + " " +
+                    launch("-n 2", train("run", 1000000)) + " < /dev/null");
+  });
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  while (since(start) < 120 && (pid == 0 || beat_step(beats / "rank-1") < 5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (pid == 0) pid = rank_process(beats, 1);
+  }
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  job.join();
+  EXPECT_EQ(r.code, 75) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launch] rank 1 made no progress for")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(step bound 5 s: --heartbeat-factor 10 x its median step "))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, fmt::format("rank 1 is process {}, stopped by a signal", pid)))
+      << r.output;
+  // The 5 s bound, a poll, then SIGTERM: well before the collective step deadline (30 s).
+  EXPECT_LT(since(stopped), 20) << r.output;
+  EXPECT_FALSE(contains(r.output, "[comm] watchdog")) << r.output;
+}
+
+// What follows a step is bounded by --heartbeat-timeout, not by the step bound: evaluations
+// (after steps 3 and 6) three times longer than the step bound (1 s here) keep a healthy job.
+TEST_F(LaunchRobust, AnEvaluationLongerThanTheStepBoundIsNoHang) {
+  const Ran r = run_command(launch("-n 1 --heartbeat-factor 1 --heartbeat-min 1",
+                                   train("run", 6,
+                                         "--data.val=" + path("train.bin") +
+                                             " --eval.every=3 --debug.slow_eval_ms=3000")) +
+                            " < /dev/null");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "made no progress")) << r.output;
+  // Each evaluation took its 3 s: three times the step bound.
+  std::ifstream in(path("run") + "/goodput.json");
+  const std::string account(std::istreambuf_iterator<char>(in), {});
+  EXPECT_TRUE(contains(account, "\"eval\": 6.")) << account;
+}
+
 TEST_F(LaunchRobust, RestartsThatMakeNoProgressEnd) {
   // The job dies after step 3 every time, its newest checkpoint after step 2: a second identical
   // failure ends the restarts however many are left.
