@@ -43,7 +43,10 @@ fi
 
 echo "== release build (-Werror; the CUDA backend too where nvcc is found) and full suite"
 rm -f build/ctest.log build/ctest-twohost.log build-asan/ctest.log
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTETRA_WERROR=ON >/dev/null
+# Unity builds (docs/testing.md): eight sources of a target compile as one, which parses the shared
+# headers once; the release build took 390 s instead of 574 s on a 2-core AMD EPYC.
+unity=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTETRA_WERROR=ON "${unity[@]}" >/dev/null
 timed "release build" cmake --build build -j "$jobs"
 timed "release ctest (one host)" ctest_logged build/ctest.log --test-dir build \
   --output-on-failure -j "$jobs" --timeout 600 -E 'TwoHost'
@@ -63,7 +66,7 @@ instrumented_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITH
 echo "== ASan/UBSan build of the unit tests"
 # The CUDA backend is compiled (and its GPU tests skip) in the release build above; the sanitizers
 # watch the host code.
-cmake -S . -B build-asan -G Ninja "${instrumented_flags[@]}" -DTETRA_SANITIZE=ON \
+cmake -S . -B build-asan -G Ninja "${instrumented_flags[@]}" "${unity[@]}" -DTETRA_SANITIZE=ON \
   -DTETRA_BUILD_BENCH=OFF -DTETRA_CUDA=OFF >/dev/null
 timed "asan build" cmake --build build-asan --target unit_tests -j "$jobs"
 # Multi-rank (mpi), PyTorch parity and CLI-driving tests run in the release build above; here

@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -48,20 +49,23 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-struct CommandResult {
+struct Ran {
   int code = -1;       // exit status; -1 when it did not exit normally
-  std::string output;  // stdout and stderr together
+  std::string output;  // stdout and (unless asked otherwise) stderr
+  double seconds = 0;  // wall time
 };
 
-/** Runs `command` through the shell, capturing stdout and stderr. */
-inline CommandResult run_command(const std::string& command) {
-  CommandResult r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
+/** Runs `command` through the shell, capturing both output streams (or stdout alone). */
+inline Ran run_command(const std::string& command, bool with_stderr = true) {
+  Ran r;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* p = popen((command + (with_stderr ? " 2>&1" : "")).c_str(), "r");
   if (!p) return r;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 

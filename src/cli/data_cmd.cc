@@ -11,7 +11,7 @@ namespace tetra::cli {
 
 namespace {
 
-constexpr const char* kUsage =
+constexpr const char* kDataUsage =
     "usage: tetra data prepare --input PATH [--input PATH ...] --out DIR\n"
     "                          [--tokenizer byte|train:N|FILE.json] [--shard-tokens N]\n"
     "                          [--val-fraction F] [--threads N] [--allow-binary]\n"
@@ -24,7 +24,7 @@ constexpr const char* kUsage =
 
 int prepare_main(const Args& args) {
   ArgParser p(
-      "data", "tetra data prepare", kUsage,
+      "data", "tetra data prepare", kDataUsage,
       {{.spec = {"--input", ValueKind::String, "\"\"", "a text file or a folder of them"},
         .metavar = "PATH",
         .repeatable = true},

@@ -17,7 +17,7 @@ namespace tetra::cli {
 
 namespace {
 
-constexpr const char* kUsage =
+constexpr const char* kExportUsage =
     "usage: tetra export --hf DIR --model FILE.safetensors|DIR --tokenizer FILE.json|byte\n"
     "                    [--config RUN_DIR/config.toml] [--model.KEY=VALUE ...]\n"
     "\n"
@@ -32,7 +32,7 @@ constexpr const char* kUsage =
 
 int export_main(const Args& args) {
   ArgParser p(
-      "export", "tetra export", kUsage,
+      "export", "tetra export", kExportUsage,
       {{{"--hf", ValueKind::String, "\"\"", "the model directory to write (required)"}, "DIR"},
        {{"--model", ValueKind::String, "\"\"", "the weights, or a model directory (required)"},
         "FILE.safetensors|DIR"},

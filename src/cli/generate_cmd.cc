@@ -23,7 +23,7 @@ namespace tetra::cli {
 
 namespace {
 
-constexpr const char* kUsage =
+constexpr const char* kGenerateUsage =
     "usage: tetra generate --model FILE.safetensors|DIR --tokenizer FILE.json|byte --prompt TEXT\n"
     "                      [--prompt TEXT ...] [--max-tokens 64] [--temperature 0.8]\n"
     "                      [--top-k 40] [--seed 1] [--threads N]\n"
@@ -42,7 +42,7 @@ constexpr const char* kUsage =
 
 int generate_main(const Args& args) {
   ArgParser p(
-      "generate", "tetra generate", kUsage,
+      "generate", "tetra generate", kGenerateUsage,
       {{{"--model", ValueKind::String, "\"\"",
          "the weights, or a Hugging Face model directory (required)"},
         "FILE.safetensors|DIR"},

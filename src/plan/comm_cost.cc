@@ -11,8 +11,6 @@ namespace tetra::plan {
 
 namespace {
 
-double act_bytes(Precision p) { return p == Precision::Fp32 ? 4.0 : 2.0; }
-
 double overlap_share(double seconds, double window) {
   return seconds > 0 ? std::min(1.0, window / seconds) : 1.0;
 }

@@ -9,13 +9,6 @@
 
 namespace tetra::plan {
 
-namespace {
-
-// Bytes of one activation element: bf16 under mixed precision, fp32 otherwise.
-double act_bytes(Precision p) { return p == Precision::Fp32 ? 4.0 : 2.0; }
-
-}  // namespace
-
 StateBytes state_bytes_per_param(Precision p) {
   if (p == Precision::Fp32) return StateBytes{4, 4, 0, 4, 4};
   return StateBytes{2, 2, 4, 4, 4};

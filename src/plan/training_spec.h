@@ -11,6 +11,9 @@ namespace tetra::plan {
 /** bf16 mixed precision (bf16 weights/grads, fp32 master + Adam) or plain fp32 Adam. */
 enum class Precision { Bf16Mixed, Fp32 };
 
+/** Bytes of one activation element: bf16 under mixed precision, fp32 otherwise. */
+inline double act_bytes(Precision p) { return p == Precision::Fp32 ? 4.0 : 2.0; }
+
 Precision parse_precision(const std::string& text);
 const char* to_string(Precision p);
 

@@ -9,6 +9,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stats.h"
 
 namespace tetra {
 
@@ -23,12 +24,6 @@ double quantile(std::vector<double> v, double q) {
 
 // The median, the mean of the middle two of an even count: with two ranks it is their mean, not
 // the faster one, so that the faster rank's noise alone does not make the other a straggler.
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Under tetra launch (TETRA_HEARTBEAT_DIR set), names the stragglers' hosts for the launcher. Each
 // rank writes the same list through its own temporary file, so the last rename wins unharmed.
 void write_straggler_hosts(const nlohmann::json& named) {

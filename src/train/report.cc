@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stats.h"
 #include "core/timer.h"
 #include "pipeline/trace.h"
 
@@ -26,12 +27,6 @@ std::string format_duration(double s) {
   if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, t / 60 % 60);
   if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
   return fmt::format("{}s", t);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 const char* precision_name(const GptConfig& m) { return m.bf16 ? "bf16" : "fp32"; }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stats.h"
 #include "core/timer.h"
 
 namespace tetra {
@@ -30,12 +31,6 @@ struct Report {
 // The spread of log norms is taken as at least this (5%), so that ranks whose norms agree
 // closely by chance do not make a small difference an outlier.
 constexpr double kMinLogSpread = 0.05;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 

@@ -13,7 +13,7 @@
 namespace tetra {
 namespace {
 
-const ConfigSchema kSchema = {
+const ConfigSchema kConfigSchema = {
     {"model.n_layer", ValueKind::Int, "4", "", "[1, 1024]"},
     {"train.seed", ValueKind::Int, "1", "", "[0, inf)"},
     {"train.offset", ValueKind::Int, "0", "", "[-inf, inf]"},
@@ -40,11 +40,11 @@ using testing::error_of;
 
 // The message of overriding `key` with `text`, "<no error>" when it is accepted.
 std::string override_error(const std::string& key, const std::string& text) {
-  return error_of([&] { Config::from_overrides(kSchema, {"--" + key + "=" + text}); });
+  return error_of([&] { Config::from_overrides(kConfigSchema, {"--" + key + "=" + text}); });
 }
 
 std::string file_error(const std::string& toml) {
-  return error_of([&] { Config::load(kSchema, write_toml(toml), {}); });
+  return error_of([&] { Config::load(kConfigSchema, write_toml(toml), {}); });
 }
 
 bool has(const std::string& msg, const std::string& part) {
@@ -53,7 +53,7 @@ bool has(const std::string& msg, const std::string& part) {
 
 TEST(Config, DefaultsFileAndOverridesInThatOrder) {
   std::string path = write_toml("[model]\nn_layer = 6\n[optim]\nlr = 1e-3\n");
-  Config c = Config::load(kSchema, path, {"--optim.lr=2e-3", "run.dir=out"});
+  Config c = Config::load(kConfigSchema, path, {"--optim.lr=2e-3", "run.dir=out"});
   EXPECT_EQ(c.i("model.n_layer"), 6);
   EXPECT_DOUBLE_EQ(c.f("optim.lr"), 2e-3);
   EXPECT_FALSE(c.b("data.shuffle"));
@@ -64,13 +64,14 @@ TEST(Config, DefaultsFileAndOverridesInThatOrder) {
 }
 
 TEST(Config, UnknownKeySuggestsTheClosest) {
-  std::string msg = error_of([] { Config::from_overrides(kSchema, {"--model.n_layers=3"}); });
+  std::string msg = error_of([] { Config::from_overrides(kConfigSchema, {"--model.n_layers=3"}); });
   EXPECT_TRUE(has(msg, "unknown key 'model.n_layers'")) << msg;
   EXPECT_TRUE(has(msg, "Did you mean 'model.n_layer'")) << msg;
   msg = file_error("[optimizer]\nlr = 1.0\n");
   EXPECT_TRUE(has(msg, "Did you mean 'optim.lr'")) << msg;
   EXPECT_TRUE(has(msg, ".toml:2:6: unknown key 'optimizer.lr'")) << msg;
-  msg = error_of([] { Config::from_overrides(kSchema, {"--" + std::string(5000, 'x') + "=1"}); });
+  msg = error_of(
+      [] { Config::from_overrides(kConfigSchema, {"--" + std::string(5000, 'x') + "=1"}); });
   EXPECT_TRUE(has(msg, "xxx...'")) << "a runaway key is cut: " << msg.size();
   EXPECT_LT(msg.size(), 400u);
 }
@@ -82,13 +83,15 @@ TEST(Config, WrongTypesAreRefused) {
   EXPECT_TRUE(has(file_error("[data]\nshuffle = 3\n"),
                   "'data.shuffle' must be true or false, got 3 (a TOML integer)"));
   EXPECT_TRUE(has(override_error("data.shuffle", "yes"), "must be true or false, got 'yes'"));
-  EXPECT_TRUE(has(error_of([] { Config::from_overrides(kSchema, {"--model.n_layer"}); }),
+  EXPECT_TRUE(has(error_of([] { Config::from_overrides(kConfigSchema, {"--model.n_layer"}); }),
                   "--section.key=value"));
-  EXPECT_TRUE(has(error_of([] { Config::load(kSchema, "/nonexistent/x.toml", {}); }),
+  EXPECT_TRUE(has(error_of([] { Config::load(kConfigSchema, "/nonexistent/x.toml", {}); }),
                   "cannot open config file '/nonexistent/x.toml'"));
-  EXPECT_TRUE(has(
-      error_of([] { Config::load(kSchema, std::filesystem::temp_directory_path().string(), {}); }),
-      "is a directory"));
+  EXPECT_TRUE(has(error_of([] {
+                    Config::load(kConfigSchema, std::filesystem::temp_directory_path().string(),
+                                 {});
+                  }),
+                  "is a directory"));
   EXPECT_TRUE(has(file_error("[model\n"), ".toml:1:"));
 }
 
@@ -129,7 +132,7 @@ TEST(Config, IntegersNeverWrap) {
   }
   // int64 range ends are exact.
   Config c = Config::from_overrides(
-      kSchema, {"train.seed=9223372036854775807", "train.offset=-9223372036854775808"});
+      kConfigSchema, {"train.seed=9223372036854775807", "train.offset=-9223372036854775808"});
   EXPECT_EQ(c.i("train.seed"), INT64_MAX);
   EXPECT_EQ(c.i("train.offset"), INT64_MIN);
   EXPECT_TRUE(has(override_error("train.seed", "9223372036854775808"),
@@ -139,8 +142,10 @@ TEST(Config, IntegersNeverWrap) {
   EXPECT_TRUE(has(override_error("train.offset", "9.3e18"), "got '9.3e18'"));
   EXPECT_TRUE(has(override_error("train.seed", "-1"), "got '-1'"));
   // Unranged integer keys fit 32 bits, so a reader's int() is exact.
-  EXPECT_EQ(Config::from_overrides(kSchema, {"eval.every=2147483647"}).i("eval.every"), INT32_MAX);
-  EXPECT_EQ(Config::from_overrides(kSchema, {"eval.every=-2147483648"}).i("eval.every"), INT32_MIN);
+  EXPECT_EQ(Config::from_overrides(kConfigSchema, {"eval.every=2147483647"}).i("eval.every"),
+            INT32_MAX);
+  EXPECT_EQ(Config::from_overrides(kConfigSchema, {"eval.every=-2147483648"}).i("eval.every"),
+            INT32_MIN);
   EXPECT_TRUE(has(override_error("eval.every", "2147483648"),
                   "'eval.every' must be an integer in [-2147483648, 2147483647], got "
                   "'2147483648'"));
@@ -155,8 +160,8 @@ TEST(Config, IntegerSpellingsThatAreExact) {
   for (const char* typed : {"1024", "+7", "1e3", "1.0e3", "4.0", "1", "001"}) {
     EXPECT_EQ(override_error("model.n_layer", typed), "<no error>") << typed;
   }
-  EXPECT_EQ(Config::from_overrides(kSchema, {"model.n_layer=1e3"}).i("model.n_layer"), 1000);
-  EXPECT_EQ(Config::from_overrides(kSchema, {"train.seed=1e18"}).i("train.seed"),
+  EXPECT_EQ(Config::from_overrides(kConfigSchema, {"model.n_layer=1e3"}).i("model.n_layer"), 1000);
+  EXPECT_EQ(Config::from_overrides(kConfigSchema, {"train.seed=1e18"}).i("train.seed"),
             1000000000000000000);
 }
 
@@ -175,7 +180,7 @@ TEST(Config, IntegersFromTheFileAreCheckedToo) {
   EXPECT_TRUE(has(file_error("[model]\nn_layer = 9223372036854775808\n"), ".toml:2:"));
   EXPECT_TRUE(has(file_error("[eval]\nevery = 2147483648\n"), "got '2147483648'"));
   EXPECT_TRUE(has(file_error("[train]\nseed = -1\n"), "[0, inf), got '-1'"));
-  EXPECT_EQ(Config::load(kSchema, write_toml("[train]\nseed = 9223372036854775807\n"), {})
+  EXPECT_EQ(Config::load(kConfigSchema, write_toml("[train]\nseed = 9223372036854775807\n"), {})
                 .i("train.seed"),
             INT64_MAX);
 }
@@ -205,7 +210,8 @@ TEST(Config, FloatRangesAndNonFiniteValues) {
   EXPECT_TRUE(has(file_error("[optim]\nlr = 0.0\n"), "got '0.0'"));
   EXPECT_TRUE(has(file_error("[optim]\nbeta1 = 1\n"), "in [0, 1), got '1'"));
   EXPECT_TRUE(has(file_error("[optim]\nlr = \"1e-3\"\n"), "(a TOML string)"));
-  EXPECT_DOUBLE_EQ(Config::load(kSchema, write_toml("[optim]\nlr = 2\n"), {}).f("optim.lr"), 2.0);
+  EXPECT_DOUBLE_EQ(Config::load(kConfigSchema, write_toml("[optim]\nlr = 2\n"), {}).f("optim.lr"),
+                   2.0);
 }
 
 TEST(Config, StringChoices) {
@@ -219,13 +225,13 @@ TEST(Config, StringChoices) {
 }
 
 TEST(Config, DescribesWhatAKeyAccepts) {
-  EXPECT_EQ(describe_valid(kSchema[0]), "an integer in [1, 1024]");
-  EXPECT_EQ(describe_valid(kSchema[3]), "an integer in [-2147483648, 2147483647]");
-  EXPECT_EQ(describe_valid(kSchema[5]), "a finite number in (0, 1000]");
-  EXPECT_EQ(describe_valid(kSchema[7]), "a finite number");
-  EXPECT_EQ(describe_valid(kSchema[8]), "true or false");
-  EXPECT_EQ(describe_valid(kSchema[9]), "a string");
-  EXPECT_EQ(describe_valid(kSchema[10]), "one of: cosine, constant");
+  EXPECT_EQ(describe_valid(kConfigSchema[0]), "an integer in [1, 1024]");
+  EXPECT_EQ(describe_valid(kConfigSchema[3]), "an integer in [-2147483648, 2147483647]");
+  EXPECT_EQ(describe_valid(kConfigSchema[5]), "a finite number in (0, 1000]");
+  EXPECT_EQ(describe_valid(kConfigSchema[7]), "a finite number");
+  EXPECT_EQ(describe_valid(kConfigSchema[8]), "true or false");
+  EXPECT_EQ(describe_valid(kConfigSchema[9]), "a string");
+  EXPECT_EQ(describe_valid(kConfigSchema[10]), "one of: cosine, constant");
 }
 
 TEST(Config, DefaultsOutsideTheirRangeAreAProgrammingError) {
@@ -238,16 +244,17 @@ TEST(Config, DefaultsOutsideTheirRangeAreAProgrammingError) {
 }
 
 TEST(Config, ParsesTextAsAFile) {
-  Config c = Config::parse(kSchema, "[model]\nn_layer = 8\n", "inline", {"optim.lr=1"});
+  Config c = Config::parse(kConfigSchema, "[model]\nn_layer = 8\n", "inline", {"optim.lr=1"});
   EXPECT_EQ(c.i("model.n_layer"), 8);
   EXPECT_DOUBLE_EQ(c.f("optim.lr"), 1.0);
-  EXPECT_TRUE(has(error_of([] { Config::parse(kSchema, "[model]\nn_layer = 0\n", "inline", {}); }),
-                  "[config] inline:2:11: 'model.n_layer'"));
+  EXPECT_TRUE(
+      has(error_of([] { Config::parse(kConfigSchema, "[model]\nn_layer = 0\n", "inline", {}); }),
+          "[config] inline:2:11: 'model.n_layer'"));
 }
 
 TEST(Config, RoundTripsThroughToml) {
-  Config c = Config::from_overrides(kSchema, {"--optim.lr=0.5", "--run.dir=a b"});
-  Config d = Config::load(kSchema, write_toml(c.to_toml()), {});
+  Config c = Config::from_overrides(kConfigSchema, {"--optim.lr=0.5", "--run.dir=a b"});
+  Config d = Config::load(kConfigSchema, write_toml(c.to_toml()), {});
   EXPECT_DOUBLE_EQ(d.f("optim.lr"), 0.5);
   EXPECT_EQ(d.s("run.dir"), "a b");
   EXPECT_EQ(d.i("model.n_layer"), 4);
@@ -260,9 +267,9 @@ TEST(Config, StringsRoundTripThroughToml) {
   for (const std::string& dir :
        std::vector<std::string>{"m'''x\nline", "a\"b\\c", "tab\there", "caf\xc3\xa9",
                                 std::string("nul\0byte", 8), "\"\"\"\n"}) {
-    Config c = Config::from_overrides(kSchema, {"run.dir=" + dir});
+    Config c = Config::from_overrides(kConfigSchema, {"run.dir=" + dir});
     EXPECT_EQ(c.s("run.dir"), dir);
-    Config d = Config::parse(kSchema, c.to_toml(), "saved", {});
+    Config d = Config::parse(kConfigSchema, c.to_toml(), "saved", {});
     EXPECT_EQ(d.s("run.dir"), dir) << c.to_toml();
   }
   EXPECT_TRUE(has(override_error("run.dir", "a\xff"), "'run.dir' must be UTF-8 text"));

@@ -13,10 +13,12 @@
 #include "core/error.h"
 #include "model/gpt.h"
 #include "tests/model/test_model.h"
+#include "tests/test_util.h"
 
 namespace tetra {
 namespace {
 
+using testing::error_of;
 using testing::TestModel;
 using testing::tokens;
 
@@ -31,15 +33,6 @@ GptConfig tiny_llama(bool tied = false, int kv_heads = 2) {
   l.tie_embeddings = tied;
   c.set_llama(l);
   return c;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Llama, WholeModelGradientMatchesFiniteDifferences) {

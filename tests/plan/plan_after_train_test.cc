@@ -28,7 +28,7 @@ TEST(PlanAfterTrain, CpuPlanRunsAfterAOneThreadTrainRunInTheSameHome) {
                           TETRA_BINARY + " ";
   const fs::path cache = dir / "home" / ".cache" / "tetra" / "peak.json";
 
-  const testing::CommandResult train =
+  const testing::Ran train =
       testing::run_command(run + "train --config configs/tiny.toml --train.steps=2 " +
                            "--run.threads=1 --run.dir=" + (dir / "run").string());
   ASSERT_EQ(train.code, 0) << train.output;
@@ -39,7 +39,7 @@ TEST(PlanAfterTrain, CpuPlanRunsAfterAOneThreadTrainRunInTheSameHome) {
     ASSERT_TRUE(j["threads"].contains("1")) << j.dump();
   }
 
-  const testing::CommandResult plan =
+  const testing::Ran plan =
       testing::run_command(run + "plan --config configs/plan/gpt2-124m-cpu.toml");
   ASSERT_EQ(plan.code, 0) << plan.output;
   EXPECT_NE(plan.output.find("2. Compute"), std::string::npos) << plan.output;

@@ -51,13 +51,6 @@ class CkptRobust : public testing::RunDirTest {
   }
 };
 
-#define EXPECT_REFUSED(ran, what)                                        \
-  do {                                                                   \
-    const Ran r_ = (ran);                                                \
-    EXPECT_EQ(r_.code, 2) << r_.output;                                  \
-    EXPECT_TRUE(contains(r_.output, what)) << what << "\n" << r_.output; \
-  } while (0)
-
 TEST_F(CkptRobust, StrayNamesInCkptDirAreNotedAndNeverFatal) {
   const std::string ckpt =
       "--ckpt.every=2 --ckpt.async=false --ckpt.keep=2 --ckpt.dir=" + path("ckpt") + " ";

@@ -71,7 +71,8 @@ class TrainCli : public ::testing::Test {
   fs::path dir_;
 };
 
-#define EXPECT_REFUSED(run, text)                                                               \
+// Refused before the first step: exit code 2, `text` said, no step line.
+#define EXPECT_REFUSED_AT_START(run, text)                                                      \
   do {                                                                                          \
     EXPECT_EQ((run).code, 2) << (run).output;                                                   \
     EXPECT_NE((run).output.find(text), std::string::npos) << "missing '" << (text) << "' in:\n" \
@@ -114,75 +115,84 @@ TEST_F(TrainCli, EveryShippedModelConfigTrains) {
 }
 
 TEST_F(TrainCli, UnknownKeyGetsASuggestion) {
-  EXPECT_REFUSED(tetra(base() + " --optim.learning_rate=1e-3"),
-                 "unknown key 'optim.learning_rate'");
-  EXPECT_REFUSED(tetra(base() + " --model.n_layers=3"), "Did you mean 'model.n_layer'");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --optim.learning_rate=1e-3"),
+                          "unknown key 'optim.learning_rate'");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --model.n_layers=3"), "Did you mean 'model.n_layer'");
 }
 
 TEST_F(TrainCli, HeadsMustDivideDModel) {
-  EXPECT_REFUSED(tetra(base() + " --model.n_head=3"),
-                 "model.n_head=3 does not divide model.d_model=32");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --model.n_head=3"),
+                          "model.n_head=3 does not divide model.d_model=32");
 }
 
 TEST_F(TrainCli, TensorParallelSizeMustSplitTheHeadsAndHaveItsRanks) {
-  EXPECT_REFUSED(tetra(base() + " --parallel.tp=3"),
-                 "[model] parallel.tp=3 does not divide model.n_head=2: tensor parallelism gives "
-                 "each rank whole attention heads (and 4*d_model/tp MLP channels); use parallel.tp "
-                 "in {1, 2}");
-  EXPECT_REFUSED(tetra(base() + " --parallel.tp=2"),
-                 "[train] parallel.tp=2 needs 2 ranks but this is a single process; run it as "
-                 "`tetra launch -n 2 -- train ...`");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --parallel.tp=3"),
+      "[model] parallel.tp=3 does not divide model.n_head=2: tensor parallelism gives "
+      "each rank whole attention heads (and 4*d_model/tp MLP channels); use parallel.tp "
+      "in {1, 2}");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --parallel.tp=2"),
+      "[train] parallel.tp=2 needs 2 ranks but this is a single process; run it as "
+      "`tetra launch -n 2 -- train ...`");
 }
 
 // Context parallelism (parallel.cp): each rank holds two chunks of T/(2cp) tokens, dense models
 // only, no expert parallelism, no selective recomputation or bf16; a single process has one rank.
 TEST_F(TrainCli, ContextParallelSizeIsChecked) {
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=0"),
-                 "'parallel.cp' must be an integer in [1, 1048576], got '0'");
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=3"),
-                 "[config] train.seq_len=16 is not divisible by 2*parallel.cp = 6: each rank holds "
-                 "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. 12");
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=16"), "multiple of 2*cp, e.g. 32");
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4"),
-                 "[config] parallel.cp=2 with model.moe_experts=4: context parallelism runs dense "
-                 "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts");
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --model.moe_experts=4 --parallel.ep=2"),
-                 "[config] parallel.cp=2 with parallel.ep=2: context parallelism does not combine "
-                 "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep");
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2 --train.recompute=selective"),
-                 "[config] parallel.cp=2 with train.recompute=selective: context-parallel "
-                 "attention keeps only each row's log-sum-exp");
-  EXPECT_REFUSED(tetra(base() + " --parallel.cp=2"),
-                 "[train] parallel.cp=2 needs 2 ranks but this is a single process; run it as "
-                 "`tetra launch -n 2 -- train ...`");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --parallel.cp=0"),
+                          "'parallel.cp' must be an integer in [1, 1048576], got '0'");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --parallel.cp=3"),
+      "[config] train.seq_len=16 is not divisible by 2*parallel.cp = 6: each rank holds "
+      "two chunks of T/(2cp) tokens; use a seq_len that is a multiple of 2*cp, e.g. 12");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --parallel.cp=16"), "multiple of 2*cp, e.g. 32");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --parallel.cp=2 --model.moe_experts=4"),
+      "[config] parallel.cp=2 with model.moe_experts=4: context parallelism runs dense "
+      "models only; use model.moe_experts=0 with cp, or parallel.cp=1 with experts");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --parallel.cp=2 --model.moe_experts=4 --parallel.ep=2"),
+      "[config] parallel.cp=2 with parallel.ep=2: context parallelism does not combine "
+      "with expert parallelism; use parallel.ep=1 with cp, or parallel.cp=1 with ep");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --parallel.cp=2 --train.recompute=selective"),
+                          "[config] parallel.cp=2 with train.recompute=selective: context-parallel "
+                          "attention keeps only each row's log-sum-exp");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --parallel.cp=2"),
+      "[train] parallel.cp=2 needs 2 ranks but this is a single process; run it as "
+      "`tetra launch -n 2 -- train ...`");
 }
 
 // run.memory_limit_gb: a run the ledger plans above the limit is refused before anything is
 // allocated or written, naming what fits.
 TEST_F(TrainCli, MemoryLimitRefusesWithWhatFits) {
   const std::string longer = base() + " --model.max_seq=256 --train.seq_len=256";
-  EXPECT_REFUSED(tetra(longer + " --run.memory_limit_gb=0.01"),
-                 "is 0.015 GB (activations 0.00896 GB, temporaries 0.00551 GB), above "
-                 "run.memory_limit_gb=0.01; use parallel.cp=2 on 2 ranks (0.00467 GB per rank), or "
-                 "train.recompute=full (0.00899 GB per rank)");
-  EXPECT_REFUSED(tetra(longer + " --run.memory_limit_gb=0.003"),
-                 "use parallel.cp=4 on 4 ranks (0.00256 GB per rank)");
-  EXPECT_REFUSED(tetra(base() + " --run.memory_limit_gb=1e-6"),
-                 "above run.memory_limit_gb=1e-06; lower train.micro_batch or train.seq_len");
+  EXPECT_REFUSED_AT_START(
+      tetra(longer + " --run.memory_limit_gb=0.01"),
+      "is 0.015 GB (activations 0.00896 GB, temporaries 0.00551 GB), above "
+      "run.memory_limit_gb=0.01; use parallel.cp=2 on 2 ranks (0.00467 GB per rank), or "
+      "train.recompute=full (0.00899 GB per rank)");
+  EXPECT_REFUSED_AT_START(tetra(longer + " --run.memory_limit_gb=0.003"),
+                          "use parallel.cp=4 on 4 ranks (0.00256 GB per rank)");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --run.memory_limit_gb=1e-6"),
+      "above run.memory_limit_gb=1e-06; lower train.micro_batch or train.seq_len");
 }
 
 TEST_F(TrainCli, TokenIdBeyondVocabIsRefused) {
-  EXPECT_REFUSED(tetra(base() + " --model.vocab_size=50"),
-                 "holds token id 60 but model.vocab_size=50");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --model.vocab_size=50"),
+                          "holds token id 60 but model.vocab_size=50");
 }
 
 TEST_F(TrainCli, TruncatedAndForeignDataFilesAreRefused) {
   fs::copy_file(path("train.bin"), path("cut.bin"));
   fs::resize_file(path("cut.bin"), fs::file_size(path("cut.bin")) - 10);
-  EXPECT_REFUSED(tetra(base() + " --data.train=" + path("cut.bin")), "truncated");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --data.train=" + path("cut.bin")), "truncated");
   std::ofstream(path("foreign.bin")) << std::string(2000, 'x');
-  EXPECT_REFUSED(tetra(base() + " --data.train=" + path("foreign.bin")), "not a token shard");
-  EXPECT_REFUSED(tetra(base() + " --data.train=" + path("missing.bin")), "missing.bin");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --data.train=" + path("foreign.bin")),
+                          "not a token shard");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --data.train=" + path("missing.bin")), "missing.bin");
 }
 
 TEST_F(TrainCli, SafetensorsWithWrongNamesOrShapesAreRefused) {
@@ -198,12 +208,13 @@ TEST_F(TrainCli, SafetensorsWithWrongNamesOrShapesAreRefused) {
       renamed.tensors.at("transformer.h.0.attn.c_attn.weight");
   renamed.tensors.erase("transformer.h.0.attn.c_attn.weight");
   write_safetensors(path("renamed.safetensors"), renamed);
-  EXPECT_REFUSED(tetra(base() + " --init.from=" + path("renamed.safetensors")), "c_atn");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --init.from=" + path("renamed.safetensors")), "c_atn");
 
-  EXPECT_REFUSED(tetra(base() + " --model.d_model=64 --init.from=" + path("w.safetensors")),
-                 "has shape (64, 32) but this model needs (64, 64)");
-  EXPECT_REFUSED(tetra(base() + " --model.n_layer=1 --init.from=" + path("w.safetensors")),
-                 "transformer.h.1.");
+  EXPECT_REFUSED_AT_START(
+      tetra(base() + " --model.d_model=64 --init.from=" + path("w.safetensors")),
+      "has shape (64, 32) but this model needs (64, 64)");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --model.n_layer=1 --init.from=" + path("w.safetensors")),
+                          "transformer.h.1.");
 }
 
 TEST_F(TrainCli, AccumulationMatchesTheLargerBatch) {
@@ -240,12 +251,12 @@ TEST_F(TrainCli, IntegersNeverWrap) {
   const std::string layers = "'model.n_layer' must be an integer in [1, 10000], got '";
   for (const char* typed : {"4294967297", "4294967296", "2147483648", "9223372036854775808",
                             "-9223372036854775809", "1e30", "nan", "inf", "12abc", "0"}) {
-    EXPECT_REFUSED(tetra(base() + " --model.n_layer=" + typed), layers + typed + "'");
+    EXPECT_REFUSED_AT_START(tetra(base() + " --model.n_layer=" + typed), layers + typed + "'");
   }
-  EXPECT_REFUSED(tetra(base() + " --train.micro_batch=4294967300"),
-                 "'train.micro_batch' must be an integer in [1, 16384], got '4294967300'");
-  EXPECT_REFUSED(tetra(base() + " --train.steps=9223372036854775807"),
-                 "'train.steps' must be an integer in [1, 1000000000000]");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --train.micro_batch=4294967300"),
+                          "'train.micro_batch' must be an integer in [1, 16384], got '4294967300'");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --train.steps=9223372036854775807"),
+                          "'train.steps' must be an integer in [1, 1000000000000]");
 }
 
 TEST_F(TrainCli, OutOfRangeSettingsAreRefused) {
@@ -273,7 +284,7 @@ TEST_F(TrainCli, OutOfRangeSettingsAreRefused) {
       {"run.device=tpu", "'run.device' must be one of: cpu, cuda, got 'tpu'"},
   };
   for (const auto& [arg, message] : cases) {
-    EXPECT_REFUSED(tetra(base() + " --" + arg), message);
+    EXPECT_REFUSED_AT_START(tetra(base() + " --" + arg), message);
   }
 }
 
@@ -285,7 +296,7 @@ TEST_F(TrainCli, CudaDeviceIsRefusedWhereItCannotRun) {
   const std::string why = cuda_unavailable();
   const CliRun run = tetra(base() + " --run.device=cuda --train.steps=2");
   if (!why.empty()) {
-    EXPECT_REFUSED(run, "[device] run.device=cuda: " + why + "; or set run.device=cpu");
+    EXPECT_REFUSED_AT_START(run, "[device] run.device=cuda: " + why + "; or set run.device=cpu");
     return;
   }
   EXPECT_EQ(run.code, 0) << run.output;
@@ -312,13 +323,14 @@ TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElse
   } else {
     ::unsetenv("ONEDNN_MAX_CPU_ISA");
   }
-  EXPECT_REFUSED(capped,
-                 "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
-                 "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA avx2");
+  EXPECT_REFUSED_AT_START(
+      capped,
+      "[config] train.precision=bf16 needs a CPU with bf16 instructions (oneDNN ISA "
+      "avx512_core_bf16 or avx512_core_amx); this one has oneDNN ISA avx2");
   std::cout << "[ bf16     ] " << (mp.hardware ? "trains" : "is refused") << " on " << mp.describe()
             << std::endl;
   if (!mp.hardware) {
-    EXPECT_REFUSED(tetra(bf16), "this one has oneDNN ISA " + mp.isa);
+    EXPECT_REFUSED_AT_START(tetra(bf16), "this one has oneDNN ISA " + mp.isa);
     return;
   }
   ASSERT_EQ(tetra(bf16 + " --run.profile=true --run.dir=" + path("b")).code, 0);
@@ -391,7 +403,8 @@ TEST_F(TrainCli, MatmulPolicyFixesOneLibraryOrChoosesPerProduct) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("[memory]"), std::string::npos) << "refused after the set-up";
-  EXPECT_REFUSED(tetra(base() + " --kernels.matmul=mkl"), "one of: auto, onednn, openblas");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --kernels.matmul=mkl"),
+                          "one of: auto, onednn, openblas");
 }
 
 TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {
@@ -414,16 +427,19 @@ TEST(TrainSchema, EveryDefaultIsInItsRangeAndNewKeysReachTheOptions) {
 }
 
 TEST_F(TrainCli, ArgumentErrorsSayWhatToChange) {
-  EXPECT_REFUSED(tetra("train --confg x.toml"),
-                 "[train] unknown option '--confg'. Did you mean '--config'?");
-  EXPECT_REFUSED(tetra("train --steps=3"), "Did you mean '--train.steps'?");
-  EXPECT_REFUSED(tetra("train --config"), "[train] --config needs a value: --config FILE.toml");
-  EXPECT_REFUSED(tetra("train --config --train.steps=3"), "--config needs a value");
-  EXPECT_REFUSED(tetra(base() + " --optim.lr"), "[train] --optim.lr needs a value");
-  EXPECT_REFUSED(tetra("train configs/tiny.toml"),
-                 "[train] unexpected argument 'configs/tiny.toml'");
-  EXPECT_REFUSED(tetra("train --config a.toml --config b.toml"), "--config is given twice");
-  EXPECT_REFUSED(tetra("train --config " + path("missing.toml")), "cannot open config file");
+  EXPECT_REFUSED_AT_START(tetra("train --confg x.toml"),
+                          "[train] unknown option '--confg'. Did you mean '--config'?");
+  EXPECT_REFUSED_AT_START(tetra("train --steps=3"), "Did you mean '--train.steps'?");
+  EXPECT_REFUSED_AT_START(tetra("train --config"),
+                          "[train] --config needs a value: --config FILE.toml");
+  EXPECT_REFUSED_AT_START(tetra("train --config --train.steps=3"), "--config needs a value");
+  EXPECT_REFUSED_AT_START(tetra(base() + " --optim.lr"), "[train] --optim.lr needs a value");
+  EXPECT_REFUSED_AT_START(tetra("train configs/tiny.toml"),
+                          "[train] unexpected argument 'configs/tiny.toml'");
+  EXPECT_REFUSED_AT_START(tetra("train --config a.toml --config b.toml"),
+                          "--config is given twice");
+  EXPECT_REFUSED_AT_START(tetra("train --config " + path("missing.toml")),
+                          "cannot open config file");
 }
 
 TEST_F(TrainCli, FlagValueSpellings) {

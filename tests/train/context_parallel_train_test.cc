@@ -28,7 +28,7 @@ using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-constexpr int kSteps = 4, kT = 512, kVocab = 97;
+constexpr int kCpSteps = 4, kCpT = 512, kCpVocab = 97;
 
 class ContextParallelTrain : public ::testing::Test {
  protected:
@@ -43,7 +43,7 @@ class ContextParallelTrain : public ::testing::Test {
     uint32_t x = 5, t = 0;
     for (auto& tok : tokens) {
       x = x * 1103515245u + 12345u;
-      tok = t = (t * 5 + 3 + (x >> 16) % 4) % kVocab;
+      tok = t = (t * 5 + 3 + (x >> 16) % 4) % kCpVocab;
     }
     write_token_shard((dir_ / "train.bin").string(), tokens);
     tokens.resize(6000);
@@ -55,15 +55,15 @@ class ContextParallelTrain : public ::testing::Test {
   // validation after the last step. optim.eps=1e-6 as in the other layout tests: AdamW's 1e-8
   // turns a gradient element that nearly cancels into an lr-sized step of either sign.
   static std::string args(const std::string& name, int dp, int micro_batch,
-                          const std::string& extra, int T = kT) {
+                          const std::string& extra, int T = kCpT) {
     const fs::path run = dir_ / name;
     return "train --model.vocab_size=97 --model.vocab_multiple=8 --model.n_layer=3 "
            "--model.n_head=4 --model.d_model=32 --model.max_seq=" +
-           std::to_string(kT) + " --train.seq_len=" + std::to_string(T) +
-           " --train.steps=" + std::to_string(kSteps) +
+           std::to_string(kCpT) + " --train.seq_len=" + std::to_string(T) +
+           " --train.steps=" + std::to_string(kCpSteps) +
            " --optim.lr=1e-2 --optim.eps=1e-6 --optim.warmup_steps=1 --data.shuffle=true "
            "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=120 --eval.every=" +
-           std::to_string(kSteps) + " --eval.batches=" + std::to_string(4 / micro_batch) +
+           std::to_string(kCpSteps) + " --eval.batches=" + std::to_string(4 / micro_batch) +
            " --run.progress=never --train.micro_batch=" + std::to_string(micro_batch) +
            " --train.grad_accum=" + std::to_string(4 / micro_batch / dp) +
            " --data.train=" + (dir_ / "train.bin").string() +
@@ -99,8 +99,8 @@ class ContextParallelTrain : public ::testing::Test {
     // The cp ranks' gradients are shares of different chunks: the bad-number checks compare
     // ranks of one cp coordinate only, and no update is skipped.
     EXPECT_EQ(r.output.find("bad numbers"), std::string::npos) << r.output;
-    ASSERT_EQ(r.loss.size(), size_t(kSteps));
-    for (size_t s = 0; s < size_t(kSteps); ++s) {
+    ASSERT_EQ(r.loss.size(), size_t(kCpSteps));
+    for (size_t s = 0; s < size_t(kCpSteps); ++s) {
       EXPECT_NEAR(r.loss[s], serial.loss[s], 1e-5 * serial.loss[s]) << "step " << s + 1;
     }
     // Blockwise attention is another float32 computation of the same softmax (pieces merged by
@@ -144,7 +144,7 @@ TEST_F(ContextParallelTrain, Gpt2LayoutsReproduceTheSerialRun) {
   // The ring's bytes per step on every rank: per block and micro-batch, the local K and V
   // (B · T/cp tokens · 2 · kv_width f32) sent cp-1 times forward and twice that backward.
   const nlohmann::json last = records("gpt2_cp4").back();
-  const double hop = 4.0 * (kT / 4) * 2 * 32 * 4;  // one micro-batch of 4 sequences, C = 32
+  const double hop = 4.0 * (kCpT / 4) * 2 * 32 * 4;  // one micro-batch of 4 sequences, C = 32
   EXPECT_EQ(last["cp_comm_bytes"].get<double>(), 3 /*blocks*/ * 3 * hop * (4 - 1));
 }
 
@@ -188,9 +188,9 @@ TEST_F(ContextParallelTrain, CheckpointsReshardAcrossCp) {
     SCOPED_TRACE(l.name);
     const LayoutRun r = train(l.ranks, l.dp, l.micro_batch, l.name, l.flags);
     ASSERT_EQ(r.code, 0) << r.output;
-    ASSERT_GE(r.loss.size(), size_t(kSteps - 2));
-    const size_t first = r.loss.size() - size_t(kSteps - 2);
-    for (size_t s = 0; s < size_t(kSteps - 2); ++s) {
+    ASSERT_GE(r.loss.size(), size_t(kCpSteps - 2));
+    const size_t first = r.loss.size() - size_t(kCpSteps - 2);
+    for (size_t s = 0; s < size_t(kCpSteps - 2); ++s) {
       EXPECT_NEAR(r.loss[first + s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2])
           << "step " << s + 3;
     }
@@ -220,7 +220,7 @@ TEST_F(ContextParallelTrain, LayoutsThatCannotWorkAreRefusedWithWhatWould) {
   struct Bad {
     int ranks;
     std::string flags, needle;
-    int T = kT;
+    int T = kCpT;
   };
   const Bad bad[] = {
       // T = 510 does not split into 2·cp = 8 chunks: refused, naming the lengths that would.

@@ -25,8 +25,8 @@ using testing::tetra_command;
 using Result = testing::LayoutRun;
 
 // A vocabulary of 333 with no padding (vocab_multiple 1): wte's rows divide by no rank count.
-constexpr int kVocab = 333;
-constexpr int kSteps = 5;
+constexpr int kDpVocab = 333;
+constexpr int kDpSteps = 5;
 
 class DataParallel : public ::testing::Test {
  protected:
@@ -37,7 +37,7 @@ class DataParallel : public ::testing::Test {
     fs::create_directories(dir_);
     std::vector<uint32_t> tokens(20000);
     uint32_t x = 1;
-    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kVocab;
+    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kDpVocab;
     write_token_shard((dir_ / "train.bin").string(), tokens);
   }
 
@@ -46,10 +46,10 @@ class DataParallel : public ::testing::Test {
                       const std::string& extra = "") {
     fs::path run = dir_ / name;
     const std::string args =
-        "train --model.vocab_size=" + std::to_string(kVocab) +
+        "train --model.vocab_size=" + std::to_string(kDpVocab) +
         " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=2 --model.d_model=32 "
         "--model.max_seq=16 --train.seq_len=16 --train.steps=" +
-        std::to_string(kSteps) +
+        std::to_string(kDpSteps) +
         " --optim.lr=1e-2 --optim.warmup_steps=2 --data.shuffle=true --run.threads=1 "
         "--run.peak_gflops=50 "
         "--dp.bucket_mb=0.01 --dist.timeout_s=60 --train.micro_batch=" +
@@ -65,7 +65,7 @@ class DataParallel : public ::testing::Test {
   // reordered reduction ends at most 8.6e-6 and 4.4e-5 (wpe.weight, seed 7: four AdamW steps at
   // lr 1e-2 carry the float noise of rows whose gradients nearly cancel).
   static void expect_same_trajectory(const Result& a, const Result& b, double tol) {
-    testing::expect_same_trajectory(a, b, tol, kSteps, 3e-5, 2e-4);
+    testing::expect_same_trajectory(a, b, tol, kDpSteps, 3e-5, 2e-4);
   }
 
   static fs::path dir_;
@@ -109,7 +109,7 @@ TEST_F(DataParallel, EveryZeroStageReproducesTheSingleRankTrajectory) {
 // Elements of the flat parameter layout on `ranks` ranks: every tensor 16-aligned, every unit (a
 // block; the embeddings with ln_f) padded to a multiple of 16 * ranks.
 double flat_elements(int ranks) {
-  const int64_t C = 32, V = kVocab, T = 16;
+  const int64_t C = 32, V = kDpVocab, T = 16;
   auto align = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
   const int64_t block_tensors[] = {C * 4 * C, C, 4 * C * C, 4 * C, C, C,
                                    C * C,     C, 3 * C * C, 3 * C, C, C};

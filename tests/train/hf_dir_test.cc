@@ -142,14 +142,6 @@ class HfDir : public ::testing::Test {
   fs::path dir_;
 };
 
-#define EXPECT_REFUSED(ran, text)                                                            \
-  do {                                                                                       \
-    const Ran& r_ = (ran);                                                                   \
-    EXPECT_EQ(r_.code, 2) << r_.output;                                                      \
-    EXPECT_NE(r_.output.find(text), std::string::npos) << "missing '" << (text) << "' in:\n" \
-                                                       << r_.output;                         \
-  } while (0)
-
 // An export that fails half way (the file-size limit of a full disk: the small files are written,
 // model.safetensors is not) or is killed there leaves the earlier export byte-identical: never its
 // weights and config.json beside the new tokenizer.

@@ -25,7 +25,7 @@ using testing::LayoutRun;
 using testing::run_command;
 using testing::tetra_command;
 
-constexpr int kSteps = 4;
+constexpr int kLlamaSteps = 4;
 
 class LlamaTrain : public ::testing::Test {
  protected:
@@ -52,7 +52,7 @@ class LlamaTrain : public ::testing::Test {
         "--model.n_layer=3 --model.n_head=4 --model.n_kv_head=2 --model.d_model=32 "
         "--model.ffn=88 --model.rope_theta=50000 --model.norm_eps=1e-6 --model.max_seq=16 "
         "--train.seq_len=16 --train.steps=" +
-        std::to_string(kSteps) +
+        std::to_string(kLlamaSteps) +
         " --optim.lr=1e-2 --optim.eps=1e-6 --optim.warmup_steps=1 --data.shuffle=true "
         "--run.threads=1 --run.peak_gflops=50 --dist.timeout_s=60 --eval.every=0 "
         "--run.progress=never --train.micro_batch=" +
@@ -70,8 +70,8 @@ class LlamaTrain : public ::testing::Test {
   static void expect_same_run(const LayoutRun& serial, const LayoutRun& r,
                               double weights_tol = 1e-5, double tensor_tol = 2e-5) {
     ASSERT_EQ(r.code, 0) << r.output;
-    ASSERT_EQ(r.loss.size(), size_t(kSteps));
-    for (size_t s = 0; s < size_t(kSteps); ++s) {
+    ASSERT_EQ(r.loss.size(), size_t(kLlamaSteps));
+    for (size_t s = 0; s < size_t(kLlamaSteps); ++s) {
       EXPECT_NEAR(r.loss[s], serial.loss[s], 1e-5 * serial.loss[s]) << "step " << s + 1;
     }
     testing::expect_same_weights(serial, r, weights_tol, tensor_tol);
@@ -129,9 +129,9 @@ TEST_F(LlamaTrain, CheckpointsResumeUnderAnotherLayout) {
       train(2, 1, 2, "ck_pp2",
             "--parallel.pp=2 --pp.layers=2,1 --ckpt.resume=" + (ckpt / "step-000000002").string());
   ASSERT_EQ(resumed.code, 0) << resumed.output;
-  ASSERT_GE(resumed.loss.size(), size_t(kSteps - 2));
-  const size_t first = resumed.loss.size() - size_t(kSteps - 2);
-  for (size_t s = 0; s < size_t(kSteps - 2); ++s) {
+  ASSERT_GE(resumed.loss.size(), size_t(kLlamaSteps - 2));
+  const size_t first = resumed.loss.size() - size_t(kLlamaSteps - 2);
+  for (size_t s = 0; s < size_t(kLlamaSteps - 2); ++s) {
     EXPECT_NEAR(resumed.loss[first + s], whole.loss[s + 2], 1e-5 * whole.loss[s + 2])
         << "step " << s + 3;
   }

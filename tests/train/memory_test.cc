@@ -33,7 +33,7 @@ constexpr int kB = 1, kT = 32, kV = 8192, kL = 4, kC = 256, kH = 4;
 const char* const kCategories[] = {"params",      "grads", "optimizer",
                                    "activations", "comm",  "temporaries"};
 
-class MemoryLedger : public ::testing::Test {
+class MemoryLedgerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("tetra_memory_test_" + std::to_string(::getpid()));
@@ -109,9 +109,9 @@ class MemoryLedger : public ::testing::Test {
 
   static fs::path dir_;
 };
-fs::path MemoryLedger::dir_;
+fs::path MemoryLedgerTest::dir_;
 
-TEST_F(MemoryLedger, EveryStageMatchesThePlanAndTheSeedsRatios) {
+TEST_F(MemoryLedgerTest, EveryStageMatchesThePlanAndTheSeedsRatios) {
   // Every stage on 2 ranks, and ZeRO-3 on 4 (oversubscribed, so one run there): the unsharded
   // state per rank does not depend on the rank count, so stage 0 on 2 ranks is the base of the
   // ratios on 4 too.
@@ -143,7 +143,7 @@ TEST_F(MemoryLedger, EveryStageMatchesThePlanAndTheSeedsRatios) {
   EXPECT_NEAR(ratio(two[2], "params"), 1.0, 1e-9);
 }
 
-TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
+TEST_F(MemoryLedgerTest, FullRecomputationCutsActivationsAsPlanned) {
   const json full = measured(2, 0, "full");
   const json want = planned(2, 0, "full"), none = planned(2, 0, "none");
   for (const char* c : {"activations", "temporaries"}) {
@@ -158,7 +158,7 @@ TEST_F(MemoryLedger, FullRecomputationCutsActivationsAsPlanned) {
 
 // Mixed precision adds the bf16 copies of the largest product's operands (here the head's backward:
 // the (T,V) logit gradient with wte) to the temporaries; the rest of the ledger is fp32's.
-TEST_F(MemoryLedger, MixedPrecisionCountsTheBf16OperandCopies) {
+TEST_F(MemoryLedgerTest, MixedPrecisionCountsTheBf16OperandCopies) {
   const json want = planned(1, 0, "none", "bf16"), fp32 = planned(1, 0, "none");
   const double copies = 2.0 * (kT * kV + double(kV) * kC);
   EXPECT_DOUBLE_EQ(want["temporaries"].get<double>() - fp32["temporaries"].get<double>(), copies);
@@ -174,7 +174,7 @@ TEST_F(MemoryLedger, MixedPrecisionCountsTheBf16OperandCopies) {
 // stage on 2 ranks, full recomputation and mixed precision within 5% of what `tetra plan`
 // predicts for the planner's Llama-style model of that shape, and the stages divide the state as
 // they do GPT-2's.
-TEST_F(MemoryLedger, LlamaEveryStageMatchesThePlan) {
+TEST_F(MemoryLedgerTest, LlamaEveryStageMatchesThePlan) {
   const std::string train = "--model.arch=llama --model.n_kv_head=2";
   const std::string& plan = train;  // one vocabulary: the run's keys plan it
   std::vector<json> two;

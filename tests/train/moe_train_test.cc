@@ -34,8 +34,8 @@ namespace fs = std::filesystem;
 using testing::run_command;
 using testing::tetra_command;
 
-constexpr int kVocab = 257;  // the byte tokenizer's, so that generate can decode
-constexpr int kSteps = 4;
+constexpr int kMoeVocab = 257;  // the byte tokenizer's, so that generate can decode
+constexpr int kMoeSteps = 4;
 // The models' shapes besides the MoE keys: GPT-2 (every_layout's default), and a Mixtral with 4
 // query heads sharing 2 key/value heads and SwiGLU experts of 40 channels.
 constexpr const char* kGpt2 = "--model.n_head=2";
@@ -71,11 +71,11 @@ class MoeTrain : public ::testing::Test {
                       const std::string& extra, const std::string& shape = kGpt2) {
     const fs::path run = dir_ / name;
     const std::string args =
-        "train --model.vocab_size=" + std::to_string(kVocab) + " " + shape +
+        "train --model.vocab_size=" + std::to_string(kMoeVocab) + " " + shape +
         " --model.vocab_multiple=1 --model.n_layer=4 --model.d_model=24 "
         "--model.max_seq=16 --train.seq_len=16 --model.moe_experts=4 --model.moe_top_k=2 "
         "--model.moe_every=2 --moe.z_loss_coeff=1e-3 --train.steps=" +
-        std::to_string(kSteps) +
+        std::to_string(kMoeSteps) +
         " --optim.lr=1e-2 --optim.eps=1e-6 --optim.warmup_steps=1 --data.shuffle=true "
         "--run.threads=1 "
         "--run.peak_gflops=50 --dist.timeout_s=60 --eval.every=0 --run.progress=never "
@@ -140,10 +140,10 @@ class MoeTrain : public ::testing::Test {
                               const Bounds& bound) {
     const double margin_bound = bound.margin;
     ASSERT_EQ(r.run.code, 0) << r.run.output;
-    ASSERT_EQ(r.metrics.size(), size_t(kSteps));
+    ASSERT_EQ(r.metrics.size(), size_t(kMoeSteps));
     const auto a = read_routes(serial.routes), b = read_routes(r.routes);
     ASSERT_EQ(a.size(), b.size()) << "a sequence's decisions missing or extra";
-    std::vector<int64_t> flips(kSteps), near(kSteps), decisions(kSteps);
+    std::vector<int64_t> flips(kMoeSteps), near(kMoeSteps), decisions(kMoeSteps);
     double noise = 0;
     for (const auto& [key, x] : a) {
       const auto it = b.find(key);
@@ -179,13 +179,13 @@ class MoeTrain : public ::testing::Test {
         EXPECT_EQ(seq_drop_changes, 0) << "step " << s + 1 << " seq " << std::get<2>(key);
       }
     }
-    size_t first_flip = size_t(kSteps);
-    for (size_t s = 0; s < size_t(kSteps); ++s) {
+    size_t first_flip = size_t(kMoeSteps);
+    for (size_t s = 0; s < size_t(kMoeSteps); ++s) {
       std::cout << "[ routes   ] " << name << " step " << s + 1 << ": " << flips[s] << " of "
                 << decisions[s] << " decisions differ from the serial run (" << near[s]
                 << " within " << margin_bound << " of a tie there)" << std::endl;
       EXPECT_LE(flips[s], near[s]) << "step " << s + 1 << ": a decision far from a tie changed";
-      if (flips[s] > 0 && first_flip == size_t(kSteps)) first_flip = s;
+      if (flips[s] > 0 && first_flip == size_t(kMoeSteps)) first_flip = s;
     }
     std::cout << "[ routes   ] " << name
               << " largest margin change where the decision agrees: " << noise << std::endl;
@@ -198,7 +198,7 @@ class MoeTrain : public ::testing::Test {
       EXPECT_NEAR(double(r.metrics[s]["moe_aux"]), double(serial.metrics[s]["moe_aux"]), 1e-5)
           << "step " << s + 1;
     }
-    if (first_flip == size_t(kSteps)) {
+    if (first_flip == size_t(kMoeSteps)) {
       testing::expect_same_weights(serial.run, r.run, bound.whole, bound.tensor);
     }
   }
@@ -291,10 +291,10 @@ TEST_F(MoeTrain, CheckpointsReshardTheExperts) {
         train(4, 4, ep == "4" ? 1 : 2, "ck_ep" + ep,
               "--parallel.ep=" + ep + " --ckpt.resume=" + (ckpt / "step-000000002").string());
     ASSERT_EQ(resumed.run.code, 0) << resumed.run.output;
-    ASSERT_GE(resumed.run.loss.size(), size_t(kSteps - 2));
+    ASSERT_GE(resumed.run.loss.size(), size_t(kMoeSteps - 2));
     // The new run directory's history may start with the checkpoint's steps.
-    const size_t first = resumed.run.loss.size() - size_t(kSteps - 2);
-    for (size_t s = 0; s < size_t(kSteps - 2); ++s) {
+    const size_t first = resumed.run.loss.size() - size_t(kMoeSteps - 2);
+    for (size_t s = 0; s < size_t(kMoeSteps - 2); ++s) {
       EXPECT_NEAR(resumed.run.loss[first + s], whole.run.loss[s + 2], 1e-5 * whole.run.loss[s + 2])
           << "step " << s + 3;
     }

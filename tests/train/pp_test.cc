@@ -26,15 +26,15 @@ namespace {
 namespace fs = std::filesystem;
 using testing::LayoutRun;
 
-constexpr int kSteps = 3;
-constexpr double kTol = 1e-5;
+constexpr int kPpSteps = 3;
+constexpr double kPpTol = 1e-5;
 
 class PipelineParallel : public testing::RunDirTest {
  protected:
   // 8 layers of a 4-head C=32 model; a step is 8 sequences of 16 tokens: `accum` micro-batches of
   // 2 on each of 8 / (2 accum) data-parallel ranks. Every layout multiplies matrices of the same
   // shapes, so every run uses the same matmul libraries (measured once per test).
-  std::string args(const std::string& name, const std::string& extra, int steps = kSteps,
+  std::string args(const std::string& name, const std::string& extra, int steps = kPpSteps,
                    int accum = 4) const {
     const fs::path run = dir_ / name;
     return fmt::format(
@@ -47,8 +47,8 @@ class PipelineParallel : public testing::RunDirTest {
         steps, accum, path("train.bin"), path("train.bin"), run.string(),
         (run / "w.safetensors").string(), extra);
   }
-  LayoutRun train(int ranks, const std::string& name, const std::string& extra, int steps = kSteps,
-                  int accum = 4) const {
+  LayoutRun train(int ranks, const std::string& name, const std::string& extra,
+                  int steps = kPpSteps, int accum = 4) const {
     const testing::Ran ran =
         testing::run_command(testing::tetra_command(ranks, args(name, extra, steps, accum)));
     return testing::read_layout_run(ran, dir_ / name, dir_ / name / "w.safetensors");
@@ -81,20 +81,20 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
     SCOPED_TRACE(fmt::format("{} ranks: {}", l.ranks, l.flags));
     const std::string name = fmt::format("l{}", n++);
     const LayoutRun r =
-        train(l.ranks, name, l.flags + (l.zero0 ? " --debug.dump_grads=" + dump(name) : ""), kSteps,
-              l.accum);
+        train(l.ranks, name, l.flags + (l.zero0 ? " --debug.dump_grads=" + dump(name) : ""),
+              kPpSteps, l.accum);
     ASSERT_EQ(r.code, 0) << r.output;
     if (l.zero0) {  // the stages' gradients gathered, the tied wte's summed over both copies
       const SafeTensorsFile got = read_safetensors(dump(name));
       ASSERT_EQ(got.tensors.size(), grads.tensors.size());
       for (const auto& [tensor, g] : grads.tensors) {
-        EXPECT_LT(testing::norm_rel_error(g.to_f32(), got.tensors.at(tensor).to_f32()), kTol)
+        EXPECT_LT(testing::norm_rel_error(g.to_f32(), got.tensors.at(tensor).to_f32()), kPpTol)
             << tensor;
       }
     }
-    testing::expect_same_trajectory(serial, r, kTol, kSteps);
+    testing::expect_same_trajectory(serial, r, kPpTol, kPpSteps);
     const double val = metrics("serial").back()["val_loss"];
-    EXPECT_NEAR(double(metrics(name).back()["val_loss"]), val, kTol * val);
+    EXPECT_NEAR(double(metrics(name).back()["val_loss"]), val, kPpTol * val);
     for (const auto& m : metrics(name)) {
       EXPECT_TRUE(m.contains("pp_bubble") && m.contains("pp_bubble_sim")) << m.dump();
       EXPECT_GE(double(m["pp_bubble_sim"]), 0.0);
@@ -111,13 +111,13 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
                                "--parallel.tp=2 --zero.stage=1 --tp.sequence_parallel=true"}) {
     SCOPED_TRACE(tp);
     const std::string name = fmt::format("l{}", n++);
-    const LayoutRun twin = train(4, name + "-twin", tp, kSteps, 2);
-    const LayoutRun piped = train(8, name, tp + " --parallel.pp=2", kSteps, 2);
+    const LayoutRun twin = train(4, name + "-twin", tp, kPpSteps, 2);
+    const LayoutRun piped = train(8, name, tp + " --parallel.pp=2", kPpSteps, 2);
     ASSERT_EQ(twin.code, 0) << twin.output;
     ASSERT_EQ(piped.code, 0) << piped.output;
-    testing::expect_same_trajectory(twin, piped, kTol, kSteps);
-    for (size_t i = 0; i < kSteps; ++i) {
-      EXPECT_NEAR(piped.loss[i], serial.loss[i], kTol * serial.loss[i]) << "step " << i + 1;
+    testing::expect_same_trajectory(twin, piped, kPpTol, kPpSteps);
+    for (size_t i = 0; i < kPpSteps; ++i) {
+      EXPECT_NEAR(piped.loss[i], serial.loss[i], kPpTol * serial.loss[i]) << "step " << i + 1;
     }
   }
   // The traced run: one file per rank, every (micro-batch) forward and backward of its stage.
@@ -131,8 +131,8 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
       forward += name.rfind("forward mb", 0) == 0;
       backward += name.rfind("backward mb", 0) == 0;
     }
-    EXPECT_EQ(forward, 4 * kSteps) << "rank " << rank;
-    EXPECT_EQ(backward, 4 * kSteps) << "rank " << rank;
+    EXPECT_EQ(forward, 4 * kPpSteps) << "rank " << rank;
+    EXPECT_EQ(backward, 4 * kPpSteps) << "rank " << rank;
   }
 }
 
@@ -168,10 +168,10 @@ TEST_F(PipelineParallel, CheckpointsAndInitFromWorkUnderAnotherPipelineLayout) {
   ASSERT_EQ(b.loss.size(), 2u);  // steps 3 and 4
   ASSERT_EQ(c.loss.size(), 2u);  // steps 5 and 6
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_NEAR(b.loss[i], a.loss[2 + i], kTol * a.loss[2 + i]) << "step " << 3 + i;
-    EXPECT_NEAR(c.loss[i], a.loss[4 + i], kTol * a.loss[4 + i]) << "step " << 5 + i;
+    EXPECT_NEAR(b.loss[i], a.loss[2 + i], kPpTol * a.loss[2 + i]) << "step " << 3 + i;
+    EXPECT_NEAR(c.loss[i], a.loss[4 + i], kPpTol * a.loss[4 + i]) << "step " << 5 + i;
   }
-  testing::expect_same_weights(a, c, kTol);
+  testing::expect_same_weights(a, c, kPpTol);
   // The final weights as init.from: one step on 4 stages equals one step on one rank.
   const std::string init =
       "--optim.schedule=constant --init.from=" + (dir_ / "a" / "w.safetensors").string();
@@ -180,7 +180,7 @@ TEST_F(PipelineParallel, CheckpointsAndInitFromWorkUnderAnotherPipelineLayout) {
       train(4, "e", init + " --parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2", 1);
   ASSERT_EQ(d.code, 0) << d.output;
   ASSERT_EQ(e.code, 0) << e.output;
-  testing::expect_same_trajectory(d, e, kTol, 1);
+  testing::expect_same_trajectory(d, e, kPpTol, 1);
 }
 
 TEST_F(PipelineParallel, ImpossiblePipelinesAreRefusedWithWhatWouldWork) {

@@ -13,29 +13,20 @@
 #include <string>
 #include <vector>
 
-#include "core/timer.h"
 #include "data/token_shard.h"
+#include "tests/test_util.h"
 
 namespace tetra::testing {
 
-struct Ran {
-  int code = -1;
-  std::string output;  // stdout and (unless asked otherwise) stderr
-  double seconds = 0;
-};
-
-/** Runs `cmd` through the shell, capturing both output streams (or stdout alone). */
-inline Ran run_command(const std::string& cmd, bool with_stderr = true) {
-  Ran r;
-  Stopwatch clock;
-  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : "")).c_str(), "r");
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = clock.elapsed_s();
-  return r;
-}
+/** Expects the command run as `ran` refused with the CLI's error exit code (2) and `text` in its
+ *  output. */
+#define EXPECT_REFUSED(ran, text)                                                            \
+  do {                                                                                       \
+    const auto& r_ = (ran);                                                                  \
+    EXPECT_EQ(r_.code, 2) << r_.output;                                                      \
+    EXPECT_NE(r_.output.find(text), std::string::npos) << "missing '" << (text) << "' in:\n" \
+                                                       << r_.output;                         \
+  } while (0)
 
 /** `args` of a `tetra train` run as the floor measurement asks (docs/testing.md,
  *  scripts/measure-floors.sh): TETRA_TEST_SEED adds --train.seed, TETRA_TEST_THREADS replaces

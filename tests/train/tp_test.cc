@@ -26,9 +26,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::LayoutRun;
 
-constexpr int kVocab = 333;
-constexpr int kSteps = 4;
-constexpr double kTol = 1e-5;
+constexpr int kTpVocab = 333;
+constexpr int kTpSteps = 4;
+constexpr double kTpTol = 1e-5;
 
 struct TpRun {
   LayoutRun run;
@@ -42,7 +42,7 @@ class TensorParallel : public testing::RunDirTest {
     RunDirTest::SetUp();
     std::vector<uint32_t> tokens(20000);
     uint32_t x = 7;
-    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kVocab;
+    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kTpVocab;
     write_token_shard(path("vocab.bin"), tokens);
   }
 
@@ -58,7 +58,7 @@ class TensorParallel : public testing::RunDirTest {
         "--train.grad_accum={} "
         "--data.train={} --run.dir={} --save.final={} --debug.dump_logits={} "
         "--debug.dump_grads={} {}",
-        kVocab, kSteps, micro_batch, accum, path("vocab.bin"), run.string(),
+        kTpVocab, kTpSteps, micro_batch, accum, path("vocab.bin"), run.string(),
         (run / "w.safetensors").string(), (run / "logits.safetensors").string(),
         (run / "grads.safetensors").string(), extra);
     TpRun r;
@@ -80,17 +80,18 @@ void expect_same_logits(const TpRun& serial, const TpRun& r) {
   const auto want = serial.logits.tensors.at("logits").to_f32();
   const auto got = r.logits.tensors.at("logits").to_f32();
   ASSERT_LE(got.size(), want.size());
-  ASSERT_EQ(got.size() % (16 * kVocab), 0u);
+  ASSERT_EQ(got.size() % (16 * kTpVocab), 0u);
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i)
     worst = std::max(worst, double(std::abs(got[i] - want[i])));
-  EXPECT_LT(worst, kTol);
+  EXPECT_LT(worst, kTpTol);
 }
 
 void expect_same_grads(const TpRun& serial, const TpRun& r) {
   ASSERT_EQ(r.grads.tensors.size(), serial.grads.tensors.size());
   for (const auto& [name, t] : serial.grads.tensors) {
-    EXPECT_LT(testing::norm_rel_error(t.to_f32(), r.grads.tensors.at(name).to_f32()), kTol) << name;
+    EXPECT_LT(testing::norm_rel_error(t.to_f32(), r.grads.tensors.at(name).to_f32()), kTpTol)
+        << name;
   }
 }
 
@@ -121,7 +122,7 @@ TEST_F(TensorParallel, EveryLayoutReproducesTheSerialRun) {
     const TpRun r = train(l.ranks, l.micro_batch, l.accum, fmt::format("l{}", n++), flags);
     ASSERT_EQ(r.run.code, 0) << r.run.output;
     // Weights per tensor: 3.9e-6 measured (h.0.mlp.c_proj.weight), held to 2e-5 (docs/testing.md).
-    testing::expect_same_trajectory(serial.run, r.run, kTol, kSteps, kTol, 2e-5);
+    testing::expect_same_trajectory(serial.run, r.run, kTpTol, kTpSteps, kTpTol, 2e-5);
     expect_same_logits(serial, r);
     if (l.zero0) expect_same_grads(serial, r);
   }
@@ -150,7 +151,7 @@ TEST_F(TensorParallel, CollectivesAndActivationBytesPerRankMatchTheModel) {
       m.d_model = C;
       m.n_head = m.n_kv_head = 4;
       m.ffn = 4 * C;
-      m.vocab_size = kVocab;
+      m.vocab_size = kTpVocab;
       m.max_seq = m.seq = T;
       m.vocab_multiple = 1;
       plan::ClusterSpec cluster = plan::cluster_preset("h100");
@@ -171,7 +172,7 @@ TEST_F(TensorParallel, CollectivesAndActivationBytesPerRankMatchTheModel) {
           plan::ring_allreduce_bytes(BT * f32, tp) + plan::ring_allreduce_bytes(2 * BT * f32, tp);
       const double norms = sp ? plan::ring_allreduce_bytes((4 * L + 2) * C * f32, tp) : 0.0;
       const auto steps = metrics(name);
-      ASSERT_EQ(steps.size(), size_t(kSteps));
+      ASSERT_EQ(steps.size(), size_t(kTpSteps));
       for (const auto& s : steps) {
         if (sp) {
           EXPECT_EQ(s["tp_all_gather"], A * (2 * L + 2 * L + 2));
@@ -188,14 +189,14 @@ TEST_F(TensorParallel, CollectivesAndActivationBytesPerRankMatchTheModel) {
       // Activation bytes per rank in the ledger: column-parallel buffers split by tp, the
       // residual stream, residual2 and the LayerNorm statistics by tp under sequence parallelism
       // (the LayerNorm outputs stay whole: gathered once, kept for the weight gradients).
-      const int64_t N = B * T / (sp ? tp : 1), Vp = (kVocab + tp - 1) / tp * tp;
+      const int64_t N = B * T / (sp ? tp : 1), Vp = (kTpVocab + tp - 1) / tp * tp;
       const int64_t per_layer = 2 * B * T * C + N * C + 4 * N + 4 * B * T * C / tp +
                                 B * (4 / tp) * T * T + 2 * B * T * 4 * C / tp;
       const int64_t head = B * T * C + 2 * N + B * T * Vp / tp + B * T;
       const double bytes = 4.0 * double((L + 1) * N * C + L * per_layer + head);
       EXPECT_EQ(double(steps.back()["mem_activations"]), bytes);
       plan::RunShape shape;
-      shape.model.vocab_size = kVocab;
+      shape.model.vocab_size = kTpVocab;
       shape.padded_vocab = Vp;
       shape.model.n_layer = L;
       shape.model.d_model = C;
@@ -222,10 +223,10 @@ TEST_F(TensorParallel, CheckpointsResumeUnderAnotherTensorParallelSize) {
     return (dir_ / run / "ckpt" / ckpt::checkpoint_name(step)).string();
   };
   auto resume = [&](int ranks, int tp, const std::string& name, const std::string& from) {
-    return train(
-        ranks, 8, 1, name,
-        fmt::format("{} --parallel.tp={} --train.steps={} --ckpt.dir={} --ckpt.resume={}", common,
-                    tp, from == ckpt("a", 2) ? 4 : kSteps, (dir_ / name / "ckpt").string(), from));
+    return train(ranks, 8, 1, name,
+                 fmt::format("{} --parallel.tp={} --train.steps={} --ckpt.dir={} --ckpt.resume={}",
+                             common, tp, from == ckpt("a", 2) ? 4 : kTpSteps,
+                             (dir_ / name / "ckpt").string(), from));
   };
   const TpRun a =
       train(2, 8, 1, "a", common + "--parallel.tp=2 --ckpt.dir=" + (dir_ / "a" / "ckpt").string());
@@ -236,16 +237,16 @@ TEST_F(TensorParallel, CheckpointsResumeUnderAnotherTensorParallelSize) {
   ASSERT_EQ(c.run.code, 0) << c.run.output;
   const TpRun d = resume(2, 2, "d", ckpt("a", 2));
   ASSERT_EQ(d.run.code, 0) << d.run.output;
-  ASSERT_EQ(a.run.loss.size(), size_t(kSteps));
+  ASSERT_EQ(a.run.loss.size(), size_t(kTpSteps));
   ASSERT_EQ(b.run.loss.size(), 2u);  // steps 3 and 4
-  ASSERT_EQ(c.run.loss.size(), 0u + kSteps - 4);
+  ASSERT_EQ(c.run.loss.size(), 0u + kTpSteps - 4);
   ASSERT_EQ(d.run.loss.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_NEAR(b.run.loss[i], a.run.loss[2 + i], kTol * a.run.loss[2 + i]) << "step " << 3 + i;
+    EXPECT_NEAR(b.run.loss[i], a.run.loss[2 + i], kTpTol * a.run.loss[2 + i]) << "step " << 3 + i;
     EXPECT_EQ(d.run.loss[i], a.run.loss[2 + i]) << "step " << 3 + i;
   }
   for (size_t i = 0; i < c.run.loss.size(); ++i) {
-    EXPECT_NEAR(c.run.loss[i], a.run.loss[4 + i], kTol * a.run.loss[4 + i]) << "step " << 5 + i;
+    EXPECT_NEAR(c.run.loss[i], a.run.loss[4 + i], kTpTol * a.run.loss[4 + i]) << "step " << 5 + i;
   }
 }
 

@@ -27,8 +27,8 @@ using testing::Ran;
 using testing::run_command;
 using testing::tetra_command;
 
-constexpr int kVocab = 333;
-constexpr int kSteps = 4;
+constexpr int kTwoHostVocab = 333;
+constexpr int kTwoHostSteps = 4;
 const std::string kTwoHost = std::string(TETRA_SOURCE_DIR) + "/scripts/twohost.sh";
 
 /** `tetra <args>` on 4 ranks over two namespaced hosts (ranks 0-1 on hosta, 2-3 on hostb). */
@@ -46,7 +46,7 @@ class TwoHost : public ::testing::Test {
     fs::create_directories(dir_);
     std::vector<uint32_t> tokens(20000);
     uint32_t x = 7;
-    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kVocab;
+    for (auto& t : tokens) t = ((x = x * 1103515245u + 12345u) >> 16) % kTwoHostVocab;
     write_token_shard((dir_ / "train.bin").string(), tokens);
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
@@ -60,7 +60,7 @@ class TwoHost : public ::testing::Test {
   static std::string train_args(const std::string& name, const std::string& layout, int steps,
                                 const std::string& extra) {
     const fs::path run = dir_ / name;
-    return "train --model.vocab_size=" + std::to_string(kVocab) +
+    return "train --model.vocab_size=" + std::to_string(kTwoHostVocab) +
            " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=4 --model.d_model=32 "
            "--model.max_seq=16 --train.seq_len=16 --optim.lr=1e-2 --optim.warmup_steps=1 "
            "--data.shuffle=true --run.threads=1 --run.peak_gflops=50 --dp.bucket_mb=0.01 "
@@ -72,7 +72,7 @@ class TwoHost : public ::testing::Test {
 
   /** That run, on two hosts or on this one. */
   static LayoutRun train(bool two_hosts, const std::string& name, const std::string& layout,
-                         int steps = kSteps, const std::string& extra = "") {
+                         int steps = kTwoHostSteps, const std::string& extra = "") {
     const std::string args = train_args(name, layout, steps, extra);
     const Ran ran = run_command(two_hosts ? two_host_command(args) : tetra_command(4, args));
     return testing::read_layout_run(ran, dir_ / name, dir_ / name / "w.safetensors");
@@ -124,7 +124,7 @@ TEST_P(TwoHostLayout, GivesTheOneHostRun) {
     EXPECT_TRUE(same) << "two hosts changed " << l.name << "'s bits";
   } else {
     // docs/testing.md's layout bounds for the one-host equivalence tests.
-    testing::expect_same_trajectory(one, two, 1e-5, kSteps, 2e-5, 1.5e-4);
+    testing::expect_same_trajectory(one, two, 1e-5, kTwoHostSteps, 2e-5, 1.5e-4);
   }
 }
 
@@ -308,8 +308,9 @@ TEST_F(TwoHostSlurm, SrunGivesTheOneHostRun) {
   const LayoutRun one = train(false, "srun_one", "--train.micro_batch=2");
   ASSERT_EQ(one.code, 0) << one.output;
   const fs::path run = dir_ / "srun_two";
-  const Ran ran = run_command(slurm("srun -N2 -n4 " + std::string(TETRA_BINARY) + " " +
-                                    train_args("srun_two", "--train.micro_batch=2", kSteps, "")));
+  const Ran ran =
+      run_command(slurm("srun -N2 -n4 " + std::string(TETRA_BINARY) + " " +
+                        train_args("srun_two", "--train.micro_batch=2", kTwoHostSteps, "")));
   const LayoutRun two = testing::read_layout_run(ran, run, run / "w.safetensors");
   ASSERT_EQ(two.code, 0) << two.output;
   EXPECT_TRUE(contains(two.output, "[mesh]     2    2    0    0    0    0    2  hostb"))
@@ -327,7 +328,7 @@ TEST_F(TwoHostSlurm, TheSbatchScriptRestartsFromTheNewestCheckpoint) {
   const fs::path job = dir_ / "sbatch_job", out = dir_ / "sbatch.out";
   // The model and data of train_args; the script sets run.dir, ckpt.dir and ckpt.resume.
   const std::string flags =
-      "--model.vocab_size=" + std::to_string(kVocab) +
+      "--model.vocab_size=" + std::to_string(kTwoHostVocab) +
       " --model.vocab_multiple=1 --model.n_layer=2 --model.n_head=4 --model.d_model=32 "
       "--model.max_seq=16 --train.seq_len=16 --optim.lr=1e-2 --optim.warmup_steps=1 "
       "--data.shuffle=true --run.peak_gflops=50 --dp.bucket_mb=0.01 --dist.timeout_s=60 "

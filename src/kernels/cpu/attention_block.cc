@@ -16,15 +16,15 @@ namespace {
 using Strides = std::array<int64_t, 4>;
 
 // A causal block's query rows go by 64: rows [r0, r1) meet keys [0, r1) only.
-constexpr int kCausalBlock = 64;
+constexpr int kCausalBlockRows = 64;
 
 // The sizes of one block, checked. Query head h = g·G + j reads key/value head g.
-struct Geometry {
+struct BlockGeometry {
   int B, Tq, Tk, NH, KVH, G, hs;
   bool causal;
   int64_t TT;  // Tq·Tk: one head's scores
 
-  explicit Geometry(const AttentionBlock& b)
+  explicit BlockGeometry(const AttentionBlock& b)
       : B(b.B),
         Tq(b.Tq),
         Tk(b.Tk),
@@ -45,14 +45,14 @@ struct Geometry {
   }
   bool empty() const { return B == 0 || Tq == 0 || Tk == 0; }
   // The query rows [r0, r1) of a product pass and the keys [0, keys) they meet: causal blocks by
-  // kCausalBlock rows, otherwise every row against every key at once.
-  int pass_rows() const { return causal ? kCausalBlock : Tq; }
+  // kCausalBlockRows rows, otherwise every row against every key at once.
+  int pass_rows() const { return causal ? kCausalBlockRows : Tq; }
   int pass_keys(int r1) const { return causal ? r1 : Tk; }
   // The keys query row i sees, and the columns of its score row that the products read (those
   // in between are written as exact zeros).
   int visible(int i) const { return causal ? i + 1 : Tk; }
   int read(int i) const {
-    return causal ? std::min(Tq, (i / kCausalBlock + 1) * kCausalBlock) : Tk;
+    return causal ? std::min(Tq, (i / kCausalBlockRows + 1) * kCausalBlockRows) : Tk;
   }
   // Query-like rows (q, dq, out, dout: (NH, hs) heads): heads j, j + G, ... batched over
   // (B, KVH).
@@ -77,7 +77,7 @@ P* row_of(Rows<P> r, int b, int t) {
 }
 
 template <typename F>
-void product(const char* role, const Geometry& g, int64_t M, int64_t N, int64_t K, const F* a,
+void product(const char* role, const BlockGeometry& g, int64_t M, int64_t N, int64_t K, const F* a,
              Strides sa, const F* b, Strides sb, F* c, Strides sc, bool accumulate) {
   MatmulArgs x;
   x.role = role;
@@ -92,7 +92,7 @@ void product(const char* role, const Geometry& g, int64_t M, int64_t N, int64_t 
 
 // s (B,NH,Tq,Tk) = q · k^T, unscaled, by the product passes.
 template <typename F>
-void scores(F* s, Rows<const F> q, Rows<const F> k, const Geometry& g) {
+void scores(F* s, Rows<const F> q, Rows<const F> k, const BlockGeometry& g) {
   for (int r0 = 0; r0 < g.Tq; r0 += g.pass_rows()) {
     const int r1 = std::min(g.Tq, r0 + g.pass_rows());
     for (int j = 0; j < g.G; ++j) {
@@ -112,7 +112,7 @@ size_t attention_block_scratch_elements(const AttentionBlock& b) {
 template <typename F>
 void attention_block_forward(Rows<F> out, Rows<F> lse, Rows<const F> q, Rows<const F> k,
                              Rows<const F> v, const AttentionBlock& blk, F* scratch) {
-  const Geometry g(blk);
+  const BlockGeometry g(blk);
   if (g.empty()) return;
   scores(scratch, q, k, g);
   {
@@ -170,7 +170,7 @@ void attention_block_forward(Rows<F> out, Rows<F> lse, Rows<const F> q, Rows<con
 template <typename F>
 void attention_block_delta(Rows<F> delta, Rows<const F> dout, Rows<const F> out,
                            const AttentionBlock& blk) {
-  const Geometry g(blk);
+  const BlockGeometry g(blk);
   const ProfileScope profile(ProfKind::attention, "block delta");
   const int hs = g.hs;
 #pragma omp parallel for schedule(static)
@@ -193,7 +193,7 @@ void attention_block_backward(Rows<F> dq, Rows<F> dk, Rows<F> dv, Rows<const F> 
                               Rows<const F> delta, Rows<const F> lse, Rows<const F> q,
                               Rows<const F> k, Rows<const F> v, const AttentionBlock& blk,
                               F* scratch) {
-  const Geometry g(blk);
+  const BlockGeometry g(blk);
   if (g.empty()) return;
   F* s = scratch;                                // scores, then probabilities
   F* ds = scratch + int64_t(g.B) * g.NH * g.TT;  // dp = dout · v^T, then dS

@@ -26,13 +26,6 @@ F logsumexp(const F* x, int V) {
   return std::log(sum) + mx;
 }
 
-// The f32 vector branch in use (eltwise_simd.h), or nullptr: f64, or the portable loops.
-template <typename F>
-const SimdKernels* vector_kernels() {
-  if constexpr (std::is_same_v<F, float>) return simd_kernels();
-  return nullptr;
-}
-
 // One row of the fused loss with the vector branch k (F is float): the loss, and with `backward`
 // x overwritten by dloss * (softmax - onehot) and 0 in the padding. Exponentials are computed once:
 // exp(x - max) is stored in x and then scaled by dloss / sum. `next` (the thread's next row, or

@@ -39,12 +39,6 @@ inline F sigmoid(F x) {
   return F(1) / (F(1) + exp_approx(-x));
 }
 
-// The f32 vector branch in use (eltwise_simd.h), or nullptr: f64, or the portable loops.
-template <typename F>
-const SimdKernels* vector_kernels() {
-  if constexpr (std::is_same_v<F, float>) return simd_kernels();
-  return nullptr;
-}
 // F* as float* where vector_kernels<F>() is not null (F is float); never used for f64.
 template <typename P>
 auto* f32(P* p) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace tetra::cpu {
 
@@ -64,5 +65,11 @@ struct SimdKernels {
 const SimdKernels* simd_kernels(SimdIsa isa);
 /** simd_kernels(simd_isa()). */
 inline const SimdKernels* simd_kernels() { return simd_kernels(simd_isa()); }
+/** The f32 vector branch in use for element type F, or nullptr: f64, or the portable loops. */
+template <typename F>
+const SimdKernels* vector_kernels() {
+  if constexpr (std::is_same_v<F, float>) return simd_kernels();
+  return nullptr;
+}
 
 }  // namespace tetra::cpu

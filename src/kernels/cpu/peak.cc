@@ -24,13 +24,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kSchema = 2;
+constexpr int kThreadsSchema = 2;
 // A peak measured above kBusyLoad is low (other work shared the cores); it is measured again
 // once the load is below kQuietLoad, or below half the load it was measured under. A peak is the
 // best rate seen, so the higher of the two measurements is kept.
 constexpr double kBusyLoad = 1.0, kQuietLoad = 0.5;
 
-double measure(int threads) {
+double measure_peak(int threads) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);
   const int64_t n = 2048;
@@ -71,7 +71,7 @@ std::string entry_problem(const json& e) {
 void write_entry(const fs::path& path, const std::string& machine, const std::string& key,
                  const json& entry) {
   write_machine_cache(
-      path, kSchema, machine, "threads", json::object({{key, entry}}),
+      path, kThreadsSchema, machine, "threads", json::object({{key, entry}}),
       [](const json& e) { return entry_problem(e).empty(); }, "peak");
 }
 
@@ -114,7 +114,7 @@ double copy_bandwidth() {
 
 fs::path peak_cache_path() { return machine_cache_path("peak.json"); }
 
-PeakSource machine_peak_source() { return {measure, proc_load_average, matmul_machine()}; }
+PeakSource machine_peak_source() { return {measure_peak, proc_load_average, matmul_machine()}; }
 
 double fp32_peak_gflops(int threads, bool* from_cache) {
   const fs::path path = peak_cache_path();
@@ -130,9 +130,9 @@ double fp32_peak_gflops(int threads, const fs::path& cache, const PeakSource& so
                         bool* from_cache) {
   TETRA_CHECK(threads >= 1, "[peak] the thread count must be at least 1 (got {})", threads);
   const std::string key = std::to_string(threads);
-  MachineCacheRead read = cache.empty()
-                              ? MachineCacheRead{}
-                              : read_machine_cache(cache, kSchema, source.machine, "threads");
+  MachineCacheRead read =
+      cache.empty() ? MachineCacheRead{}
+                    : read_machine_cache(cache, kThreadsSchema, source.machine, "threads");
   const double load = source.load_average();
   double cached = 0.0, cached_load = 0.0;  // a busy entry being measured again
   if (const auto it = read.entries.find(key); it != read.entries.end()) {
