@@ -20,6 +20,7 @@ int export_main(const Args& args);
 int ckpt_main(const Args& args);
 int verify_resume_main(const Args& args);
 int report_main(const Args& args);
+int triage_main(const Args& args);
 
 /** The model.* config of `tetra generate` and `tetra export` (model_source.cc): `--config FILE`
  * when given, else the shape MODEL/config.json gives when `model_arg` is a model directory, else

@@ -36,6 +36,8 @@ const Command kCommands[] = {
      "look inside checkpoints: tetra ckpt inspect|verify|export DIR"},
     {"report", tetra::cli::report_main,
      "an HTML page of a run's charts: tetra report RUN_DIR [--out DIR]"},
+    {"triage", tetra::cli::triage_main,
+     "why a job hung or died, from its flight records: tetra triage RUN_DIR..."},
     {"verify-resume", tetra::cli::verify_resume_main,
      "kill a run, resume it, compare bitwise: tetra verify-resume --config F"},
     {"launch-link", tetra::cli::launch_link_main, nullptr},

@@ -17,7 +17,8 @@ uint64_t SlotView::entered_on(uint64_t key) const {
 
 std::string SlotView::serialize() const {
   std::string out =
-      fmt::format("board {} {} {} {} {:.6f}", cur_key, cur_seq, cur_op, running ? 1 : 0, age_s);
+      fmt::format("board {} {} {} {} {:.6f} {} {} {} {} {:.6f}", cur_key, cur_seq, cur_op,
+                  running ? 1 : 0, age_s, phase, phase_step, phase_micro, phase_stage, phase_age_s);
   for (const auto& [k, seq] : entered) {
     if (k != 0) out += fmt::format(" {}:{}", k, seq);
   }
@@ -29,7 +30,9 @@ bool SlotView::parse(const std::string& text, SlotView* out) {
   std::string tag;
   int running = 0;
   SlotView v;
-  if (!(in >> tag >> v.cur_key >> v.cur_seq >> v.cur_op >> running >> v.age_s) || tag != "board") {
+  if (!(in >> tag >> v.cur_key >> v.cur_seq >> v.cur_op >> running >> v.age_s >> v.phase >>
+        v.phase_step >> v.phase_micro >> v.phase_stage >> v.phase_age_s) ||
+      tag != "board") {
     return false;
   }
   v.running = running != 0;
@@ -54,6 +57,12 @@ SlotView view_of(const BoardSlot& b, double now) {
   v.running = b.running.load() != 0;
   const uint64_t since = b.since.load();
   v.age_s = since == 0 ? -1 : now - std::bit_cast<double>(since);
+  v.phase = b.phase.load();
+  v.phase_micro = b.phase_micro.load();
+  v.phase_stage = b.phase_stage.load();
+  v.phase_step = b.phase_step.load();
+  const uint64_t phase_since = b.phase_since.load();
+  v.phase_age_s = phase_since == 0 ? -1 : now - std::bit_cast<double>(phase_since);
   for (int g = 0; g < kBoardGroups; ++g) {
     v.entered[size_t(g)] = {b.groups[g].key.load(), b.groups[g].entered.load()};
   }

@@ -28,6 +28,12 @@ struct BoardSlot {
   std::atomic<uint32_t> cur_op;
   std::atomic<uint32_t> running;  // 1 while inside an operation
   std::atomic<uint64_t> since;    // bits of now_s() at the last enter/leave
+  // The training phase the rank marked last (flight.h): so that a rank that stopped is seen
+  // doing something by the ranks that wait for it.
+  std::atomic<uint32_t> phase;  // flight::Phase + 1; 0: none marked yet
+  std::atomic<int32_t> phase_micro, phase_stage;
+  std::atomic<int64_t> phase_step;
+  std::atomic<uint64_t> phase_since;  // bits of now_s() when the phase began
   BoardGroup groups[kBoardGroups];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -37,7 +43,11 @@ struct SlotView {
   uint64_t cur_key = 0, cur_seq = 0;
   uint32_t cur_op = 0;
   bool running = false;
-  double age_s = -1;  // seconds since the last enter/leave; -1: no operation issued yet
+  double age_s = -1;   // seconds since the last enter/leave; -1: no operation issued yet
+  uint32_t phase = 0;  // flight::Phase + 1; 0: none marked
+  int32_t phase_micro = -1, phase_stage = -1;
+  int64_t phase_step = 0;
+  double phase_age_s = -1;                                            // seconds in that phase
   std::array<std::pair<uint64_t, uint64_t>, kBoardGroups> entered{};  // group key -> seq
 
   /** The last sequence number entered on group `key` (0: none). */

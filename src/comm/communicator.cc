@@ -101,8 +101,10 @@ ConfigSchema comm_config_schema() {
       {"dist.debug_hash_every", ValueKind::Int, "1",
        "with dist.debug_hash: compare every K-th collective of a group (and at every barrier)",
        "[1, 1000000]"},
-      {"dist.history", ValueKind::Int, "64",
-       "collectives kept per rank in the ring buffer dumped by the watchdog", "[1, 1000000]"},
+      {"dist.history", ValueKind::Int, "2000",
+       "operations kept per rank in the flight record (<run.dir>/flight/rank-N.json, written on "
+       "a watchdog timeout, a fatal signal, an error exit or SIGUSR1; read by tetra triage)",
+       "[1, 1000000]"},
   };
 }
 

@@ -56,7 +56,7 @@ struct CommOptions {
   double step_timeout_min_s = 30;
   bool debug_hash = false;
   int64_t debug_hash_every = 1;
-  int64_t history = 64;
+  int64_t history = 2000;
 
   static CommOptions from_config(const Config& config);
 };

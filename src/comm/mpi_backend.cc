@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 
+#include "comm/flight.h"
 #include "comm/mpi_engine.h"
 
 namespace tetra::comm::detail {
@@ -111,8 +112,11 @@ std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes, const std::shared
   OpRecord rec;
   rec.op = op.kind;
   rec.group = op.group->name();
+  rec.group_key = op.group->id().key;
   rec.bytes = bytes;
+  rec.elem = op.in.count > 0 || op.out.count == 0 ? op.in.type : op.out.type;
   rec.peer = op.peer;
+  rec.site = flight::current_site();
   rec.issue_s = ws->issue_s;
   std::lock_guard<std::mutex> lock(issue_m_);
   op.id = next_id_++;
@@ -121,7 +125,7 @@ std::shared_ptr<WorkState> Engine::submit(Op op, size_t bytes, const std::shared
   rec.id = op.id;
   rec.seq = op.seq;
   // Recorded before any lane can see the operation, so history order is issue order.
-  watchdog_->on_issue(rec);
+  watchdog_->on_issue(rec, op.group->id());
   outstanding_.fetch_add(1);
   lane->push(std::move(op));
   return ws;
@@ -154,6 +158,7 @@ void Engine::finish(Op& op, std::string error) {
 
 void Engine::abort_job(const std::string& message, int exit_code) {
   std::string line = fmt::format("error: [rank {}] {}\n", world_rank_, message);
+  if (exit_code == kExitError) flight::dump("error: " + message);
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
   std::fflush(stdout);

@@ -13,11 +13,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
 #include "comm/arrival_board.h"
+#include "comm/flight.h"
 #include "comm/peer_probe.h"
+#include "comm/triage.h"
 #include "core/timer.h"
 
 namespace tetra::comm {
@@ -31,6 +34,24 @@ constexpr double kProbeTimeoutS = 2;
 // launcher's teardown of every rank that follows it, would leave them asking processes on their
 // way out (PyTorch's NCCL watchdog waits for its peers' dumps in the same way).
 constexpr auto kReportGrace = std::chrono::seconds(1);
+// Operations a report prints; the flight record has every one of the ring's dist.history.
+constexpr uint64_t kReportHistory = 16;
+
+std::string hex(uint64_t key) { return fmt::format("{:016x}", key); }
+
+const char* elem_name(ElemType t) {
+  switch (t) {
+    case ElemType::f32:
+      return "f32";
+    case ElemType::bf16:
+      return "bf16";
+    case ElemType::i32:
+      return "i32";
+    case ElemType::u8:
+      return "u8";
+  }
+  return "?";
+}
 
 }  // namespace
 
@@ -66,6 +87,7 @@ Watchdog::Watchdog(const CommOptions& options, int world_rank, int world_size,
       hosts_(std::move(hosts)),
       t0_(now_s()),
       ring_(size_t(std::max<int64_t>(1, options.history))) {
+  job_token_ = board_token;
   board_name_ = fmt::format("/tetra-comm-{:016x}", board_token);
   board_bytes_ = sizeof(BoardSlot) * size_t(world_size_);
   int fd = shm_open(board_name_.c_str(), O_CREAT | O_RDWR, 0600);
@@ -81,6 +103,7 @@ Watchdog::Watchdog(const CommOptions& options, int world_rank, int world_size,
     board_[world_rank_].host_tag.store(XXH3_64bits(host.data(), host.size()) | 1);
   }
   deadline_s_.store(options_.timeout_s);
+  flight::attach([this] { return flight_state(); }, board_ ? &board_[world_rank_] : nullptr);
   // Ranks on other hosts ask this one over the network what its entry says.
   if (world_size_ > 1) {
     probe_server_ = std::make_unique<ProbeServer>([this] {
@@ -106,6 +129,7 @@ void Watchdog::set_deadline(double seconds, const std::string& why) {
 }
 
 Watchdog::~Watchdog() {
+  flight::detach();
   {
     std::lock_guard<std::mutex> lock(stop_m_);
     stop_ = true;
@@ -133,9 +157,10 @@ int Watchdog::board_group_slot(uint64_t key) {
   return slot;
 }
 
-void Watchdog::on_issue(const OpRecord& record) {
+void Watchdog::on_issue(const OpRecord& record, const GroupId& group) {
   std::lock_guard<std::mutex> lock(m_);
   ring_[record.id % ring_.size()] = record;
+  if (!groups_.contains(group.key)) groups_[group.key] = group;
   issued_ = std::max(issued_, record.id + 1);
 }
 
@@ -195,9 +220,10 @@ std::string Watchdog::history_locked() const {
   std::string out = fmt::format(
       "[comm] last {} operations of world rank {} (oldest first; times in s since start):\n"
       "[comm]   {:>6} {:>6}  {:<14} {:<12} {:>12} {:>5} {:>9} {:>9} {:>9}  {}\n",
-      std::min<uint64_t>(issued_, ring_.size()), world_rank_, "id", "seq", "op", "group", "bytes",
-      "peer", "issued", "started", "ended", "state");
-  uint64_t first = issued_ > ring_.size() ? issued_ - ring_.size() : 0;
+      std::min<uint64_t>(issued_, std::min<uint64_t>(ring_.size(), kReportHistory)), world_rank_,
+      "id", "seq", "op", "group", "bytes", "peer", "issued", "started", "ended", "state");
+  const uint64_t kept = std::min<uint64_t>(ring_.size(), kReportHistory);
+  uint64_t first = issued_ > kept ? issued_ - kept : 0;
   for (uint64_t id = first; id < issued_; ++id) {
     const OpRecord& r = ring_[id % ring_.size()];
     if (r.id != id) continue;
@@ -247,15 +273,17 @@ std::string Watchdog::arrival_lines(const Running& r) const {
         // Its host is up and reachable; the rank's process has ended (an abort, a crash).
         missing.push_back(w);
         detail += fmt::format("[comm]     world rank {} ({}): {}\n", w, where, reply.error);
+        unreached_[w] = "process ended: " + reply.error;
         continue;
       }
       if (!reply.reached || !SlotView::parse(reply.text, &v)) {
-        unreached[{hosts_[size_t(w)],
-                   reply.reached ? "answered without an arrival board" : reply.error}]
-            .push_back(w);
+        const std::string why = reply.reached ? "answered without an arrival board" : reply.error;
+        unreached[{hosts_[size_t(w)], why}].push_back(w);
+        unreached_[w] = "host cut off: " + why;
         continue;
       }
       where += ", asked over the network";
+      probed_[w] = v;
     }
     const uint64_t entered = v.entered_on(r.group.key);
     if (!is_p2p && entered >= r.seq) {
@@ -327,6 +355,9 @@ void Watchdog::abort_job(const std::string& report, int exit_code) const {
     std::unique_lock<std::mutex> lock(m_, std::try_to_lock);
     if (lock.owns_lock()) text += history_locked();
   }
+  text += record_and_triage(exit_code == kExitCollectiveTimeout
+                                ? "watchdog: a collective missed its deadline"
+                                : "watchdog: ranks issued different collective sequences");
   text += fmt::format(
       "[comm] aborting world rank {} with exit code {} ({})\n", world_rank_, exit_code,
       exit_code == kExitCollectiveTimeout ? "collective timeout" : "collective sequence mismatch");
@@ -392,6 +423,101 @@ std::string Watchdog::after_cut_off() const {
       int(parent));
 }
 
+nlohmann::json Watchdog::flight_state() const {
+  // Bounded: a record taken from a signal must not wait on a thread stopped inside the lock.
+  std::unique_lock<std::mutex> lock(m_, std::defer_lock);
+  for (int i = 0; i < 100 && !lock.try_lock(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!lock.owns_lock()) {
+    return {{"job", hex(job_token_)},
+            {"world_size", world_size_},
+            {"comm_unavailable", "the watchdog's lock was held for 1 s"}};
+  }
+  return flight_state_locked();
+}
+
+nlohmann::json Watchdog::flight_state_locked() const {
+  using nlohmann::json;
+  const double now = now_s();
+  auto ago = [&](double t) { return t > 0 ? now - t : -1.0; };
+  json ops = json::array();
+  const uint64_t first = issued_ > ring_.size() ? issued_ - ring_.size() : 0;
+  for (uint64_t id = first; id < issued_; ++id) {
+    const OpRecord& r = ring_[id % ring_.size()];
+    if (r.id != id) continue;
+    ops.push_back({{"id", r.id},
+                   {"seq", r.seq},
+                   {"op", op_name(r.op)},
+                   {"group", r.group},
+                   {"group_key", hex(r.group_key)},
+                   {"bytes", r.bytes},
+                   {"dtype", elem_name(r.elem)},
+                   {"peer", r.peer},
+                   {"site", r.site},
+                   {"issued_ago_s", ago(r.issue_s)},
+                   {"started_ago_s", ago(r.start_s)},
+                   {"ended_ago_s", ago(r.end_s)},
+                   {"state", op_state_name(r.state)}});
+  }
+  json groups = json::object();
+  for (const auto& [key, g] : groups_) {
+    groups[hex(key)] = {{"name", g.name}, {"ranks", g.world_ranks}};
+  }
+  auto entry = [&](int w, const SlotView& v, const char* source) {
+    json entered = json::object();
+    for (const auto& [key, seq] : v.entered) {
+      if (key != 0) entered[hex(key)] = seq;
+    }
+    return json{{"rank", w},
+                {"host", hosts_[size_t(w)]},
+                {"source", source},
+                {"op", op_name(OpKind(v.cur_op))},
+                {"seq", v.cur_seq},
+                {"group_key", hex(v.cur_key)},
+                {"running", v.running},
+                {"op_age_s", v.age_s},
+                {"phase", v.phase ? flight::phase_name(flight::Phase(v.phase - 1)) : ""},
+                {"phase_step", v.phase_step},
+                {"micro", v.phase_micro},
+                {"stage", v.phase_stage},
+                {"phase_age_s", v.phase_age_s},
+                {"entered", entered}};
+  };
+  json board = json::array();
+  for (int w = 0; board_ && w < world_size_; ++w) {
+    if (w != world_rank_ && board_[w].host_tag.load() != 0) {
+      board.push_back(entry(w, view_of(board_[w], now), "board"));
+    }
+  }
+  for (const auto& [w, v] : probed_) board.push_back(entry(w, v, "probe"));
+  json unreached = json::object();
+  for (const auto& [w, why] : unreached_) unreached[std::to_string(w)] = why;
+  return {
+      {"job", hex(job_token_)},
+      {"world_size", world_size_},
+      {"hosts", hosts_},
+      {"deadline_s", deadline_s_.load()},
+      {"deadline_why", deadline_why_.empty() ? fmt::format("dist.timeout_s={}", options_.timeout_s)
+                                             : deadline_why_},
+      {"ops", ops},
+      {"groups", groups},
+      {"board", board},
+      {"unreached", unreached}};
+}
+
+std::string Watchdog::record_and_triage(const std::string& reason) const {
+  const nlohmann::json rec = flight::record(reason);
+  const std::string path = flight::write(rec);
+  std::string out;
+  for (const std::string& line : triage({rec}).lines) out += "[triage] " + line + "\n";
+  if (!path.empty()) {
+    out += fmt::format("[flight] this rank's record: {} (tetra triage {} reads every rank's)\n",
+                       path, std::filesystem::path(flight::dir()).parent_path().string());
+  }
+  return out;
+}
+
 void Watchdog::run() {
   std::unique_lock<std::mutex> stop_lock(stop_m_);
   while (!stop_) {
@@ -399,18 +525,24 @@ void Watchdog::run() {
     stop_cv_.wait_for(stop_lock,
                       std::chrono::duration<double>(std::clamp(limit / 20.0, 0.01, 0.25)));
     if (stop_) break;
-    std::string report;
+    std::string report, reason;
     {
       std::lock_guard<std::mutex> lock(m_);
       double now = now_s();
       for (const auto& [id, r] : running_) {
         if (now - r.start_s > limit) {
           report = report_locked(id, r) + history_locked();
+          reason = fmt::format("watchdog: {} #{} on group '{}' pending {:.1f} s, past {}",
+                               op_name(r.op), r.seq, r.group.name, now - r.start_s,
+                               deadline_why_.empty()
+                                   ? fmt::format("dist.timeout_s={}", options_.timeout_s)
+                                   : deadline_why_);
           break;
         }
       }
     }
     if (!report.empty()) {
+      report += record_and_triage(reason);
       report += after_cut_off();
       report +=
           fmt::format("[comm] aborting world rank {} with exit code {} (collective timeout)\n",

@@ -16,10 +16,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/arrival_board.h"
 #include "comm/communicator.h"
 
 namespace tetra::comm {
@@ -40,15 +42,17 @@ struct OpRecord {
   uint64_t seq = 0;  // per-group sequence number, starting at 1
   OpKind op = OpKind::barrier;
   std::string group;
+  uint64_t group_key = 0;  // GroupId::key
   size_t bytes = 0;
-  int peer = -1;  // send/recv: peer group rank; broadcast: root
+  ElemType elem = ElemType::u8;
+  int peer = -1;          // send/recv: peer group rank; broadcast: root
+  const char* site = "";  // flight::current_site() of the issuing thread (a static string)
   double issue_s = 0, start_s = 0, end_s = 0;
   State state = State::queued;
 };
 
 const char* op_state_name(OpRecord::State s);
 
-struct BoardSlot;
 class ProbeServer;
 
 class Watchdog {
@@ -70,12 +74,15 @@ class Watchdog {
    *  the report and abort, which give `why` as the deadline's origin. */
   void set_deadline(double seconds, const std::string& why);
 
-  void on_issue(const OpRecord& record);
+  void on_issue(const OpRecord& record, const GroupId& group);
   void on_start(uint64_t id, const GroupId& group, uint64_t seq, OpKind op);
   void on_end(uint64_t id, const GroupId& group, uint64_t seq, bool ok);
 
-  /** The last `history` operations of this rank, oldest first, one per line. */
+  /** The last 16 operations of this rank, oldest first, one per line (a report's tail). */
   std::string history_dump() const;
+  /** The flight record's communication part (flight.h): every operation of the ring, the
+   *  groups, this host's arrival board and what probes of other hosts answered. */
+  nlohmann::json flight_state() const;
   /** The report of a missed deadline (without aborting). */
   std::string timeout_report(uint64_t id) const;
   /** Writes `report` plus the history to stderr and terminates the process with `exit_code`. */
@@ -100,6 +107,9 @@ class Watchdog {
   void run();
   int board_group_slot(uint64_t key);
   std::string history_locked() const;
+  nlohmann::json flight_state_locked() const;
+  /** Writes this rank's flight record and returns the triage of it, for a report. */
+  std::string record_and_triage(const std::string& reason) const;
   std::string report_locked(uint64_t id, const Running& r) const;
   std::string arrival_lines(const Running& r) const;
   void run_abort_hook(int exit_code) const;
@@ -118,6 +128,12 @@ class Watchdog {
   std::map<uint64_t, Running> running_;          // by id
   std::map<uint64_t, int> board_slots_;          // group key -> slot in this rank's board entry
   std::map<uint64_t, std::string> group_names_;  // group key -> name, for groups seen here
+  std::map<uint64_t, GroupId> groups_;           // group key -> id, for groups issued on here
+  // What the last report's probes of ranks on other hosts answered: world rank -> entry, or the
+  // reason none came.
+  mutable std::map<int, SlotView> probed_;
+  mutable std::map<int, std::string> unreached_;
+  uint64_t job_token_ = 0;
 
   std::atomic<double> deadline_s_{0};
   std::string deadline_why_;  // m_ held; "" for dist.timeout_s

@@ -5,6 +5,7 @@
 #include <memory>
 #include <tuple>
 
+#include "comm/flight.h"
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -12,6 +13,29 @@
 namespace tetra::pipeline {
 
 namespace {
+
+// What the flight recorder says a rank does while it runs `op`.
+comm::flight::Phase flight_phase(Op op) {
+  using comm::flight::Phase;
+  switch (op) {
+    case Op::recv_act:
+      return Phase::recv_activations;
+    case Op::forward:
+      return Phase::forward;
+    case Op::recv_grad:
+      return Phase::recv_gradients;
+    case Op::backward:
+      return Phase::backward;
+    case Op::send_act:
+    case Op::send_grad:
+      return Phase::send;
+    case Op::reduce_grads:
+      return Phase::reduce_gradients;
+    case Op::optimizer_step:
+      return Phase::optimizer;
+  }
+  return Phase::between_steps;
+}
 
 // Activations and gradients travel on their own tags: with two ranks both flow between the same
 // pair. Within a tag, messages between a pair arrive in the order sent, and every schedule sends
@@ -112,6 +136,7 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
     const Key key{in.op == Op::recv_grad || in.op == Op::backward || in.op == Op::send_grad, in.mb,
                   in.chunk};
     const double t0 = since();
+    comm::flight::enter(flight_phase(in.op), in.mb, program.stage(rank_, in.chunk));
     switch (in.op) {
       case Op::recv_act:
       case Op::recv_grad: {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
+#include "comm/flight.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -53,6 +55,12 @@ TrainResult Trainer::run() {
 }
 
 void Trainer::setup(const std::string& config_toml) {
+  // What this rank does and communicates, written to run.dir/flight when the job hangs or dies.
+  if (!opt_.run.dir.empty()) {
+    comm::flight::configure((std::filesystem::path(opt_.run.dir) / "flight").string(),
+                            world_.valid() ? world_.rank() : 0);
+  }
+  comm::flight::enter(comm::flight::Phase::startup);
   layout_ =
       std::make_unique<RunLayout>(opt_.parallel, opt_.model.sequence_parallel, world_, backend_);
   refuse_over_memory_limit(opt_, layout_->world_size(), layout_->pp_rank());
@@ -185,6 +193,8 @@ TrainResult Trainer::train() {
     const int64_t step = s + 1;
     const double lr = opt_.optim.schedule.at(s);
     Stopwatch step_clock;
+    comm::flight::set_step(step);
+    comm::flight::enter(comm::flight::Phase::data);
     const Batch& batch = data_->next();
     if (s == 0 && !opt_.outputs.dump_logits.empty()) outputs_->dump_logits(*model_, batch);
 
@@ -214,6 +224,7 @@ TrainResult Trainer::train() {
 
     // Evaluation, checkpoints and reports are not bounded by the step time.
     if (layout_->multi()) layout_->world().set_deadline(0);
+    comm::flight::enter(comm::flight::Phase::between_steps);
 
     // Report, validate and checkpoint at their cadence.
     nlohmann::json rec =
@@ -240,15 +251,18 @@ TrainResult Trainer::train() {
     if (data_->has_validation() &&
         (last || (opt_.data.eval_every > 0 && step % opt_.data.eval_every == 0))) {
       Stopwatch eval_clock;
+      comm::flight::enter(comm::flight::Phase::evaluation);
       result.final_val_loss = evaluate();
       rec["val_loss"] = result.final_val_loss;
       goodput_->add_eval(1e3 * eval_clock.elapsed_s());
     }
+    comm::flight::enter(comm::flight::Phase::checkpoint);
     if (const auto blocked =
             ckpt_->save_if_due(step, last, report_->median_step_s(), state_after(step))) {
       rec["ckpt_block_ms"] = 1e3 * *blocked;
       goodput_->add_checkpoint(1e3 * *blocked);
     }
+    comm::flight::enter(comm::flight::Phase::between_steps);
     ckpt_->note(rec);
     goodput_->end_step(ckpt_->newest_step(), rec);
     report_->write(rec);
@@ -258,6 +272,7 @@ TrainResult Trainer::train() {
     result.final_loss = update.loss;
   }
   // Past the last step: the final save, the checkpoint's end and the summary are no step.
+  comm::flight::enter(comm::flight::Phase::finishing);
   heartbeat_->beat(std::max(start_step_, opt_.steps), ckpt_->newest_step(), BeatPhase::finishing);
   result.skipped = updater_->skips().total;
   result = report_->finish(result, health_->window_compute_ms());

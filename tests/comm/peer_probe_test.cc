@@ -31,6 +31,11 @@ TEST(ArrivalBoard, AnEntrySurvivesItsText) {
   v.cur_op = 3;
   v.running = true;
   v.age_s = 2.5;
+  v.phase = 4;
+  v.phase_step = 12;
+  v.phase_micro = 3;
+  v.phase_stage = 1;
+  v.phase_age_s = 1.25;
   v.entered[0] = {v.cur_key, 17};
   v.entered[1] = {42, 9};
   SlotView back;
@@ -40,10 +45,16 @@ TEST(ArrivalBoard, AnEntrySurvivesItsText) {
   EXPECT_EQ(back.cur_op, 3u);
   EXPECT_TRUE(back.running);
   EXPECT_DOUBLE_EQ(back.age_s, 2.5);
+  EXPECT_EQ(back.phase, 4u);
+  EXPECT_EQ(back.phase_step, 12);
+  EXPECT_EQ(back.phase_micro, 3);
+  EXPECT_EQ(back.phase_stage, 1);
+  EXPECT_DOUBLE_EQ(back.phase_age_s, 1.25);
   EXPECT_EQ(back.entered_on(v.cur_key), 17u);
   EXPECT_EQ(back.entered_on(42), 9u);
   EXPECT_EQ(back.entered_on(7), 0u);
-  for (const char* bad : {"", "board", "bored 1 2 3 0 1.0", "board 1 2 3 0 1.0 5", "board x"}) {
+  for (const char* bad : {"", "board", "bored 1 2 3 0 1.0", "board 1 2 3 0 1.0 5",
+                          "board 1 2 3 0 1.0 4 12 3 1 1.25 5", "board x"}) {
     EXPECT_FALSE(SlotView::parse(bad, &back)) << bad;
   }
 }

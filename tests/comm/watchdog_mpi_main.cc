@@ -9,19 +9,26 @@
 //             shows that the scenario needs independent progress.
 //   stuck:    the last rank never joins its tp pair's all_reduce while every rank keeps reducing
 //             on its dp group; its partner must report the tp operation and that rank, and exit 75.
+//   crash:    the last rank dies of SIGSEGV in 'forward' while the others reduce; its flight record
+//             says so, and tetra triage of the records names it (crash_triage.sh).
 //   serialized: MPI initialised by the program with MPI_THREAD_SERIALIZED; init_world must warn
 //             that every group shares one lane, and collectives on split groups still work.
+// Every rank keeps a flight record in $TMPDIR/flight (comm/flight.h), which the watchdog writes and
+// triages when it fires.
 // overtake and stuck take an even number of ranks >= 4: tp pairs {0,1}, {2,3}, ... and dp groups of
 // the ranks of equal parity, as on a tp 2 x dp n/2 mesh.
 #include <mpi.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/flight.h"
 #include "core/timer.h"
 
 using namespace tetra;
@@ -92,10 +99,10 @@ int serialized(int* argc, char*** argv, const CommOptions& opts) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(
-        stderr,
-        "usage: comm_watchdog_scenarios hang|desync|p2p|overtake|stuck|serialized TIMEOUT_S "
-        "[group|process]\n");
+    std::fprintf(stderr,
+                 "usage: comm_watchdog_scenarios hang|desync|p2p|crash|overtake|stuck|serialized "
+                 "TIMEOUT_S "
+                 "[group|process]\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -106,6 +113,8 @@ int main(int argc, char** argv) {
   if (mode == "serialized") return serialized(&argc, &argv, opts);
   Communicator world = init_world(opts, &argc, &argv);
   const int r = world.rank(), n = world.size();
+  flight::configure((std::filesystem::temp_directory_path() / "flight").string(), r);
+  flight::set_step(3);
 
   // A few healthy collectives first, so the history has something to show.
   std::vector<float> x(1024, 1.0f);
@@ -123,6 +132,7 @@ int main(int argc, char** argv) {
     stuck(world, tp, dp);
   } else if (mode == "hang") {
     if (r == n - 1) {
+      flight::enter(flight::Phase::forward, 0, 0);
       std::this_thread::sleep_for(std::chrono::seconds(60));  // "stuck in compute"
     } else {
       std::vector<float> g(4096, 1.0f);
@@ -131,6 +141,13 @@ int main(int argc, char** argv) {
   } else if (mode == "desync") {
     std::vector<float> g(r == 1 ? 300 : 256, 1.0f);
     world.all_reduce(g).wait();  // rank 1 reduces a different size: must not run
+  } else if (mode == "crash") {
+    if (r == n - 1) {
+      flight::enter(flight::Phase::forward, 2, 0);
+      std::raise(SIGSEGV);
+    }
+    std::vector<float> g(4096, 1.0f);
+    world.all_reduce(g).wait();
   } else if (mode == "p2p") {
     if (r == 0) {
       std::vector<float> g(100);
