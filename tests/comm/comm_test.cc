@@ -42,7 +42,7 @@ TEST(CommOptions, DefaultsAndOverrides) {
   EXPECT_DOUBLE_EQ(o.timeout_s, 2.5);
   EXPECT_TRUE(o.debug_hash);
   EXPECT_EQ(o.debug_hash_every, 1);
-  EXPECT_EQ(o.history, 64);
+  EXPECT_EQ(o.history, 2000);
   EXPECT_THROW(Config::from_overrides(schema, {"dist.timeout_s=0"}), Error);
   EXPECT_THROW(Config::from_overrides(schema, {"dist.history=0"}), Error);
   EXPECT_THROW(Config::from_overrides(schema, {"dist.backend=gloo"}), Error);
