@@ -6,7 +6,9 @@
 // --max-restarts, a job that fails (a rank dies, the collective watchdog aborts, or a rank hangs)
 // is started again from its newest checkpoint, as torchrun does, as long as restarts make progress.
 // Across hosts, the daemons mpirun starts there go through `tetra launch-link` (daemon_link.h), so
-// that a lost host or a partition is named. Under a scheduler, call `srun tetra ...` directly.
+// that a lost host or a partition is named; with --min-ranks a restart that cannot have its hosts
+// back runs on the ranks left, in the layout that keeps the global batch (plan/elastic.h). Under
+// a scheduler, call `srun tetra ...` directly.
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -32,8 +34,10 @@
 #include "core/config.h"
 #include "core/dir_lock.h"
 #include "core/error.h"
+#include "plan/elastic.h"
 #include "train/goodput.h"
 #include "train/health.h"
+#include "train/run_plan.h"
 #include "train/train_config.h"
 
 namespace tetra::cli {
@@ -375,6 +379,58 @@ void report_progress(const std::map<int, launch::Beat>& beats, const std::string
           : "no checkpoint had been written yet (set ckpt.every to resume after a loss)");
 }
 
+// The slots of a host list whose every entry is HOST:SLOTS (host_spec's).
+int64_t total_slots(const std::string& spec) {
+  int64_t total = 0;
+  for (const std::string& h : split(spec, ','))
+    total += *parse_count(h.substr(h.find(':') + 1), 1 << 20);
+  return total;
+}
+
+// An elastic restart's layout: the train command `rest` (with the overrides of earlier resizes,
+// `resized`) moved from `ranks` to at most `available`, at least `min_ranks`, keeping its global
+// batch (plan::resize) and within run.memory_limit_gb on every pipeline stage.
+struct ElasticRestart {
+  bool fits = false;
+  int ranks = 0;
+  Args overrides;    // --parallel.dp, --train.micro_batch, --train.grad_accum of the new layout
+  std::string what;  // what changed (plan::describe_resize), or why no layout fits
+};
+
+Args with(const Args& a, const Args& b) {
+  Args out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+ElasticRestart elastic_layout(const Args& rest, const Args& resized, int ranks, int64_t available,
+                              int64_t min_ranks) {
+  const plan::Layout from =
+      plan_run(TrainOptions::from(*train_config(with(rest, resized))), ranks).layout;
+  const plan::Resize r = plan::resize(from, available, min_ranks);
+  ElasticRestart out;
+  if (!r.fits) {
+    out.what = r.why;
+    return out;
+  }
+  out.overrides = {fmt::format("--parallel.dp={}", r.layout.dp),
+                   fmt::format("--train.micro_batch={}", r.layout.micro_batch),
+                   fmt::format("--train.grad_accum={}", r.layout.microbatches)};
+  try {
+    const TrainOptions next = TrainOptions::from(*train_config(with(rest, out.overrides)));
+    for (int stage = 0; stage < int(r.layout.pp); ++stage) {
+      refuse_over_memory_limit(next, int(r.ranks), stage);
+    }
+  } catch (const Error& e) {
+    out.what = fmt::format("dp {} on {} rank(s) would not fit: {}", r.layout.dp, r.ranks, e.what());
+    return out;
+  }
+  out.fits = true;
+  out.ranks = int(r.ranks);
+  out.what = plan::describe_resize(from, r.layout);
+  return out;
+}
+
 }  // namespace
 
 int launch_main(const Args& args) {
@@ -430,10 +486,16 @@ int launch_main(const Args& args) {
          "straggler (health.on_straggler=stop) is restarted without the straggler's host when "
          "other hosts remain"},
         "h1[,h2]"},
+       {{"--min-ranks", ValueKind::Int, "0",
+         "elastic restart: a restart that cannot have its hosts back (one lost, or left out for a "
+         "straggler) runs on the ranks the other hosts give, if at least this many, with dp and "
+         "the accumulation changed so that the global batch stays; 0: only on -n ranks",
+         "[0, 1048576]"},
+        "M"},
        {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
   p.allow_rest();
   if (!p.parse(args)) return 0;
-  const int ranks = int(p.i("-n"));
+  int ranks = int(p.i("-n"));  // fewer after an elastic restart
   std::string hosts = p.s("--hosts");
   if (p.given("--exclude-host")) {
     hosts = exclude_hosts(hosts, split(p.s("--exclude-host"), ','),
@@ -456,8 +518,9 @@ int launch_main(const Args& args) {
 
   const int max_restarts = int(p.i("--max-restarts"));
   const bool is_train = rest.front() == "train";
-  for (const char* flag : {"--max-restarts", "--heartbeat-timeout", "--heartbeat-factor",
-                           "--heartbeat-min", "--startup-timeout", "--inject-fault"}) {
+  for (const char* flag :
+       {"--max-restarts", "--heartbeat-timeout", "--heartbeat-factor", "--heartbeat-min",
+        "--startup-timeout", "--inject-fault", "--min-ranks"}) {
     TETRA_CHECK(is_train || !p.given(flag),
                 "[launch] {} applies to a train command (the one that writes heartbeats and "
                 "checkpoints), not '{}'",
@@ -489,14 +552,29 @@ int launch_main(const Args& args) {
                  ranks, cores, double(ranks) / cores);
   }
 
+  const int64_t min_ranks = p.i("--min-ranks");
+  TETRA_CHECK(min_ranks <= ranks,
+              "[launch] --min-ranks {} is above -n {}: a restart never runs on more ranks than the "
+              "job; give at most {} (or 0 to restart only on all {})",
+              min_ranks, ranks, ranks, ranks);
   // Not for --dry-run, which only prints the command (its config may be on another machine).
+  // Across hosts only for --min-ranks, whose restarts lay the run out anew from it.
   const std::optional<Config> config =
-      is_train && hosts.empty() && !p.b("--dry-run") ? train_config(rest) : std::nullopt;
+      is_train && (hosts.empty() || min_ranks > 0) && !p.b("--dry-run") ? train_config(rest)
+                                                                        : std::nullopt;
+  if (min_ranks > 0 && !p.b("--dry-run")) {
+    TETRA_CHECK(config,
+                "[launch] --min-ranks needs the train command's config on this host (a --config "
+                "that is a regular file): an elastic restart chooses its layout from it");
+    // The layout as the ranks will resolve it, refused here with the mesh's message.
+    plan_run(TrainOptions::from(*config), ranks);
+  }
   const std::optional<int64_t> steps =
       config ? std::optional<int64_t>(config->i("train.steps")) : std::nullopt;
   const auto faults = parse_faults(p.s("--inject-fault"), ranks, max_restarts, steps);
 
   // The mpirun command on `hosts` (empty: this machine).
+  Args resized;  // the layout overrides of an elastic restart
   auto mpirun_command = [&](const std::string& on) {
     std::vector<std::string> c = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to", "none"};
     // The heartbeat directory, and the attempt's start for the goodput account.
@@ -517,6 +595,7 @@ int launch_main(const Args& args) {
     }
     c.push_back(self_exe());
     c.insert(c.end(), rest.begin(), rest.end());
+    c.insert(c.end(), resized.begin(), resized.end());
     return c;
   };
   std::vector<std::string> cmd = mpirun_command(hosts);
@@ -556,6 +635,42 @@ int launch_main(const Args& args) {
   // A train command that resumes by itself starts from a step only its checkpoints know.
   watch.start_step = has_prefix_arg(rest, "--ckpt.resume") ? -1 : 0;
 
+  // The restart leaves the hosts `gone` out (`why`: "host X lost", "straggler on X"). With
+  // --min-ranks it runs on the ranks the other hosts give, in the layout that keeps the global
+  // batch, if one fits; without, on -n ranks if the other hosts have the slots. Otherwise the
+  // hosts are kept.
+  auto leave_out = [&](const std::vector<std::string>& gone, const std::string& why) {
+    try {
+      // Elastic: each host keeps the slots it had (those without a count had a share of -n).
+      const std::string left =
+          exclude_hosts(min_ranks == 0 ? hosts : host_spec(hosts, ranks), gone, why);
+      if (min_ranks == 0) {
+        cmd = mpirun_command(left);  // refused when `left` has fewer than -n slots
+      } else {
+        const int64_t available = std::min<int64_t>(total_slots(left), ranks);
+        const ElasticRestart e = elastic_layout(rest, resized, ranks, available, min_ranks);
+        if (!e.fits) {
+          std::fprintf(stderr, "[launch] %s, kept (%lld rank(s) on the other hosts): %s\n",
+                       why.c_str(), (long long)available, e.what.c_str());
+          return;
+        }
+        if (e.ranks != ranks) {
+          std::fprintf(stderr, "[launch] %d -> %d ranks (%s, --min-ranks %lld): %s\n", ranks,
+                       e.ranks, why.c_str(), (long long)min_ranks, e.what.c_str());
+        }
+        ranks = e.ranks;
+        watch.ranks = ranks;
+        resized = e.overrides;
+        cmd = mpirun_command(left);
+      }
+      std::fprintf(stderr, "[launch] %s: the restart leaves it out (--hosts %s)\n", why.c_str(),
+                   left.c_str());
+      hosts = left;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "[launch] %s, kept: %s\n", why.c_str(), e.what());
+    }
+  };
+
   // (step reached, newest checkpoint) of every failed attempt: a failure seen before means the
   // restart made no progress.
   std::vector<std::pair<int64_t, int64_t>> failures;
@@ -586,6 +701,7 @@ int launch_main(const Args& args) {
     if (code == 0) break;
     std::string cause =
         job.stopped_for.empty() ? "the job " + describe_status(job.status) : job.stopped_for;
+    std::vector<std::string> lost_names;  // hosts lost, not partitioned off
     if (is_train && !launch::stop_requested()) {
       const std::vector<launch::CutLink> cut = launch::cut_links(beats->path());
       const std::vector<launch::LostHost> lost = launch::lost_hosts(beats->path());
@@ -605,6 +721,7 @@ int launch_main(const Args& args) {
         report_lost_hosts(lost, host_spec(hosts, ranks), ranks);
         report_progress(job.beats, ckpt_dir(rest));
         cause = fmt::format("host {} lost", lost.front().host);
+        for (const launch::LostHost& h : lost) lost_names.push_back(h.host);
       }
     }
     if (attempt >= max_restarts || launch::stop_requested()) {
@@ -649,6 +766,11 @@ int launch_main(const Args& args) {
       break;
     }
     failures.emplace_back(reached, checkpoint);
+    // A lost host is left out only for an elastic restart: without --min-ranks the restart waits
+    // for it on the same hosts (a host that comes back, or a daemon that was killed).
+    if (!lost_names.empty() && min_ranks > 0) {
+      leave_out(lost_names, fmt::format("host {} lost", fmt::join(lost_names, ", ")));
+    }
     // Stopped for a straggler (health.on_straggler=stop): restarted without its host when other
     // hosts remain; on this machine alone it restarts where it was.
     if (std::vector<std::string> slow = straggler_hosts(beats->path()); !slow.empty()) {
@@ -659,16 +781,7 @@ int launch_main(const Args& args) {
         });
       });
       if (others) {
-        try {
-          const std::string fewer = exclude_hosts(hosts, slow, "the straggler's host");
-          cmd = mpirun_command(fewer);
-          std::fprintf(stderr, "[launch] straggler on %s: the restart leaves it out (--hosts %s)\n",
-                       fmt::format("{}", fmt::join(slow, ", ")).c_str(), fewer.c_str());
-          hosts = fewer;
-        } catch (const Error& e) {
-          std::fprintf(stderr, "[launch] straggler on %s, kept: %s\n",
-                       fmt::format("{}", fmt::join(slow, ", ")).c_str(), e.what());
-        }
+        leave_out(slow, fmt::format("straggler on {}", fmt::join(slow, ", ")));
       } else {
         std::fprintf(stderr,
                      "[launch] straggler on %s, the only host of the job: restarting on it\n",

@@ -63,7 +63,7 @@ void prepare_output_file(const std::string& key, const std::string& value) {
 // Whether `name` is a file the run itself writes in run.dir (report.cc, run_outputs.cc).
 bool is_run_dir_file(const std::string& name) {
   for (const char* own : {"config.toml", "metrics.jsonl", "profile.json", "plan_vs_measured.json",
-                          "goodput.json", "audit.json", ".tetra.lock"}) {
+                          "goodput.json", "audit.json", ".tetra.lock", "flight"}) {
     if (name == own) return true;
   }
   return name.rfind("metrics.jsonl.", 0) == 0 || name.rfind("trace-rank-", 0) == 0;

@@ -170,6 +170,12 @@ TEST(Launch, RefusesWhatCannotWork) {
             "--heartbeat-timeout applies to a train command"},
            {"launch -n 2 --inject-fault kill:1@3 -- generate",
             "--inject-fault applies to a train command"},
+           {"launch -n 2 --min-ranks 1 -- generate", "--min-ranks applies to a train command"},
+           {"launch -n 4 --min-ranks 5 -- train",
+            "--min-ranks 5 is above -n 4: a restart never runs on more ranks than the job"},
+           {"launch -n 3 --min-ranks 2 --hosts localhost:3 -- train --parallel.tp=2 "
+            "--data.train=x.bin",
+            "[mesh] tp*pp = 2*1 = 2 does not divide the world size 3"},
            {"launch --dry-run -n 2 --hosts a:0 -- train", "'a:0' has slot count '0'"},
            {"launch --dry-run -n 2 --hosts :3 -- train", "':3' names no host"},
            {"launch --dry-run -n 4 --hosts a:1,b:1 -- train",
@@ -209,7 +215,8 @@ TEST(Launch, StopsAnMpirunThatOutlivesItsRanks) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_TRUE(has(r, "error: a rank failed")) << r.out;
-  EXPECT_TRUE(has(r, "has had no process of its job left on this host for 5 s without returning")) << r.out;
+  EXPECT_TRUE(has(r, "has had no process of its job left on this host for 5 s without returning"))
+      << r.out;
   EXPECT_LT(s, 30) << r.out;
 }
 

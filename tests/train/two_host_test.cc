@@ -230,6 +230,46 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
   EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the restart after a lost host";
 }
 
+// Elastic restart: hostb lost after step 5 of 12 with --min-ranks 2, and no host to replace it.
+// The restart runs on hosta's two ranks as dp 2 with twice the accumulation (the global batch of
+// 8 sequences kept), resumes from the newest checkpoint written by four ranks, draws the batches
+// the whole run drew, and ends within the layout bounds of the uninterrupted dp 4 run.
+TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeft) {
+  const std::string dp4 = "--train.micro_batch=2";
+  const LayoutRun whole = train(false, "elastic_whole", dp4, 12);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+
+  const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
+  const fs::path run = dir_ / "elastic";
+  const std::string args =
+      train_args("elastic", dp4, 12,
+                 "--ckpt.dir=" + (dir_ / "elastic_ckpt").string() +
+                     " --ckpt.every=2 --debug.slow_ms=100 --debug.fault_rank=0");
+  const std::string killer = "( for i in $(seq 1200); do [ $(cat " +
+                             (run / "metrics.jsonl").string() +
+                             " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id +
+                             kTwoHost + " kill hostb ) & ";
+  const Ran r =
+      run_command("(" + killer + id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "elastic_beats").string() +
+                  " " + kTwoHost + " on-hosta -- " + TETRA_BINARY +
+                  " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 --max-restarts 1 "
+                  "--min-ranks 2 -- " +
+                  args + "; status=$?; wait; exit $status)");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[launch] 4 -> 2 ranks (host 10.77.0.2 lost, --min-ranks 2): dp 4 -> 2, "
+                       "micro_batch 2 kept, grad_accum 1 -> 2; global batch 8 sequences kept"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[launch] host 10.77.0.2 lost: the restart leaves it out (--hosts "
+                       "10.77.0.1:2)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[launch] restart 1/1: host 10.77.0.2 lost;")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ckpt] resumed from")) << r.output;
+  const LayoutRun resized = testing::read_layout_run(r, run, run / "w.safetensors");
+  testing::expect_same_trajectory(whole, resized, 1e-5, 12, 2e-5, 1.5e-4);
+}
+
 // The pair set down after step 5 (a network partition): at the step deadline (at least 2 s here,
 // not dist.timeout_s' 300) each host's watchdog finds the other out of reach and says so, tetra
 // launch reports the partition both ways with the newest checkpoint, and no process of the job is
