@@ -384,6 +384,27 @@ def goodput_table(page, goodput):
                       "<p>Every second of the job's wall time, restarts included, in one "
                       "category (docs/health.md); goodput is the productive share: the steps the "
                       "final model kept.</p>")
+    incidents = goodput.get("incidents") if isinstance(goodput, dict) else None
+    if isinstance(incidents, list) and incidents:
+        rows = []
+        for i in incidents:
+            if not isinstance(i, dict):
+                continue
+            silence = i.get("silence_s")
+            rows.append((i.get("attempt", ""), i.get("cause", ""),
+                         fmt_num(silence) if isinstance(silence, (int, float)) and silence >= 0
+                         else "", i.get("resumed_from", ""), i.get("steps_redone", ""),
+                         fmt_num(i.get("seconds_lost")) if isinstance(i.get("seconds_lost"),
+                                                                      (int, float)) else "",
+                         i.get("triage", ""), i.get("change", "")))
+        page.html_section("table-incidents", "Incidents",
+                          table(rows, ["attempt ended", "cause", "silence before the end (s)",
+                                       "resumed from step", "steps redone", "seconds lost",
+                                       "triage", "change"]) +
+                          "<p>Every restart of the run: what ended the attempt as the launcher "
+                          "saw it, how long the ranks' heartbeats had been silent when it ended, "
+                          "what the flight records said, and what the restart cost (docs/health.md,"
+                          " \"Goodput\").</p>")
 
 
 def plan_table(page, pvm):

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -31,6 +32,7 @@
 #include "cli/commands.h"
 #include "cli/daemon_link.h"
 #include "cli/launch_job.h"
+#include "comm/triage.h"
 #include "core/config.h"
 #include "core/dir_lock.h"
 #include "core/error.h"
@@ -335,12 +337,32 @@ std::vector<std::string> rank_hosts(const std::string& spec, int ranks) {
   return out;
 }
 
-// The checkpoint directory of a train command, where its flags or config file (read on this
-// host) say; "" when neither does or the config cannot be read here.
-std::string ckpt_dir(const Args& rest) {
+// A directory key (ckpt.dir, run.dir) of a train command, where its flags or config file (read on
+// this host) say; "" when neither does or the config cannot be read here.
+std::string train_dir(const Args& rest, const char* key) {
   try {
     const std::optional<Config> config = train_config(rest);
-    return config ? config->s("ckpt.dir") : "";
+    return config ? config->s(key) : "";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+// The diagnosis of the flight records the ranks of an attempt started at `since` (Unix seconds)
+// wrote to run.dir/flight on this host: its cause class and the first line that says where the
+// job stood (which records were read is left out), or "" when there are none.
+std::string triage_of_attempt(const std::string& run_dir, double since) {
+  std::error_code ec;
+  if (run_dir.empty() || !fs::is_directory(fs::path(run_dir) / "flight", ec)) return "";
+  try {
+    const comm::FlightRecords found = comm::read_flight_records({run_dir}, since);
+    if (found.newest.empty()) return "";
+    const comm::Diagnosis d = comm::triage(found.newest);
+    for (const std::string& line : d.lines) {
+      if (line.rfind("records of ", 0) == 0) continue;
+      return line.rfind("cause: ", 0) == 0 ? line.substr(7) : d.cause + ": " + line;
+    }
+    return d.cause;
   } catch (const Error&) {
     return "";
   }
@@ -579,7 +601,8 @@ int launch_main(const Args& args) {
     std::vector<std::string> c = {find_mpirun(), "-np", std::to_string(ranks), "--bind-to", "none"};
     // The heartbeat directory, and the attempt's start for the goodput account.
     if (is_train) {
-      c.insert(c.end(), {"-x", "TETRA_HEARTBEAT_DIR", "-x", kAttemptStartEnv, "-x", kAttemptEnv});
+      c.insert(c.end(), {"-x", "TETRA_HEARTBEAT_DIR", "-x", kAttemptStartEnv, "-x", kAttemptEnv,
+                         "-x", kIncidentEnv});
     }
     if (geteuid() == 0) c.push_back("--allow-run-as-root");
     if (on.empty()) {
@@ -639,6 +662,7 @@ int launch_main(const Args& args) {
   // --min-ranks it runs on the ranks the other hosts give, in the layout that keeps the global
   // batch, if one fits; without, on -n ranks if the other hosts have the slots. Otherwise the
   // hosts are kept.
+  std::string change;  // an elastic restart's, for its incident
   auto leave_out = [&](const std::vector<std::string>& gone, const std::string& why) {
     try {
       // Elastic: each host keeps the slots it had (those without a count had a share of -n).
@@ -657,6 +681,7 @@ int launch_main(const Args& args) {
         if (e.ranks != ranks) {
           std::fprintf(stderr, "[launch] %d -> %d ranks (%s, --min-ranks %lld): %s\n", ranks,
                        e.ranks, why.c_str(), (long long)min_ranks, e.what.c_str());
+          change = fmt::format("{} -> {} ranks: {}", ranks, e.ranks, e.what);
         }
         ranks = e.ranks;
         watch.ranks = ranks;
@@ -674,6 +699,8 @@ int launch_main(const Args& args) {
   // (step reached, newest checkpoint) of every failed attempt: a failure seen before means the
   // restart made no progress.
   std::vector<std::pair<int64_t, int64_t>> failures;
+  std::string incident;  // what ended the previous attempt, for the next one's goodput account
+  double attempt_started = 0;
   int code = 0;
   for (int attempt = 0;; ++attempt) {
     if (is_train) {
@@ -688,6 +715,8 @@ int launch_main(const Args& args) {
               .count();
       setenv(kAttemptStartEnv, fmt::format("{:.6f}", now).c_str(), 1);
       setenv(kAttemptEnv, std::to_string(attempt).c_str(), 1);
+      setenv(kIncidentEnv, incident.c_str(), 1);
+      attempt_started = now;
     }
     std::vector<std::string> run = cmd;
     if (size_t(attempt) < faults.size()) {
@@ -699,6 +728,7 @@ int launch_main(const Args& args) {
     const launch::JobOutcome job = launch::run_job(run, watch);
     code = job.code;
     if (code == 0) break;
+    const double silence = is_train ? launch::heartbeat_silence(beats->path()) : -1;
     std::string cause =
         job.stopped_for.empty() ? "the job " + describe_status(job.status) : job.stopped_for;
     std::vector<std::string> lost_names;  // hosts lost, not partitioned off
@@ -714,16 +744,21 @@ int launch_main(const Args& args) {
                        "collective was late (%s)\n",
                        c.from.c_str(), c.to.c_str(), c.why.c_str());
         }
-        report_progress(job.beats, ckpt_dir(rest));
+        report_progress(job.beats, train_dir(rest, "ckpt.dir"));
         cause =
             fmt::format("network partition ({} cannot reach {})", cut.front().from, cut.front().to);
       } else if (!lost.empty()) {
         report_lost_hosts(lost, host_spec(hosts, ranks), ranks);
-        report_progress(job.beats, ckpt_dir(rest));
+        report_progress(job.beats, train_dir(rest, "ckpt.dir"));
         cause = fmt::format("host {} lost", lost.front().host);
         for (const launch::LostHost& h : lost) lost_names.push_back(h.host);
       }
     }
+    // What the ranks' flight records say (written on a watchdog timeout, a crash, an error exit
+    // or the launcher's SIGTERM), once, here, for the log and the incident.
+    const std::string triage =
+        is_train ? triage_of_attempt(train_dir(rest, "run.dir"), attempt_started) : "";
+    if (!triage.empty()) std::fprintf(stderr, "[launch] triage: %s\n", triage.c_str());
     if (attempt >= max_restarts || launch::stop_requested()) {
       if (max_restarts > 0) {
         std::fprintf(
@@ -791,6 +826,13 @@ int launch_main(const Args& args) {
     // The restart resumes from the newest checkpoint (or starts afresh when there is none), as
     // long as it loads; should it not, the first step is simply not given the start-up deadline.
     if (watch.start_step >= 0) watch.start_step = checkpoint;
+    incident = nlohmann::json{
+        {"cause", cause},
+        {"silence_s", silence},
+        {"triage", triage},
+        {"change",
+         change}}.dump();
+    change.clear();
     std::fprintf(stderr,
                  "[launch] restart %d/%d: %s; steps reached %lld, newest checkpoint after step "
                  "%lld: %lld step(s) lost\n",

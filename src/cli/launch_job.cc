@@ -542,6 +542,19 @@ void clear_beats(const fs::path& dir) {
   for (const fs::path& f : stale) fs::remove(f, ec);
 }
 
+double heartbeat_silence(const fs::path& dir) {
+  std::error_code ec;
+  std::optional<fs::file_time_type> newest;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (rank_of_beat_file(it->path().filename().string()) < 0) continue;
+    const fs::file_time_type t = fs::last_write_time(it->path(), ec);
+    if (!ec && (!newest || t > *newest)) newest = t;
+  }
+  if (!newest) return -1;
+  return std::max(
+      0.0, std::chrono::duration<double>(fs::file_time_type::clock::now() - *newest).count());
+}
+
 JobOutcome run_job(const std::vector<std::string>& cmd, const WatchOptions& opt) {
   const pid_t child = start_child(cmd);
   g_child.store(child);

@@ -73,4 +73,8 @@ std::string rank_list(const std::vector<int>& ranks);
 /** Removes the heartbeat files (rank-N) a previous job left in `dir`, nothing else. */
 void clear_beats(const std::filesystem::path& dir);
 
+/** Seconds from the newest heartbeat file in `dir` to now (after a job ended: how long its ranks
+ *  had been silent when it did); -1 when no rank wrote one. */
+double heartbeat_silence(const std::filesystem::path& dir);
+
 }  // namespace tetra::cli::launch

@@ -4,9 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
+
+#include "core/error.h"
+#include "core/read_file.h"
 
 namespace tetra::comm {
 
@@ -441,6 +445,44 @@ Diagnosis Triage::run() {
 Diagnosis triage(const std::vector<json>& records) {
   if (records.empty()) return {"no records", {"no flight records"}};
   return Triage(records).run();
+}
+
+FlightRecords read_flight_records(const std::vector<std::string>& dirs, double since_unix) {
+  namespace fs = std::filesystem;
+  // 2,000 operations take ~1 MB.
+  constexpr uintmax_t kMaxRecordBytes = uintmax_t(1) << 28;
+  FlightRecords out;
+  std::map<int, json> newest;
+  for (const std::string& dir : dirs) {
+    std::error_code ec;
+    TETRA_CHECK(fs::is_directory(dir, ec),
+                "[triage] {} is not a directory; give a run's run.dir (or its flight/ directory)",
+                dir);
+    const fs::path flight =
+        fs::is_directory(fs::path(dir) / "flight", ec) ? fs::path(dir) / "flight" : fs::path(dir);
+    for (const auto& e : fs::directory_iterator(flight, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("rank-", 0) != 0 || e.path().extension() != ".json") continue;
+      ++out.files;
+      const json rec = json::parse(
+          read_small_file(e.path().string(), kMaxRecordBytes, "triage", "a flight record", ""),
+          nullptr, false);
+      if (rec.is_discarded() || !rec.is_object() || !rec.contains("rank") ||
+          !rec["rank"].is_number_integer() || !rec.contains("reason")) {
+        out.skipped.push_back(e.path().string());
+        continue;
+      }
+      if (rec.value("written_unix", 0.0) < since_unix) continue;
+      const int rank = rec["rank"].get<int>();
+      auto it = newest.find(rank);
+      if (it == newest.end() ||
+          rec.value("written_unix", 0.0) > it->second.value("written_unix", 0.0)) {
+        newest[rank] = rec;
+      }
+    }
+  }
+  for (auto& [rank, rec] : newest) out.newest.push_back(std::move(rec));
+  return out;
 }
 
 }  // namespace tetra::comm

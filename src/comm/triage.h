@@ -24,4 +24,14 @@ struct Diagnosis {
  *  record's are set aside, and said so). */
 Diagnosis triage(const std::vector<nlohmann::json>& records);
 
+/** The flight records under run directories (each its flight/ directory, or the directory itself
+ *  when it holds rank-N.json files): the newest of each rank, written at `since_unix` or later. */
+struct FlightRecords {
+  std::vector<nlohmann::json> newest;  // one per rank, by rank
+  std::vector<std::string> skipped;    // rank-N.json files that are not flight records
+  size_t files = 0;                    // rank-N.json files seen
+};
+/** Throws tetra::Error when a directory is not one. */
+FlightRecords read_flight_records(const std::vector<std::string>& dirs, double since_unix = 0);
+
 }  // namespace tetra::comm

@@ -92,10 +92,16 @@ void Goodput::resume(const nlohmann::json& prev, int64_t start_step) {
   // that time is not the run's.
   const double last = prev.value("updated_at", attempt_start_);
   const char* attempt = std::getenv(kAttemptEnv);
-  if (attempt && std::atoi(attempt) > 0 && attempt_start_ > last) {
-    prev_[size_t(GoodputPart::restart)] += attempt_start_ - last;
-    prev_wall_ += attempt_start_ - last;
+  const bool restarted = attempt && std::atoi(attempt) > 0;
+  double gap = 0;
+  if (restarted && attempt_start_ > last) {
+    gap = attempt_start_ - last;
+    prev_[size_t(GoodputPart::restart)] += gap;
+    prev_wall_ += gap;
   }
+  if (prev.contains("incidents") && prev["incidents"].is_array()) incidents_ = prev["incidents"];
+  const double redone_before = prev_[size_t(GoodputPart::redone)];
+  const int64_t redone_steps_before = redone_steps_;
   // The steps after the checkpoint resumed from are trained again: the earlier attempt's time
   // for them was not kept.
   auto redo = [&](double productive, double data) {
@@ -125,6 +131,37 @@ void Goodput::resume(const nlohmann::json& prev, int64_t start_step) {
       "step(s) after the checkpoint of step {} are redone",
       attempts_, prev_wall_, prev_[size_t(GoodputPart::restart)],
       redone_exactly + std::max<int64_t>(0, committed - start_step), start_step);
+  if (restarted)
+    record_incident(start_step, redone_steps_ - redone_steps_before,
+                    gap + prev_[size_t(GoodputPart::redone)] - redone_before);
+}
+
+void Goodput::record_incident(int64_t resumed_from, int64_t steps_redone, double seconds_lost) {
+  const char* env = std::getenv(kIncidentEnv);
+  nlohmann::json seen = nlohmann::json::parse(env ? env : "", nullptr, false);
+  if (!seen.is_object()) seen = nlohmann::json::object();
+  const auto text = [&](const char* key) {
+    return seen.contains(key) && seen[key].is_string() ? seen[key].get<std::string>()
+                                                       : std::string();
+  };
+  const double silence = seen.contains("silence_s") && seen["silence_s"].is_number()
+                             ? seen["silence_s"].get<double>()
+                             : -1.0;
+  const std::string cause = text("cause").empty() ? "not said (a restart by hand?)" : text("cause");
+  incidents_.push_back({{"attempt", attempts_ - 1},
+                        {"cause", cause},
+                        {"silence_s", silence},
+                        {"triage", text("triage")},
+                        {"change", text("change")},
+                        {"resumed_from", resumed_from},
+                        {"steps_redone", steps_redone},
+                        {"seconds_lost", seconds_lost}});
+  log_info(
+      "[goodput] incident {}: {}{}; {} step(s) redone, {:.2f} s lost{}{}", incidents_.size(), cause,
+      silence >= 0 ? fmt::format(" ({:.2f} s from the last heartbeat to the job's end)", silence)
+                   : "",
+      steps_redone, seconds_lost, text("triage").empty() ? "" : "; triage: " + text("triage"),
+      text("change").empty() ? "" : "; " + text("change"));
 }
 
 void Goodput::step(int64_t step, double step_ms, double data_ms) {
@@ -180,7 +217,8 @@ nlohmann::json Goodput::to_json() const {
           {"first_start", first_start_},
           {"updated_at", updated_at_},
           {"committed_through", committed_through_},
-          {"pending", pending}};
+          {"pending", pending},
+          {"incidents", incidents_}};
 }
 
 void Goodput::save(bool durable) const {

@@ -26,6 +26,11 @@ const char* goodput_part_name(GoodputPart p);
  *  started it, and its number (0: the first, 1: the first restart, ...). */
 inline constexpr const char* kAttemptStartEnv = "TETRA_ATTEMPT_START";
 inline constexpr const char* kAttemptEnv = "TETRA_ATTEMPT";
+/** For a restart: what ended the previous attempt, as the launcher saw it, a JSON object with
+ *  "cause", "silence_s" (from the newest heartbeat to the job's end; -1 unknown), "triage" (the
+ *  flight records' diagnosis, or "") and "change" (an elastic restart's new layout, or ""); empty
+ *  for a first attempt. The account keeps one incident per restart (Goodput::to_json). */
+inline constexpr const char* kIncidentEnv = "TETRA_INCIDENT";
 
 class Goodput {
  public:
@@ -51,6 +56,8 @@ class Goodput {
  private:
   void add(GoodputPart p, double s) { this_[size_t(p)] += s; }
   void resume(const nlohmann::json& prev, int64_t start_step);
+  /** A restart's incident from kIncidentEnv, with what the account measured of it. */
+  void record_incident(int64_t resumed_from, int64_t steps_redone, double seconds_lost);
   /** `durable`: fsynced (the run's end); otherwise only renamed over the old account. */
   void save(bool durable) const;
 
@@ -69,6 +76,8 @@ class Goodput {
   // from that checkpoint would redo.
   std::vector<std::array<double, 3>> pending_;
   int64_t committed_through_ = 0;  // steps up to this one are behind a checkpoint
+  // One per restart: the launcher's account of it, the steps redone and the seconds it cost.
+  nlohmann::json incidents_ = nlohmann::json::array();
 };
 
 }  // namespace tetra

@@ -65,7 +65,9 @@ const char* const kAudit =
     {"name": "stragglers", "ms": 2.0}], "sum_ms": 40.0})";
 const char* const kGoodput =
     R"({"wall_s": 100.0, "goodput": 0.8, "attempts": 2, "kept_steps": 40, "redone_steps": 3,
-    "seconds": {"productive": 80.0, "restart": 20.0}})";
+    "seconds": {"productive": 80.0, "restart": 20.0}, "incidents": [{"attempt": 1,
+    "cause": "host b lost", "silence_s": 1.5, "triage": "", "change": "4 -> 2 ranks: dp 4 -> 2",
+    "resumed_from": 8, "steps_redone": 3, "seconds_lost": 20.0}]})";
 
 class Report : public testing::RunDirTest {
  protected:
@@ -130,6 +132,12 @@ TEST_F(Report, ADataParallelRunHasEveryChartItsMetricsHold) {
   EXPECT_GT(fs::file_size(dir_ / "page" / "chart-audit.png"), 1000u);
   EXPECT_NE(html2.find("<td>restart</td><td>20</td><td>20.0%</td>"), std::string::npos)
       << html2.substr(html2.find("table-goodput"), 600);
+  // Each restart in the incidents table; none in a run that was never restarted.
+  EXPECT_NE(html2.find("<td>1</td><td>host b lost</td><td>1.5</td><td>8</td><td>3</td><td>20</td>"
+                       "<td></td><td>4 -&gt; 2 ranks: dp 4 -&gt; 2</td>"),
+            std::string::npos)
+      << html2.substr(html2.find("table-incidents"), 800);
+  EXPECT_EQ(html1.find("table-incidents"), std::string::npos);
 }
 
 TEST_F(Report, APipelineRunHasTheBubbleAndLinksItsTraces) {

@@ -74,6 +74,30 @@ TEST_F(GoodputRun, AccountsEveryRestartOfAJobKilledTwice) {
   }
   EXPECT_TRUE(contains(r.output, "[goodput] goodput ")) << r.output;
   EXPECT_TRUE(contains(r.output, "over 3 attempt(s), 3 step(s) redone")) << r.output;
+  // One incident per restart: the launcher's cause and the heartbeats' silence, the steps redone
+  // and the seconds lost as the account measured them; together the restart and redone time.
+  const nlohmann::json& incidents = g["incidents"];
+  ASSERT_EQ(incidents.size(), 2u) << g.dump(1);
+  double lost = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& inc = incidents[i];
+    SCOPED_TRACE(inc.dump());
+    EXPECT_EQ(inc["attempt"], int(i) + 1);
+    EXPECT_TRUE(contains(inc["cause"].get<std::string>(), "the job exited with status"));
+    EXPECT_GE(inc["silence_s"].get<double>(), 0.0);
+    EXPECT_LT(inc["silence_s"].get<double>(), 60.0);
+    EXPECT_EQ(inc["resumed_from"], i == 0 ? 3 : 9);
+    EXPECT_EQ(inc["steps_redone"], i == 0 ? 2 : 1);
+    EXPECT_GT(inc["seconds_lost"].get<double>(), 0.0);
+    EXPECT_EQ(inc["change"], "");
+    lost += inc["seconds_lost"].get<double>();
+  }
+  EXPECT_NEAR(lost, g["seconds"]["restart"].get<double>() + g["seconds"]["redone"].get<double>(),
+              1e-6 * wall)
+      << g.dump(1);
+  EXPECT_TRUE(contains(r.output, "[goodput] incident 1: the job exited with status")) << r.output;
+  EXPECT_TRUE(contains(r.output, "; 2 step(s) redone, ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[goodput] incident 2: ")) << r.output;
 }
 
 TEST_F(GoodputRun, ARunResumedByHandContinuesItsAccount) {

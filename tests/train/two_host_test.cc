@@ -266,6 +266,8 @@ TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeft) {
       << r.output;
   EXPECT_TRUE(contains(r.output, "[launch] restart 1/1: host 10.77.0.2 lost;")) << r.output;
   EXPECT_TRUE(contains(r.output, "[ckpt] resumed from")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[goodput] incident 1: host 10.77.0.2 lost (")) << r.output;
+  EXPECT_TRUE(contains(r.output, "; 4 -> 2 ranks: dp 4 -> 2, micro_batch 2 kept")) << r.output;
   const LayoutRun resized = testing::read_layout_run(r, run, run / "w.safetensors");
   testing::expect_same_trajectory(whole, resized, 1e-5, 12, 2e-5, 1.5e-4);
 }
