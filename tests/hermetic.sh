@@ -21,6 +21,10 @@ export HOME="$dir/home" TMPDIR="$dir/tmp" XDG_CACHE_HOME="$dir/home/.cache"
 # the same way, whatever the machine's timings would have chosen per product in each run's HOME,
 # and no test spends its time measuring libraries. Tests of the choice itself say so explicitly.
 export TETRA_MATMUL=onednn
+# A fixed matmul peak (GFLOP/s per thread, kernels/cpu/peak.h) instead of the second or more each
+# test's fresh HOME would spend measuring it: MFU and the planner's cpu device then read the same
+# on every machine. Tests of the measurement and its cache unset it.
+export TETRA_PEAK_GFLOPS=100
 # libgomp's default wait spins ~300k iterations at every barrier; beside another test on the same
 # two cores a spinning thread holds the core its peer needs (tetra sets the same for itself,
 # src/cli/main.cc; this covers the test binaries and PyTorch). It changes no result, only waits.

@@ -78,7 +78,7 @@ void Reporter::measure_peak(int threads) {
   if (opt_.run.peak_gflops > 0) {
     peak_gflops_ = opt_.run.peak_gflops;
   } else if (layout_.is_root()) {
-    peak_gflops_ = backend_.peak_gflops(opt_.model.bf16, threads, &peak_measured_);
+    peak_gflops_ = backend_.peak_gflops(opt_.model.bf16, threads, &peak_source_);
   }
   layout_.broadcast_from_root(peak_gflops_);
 }
@@ -163,8 +163,8 @@ void Reporter::header() const {
       "[train] device {}; threads: {}; peak {:.1f} GFLOP/s ({}, the MFU denominator); model "
       "FLOPs/token {:.3g}; precision {}, matmuls {}",
       backend_.describe(), threads_, peak_gflops_,
-      opt_.run.peak_gflops > 0 ? "run.peak_gflops" : (peak_measured_ ? "measured" : "datasheet"),
-      plan_.prediction.flops_per_token, precision_name(m), backend_.matmul_path(m.bf16));
+      opt_.run.peak_gflops > 0 ? "run.peak_gflops" : peak_source_, plan_.prediction.flops_per_token,
+      precision_name(m), backend_.matmul_path(m.bf16));
 }
 
 void Reporter::begin(int64_t start_step) {

@@ -92,7 +92,7 @@ class Reporter {
   int64_t start_step_ = 0;
   int threads_ = 1;
   double peak_gflops_ = 0.0;
-  bool peak_measured_ = true;
+  std::string peak_source_ = "measured";  // Backend::peak_gflops's, on rank 0
   RunPlan plan_;  // the planner's prediction for this run: params, FLOPs/token, memory
   std::string previous_metrics_;  // the metrics file a resumed run continues
   std::unique_ptr<MetricsWriter> metrics_;

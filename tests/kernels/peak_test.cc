@@ -205,6 +205,7 @@ TEST_F(PeakCache, PathFollowsXdgCacheHomeThenHome) {
 
 TEST_F(PeakCache, MeasuresThisMachineIntoTheCacheUnderHome) {
   ScopedEnv xdg("XDG_CACHE_HOME", (dir_ / "xdg").c_str());
+  ScopedEnv measured("TETRA_PEAK_GFLOPS", nullptr);  // tests/hermetic.sh gives one
   const double g = fp32_peak_gflops(1);
   EXPECT_GT(g, 0.1);
   std::ifstream in(dir_ / "xdg" / "tetra" / "peak.json");
@@ -229,6 +230,30 @@ TEST_F(PeakCache, CopyBandwidthIsMeasuredAndKeptAsTheBestUnderHome) {
   EXPECT_EQ(j["machine"], machine_peak_source().machine);
   EXPECT_DOUBLE_EQ(j["bandwidth"]["copy"]["bytes_per_s"].get<double>(), bw);
   std::cout << "[ copy     ] " << bw / 1e9 << " GB/s (read + written) from one thread" << std::endl;
+}
+
+// TETRA_PEAK_GFLOPS: a per-thread figure, nothing measured or cached; a bad value is refused.
+TEST_F(PeakCache, AGivenPeakIsTakenPerThreadWithoutMeasuring) {
+  ScopedEnv xdg("XDG_CACHE_HOME", (dir_ / "given").c_str());
+  ScopedEnv given("TETRA_PEAK_GFLOPS", "37.5");
+  bool from_cache = true;
+  EXPECT_DOUBLE_EQ(fp32_peak_gflops(2, &from_cache), 75.0);
+  EXPECT_FALSE(from_cache);
+  EXPECT_FALSE(fs::exists(dir_ / "given" / "tetra" / "peak.json"));
+  for (const char* bad : {"0", "-3", "fast", "12x", "inf"}) {
+    ScopedEnv wrong("TETRA_PEAK_GFLOPS", bad);
+    try {
+      fp32_peak_gflops(1);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("TETRA_PEAK_GFLOPS=") + bad +
+                                           " is not a positive number of GFLOP/s per thread"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ScopedEnv unset("TETRA_PEAK_GFLOPS", nullptr);
+  EXPECT_FALSE(given_peak_gflops(4).has_value());
 }
 
 }  // namespace

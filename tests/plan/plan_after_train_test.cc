@@ -23,9 +23,10 @@ TEST(PlanAfterTrain, CpuPlanRunsAfterAOneThreadTrainRunInTheSameHome) {
   fs::remove_all(dir);
   fs::create_directories(dir / "home");
   // Both commands see only this HOME (and no XDG_CACHE_HOME that would move the cache).
-  const std::string run = std::string("cd ") + TETRA_SOURCE_DIR +
-                          " && env -u XDG_CACHE_HOME HOME=" + (dir / "home").string() + " " +
-                          TETRA_BINARY + " ";
+  const std::string run =
+      std::string("cd ") + TETRA_SOURCE_DIR +
+      " && env -u XDG_CACHE_HOME -u TETRA_PEAK_GFLOPS HOME=" + (dir / "home").string() + " " +
+      TETRA_BINARY + " ";
   const fs::path cache = dir / "home" / ".cache" / "tetra" / "peak.json";
 
   const testing::Ran train =

@@ -280,8 +280,8 @@ class CpuBackend final : public Backend {
         "widened to f32 and slower than fp32; set train.precision=fp32",
         path.isa);
   }
-  double peak_gflops(bool, int threads, bool* measured) override {
-    if (measured) *measured = true;
+  double peak_gflops(bool, int threads, std::string* source) override {
+    if (source) *source = cpu::given_peak_gflops(threads) ? "TETRA_PEAK_GFLOPS" : "measured";
     return cpu::fp32_peak_gflops(threads);
   }
   double memory_bandwidth() override { return cpu::copy_bandwidth(); }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -116,7 +117,23 @@ fs::path peak_cache_path() { return machine_cache_path("peak.json"); }
 
 PeakSource machine_peak_source() { return {measure_peak, proc_load_average, matmul_machine()}; }
 
+std::optional<double> given_peak_gflops(int threads) {
+  const char* env = std::getenv("TETRA_PEAK_GFLOPS");
+  if (!env || !*env) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  TETRA_CHECK(end && *end == '\0' && std::isfinite(v) && v > 0,
+              "[peak] TETRA_PEAK_GFLOPS={} is not a positive number of GFLOP/s per thread; set "
+              "one (e.g. 50) or unset it to measure the peak",
+              env);
+  return v * threads;
+}
+
 double fp32_peak_gflops(int threads, bool* from_cache) {
+  if (const std::optional<double> given = given_peak_gflops(threads)) {
+    if (from_cache) *from_cache = false;
+    return *given;
+  }
   const fs::path path = peak_cache_path();
   if (path.empty()) {
     log_warn(

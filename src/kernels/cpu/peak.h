@@ -16,12 +16,20 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace tetra::cpu {
 
-/** GFLOP/s of an fp32 2048^3 matmul at `threads` threads, from the cache or measured now. */
+/** GFLOP/s of an fp32 2048^3 matmul at `threads` threads: given_peak_gflops, else from the cache
+ *  or measured now. */
 double fp32_peak_gflops(int threads, bool* from_cache = nullptr);
+
+/** $TETRA_PEAK_GFLOPS: one thread's fp32 GFLOP/s, given instead of measured (a datasheet figure,
+ *  or the fixed figure tests/hermetic.sh gives every test, whose fresh HOME would otherwise
+ *  measure it for a second or more), times `threads`. Nothing when unset; a value that is not a
+ *  positive number is refused. */
+std::optional<double> given_peak_gflops(int threads);
 
 /** Bytes per second one thread copies between two 32 MB buffers (past the caches; read and written
  *  bytes counted): the best of a few copies, and of what this machine measured before

@@ -467,15 +467,15 @@ class CudaBackend final : public Backend {
         "train.precision=fp32",
         p.name, p.major, p.minor);
   }
-  double peak_gflops(bool bf16, int, bool* measured) override {
+  double peak_gflops(bool bf16, int, std::string* source) override {
     const double sheet = datasheet_peak(runtime().prop.name, bf16);
     if (sheet > 0) {
-      if (measured) *measured = false;
+      if (source) *source = "datasheet";
       return sheet;
     }
     std::optional<double>& cached = bf16 ? measured_bf16_ : measured_f32_;
     if (!cached) cached = measure_peak(bf16);
-    if (measured) *measured = true;
+    if (source) *source = "measured";
     return *cached;
   }
   double memory_bandwidth() override {
