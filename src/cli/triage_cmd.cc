@@ -1,6 +1,6 @@
 // tetra triage RUN_DIR...: what a hung or crashed job's ranks were doing, from the flight records
 // (comm/flight.h) they wrote to RUN_DIR/flight, in a few lines (comm/triage.h;
-// docs/operability.md).
+// docs/comm.md, "Watchdog").
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "comm/flight.h"
 #include "core/error.h"
 #include "core/profile.h"
 #include "core/timer.h"
@@ -151,6 +152,7 @@ size_t ContextAttention<F>::scratch_elements(const AttentionShape& s) const {
 
 template <typename F>
 comm::Work ContextAttention<F>::send(const F* data, size_t n, int dst, int tag) const {
+  const comm::flight::Site site("cp.ring");
   return group_.send(
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(data), n * sizeof(F)), dst,
       tag);
@@ -158,6 +160,7 @@ comm::Work ContextAttention<F>::send(const F* data, size_t n, int dst, int tag) 
 
 template <typename F>
 comm::Work ContextAttention<F>::recv(F* data, size_t n, int src, int tag) const {
+  const comm::flight::Site site("cp.ring");
   return group_.recv(std::span<std::byte>(reinterpret_cast<std::byte*>(data), n * sizeof(F)), src,
                      tag);
 }
@@ -249,6 +252,7 @@ void ContextAttention<F>::forward(F* out, F* saved, const F* qkv, const Attentio
   }
   k_->copy_rows(w.rin, P, qkv + s.C, s.width(), rows, P);
   if (cp_ > 1) {
+    const comm::flight::Site site("cp.kv_gather");
     comm::Work g = group_.all_gather(
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.rin), w.n * sizeof(F)),
         std::span<std::byte>(reinterpret_cast<std::byte*>(w.kv[0]), size_t(cp_) * w.n * sizeof(F)));
@@ -311,6 +315,7 @@ void ContextAttention<F>::backward(F* dqkv, const F* dout, const F* qkv, const F
     k_->copy_rows(w.rin, P, qkv + s.C, W, rows, P);
     const size_t all_n = size_t(cp_) * w.n;
     if (cp_ > 1) {
+      const comm::flight::Site site("cp.kv_gather");
       comm::Work g = group_.all_gather(
           std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.rin), w.n * sizeof(F)),
           std::span<std::byte>(reinterpret_cast<std::byte*>(w.kv[0]), all_n * sizeof(F)));
@@ -327,6 +332,7 @@ void ContextAttention<F>::backward(F* dqkv, const F* dout, const F* qkv, const F
     own = w.acc[0];
     if (cp_ > 1) {
       // Block j of every rank's gradients goes to rank j, which sums what it gets in rank order.
+      const comm::flight::Site site("cp.grad_all_to_all");
       comm::Work a = group_.all_to_all(
           std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.acc[0]),
                                      all_n * sizeof(F)),

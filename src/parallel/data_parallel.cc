@@ -8,6 +8,7 @@
 #include <limits>
 #include <span>
 
+#include "comm/flight.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -177,6 +178,7 @@ void DataParallel::scale(float* x, size_t n, float s) {
 // expert units existed) and otherwise a sum and one multiply by 1 / dp. The bf16 ones sum in bf16
 // and widen with that factor.
 void DataParallel::all_reduce_mean(const Group& g, float* data, size_t n) {
+  const comm::flight::Site site("dp.bucket");
   if (!g.comm.valid()) {
     if (!g.avg) scale(data, n, g.mean);
     return;
@@ -196,6 +198,7 @@ void DataParallel::all_reduce_mean(const Group& g, float* data, size_t n) {
 
 void DataParallel::reduce_scatter_mean(const Group& g, const float* in, float* out, size_t shard,
                                        std::function<void()> done) {
+  const comm::flight::Site site("dp.bucket");
   if (!g.comm.valid()) {
     k_.copy(out, in, shard);
     if (!g.avg) scale(out, shard, g.mean);
@@ -397,6 +400,7 @@ void DataParallel::issue_gather(int unit) {
   const ParamUnit& u = store_.units()[size_t(unit)];
   UnitParams& p = params_[size_t(unit)];
   p.buf = acquire(unit, false);
+  const comm::flight::Site site("zero3.gather");
   p.gather = all_gather(group_of(unit), store_.params().data() + u.shard_offset, p.buf, u.shard);
   stats_.sent_bytes += p.gather.sent_bytes();
   ++stats_.ops;
@@ -563,6 +567,7 @@ std::string DataParallel::first_nonfinite_grad() {
 void DataParallel::after_update() {
   if (opt_.stage == 0 || opt_.stage == 3) return;
   Stopwatch sw;
+  const comm::flight::Site site("zero.param_gather");
   float* p = store_.params().data();
   for (int u = 0; u < int(store_.units().size()); ++u) {
     const ParamUnit& unit = store_.units()[size_t(u)];

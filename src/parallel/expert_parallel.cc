@@ -3,6 +3,7 @@
 #include <span>
 #include <type_traits>
 
+#include "comm/flight.h"
 #include "core/error.h"
 #include "core/profile.h"
 #include "core/timer.h"
@@ -22,6 +23,7 @@ std::vector<int32_t> ExpertParallel::exchange_counts(const std::vector<int32_t>&
               "[ep] internal: {} counts for {} ranks of {}", send.size(), size_, n);
   if (size_ == 1) return send;
   const ProfileScope scope(ProfKind::comm, "ep counts all-to-all");
+  const comm::flight::Site site("moe.counts");
   std::vector<int32_t> recv(send.size());
   Stopwatch sw;
   group_.all_to_all(std::span<const int32_t>(send), std::span<int32_t>(recv)).wait();
@@ -53,6 +55,7 @@ void ExpertParallel::exchange_rows(const F* in, const std::vector<int64_t>& send
     fail("[ep] internal: the f64 model runs without expert parallelism");
   } else {
     const ProfileScope scope(ProfKind::comm, "ep rows all-to-all");
+    const comm::flight::Site site("moe.rows");
     Stopwatch sw;
     const comm::Work w =
         group_.all_to_allv(std::span<const float>(in, size_t(sent) * size_t(C)), send_counts,

@@ -3,6 +3,7 @@
 #include <span>
 #include <type_traits>
 
+#include "comm/flight.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -43,6 +44,7 @@ void TensorParallel::finish(const comm::Work& w, int64_t TpCounters::*count) {
 
 template <typename F>
 void TensorParallel::all_reduce(F* x, size_t n) {
+  const comm::flight::Site site("tp");
   if (size_ == 1) return;
   finish(group_.all_reduce(std::span<float>(as_f32(x, size_), n), comm::ReduceOp::sum),
          &TpCounters::all_reduce);
@@ -50,6 +52,7 @@ void TensorParallel::all_reduce(F* x, size_t n) {
 
 template <typename F>
 void TensorParallel::all_reduce_max(F* x, size_t n) {
+  const comm::flight::Site site("tp");
   if (size_ == 1) return;
   finish(group_.all_reduce(std::span<float>(as_f32(x, size_), n), comm::ReduceOp::max),
          &TpCounters::all_reduce);
@@ -57,6 +60,7 @@ void TensorParallel::all_reduce_max(F* x, size_t n) {
 
 template <typename F>
 void TensorParallel::all_gather(const F* shard, F* full, size_t n) {
+  const comm::flight::Site site("tp");
   if (size_ == 1) {
     backend_->kernels<F>().copy(full, shard, n);
     return;
@@ -68,6 +72,7 @@ void TensorParallel::all_gather(const F* shard, F* full, size_t n) {
 
 template <typename F>
 void TensorParallel::reduce_scatter(const F* full, F* shard, size_t n) {
+  const comm::flight::Site site("tp");
   if (size_ == 1) {
     backend_->kernels<F>().copy(shard, full, n);
     return;

@@ -101,6 +101,7 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
       const Instr& in = prog[k];
       if (!is_recv(in.op) || (in.op == Op::recv_grad) != grad) continue;
       std::unique_ptr<Buffer> b = take();
+      const comm::flight::Site site(grad ? "pp.recv_grad" : "pp.recv_act");
       comm::Work w =
           group_.recv(std::span<float>(b->data(), b->size()), in.peer, grad ? kGradTag : kActTag);
       posted[{grad, in.mb, in.chunk}] = {w, std::move(b)};
@@ -192,6 +193,7 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
                     "before computing it",
                     rank_, to_string(in.op), in.mb, in.chunk);
         const Buffer& out = *it->second;
+        const comm::flight::Site site(in.op == Op::send_grad ? "pp.send_grad" : "pp.send_act");
         comm::Work w = group_.send(std::span<const float>(out.data(), out.size()), in.peer,
                                    in.op == Op::send_grad ? kGradTag : kActTag);
         sending.emplace_back(w, std::move(it->second));

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "comm/flight.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/profile.h"
@@ -91,6 +92,7 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   const int world = layout_.world_size();
   if (world > 1) {
     const ProfileScope scope(ProfKind::comm, "step scalars all-reduce");
+    const comm::flight::Site site("step.scalars");
     float scalars[3] = {float(r.loss), float(std::min(local_sq, double(FLT_MAX) / world)),
                         nonfinite ? 1.0f : 0.0f};
     layout_.world().all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();

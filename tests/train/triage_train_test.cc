@@ -1,13 +1,14 @@
 // Flight records and triage of real training runs (comm/flight.h, comm/triage.h,
-// docs/operability.md): a rank that stops making progress is named by the waiting rank's watchdog
-// and by `tetra triage RUN_DIR`, with the step and phase it stopped in; a rank's error exit is
-// the triage's cause; SIGUSR1 writes a record of a running rank, which goes on to finish; and
-// `tetra triage` refuses what holds no record, saying what writes one.
+// docs/comm.md, "Watchdog"): a rank that stops making progress is named by the waiting rank's
+// watchdog and by `tetra triage RUN_DIR`, with the step and phase it stopped in; a rank's error
+// exit is the triage's cause; SIGUSR1 writes a record of a running rank, which goes on to finish;
+// and `tetra triage` refuses what holds no record, saying what writes one.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "tests/train/run_tetra.h"
@@ -47,6 +48,10 @@ TEST_F(TriageRun, AStoppedRankIsNamedByTheWatchdogAndByTriage) {
   ASSERT_FALSE(own.is_discarded());
   EXPECT_TRUE(contains(own["reason"], "watchdog: ")) << own["reason"];
   EXPECT_EQ(own["step"], 4);
+  // Each operation names the code that issued it: the gradient buckets and the step's scalars.
+  std::set<std::string> sites;
+  for (const nlohmann::json& op : own["ops"]) sites.insert(op.value("site", ""));
+  EXPECT_TRUE(sites.count("dp.bucket") && sites.count("step.scalars")) << own["ops"].dump();
 
   const Ran t = triage(path("run"));
   ASSERT_EQ(t.code, 0) << t.output;
