@@ -6,6 +6,9 @@
 # pinned to the pair (TCP only). Each host's processes get their own /tmp and /dev/shm (a mount
 # namespace with fresh tmpfs mounts), so no shared-memory page or session file crosses hosts; every
 # other directory is shared, as a cluster's file system would share the run and checkpoint ones.
+# A host's /dev/shm is its memory: one tmpfs per host for as long as the hosts are up, the same for
+# every process started on it (a job restarted on a host finds what the previous one left there),
+# emptied when the host is lost (`kill`).
 #
 #   scripts/twohost.sh run -n 4 -- build/tetra train --config configs/tiny.toml ...
 #       creates the hosts, runs the command as `mpirun -np N` with ranks dealt over both hosts
@@ -17,7 +20,7 @@
 #       the same with a two-node Slurm cluster on the hosts (munge, slurmctld, one slurmd per
 #       host; Slurm's PMIx plugin, KillOnBadExit=1), SLURM_CONF set for the command
 #   scripts/twohost.sh kill hostb  (beside a run of the same TWOHOST_ID) kills every process on
-#       hostb, the MPI daemon included: a host lost
+#       hostb, the MPI daemon included, and empties its memory (/dev/shm): a host lost
 #   scripts/twohost.sh cut         (beside a run) sets the pair down: a network partition
 #   scripts/twohost.sh check       exits 0 when this machine lets it create namespaces
 #   scripts/twohost.sh up | down   creates or removes the hosts by hand
@@ -34,6 +37,8 @@ VETH_B=tvb$ID
 IP_A=10.77.0.1
 IP_B=10.77.0.2
 NET=10.77.0.0/24
+# Each host's memory (its /dev/shm): a tmpfs mounted here while the hosts are up.
+MEM=/run/tetra-twohost-$ID
 
 up() {
   ip netns add "$NS_A"
@@ -48,6 +53,10 @@ up() {
   done
   ip -n "$NS_A" link set "$VETH_A" up
   ip -n "$NS_B" link set "$VETH_B" up
+  for h in hosta hostb; do
+    mkdir -p "$MEM/$h"
+    mount -t tmpfs -o size=50% tmpfs "$MEM/$h"
+  done
 }
 
 check() {
@@ -67,12 +76,16 @@ down() {
       ip netns del "$ns"
     fi
   done
+  for h in hosta hostb; do
+    mountpoint -q "$MEM/$h" && umount -l "$MEM/$h"
+  done
+  rm -rf "$MEM"
 }
 
-# A shell command line that runs the rest of the line as host NAME: its hostname and its own /tmp
-# and /dev/shm (inside `ip netns exec NS unshare --uts --mount`).
+# A shell command line that runs the rest of the line as host NAME: its hostname, its own /tmp and
+# its memory as /dev/shm (inside `ip netns exec NS unshare --uts --mount`).
 as_host() {
-  echo "hostname $1 && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm &&"
+  echo "hostname $1 && mount -t tmpfs tmpfs /tmp && mount --bind $MEM/$1 /dev/shm &&"
 }
 
 # The rsh agent: "AGENT [ssh options] HOST COMMAND..." runs COMMAND (a shell command line, as ssh
@@ -228,7 +241,9 @@ case ${1:-} in
       hostb) ns=$NS_B ;;
       *) echo "twohost.sh kill: name the host, hosta or hostb" >&2; exit 2 ;;
     esac
-    ip netns pids "$ns" | xargs -r kill -9 ;;
+    ip netns pids "$ns" | xargs -r kill -9
+    # Its memory is gone with it.
+    find "$MEM/$2" -mindepth 1 -delete ;;
   cut) ip -n "$NS_A" link set "$VETH_A" down ;;
   on-hosta) shift; on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
   slurm) shift; SLURM=1 on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;

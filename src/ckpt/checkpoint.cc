@@ -19,10 +19,6 @@
 #include "core/read_file.h"
 #include "core/timer.h"
 
-#ifndef TETRA_VERSION
-#define TETRA_VERSION "unknown"
-#endif
-
 namespace tetra::ckpt {
 
 using detail::checksum;
@@ -96,23 +92,82 @@ std::vector<float> read_chunk(OpenFiles& files, const Chunk& c, const std::strin
   return data;
 }
 
-// Writes global elements [lo, hi) of (name, kind) into out from every chunk that overlaps them.
-void read_range(OpenFiles& files, const std::string& name, const TensorRecord& rec,
-                const std::string& kind, int64_t lo, int64_t hi, float* out) {
+// Calls f(chunk, g0, g1) for every chunk of (rec, kind) holding some of global elements [lo, hi);
+// [g0, g1) is the span of global elements the chunk covers.
+template <typename F>
+void for_each_overlapping(const TensorRecord& rec, const std::string& kind, int64_t lo, int64_t hi,
+                          F&& f) {
   for (const Chunk& c : rec.chunks.at(kind)) {
     const PartMap part(rec.shape, c.slice);
     const int64_t g0 = part.global(c.first), g1 = part.global(c.first + c.count - 1) + 1;
     if (g1 <= lo || g0 >= hi) continue;
-    const std::vector<float> data = read_chunk(files, c, name, kind);
-    if (c.slice.dim < 0) {
-      const int64_t a = std::max(lo, g0), b = std::min(hi, g1);
-      std::copy(data.begin() + (a - g0), data.begin() + (b - g0), out + (a - lo));
-      continue;
-    }
-    for (int64_t k = 0; k < c.count; ++k) {
-      const int64_t g = part.global(c.first + k);
-      if (g >= lo && g < hi) out[g - lo] = data[size_t(k)];
-    }
+    f(c, part, g0, g1);
+  }
+}
+
+// Writes global elements [lo, hi) of (name, kind) into out from every chunk that overlaps them.
+void read_range(OpenFiles& files, const std::string& name, const TensorRecord& rec,
+                const std::string& kind, int64_t lo, int64_t hi, float* out) {
+  for_each_overlapping(
+      rec, kind, lo, hi, [&](const Chunk& c, const PartMap& part, int64_t g0, int64_t g1) {
+        const std::vector<float> data = read_chunk(files, c, name, kind);
+        if (c.slice.dim < 0) {
+          const int64_t a = std::max(lo, g0), b = std::min(hi, g1);
+          std::copy(data.begin() + (a - g0), data.begin() + (b - g0), out + (a - lo));
+          return;
+        }
+        for (int64_t k = 0; k < c.count; ++k) {
+          const int64_t g = part.global(c.first + k);
+          if (g >= lo && g < hi) out[g - lo] = data[size_t(k)];
+        }
+      });
+}
+
+// Calls f(name, record, entry, kind, first, count, out) for every run of elements this rank holds
+// of `store` (its parameters, store.held) and updates (AdamW's m and v of its owned segments, at
+// `m` and `v`), after checking that the checkpoint has every tensor of the model in its shape.
+template <typename F>
+void for_each_held_run(const Manifest& manifest, ParamStore& store, float* m, float* v, bool stage,
+                       F&& f) {
+  const std::string where = manifest.dir.string();
+  for (const auto& [name, rec] : manifest.tensors) {
+    TETRA_CHECK(stage || store.find(name) >= 0,
+                "[ckpt] {} holds '{}', which this model does not have: it was saved from another "
+                "model ({})",
+                where, name, manifest.model);
+  }
+  for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
+    const ParamEntry& e = store.tensor(id);
+    auto it = manifest.tensors.find(e.spec.name);
+    TETRA_CHECK(it != manifest.tensors.end(),
+                "[ckpt] {} has no '{}': it was saved from another model ({}); this run's model "
+                "needs it",
+                where, e.spec.name, manifest.model);
+    // A padded vocabulary's row count depends on the tensor-parallel size (vocab_multiple x
+    // tp); rows past the real ones are zero (no gradient reaches them), so only the real rows
+    // need to match and missing padding rows read as zero.
+    const Shape& saved = it->second.shape;
+    const int64_t real = e.spec.file.rows;
+    const bool padding_differs =
+        real >= 0 && saved.size() == e.spec.shape.size() && saved[0] >= real &&
+        e.spec.shape[0] >= real &&
+        std::equal(saved.begin() + 1, saved.end(), e.spec.shape.begin() + 1);
+    TETRA_CHECK(saved == e.spec.shape || padding_differs,
+                "[ckpt] {}: '{}' has shape {} there but {} in this model; the model.* keys must "
+                "match the run that saved it ({})",
+                where, e.spec.name, shape_str(it->second.shape), shape_str(e.spec.shape),
+                manifest.model);
+    const ParamStore::HeldRun run = store.held(id);
+    f(e.spec.name, it->second, e, kKinds[0], run.first, run.count, run.data);
+  }
+  for (const OwnedSegment& s : store.owned()) {
+    const ParamEntry& e = store.tensor(s.tensor);
+    const TensorRecord& rec = manifest.tensors.at(e.spec.name);
+    // (No moments to fill when only the files are asked for: m and v are null then.)
+    f(e.spec.name, rec, e, kKinds[1], int64_t(s.element), int64_t(s.count),
+      m ? m + s.state_pos : nullptr);
+    f(e.spec.name, rec, e, kKinds[2], int64_t(s.element), int64_t(s.count),
+      v ? v + s.state_pos : nullptr);
   }
 }
 
@@ -241,10 +296,20 @@ std::vector<fs::path> locate_checkpoints(const fs::path& path, const std::string
 }
 
 Manifest Manifest::read(const fs::path& dir) {
-  const std::string where = (dir / "manifest.json").string();
   const std::string text =
-      read_small_file(where, kMaxManifestBytes, "ckpt", "a checkpoint manifest",
-                      "it is written by tetra train with ckpt.dir set");
+      read_small_file((dir / "manifest.json").string(), kMaxManifestBytes, "ckpt",
+                      "a checkpoint manifest", "it is written by tetra train with ckpt.dir set");
+  return parse(text, dir, [&](const std::string& file) -> std::optional<uintmax_t> {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(dir / file, ec);
+    if (ec) return std::nullopt;
+    return size;
+  });
+}
+
+Manifest Manifest::parse(const std::string& text, const fs::path& dir,
+                         const std::function<std::optional<uintmax_t>(const std::string&)>& size) {
+  const std::string where = (dir / "manifest.json").string();
   Manifest m;
   m.dir = dir;
   try {
@@ -323,9 +388,9 @@ Manifest Manifest::read(const fs::path& dir) {
                       "[ckpt] {}: {} ({}) has a chunk of elements {}..{} outside its part", where,
                       name, kind, k.first, k.first + k.count);
           if (!sizes.count(k.file)) {
-            std::error_code ec;
-            sizes[k.file] = fs::file_size(dir / k.file, ec);
-            TETRA_CHECK(!ec, "[ckpt] {}: {} is missing ({})", where, k.file, ec.message());
+            const std::optional<uintmax_t> bytes = size(k.file);
+            TETRA_CHECK(bytes, "[ckpt] {}: {} is missing", where, k.file);
+            sizes[k.file] = *bytes;
           }
           TETRA_CHECK(k.offset <= sizes[k.file] &&
                           uint64_t(k.count) * sizeof(float) <= sizes[k.file] - k.offset,
@@ -397,58 +462,39 @@ std::vector<Source> sources(ParamStore& store, const float* m, const float* v, b
 }
 
 void load(const Manifest& manifest, ParamStore& store, float* m, float* v, bool stage) {
-  const std::string where = manifest.dir.string();
-  for (const auto& [name, rec] : manifest.tensors) {
-    TETRA_CHECK(stage || store.find(name) >= 0,
-                "[ckpt] {} holds '{}', which this model does not have: it was saved from another "
-                "model ({})",
-                where, name, manifest.model);
-  }
   OpenFiles files(manifest.dir);
   // Host staging: the chunks' values in global order, then this rank's run of them, copied to
   // the store's device.
   std::vector<float> buf, run;
-  auto fill = [&](const std::string& name, const TensorRecord& rec, const ParamEntry& e,
-                  const char* kind, int64_t first, int64_t count, float* out) {
-    if (count == 0) return;
-    const int64_t lo = e.global_index(first), hi = e.global_index(first + count - 1) + 1;
-    buf.assign(size_t(hi - lo), 0.0f);
-    read_range(files, name, rec, kind, lo, hi, buf.data());
-    run.resize(size_t(count));
-    for (int64_t k = 0; k < count; ++k)
-      run[size_t(k)] = buf[size_t(e.global_index(first + k) - lo)];
-    store.device().from_host(out, run.data(), run.size() * sizeof(float));
-  };
-  for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {
-    const ParamEntry& e = store.tensor(id);
-    auto it = manifest.tensors.find(e.spec.name);
-    TETRA_CHECK(it != manifest.tensors.end(),
-                "[ckpt] {} has no '{}': it was saved from another model ({}); this run's model "
-                "needs it",
-                where, e.spec.name, manifest.model);
-    // A padded vocabulary's row count depends on the tensor-parallel size (vocab_multiple x
-    // tp); rows past the real ones are zero (no gradient reaches them), so only the real rows
-    // need to match and missing padding rows read as zero.
-    const Shape& saved = it->second.shape;
-    const int64_t real = e.spec.file.rows;
-    const bool padding_differs =
-        real >= 0 && saved.size() == e.spec.shape.size() && saved[0] >= real &&
-        e.spec.shape[0] >= real &&
-        std::equal(saved.begin() + 1, saved.end(), e.spec.shape.begin() + 1);
-    TETRA_CHECK(saved == e.spec.shape || padding_differs,
-                "[ckpt] {}: '{}' has shape {} there but {} in this model; the model.* keys must "
-                "match the run that saved it ({})",
-                where, e.spec.name, shape_str(it->second.shape), shape_str(e.spec.shape),
-                manifest.model);
-    const ParamStore::HeldRun run = store.held(id);
-    fill(e.spec.name, it->second, e, kKinds[0], run.first, run.count, run.data);
-  }
-  for (const OwnedSegment& s : store.owned()) {
-    const ParamEntry& e = store.tensor(s.tensor);
-    const TensorRecord& rec = manifest.tensors.at(e.spec.name);
-    fill(e.spec.name, rec, e, kKinds[1], int64_t(s.element), int64_t(s.count), m + s.state_pos);
-    fill(e.spec.name, rec, e, kKinds[2], int64_t(s.element), int64_t(s.count), v + s.state_pos);
-  }
+  for_each_held_run(manifest, store, m, v, stage,
+                    [&](const std::string& name, const TensorRecord& rec, const ParamEntry& e,
+                        const char* kind, int64_t first, int64_t count, float* out) {
+                      if (count == 0) return;
+                      const int64_t lo = e.global_index(first),
+                                    hi = e.global_index(first + count - 1) + 1;
+                      buf.assign(size_t(hi - lo), 0.0f);
+                      read_range(files, name, rec, kind, lo, hi, buf.data());
+                      run.resize(size_t(count));
+                      for (int64_t k = 0; k < count; ++k)
+                        run[size_t(k)] = buf[size_t(e.global_index(first + k) - lo)];
+                      store.device().from_host(out, run.data(), run.size() * sizeof(float));
+                    });
+}
+
+std::set<std::string> files_needed(const Manifest& manifest, ParamStore& store, bool stage) {
+  std::set<std::string> files;
+  for_each_held_run(manifest, store, nullptr, nullptr, stage,
+                    [&](const std::string&, const TensorRecord& rec, const ParamEntry& e,
+                        const char* kind, int64_t first, int64_t count, float*) {
+                      if (count == 0) return;
+                      const int64_t lo = e.global_index(first),
+                                    hi = e.global_index(first + count - 1) + 1;
+                      for_each_overlapping(rec, kind, lo, hi,
+                                           [&](const Chunk& c, const PartMap&, int64_t, int64_t) {
+                                             files.insert(c.file);
+                                           });
+                    });
+  return files;
 }
 
 std::vector<float> read_global(const Manifest& manifest, const std::string& name,

@@ -16,10 +16,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -69,6 +71,10 @@ struct Manifest {
   /** Reads and checks dir/manifest.json: every field, every file present and long enough, and
    * each (tensor, kind) covered exactly once. Errors name the checkpoint and what is wrong. */
   static Manifest read(const fs::path& dir);
+  /** The same checks of a manifest's `text` for the checkpoint in `dir`, whose files' sizes
+   * `size` tells (nothing: the file is missing), wherever they are. */
+  static Manifest parse(const std::string& text, const fs::path& dir,
+                        const std::function<std::optional<uintmax_t>(const std::string&)>& size);
 };
 
 /** A manifest's integer field `field` of object `j`, refused (naming `where`, the field and its
@@ -144,6 +150,10 @@ std::vector<Source> sources(ParamStore& store, const float* m, const float* v, b
  * `stage`: the store holds one pipeline stage's tensors, so the checkpoint's others are not
  * refused. */
 void load(const Manifest& manifest, ParamStore& store, float* m, float* v, bool stage = false);
+
+/** The rank files of checkpoint `manifest` that load() reads for this rank: those with a chunk
+ * overlapping what it holds of `store` and updates. */
+std::set<std::string> files_needed(const Manifest& manifest, ParamStore& store, bool stage = false);
 
 /** Assembles the whole global tensor `name` of kind `kind` (all chunks). */
 std::vector<float> read_global(const Manifest& manifest, const std::string& name,

@@ -13,6 +13,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpoint_files.h"
+#include "ckpt/shard.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -21,30 +22,17 @@
 
 namespace tetra::ckpt {
 
-using detail::checksum;
 using detail::failed_file;
 using detail::fragment_file;
 using detail::fsync_dir;
-using detail::hex64;
-using detail::kFormat;
-using detail::kFormatVersion;
 using detail::kMaxManifestBytes;
 using detail::rank_file;
-using detail::slice_json;
 using json = nlohmann::json;
 
 struct Writer::Job {
   int64_t step = 0;
   json header, rank_state;
-  struct Part {
-    std::string kind, name;
-    Shape shape;
-    Slice slice;
-    int64_t first = 0, count = 0;
-    size_t at = 0;  // element offset in the snapshot
-  };
-  std::vector<Part> parts;
-  size_t elements = 0;
+  ShardLayout layout;  // of the snapshot, which holds the file's data
   double block_s = 0;
 };
 
@@ -83,16 +71,12 @@ double Writer::save(int64_t step, const std::vector<Source>& sources, json heade
   job->step = step;
   job->header = std::move(header);
   job->rank_state = std::move(rank_state);
-  for (const Source& s : sources) {
-    job->parts.push_back({s.kind, s.tensor->spec.name, s.tensor->spec.shape, s.tensor->spec.slice,
-                          s.first, s.count, job->elements});
-    job->elements += size_t(s.count);
-  }
-  if (snapshot_.size() != job->elements) {
-    snapshot_ = Buffer<float>(job->elements, tag_);
+  job->layout = ShardLayout::of(sources, step);
+  if (snapshot_.size() != job->layout.elements) {
+    snapshot_ = Buffer<float>(job->layout.elements, tag_);
   }
   for (size_t i = 0; i < sources.size(); ++i) {
-    device_.to_host(snapshot_.data() + job->parts[i].at, sources[i].data,
+    device_.to_host(snapshot_.data() + job->layout.parts[i].at, sources[i].data,
                     size_t(sources[i].count) * sizeof(float));
   }
   if (!opt_.async) {
@@ -158,7 +142,7 @@ void Writer::run() {
 SaveReport Writer::write(Job& job) {
   SaveReport r;
   r.step = job.step;
-  r.bytes = job.elements * sizeof(float);
+  r.bytes = job.layout.elements * sizeof(float);
   Stopwatch clock;
   const fs::path tmp = opt_.dir / (checkpoint_name(job.step) + ".tmp-" + opt_.nonce);
   try {
@@ -169,17 +153,7 @@ SaveReport Writer::write(Job& job) {
                 "ckpt.dir is writable",
                 tmp.string(), ec.message());
     // The rank file is a safetensors file: one 1-D F32 tensor per part, in snapshot order.
-    json st = json::object();
-    for (const Job::Part& p : job.parts) {
-      st[fmt::format("{}:{}:{}:{}", p.kind, p.name, p.slice.offset, p.first)] = {
-          {"dtype", "F32"},
-          {"shape", {p.count}},
-          {"data_offsets", {p.at * sizeof(float), (p.at + size_t(p.count)) * sizeof(float)}}};
-    }
-    st["__metadata__"] = {{"format", "tetra-checkpoint-shard"}, {"step", std::to_string(job.step)}};
-    std::string header = st.dump();
-    header.append((8 - header.size() % 8) % 8, ' ');
-    const uint64_t data_start = 8 + header.size();
+    const std::string& header = job.layout.header;
     const fs::path file = tmp / rank_file(opt_.rank);
     int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TETRA_CHECK(fd >= 0, "[ckpt] {}: cannot create ({}); check ckpt.dir is writable", file.string(),
@@ -219,22 +193,10 @@ SaveReport Writer::write(Job& job) {
       fail(
           "[ckpt] {}: writing {:.1f} MB failed ({}); free disk space under ckpt.dir or raise "
           "the file-size limit (ulimit -f)",
-          file.string(), double(data_start + r.bytes) / 1e6, std::strerror(err));
-    }
-    json chunks = json::array();
-    for (const Job::Part& p : job.parts) {
-      chunks.push_back({{"kind", p.kind},
-                        {"name", p.name},
-                        {"shape", p.shape},
-                        {"slice", slice_json(p.slice)},
-                        {"first", p.first},
-                        {"count", p.count},
-                        {"file", rank_file(opt_.rank)},
-                        {"offset", data_start + p.at * sizeof(float)},
-                        {"xxh3", hex64(checksum(snapshot_.data() + p.at, p.count))}});
+          file.string(), double(job.layout.file_bytes()) / 1e6, std::strerror(err));
     }
     const std::string frag =
-        json{{"rank", opt_.rank}, {"state", job.rank_state}, {"chunks", chunks}}.dump();
+        job.layout.fragment(snapshot_.data(), opt_.rank, job.rank_state).dump();
     write_file_atomically((tmp / fragment_file(opt_.rank)).string(),
                           {{reinterpret_cast<const uint8_t*>(frag.data()), frag.size()}}, "ckpt");
     if (opt_.rank == 0) publish(job, r);
@@ -266,9 +228,7 @@ void Writer::publish(Job& job, SaveReport& report) {
   const std::string name = checkpoint_name(job.step);
   // Every rank's fragment (or its failure) must be there.
   Stopwatch waited;
-  json ranks = json::array();
-  json tensors = json::object();
-  uint64_t total = 0;
+  std::vector<json> fragments;
   for (int r = 0; r < opt_.world; ++r) {
     const fs::path frag = tmp / fragment_file(r), failed = tmp / failed_file(r);
     for (;;) {
@@ -284,30 +244,11 @@ void Writer::publish(Job& job, SaveReport& report) {
                   r, opt_.publish_timeout_s);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    const json f = json::parse(
-        read_small_file(frag.string(), kMaxManifestBytes, "ckpt", "a checkpoint fragment", ""));
-    ranks.push_back({{"rank", r}, {"state", f.at("state")}});
-    for (const json& c : f.at("chunks")) {
-      total += c.at("count").get<uint64_t>() * sizeof(float);
-      json& t = tensors[c.at("name").get<std::string>()];
-      t["shape"] = c.at("shape");
-      for (const char* kind : kKinds) {
-        if (!t.contains("chunks") || !t["chunks"].contains(kind)) t["chunks"][kind] = json::array();
-      }
-      json chunk = c;
-      chunk.erase("kind");
-      chunk.erase("name");
-      chunk.erase("shape");
-      t["chunks"][c.at("kind").get<std::string>()].push_back(std::move(chunk));
-    }
+    fragments.push_back(json::parse(
+        read_small_file(frag.string(), kMaxManifestBytes, "ckpt", "a checkpoint fragment", "")));
   }
-  json manifest = job.header;
-  manifest["format"] = kFormat;
-  manifest["version"] = kFormatVersion;
-  manifest["tetra_version"] = TETRA_VERSION;
-  manifest["step"] = job.step;
-  manifest["ranks"] = std::move(ranks);
-  manifest["tensors"] = std::move(tensors);
+  uint64_t total = 0;
+  const json manifest = merge_fragments(job.header, job.step, fragments, &total);
   const std::string text = manifest.dump(1);
   write_file_atomically((tmp / "manifest.json").string(),
                         {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "ckpt");

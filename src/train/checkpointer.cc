@@ -25,7 +25,13 @@ Checkpointer::Checkpointer(const TrainOptions& options, RunLayout& layout, Param
       store_(store),
       adamw_(adamw),
       model_(model),
-      config_toml_(std::move(config_toml)) {}
+      config_toml_(std::move(config_toml)) {
+  if (opt_.ckpt.memory_every > 0) {
+    memory_ = std::make_unique<MemoryCheckpoint>(
+        opt_.ckpt, layout_.world(), store_.device(),
+        layout.rank() == opt_.faults.fault_rank ? opt_.faults.save_error_step : 0);
+  }
+}
 
 Checkpointer::~Checkpointer() = default;
 
@@ -75,6 +81,8 @@ bool same_dir(const fs::path& a, const fs::path& b) {
 }
 
 }  // namespace
+
+bool Checkpointer::stage_part() const { return layout_.pp_size() > 1 || opt_.parallel.mesh.ep > 1; }
 
 int64_t Checkpointer::global_batch() const {
   return int64_t(opt_.batch.micro_batch) * opt_.batch.grad_accum * layout_.data_size();
@@ -209,10 +217,46 @@ void Checkpointer::refuse_mismatch(const ckpt::Manifest& m, const ResumedState& 
               opt_.ckpt.resume, where, r.step, opt_.steps, r.step);
 }
 
+std::optional<ResumedState> Checkpointer::try_load(const ckpt::Manifest& m, int64_t num_samples) {
+  std::string error;
+  ResumedState r;
+  try {
+    r = read_state(m);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // A checkpoint this run cannot continue is refused outright: the older ones in the same place
+  // were written by the same run, so none of them would fit either.
+  if (error.empty()) refuse_mismatch(m, r, num_samples);
+  try {
+    if (error.empty()) {
+      // A pipeline stage holds its layers' tensors, an expert-parallel rank its experts: the
+      // checkpoint's others are not this rank's to load.
+      ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(), stage_part());
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank must load the same checkpoint.
+  float refused = error.empty() ? 0.0f : 1.0f;
+  if (layout_.multi()) layout_.world().all_reduce(std::span<float>(&refused, 1)).wait();
+  if (refused == 0.0f) {
+    adamw_.set_steps_taken(r.adamw_steps);
+    return r;
+  }
+  if (!error.empty()) log_warn("{}", error);
+  if (layout_.is_root()) {
+    log_warn("[ckpt] {} was refused on {} rank(s) (reason above); trying the previous one",
+             m.dir.string(), int(refused));
+  }
+  return std::nullopt;
+}
+
 std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
   const CkptOptions& c = opt_.ckpt;
   std::optional<ResumedState> resumed;
   fs::path resumed_dir;
+  std::string saved_layout;
   if (!c.resume.empty()) {
     const bool automatic = c.resume == "auto";
     const fs::path given(automatic ? c.dir : c.resume);
@@ -222,7 +266,29 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
         automatic && !fs::exists(given, ec)
             ? std::vector<fs::path>{}
             : ckpt::locate_checkpoints(given, "ckpt.resume=" + c.resume);
-    if (candidates.empty()) {
+    // In memory first, unless the disk holds a newer step (rank 0's view of ckpt.dir for all).
+    if (memory_ && automatic) {
+      int64_t disk_step = 0;
+      if (layout_.is_root() && !candidates.empty()) {
+        disk_step = ckpt::Manifest::read(candidates.front()).step;
+      }
+      layout_.broadcast_from_root(disk_step);
+      if (std::optional<ckpt::Manifest> m =
+              memory_->restore_point(disk_step, store_, stage_part())) {
+        if ((resumed = try_load(*m, num_samples))) {
+          resumed_from_memory_ = resumed->step;
+          // The store is this ckpt.dir's run's (keyed by it): resuming it continues that run.
+          resumed_dir = fs::path(c.dir) / ckpt::checkpoint_name(resumed->step);
+          saved_layout = m->layout.dump();
+          log_info(
+              "[ckpt] resumed from memory ({}) after step {} (saved with layout {}; this "
+              "run: {} data-parallel rank(s), ZeRO stage {})",
+              m->dir.string(), resumed->step, saved_layout, layout_.dp_size(),
+              opt_.parallel.zero.stage);
+        }
+      }
+    }
+    if (candidates.empty() && !resumed) {
       TETRA_CHECK(automatic,
                   "[ckpt] ckpt.resume={}: no checkpoint there (no manifest.json in it or in a "
                   "step-* directory under it); give a checkpoint directory or use "
@@ -230,53 +296,36 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
                   c.resume);
       log_info("[ckpt] ckpt.resume=auto: no checkpoint in {} yet; starting from step 0", c.dir);
     }
-    for (const fs::path& dir : candidates) {
-      std::string error;
-      ResumedState r;
-      ckpt::Manifest m;
+    for (size_t i = 0; i < candidates.size() && !resumed; ++i) {
+      const fs::path& dir = candidates[i];
+      std::optional<ckpt::Manifest> m;
       try {
         m = ckpt::Manifest::read(dir);
-        r = read_state(m);
       } catch (const Error& e) {
-        error = e.what();
-      }
-      // A checkpoint this run cannot continue is refused outright: the older ones in the same
-      // place were written by the same run, so none of them would fit either.
-      if (error.empty()) refuse_mismatch(m, r, num_samples);
-      try {
-        if (error.empty()) {
-          // A pipeline stage holds its layers' tensors, an expert-parallel rank its experts: the
-          // checkpoint's others are not this rank's to load.
-          ckpt::load(m, store_, adamw_.m().data(), adamw_.v().data(),
-                     layout_.pp_size() > 1 || opt_.parallel.mesh.ep > 1);
+        // Damaged: every rank reads the same file, but they agree as for a load that failed.
+        float refused = 1.0f;
+        if (layout_.multi()) layout_.world().all_reduce(std::span<float>(&refused, 1)).wait();
+        log_warn("{}", e.what());
+        if (layout_.is_root()) {
+          log_warn("[ckpt] {} was refused on {} rank(s) (reason above); trying the previous one",
+                   dir.string(), int(refused));
         }
-      } catch (const Error& e) {
-        error = e.what();
+        continue;
       }
-      // Every rank must load the same checkpoint.
-      float refused = error.empty() ? 0.0f : 1.0f;
-      if (layout_.multi()) layout_.world().all_reduce(std::span<float>(&refused, 1)).wait();
-      if (refused == 0.0f) {
-        adamw_.set_steps_taken(r.adamw_steps);
+      if ((resumed = try_load(*m, num_samples))) {
+        resumed_dir = dir;
         log_info(
             "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
             "parallel rank(s), ZeRO stage {})",
-            dir.string(), r.step, m.layout.dump(), layout_.dp_size(), opt_.parallel.zero.stage);
-        if (r.step == opt_.steps) {
-          log_warn(
-              "[ckpt] the checkpoint is already at step {} and train.steps={}: nothing is left "
-              "to train; raise train.steps to continue",
-              r.step, opt_.steps);
-        }
-        resumed = r;
-        resumed_dir = dir;
-        break;
+            dir.string(), resumed->step, m->layout.dump(), layout_.dp_size(),
+            opt_.parallel.zero.stage);
       }
-      if (!error.empty()) log_warn("{}", error);
-      if (layout_.is_root()) {
-        log_warn("[ckpt] {} was refused on {} rank(s) (reason above); trying the previous one",
-                 dir.string(), int(refused));
-      }
+    }
+    if (resumed && resumed->step == opt_.steps) {
+      log_warn(
+          "[ckpt] the checkpoint is already at step {} and train.steps={}: nothing is left to "
+          "train; raise train.steps to continue",
+          resumed->step, opt_.steps);
     }
     TETRA_CHECK(candidates.empty() || resumed,
                 "[ckpt] ckpt.resume={}: none of the {} checkpoint(s) under {} can be loaded "
@@ -332,6 +381,7 @@ void Checkpointer::check_ckpt_dir_is_this_runs(const fs::path& resumed,
 
 void Checkpointer::start(int64_t start_step, MemoryLedger& ledger) {
   start_step_ = start_step;
+  if (memory_) memory_->begin(resumed_from_memory_, sources(), start_step);
   if (opt_.ckpt.dir.empty()) return;
   // Every rank names the save's temporary directory the same way.
   uint64_t nonce = uint64_t(now_s() * 1e9) ^ (uint64_t(::getpid()) << 40);
@@ -378,33 +428,42 @@ std::vector<ckpt::Source> Checkpointer::sources() {
   return out;
 }
 
-std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double median_step_s,
-                                                const nlohmann::json& trainer_state) {
-  if (!writer_ || (step != next_save_ && !last)) return std::nullopt;
+nlohmann::json Checkpointer::header(const nlohmann::json& trainer_state) const {
   nlohmann::json trainer = trainer_state;
   trainer["global_batch_range"] = {min_global_batch_, max_global_batch_};
-  const nlohmann::json header = {{"trainer", std::move(trainer)},
-                                 {"layout",
-                                  {{"world", layout_.world_size()},
-                                   {"dp", layout_.data_size()},
-                                   {"cp", layout_.cp_size()},
-                                   {"tp", layout_.tp().size()},
-                                   {"pp", layout_.pp_size()},
-                                   {"ep", opt_.parallel.mesh.ep},
-                                   {"zero", opt_.parallel.zero.stage}}},
-                                 {"config", config_toml_},
-                                 {"model", opt_.model.describe()},
-                                 {"model_shape", shape_of(opt_.model)}};
+  return {{"trainer", std::move(trainer)},
+          {"layout",
+           {{"world", layout_.world_size()},
+            {"dp", layout_.data_size()},
+            {"cp", layout_.cp_size()},
+            {"tp", layout_.tp().size()},
+            {"pp", layout_.pp_size()},
+            {"ep", opt_.parallel.mesh.ep},
+            {"zero", opt_.parallel.zero.stage}}},
+          {"config", config_toml_},
+          {"model", opt_.model.describe()},
+          {"model_shape", shape_of(opt_.model)}};
+}
+
+nlohmann::json Checkpointer::rank_state() const {
   // tetra draws no random stream during training: every value is keyed by (seed, tensor name,
   // element index), so a rank's generator state is its seed.
-  const nlohmann::json rank_state = {
-      {"rank", layout_.rank()},
-      {"dp_rank", layout_.dp_rank()},
-      {"rng", {{"generator", "philox4x32-10"}, {"seed", opt_.seed}, {"counter", "keyed"}}}};
-  const double blocked = writer_->save(step, sources(), header, rank_state);
-  schedule_next(step, blocked, median_step_s);
+  return {{"rank", layout_.rank()},
+          {"dp_rank", layout_.dp_rank()},
+          {"rng", {{"generator", "philox4x32-10"}, {"seed", opt_.seed}, {"counter", "keyed"}}}};
+}
+
+std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double median_step_s,
+                                                const nlohmann::json& trainer_state) {
+  std::optional<double> blocked;
+  if (memory_ && memory_->due(step, last)) {
+    blocked = memory_->save(step, sources(), header(trainer_state), rank_state());
+  }
+  if (!writer_ || (step != next_save_ && !last)) return blocked;
+  const double on_disk = writer_->save(step, sources(), header(trainer_state), rank_state());
+  schedule_next(step, on_disk, median_step_s);
   if (last) writer_->wait();  // the run's last checkpoint is in place before it returns
-  return blocked;
+  return blocked.value_or(0.0) + on_disk;
 }
 
 void Checkpointer::schedule_next(int64_t step, double blocked, double median_step_s) {
@@ -439,6 +498,29 @@ void Checkpointer::schedule_next(int64_t step, double blocked, double median_ste
 }
 
 void Checkpointer::note(nlohmann::json& rec) {
+  if (memory_) {
+    for (const MemorySaveReport& r : memory_->take_reports()) {
+      if (!r.error.empty()) {
+        // Never fatal: the disk checkpoints still cover the run.
+        log_warn("[ckpt] step {} in memory: {}; training continues", r.step, r.error);
+        rec["mem_ckpt_failed_step"] = r.step;
+        continue;
+      }
+      rec["mem_ckpt_step"] = r.step;
+      rec["mem_ckpt_block_ms"] = 1e3 * r.block_s;
+      rec["mem_ckpt_copy_ms"] = 1e3 * r.copy_s;
+      rec["mem_ckpt_bytes"] = r.kept;
+      rec["mem_ckpt_sent_bytes"] = r.sent;
+      rec["mem_ckpt_complete"] = r.complete;
+      if (layout_.is_root() && !memory_noted_) {
+        memory_noted_ = true;
+        log_info(
+            "[ckpt] step {} in memory: {:.1f} MB on this host ({:.1f} MB sent to the buddy); the "
+            "loop waited {:.1f} ms, the copies took {:.1f} ms",
+            r.step, double(r.kept) / 1e6, double(r.sent) / 1e6, 1e3 * r.block_s, 1e3 * r.copy_s);
+      }
+    }
+  }
   if (!writer_) return;
   for (const ckpt::SaveReport& r : writer_->take_reports()) {
     if (!r.error.empty() && r.step == opt_.steps && opt_.ckpt.on_error == "continue") {
@@ -480,7 +562,7 @@ void Checkpointer::finish() {
   note(rec);  // a report not yet taken (none, as the last step waits for its save)
   // Rank 0 publishes, so only it knows the newest published checkpoint; every rank reaches this
   // point (after save.final's collectives), so all can learn it.
-  int64_t newest = newest_step();
+  int64_t newest = std::max(resumed_from_memory_ < 0 ? start_step_ : 0, writer_->last_published());
   layout_.broadcast_from_root(newest);
   TETRA_CHECK(final_error_.empty(),
               "[ckpt] the run's last checkpoint (step {}) was not saved, so the run did not "
@@ -488,10 +570,13 @@ void Checkpointer::finish() {
               opt_.steps, final_error_,
               newest > 0 ? fmt::format("The newest published checkpoint is after step {}", newest)
                          : std::string("No checkpoint of it was published"));
+  // The run is whole on disk: nothing in memory is needed any more.
+  if (memory_) memory_->finish();
 }
 
 int64_t Checkpointer::newest_step() const {
-  return std::max(start_step_, writer_ ? writer_->last_published() : int64_t(0));
+  return std::max({start_step_, writer_ ? writer_->last_published() : int64_t(0),
+                   memory_ ? memory_->complete_step() : int64_t(0)});
 }
 
 }  // namespace tetra

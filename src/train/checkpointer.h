@@ -1,6 +1,7 @@
-// The trainer's checkpoints (docs/checkpoints.md): resume from the newest loadable checkpoint,
-// save on a cadence (every N steps, or the Young/Daly interval from the measured stall), write
-// what this rank owns asynchronously, and report the saves that finished.
+// The trainer's checkpoints (docs/checkpoints.md): resume from the newest loadable checkpoint (in
+// memory or on disk), save on a cadence (every N steps, or the Young/Daly interval from the
+// measured stall; in memory every ckpt.memory_every), write what this rank owns asynchronously, and
+// report the saves that finished.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "data/sampler.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "train/memory_checkpoint.h"
 #include "train/run_layout.h"
 #include "train/train_config.h"
 #include "train/update.h"
@@ -38,7 +40,9 @@ class Checkpointer {
   ~Checkpointer();
 
   /** ckpt.resume: loads the newest checkpoint every rank can read and verify into the store and
-   *  the optimizer (its step count too); none when ckpt.resume=auto finds no checkpoint.
+   *  the optimizer (its step count too); none when ckpt.resume=auto finds no checkpoint. With
+   *  ckpt.memory_every, auto takes the newest step whole in the hosts' memory first, unless the
+   *  disk holds a newer one.
    *  `num_samples` is the training data's. A checkpoint of another model shape, other data, or a
    *  step past train.steps is refused with both values (older ones would not fit either); a
    *  damaged one, or one whose counters do not add up, is passed over for the previous one.
@@ -48,9 +52,9 @@ class Checkpointer {
   void start(int64_t start_step, MemoryLedger& ledger);
   bool enabled() const { return writer_ != nullptr; }
 
-  /** After 1-based step `step`: saves when due (the last step always), returning the seconds the
-   *  loop was blocked, or nothing. `trainer_state` goes into the manifest. On the last step it
-   *  waits until the checkpoint is in place. */
+  /** After 1-based step `step`: saves when due (the last step always; in memory at its own
+   *  cadence), returning the seconds the loop was blocked, or nothing. `trainer_state` goes into
+   * the manifest. On the last step it waits until the checkpoint is in place. */
   std::optional<double> save_if_due(int64_t step, bool last, double median_step_s,
                                     const nlohmann::json& trainer_state);
   /** Adds the saves finished since the last call to `rec`; a failed save stops the run under
@@ -59,11 +63,18 @@ class Checkpointer {
   /** At the end of the run: throws when the last step's checkpoint was not published, whatever
    *  ckpt.on_error says (no later save can make up for it). */
   void finish();
-  /** The newest checkpoint's step this run published or resumed from. */
+  /** The newest checkpoint's step this run published or resumed from, or holds in memory on
+   *  every rank. */
   int64_t newest_step() const;
 
  private:
   std::vector<ckpt::Source> sources();  // what this rank writes
+  // A manifest's content besides ranks and tensors, and this rank's entry in its ranks.
+  nlohmann::json header(const nlohmann::json& trainer_state) const;
+  nlohmann::json rank_state() const;
+  // Collective: loads checkpoint `m` (read and checked on every rank); the state it restores when
+  // every rank loaded it, else nothing (each failing rank has logged why).
+  std::optional<ResumedState> try_load(const ckpt::Manifest& m, int64_t num_samples);
   // After a save of `step` that blocked the loop `blocked` seconds: when the next one is due
   // (ckpt.every, or Young/Daly from the stall, decided by rank 0 for every rank).
   void schedule_next(int64_t step, double blocked, double median_step_s);
@@ -81,6 +92,9 @@ class Checkpointer {
                                    int64_t resumed_step) const;
   // This run's samples per optimizer step.
   int64_t global_batch() const;
+  // A pipeline stage holds its layers' tensors, an expert-parallel rank its experts: a
+  // checkpoint's others are not this rank's to load.
+  bool stage_part() const;
 
   const TrainOptions& opt_;
   RunLayout& layout_;
@@ -89,6 +103,9 @@ class Checkpointer {
   const Gpt& model_;
   std::string config_toml_;
   std::unique_ptr<ckpt::Writer> writer_;
+  std::unique_ptr<MemoryCheckpoint> memory_;  // ckpt.memory_every > 0
+  int64_t resumed_from_memory_ = -1;          // the step the run resumed from memory, or -1
+  bool memory_noted_ = false;                 // the first memory save has been logged
   int64_t start_step_ = 0;
   int64_t next_save_ = 0;   // the step after which the next checkpoint is saved
   int64_t auto_every_ = 0;  // ckpt.every=auto: the interval in use

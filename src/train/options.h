@@ -87,6 +87,8 @@ struct CkptOptions {
   double mtbf_hours = 24.0;  // the job's mean time between failures, for every=auto
   std::string on_error = "continue";  // a failed save: "continue" training or "stop"
   std::string resume;                 // "" | "auto" | a checkpoint directory
+  int64_t memory_every = 0;           // steps between in-memory checkpoints; 0: none
+  std::string memory_dir = "/dev/shm";
 };
 
 /** What a run writes besides metrics and checkpoints (save.final, debug.dump_*). */

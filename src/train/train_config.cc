@@ -254,8 +254,8 @@ const std::vector<TrainKey>& train_keys() {
         "[0, inf)"},
        into<&O::faults, &FaultOptions::kill_in_save_step>()},
       {{"debug.save_error_step", ValueKind::Int, "0",
-        "debug.fault_rank's write of this step's checkpoint fails as on a full disk (0: never); "
-        "for tests",
+        "debug.fault_rank's write of this step's checkpoint (on disk, or in memory with "
+        "ckpt.memory_every) fails as on a full disk (0: never); for tests",
         "[0, inf)"},
        into<&O::faults, &FaultOptions::save_error_step>()},
       {{"debug.hang_step", ValueKind::Int, "0",
@@ -299,6 +299,14 @@ const std::vector<TrainKey>& train_keys() {
         "auto: continue from the newest checkpoint in ckpt.dir that verifies (start fresh when "
         "there is none); or a checkpoint directory to continue from"},
        into<&O::ckpt, &CkptOptions::resume>()},
+      {{"ckpt.memory_every", ValueKind::Int, "0",
+        "steps between checkpoints kept in memory (each rank's shards on its host and a copy on "
+        "another host's; a restart takes the newest whole one before the disk's); 0: none",
+        "[0, 1000000000000]"},
+       into<&O::ckpt, &CkptOptions::memory_every>()},
+      {{"ckpt.memory_dir", ValueKind::String, "\"/dev/shm\"",
+        "the memory-backed directory (tmpfs) of every host where ckpt.memory_every keeps them"},
+       into<&O::ckpt, &CkptOptions::memory_dir>()},
       {{"train.precision", ValueKind::String, "\"fp32\"",
         "bf16: mixed precision, matmul operands (attention's too, but for dq and dk) rounded to "
         "bf16 with f32 accumulation (needs a CPU with bf16 instructions); parameters, gradients, "
@@ -405,6 +413,11 @@ TrainOptions TrainOptions::from(const Config& c) {
   TETRA_CHECK(o.ckpt.resume != "auto" || !o.ckpt.dir.empty(),
               "[config] ckpt.resume=auto looks for checkpoints in ckpt.dir, which is not set; set "
               "ckpt.dir or give ckpt.resume a checkpoint directory");
+  TETRA_CHECK(o.ckpt.memory_every == 0 || !o.ckpt.dir.empty(),
+              "[config] ckpt.memory_every={} keeps checkpoints in memory for a restart of the run "
+              "whose checkpoints go to ckpt.dir, which is not set; set ckpt.dir too (a restart "
+              "falls back to it when both copies of a shard are gone)",
+              o.ckpt.memory_every);
   o.parallel.comm = comm::CommOptions::from_config(c);
   o.parallel.mesh = parallel::MeshShape::from_config(c);
   if (o.parallel.mesh.cp > 1) {

@@ -1,19 +1,27 @@
 // The checkpoint layer on its own: what ranks of one layout write is read back by the ranks of
-// another (tensor slices along either dimension, ZeRO shards of any count), every element exact;
-// a damaged or incomplete checkpoint is refused with what is wrong; old ones are pruned.
+// another (tensor slices along either dimension, ZeRO shards of any count), every element exact,
+// each reading only the files its part overlaps; a damaged or incomplete checkpoint is refused with
+// what is wrong; old ones are pruned; the same shards kept in a memory store (ckpt/memory_store.h)
+// load like a directory's.
 #include "ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "ckpt/memory_store.h"
+#include "ckpt/shard.h"
 #include "core/error.h"
 
 namespace tetra::ckpt {
 namespace {
+
+using json = nlohmann::json;
 
 // Two tensors of one unit and one of another, each optionally sliced along `dim` into `parts`.
 struct Layout {
@@ -404,6 +412,95 @@ TEST_F(Checkpoint, AManifestMustHoldTheStepItsDirectoryIsNamedFor) {
   // Under a name that is not a step's (a copy kept aside), the manifest's step stands.
   fs::rename(copy, dir_ / "best");
   EXPECT_EQ(Manifest::read(dir_ / "best").step, 3);
+}
+
+TEST_F(Checkpoint, ARankReadsOnlyTheFilesItsPartOverlaps) {
+  const Manifest z = Manifest::read(save(zero(2), 1));
+  const auto needs = [](const Manifest& m, const Layout& l) {
+    Rank r(l);
+    return files_needed(m, r.store);
+  };
+  using Files = std::set<std::string>;
+  // A shard reads its own writer's file; one rank holding everything reads both.
+  EXPECT_EQ(needs(z, zero(2)[0]), Files{"rank-00000.safetensors"});
+  EXPECT_EQ(needs(z, zero(2)[1]), Files{"rank-00001.safetensors"});
+  EXPECT_EQ(needs(z, Layout{}), (Files{"rank-00000.safetensors", "rank-00001.safetensors"}));
+  // Under tensor slicing the first part's file also holds the unsliced tensor (b) every part reads.
+  const Manifest t = Manifest::read(save(tp(0, 2), 2));
+  EXPECT_EQ(needs(t, tp(0, 2)[0]), Files{"rank-00000.safetensors"});
+  EXPECT_EQ(needs(t, tp(0, 2)[1]), (Files{"rank-00000.safetensors", "rank-00001.safetensors"}));
+}
+
+TEST_F(Checkpoint, ShardsHeldInAMemoryStoreLoadUnderAnyLayout) {
+  const MemoryStore store(MemoryStore::root_for(dir_ / "shm", dir_ / "ckpt"));
+  EXPECT_EQ(store.root(), MemoryStore::root_for(dir_ / "shm", dir_ / "x" / ".." / "ckpt"))
+      << "one store per ckpt.dir, however the path is spelled";
+  const json header = {{"trainer", {{"step", 7}}},
+                       {"layout", {{"world", 2}}},
+                       {"config", ""},
+                       {"model", "test model"}};
+  std::vector<json> fragments;
+  for (const Layout& l : zero(2)) {
+    Rank r(l);
+    r.fill();
+    const std::vector<Source> parts = sources(r.store, r.m.data(), r.v.data(), false, false);
+    const ShardLayout layout = ShardLayout::of(parts, 7);
+    MemoryStore::Shard shard = store.create(l.shard, layout.file_bytes());
+    const uint64_t length = layout.header.size();
+    std::memcpy(shard.data(), &length, 8);
+    std::memcpy(shard.data() + 8, layout.header.data(), layout.header.size());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::memcpy(shard.data() + layout.data_start + layout.parts[i].at * sizeof(float),
+                  parts[i].data, size_t(parts[i].count) * sizeof(float));
+    }
+    fragments.push_back(layout.fragment(
+        reinterpret_cast<const float*>(shard.data() + layout.data_start), l.shard, {}));
+    store.put_header(7, header);
+    shard.commit(7, fragments.back());
+  }
+  // A shard never committed leaves nothing behind.
+  { const MemoryStore::Shard dropped = store.create(5, 64); }
+  EXPECT_EQ(std::distance(fs::directory_iterator(store.root()), fs::directory_iterator()), 1);
+  const std::vector<MemoryStore::Step> held = store.inventory();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].step, 7);
+  EXPECT_TRUE(held[0].header);
+  ASSERT_EQ(held[0].shards.size(), 2u);
+  EXPECT_EQ(store.fragment(7, 1), fragments[1]);
+  EXPECT_EQ(store.header(7), header);
+
+  const json text = merge_fragments(store.header(7), 7, fragments, nullptr);
+  const Manifest m = Manifest::parse(text.dump(), store.step_dir(7), [&](const std::string& f) {
+    return std::optional<uintmax_t>(fs::file_size(store.step_dir(7) / f));
+  });
+  EXPECT_TRUE(verify(m).empty());
+  for (const auto& reader : {std::vector<Layout>{Layout{}}, zero(3), tp(1, 2)}) {
+    int64_t checked = 0;
+    for (const Layout& l : reader) {
+      Rank r(l);
+      load(m, r.store, r.m.data(), r.v.data());
+      checked += r.check();
+    }
+    EXPECT_GT(checked, 0);
+  }
+  // A file the shards' sizes do not list is missing, whatever the directory holds.
+  EXPECT_THROW(Manifest::parse(text.dump(), store.step_dir(7),
+                               [](const std::string&) { return std::optional<uintmax_t>(); }),
+               Error);
+
+  store.drop_all_but(-1);
+  EXPECT_TRUE(store.inventory().empty());
+  // No room: refused naming what to change, never a SIGBUS later.
+  try {
+    store.create(0, uint64_t(1) << 60);
+    FAIL() << "an exabyte shard was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("or save in memory less often (ckpt.memory_every)"),
+              std::string::npos)
+        << e.what();
+  }
+  store.remove();
+  EXPECT_FALSE(fs::exists(store.root()));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,20 @@ std::string two_host_command(const std::string& args) {
   // Namespaces named after this process: the suite's cases run side by side under ctest -j.
   return "TWOHOST_ID=" + std::to_string(::getpid()) + " " + kTwoHost + " run -n 4 -- " +
          TETRA_BINARY + " " + testing::with_measurement_knobs(args);
+}
+
+/** What a restart's log says of its in-memory checkpoint: the step it found whole on the hosts
+ *  (-1: none) and how many shards it brought from other hosts. */
+struct MemoryRestore {
+  int64_t step = -1;
+  int shards_moved = -1;
+};
+MemoryRestore memory_restore(const std::string& log) {
+  static const std::regex re(
+      R"(\[ckpt\] in memory: step ([0-9]+) is whole \([0-9]+ rank\(s\)' shards\); ([0-9]+) shard)");
+  std::smatch m;
+  if (!std::regex_search(log, m, re)) return {};
+  return {std::stoll(m[1].str()), std::stoi(m[2].str())};
 }
 
 class TwoHost : public ::testing::Test {
@@ -203,10 +218,13 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
   const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
   const fs::path run = dir_ / "lost";
   // Steps of at least 100 ms (rank 0 waits that long in each), so that the kill lands mid-run.
+  // Checkpoints on disk every 4 steps, in memory every step: hostb's memory is lost with it, so
+  // its ranks read the step from hosta's copies.
   const std::string args =
       train_args("lost", dp4, 12,
                  "--ckpt.dir=" + (dir_ / "lost_ckpt").string() +
-                     " --ckpt.every=2 --debug.slow_ms=100 --debug.fault_rank=0");
+                     " --ckpt.every=4 --ckpt.memory_every=1 --debug.slow_ms=100 "
+                     "--debug.fault_rank=0");
   const std::string killer = "( for i in $(seq 1200); do [ $(cat " +
                              (run / "metrics.jsonl").string() +
                              " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id +
@@ -225,7 +243,13 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
   EXPECT_TRUE(contains(r.output, "the newest checkpoint is after step ")) << r.output;
   EXPECT_TRUE(contains(r.output, " in " + (dir_ / "lost_ckpt").string())) << r.output;
   EXPECT_TRUE(contains(r.output, "[launch] restart 1/1: host 10.77.0.2 lost;")) << r.output;
-  EXPECT_TRUE(contains(r.output, "[ckpt] resumed from")) << r.output;
+  // Resumed from memory, a step the disk does not hold (the kill came after step 5 or later, the
+  // disk saves after steps 4 and 8), the shard hostb's ranks read brought from hosta's copy.
+  const MemoryRestore m = memory_restore(r.output);
+  EXPECT_GE(m.step, 5) << r.output;
+  EXPECT_NE(m.step, 8) << r.output;
+  EXPECT_GE(m.shards_moved, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ckpt] resumed from memory")) << r.output;
   const LayoutRun resumed = testing::read_layout_run(r, run, run / "w.safetensors");
   EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the restart after a lost host";
 }
@@ -244,7 +268,8 @@ TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeft) {
   const std::string args =
       train_args("elastic", dp4, 12,
                  "--ckpt.dir=" + (dir_ / "elastic_ckpt").string() +
-                     " --ckpt.every=2 --debug.slow_ms=100 --debug.fault_rank=0");
+                     " --ckpt.every=4 --ckpt.memory_every=1 --debug.slow_ms=100 "
+                     "--debug.fault_rank=0");
   const std::string killer = "( for i in $(seq 1200); do [ $(cat " +
                              (run / "metrics.jsonl").string() +
                              " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id +
@@ -265,7 +290,13 @@ TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeft) {
                        "10.77.0.1:2)"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "[launch] restart 1/1: host 10.77.0.2 lost;")) << r.output;
-  EXPECT_TRUE(contains(r.output, "[ckpt] resumed from")) << r.output;
+  // From memory: hosta holds its own ranks' shards and the copies of hostb's, whose memory went
+  // with it.
+  const MemoryRestore m = memory_restore(r.output);
+  EXPECT_GE(m.step, 5) << r.output;
+  EXPECT_NE(m.step, 8) << r.output;
+  EXPECT_EQ(m.shards_moved, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ckpt] resumed from memory")) << r.output;
   EXPECT_TRUE(contains(r.output, "[goodput] incident 1: host 10.77.0.2 lost (")) << r.output;
   EXPECT_TRUE(contains(r.output, "; 4 -> 2 ranks: dp 4 -> 2, micro_batch 2 kept")) << r.output;
   const LayoutRun resized = testing::read_layout_run(r, run, run / "w.safetensors");

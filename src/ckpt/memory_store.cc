@@ -1,0 +1,265 @@
+#include "ckpt/memory_store.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_files.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/read_file.h"
+
+namespace tetra::ckpt {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr uintmax_t kMaxJsonBytes = uintmax_t(1) << 30;
+
+// The writer rank of a fragment's name "rank-NNNNN.json", or -1.
+int fragment_rank(const std::string& name) {
+  constexpr std::string_view prefix = "rank-", suffix = ".json";
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) ||
+      !name.ends_with(suffix)) {
+    return -1;
+  }
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() < 5 || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
+  }
+  return std::stoi(digits);
+}
+
+void write_json(const fs::path& path, const json& j) {
+  const std::string text = j.dump();
+  write_file_atomically(path.string(),
+                        {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}}, "ckpt");
+}
+
+}  // namespace
+
+MemoryStore::MemoryStore(fs::path root) : root_(std::move(root)) {}
+
+fs::path MemoryStore::root_for(const fs::path& memory_dir, const fs::path& ckpt_dir) {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(fs::absolute(ckpt_dir, ec), ec);
+  if (ec) abs = fs::absolute(ckpt_dir).lexically_normal();
+  const std::string key = abs.string();
+  return memory_dir / fmt::format("tetra-{:016x}", XXH3_64bits(key.data(), key.size()));
+}
+
+fs::path MemoryStore::step_dir(int64_t step) const { return root_ / checkpoint_name(step); }
+
+std::vector<MemoryStore::Step> MemoryStore::inventory() const {
+  std::vector<Step> out;
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root_, ec)) {
+    const std::optional<int64_t> step = parse_checkpoint_name(d.path().filename().string());
+    if (!step || !d.is_directory(ec)) continue;
+    Step s;
+    s.step = *step;
+    for (const fs::directory_entry& f : fs::directory_iterator(d.path(), ec)) {
+      const std::string name = f.path().filename().string();
+      if (name == "header.json") {
+        s.header = true;
+        continue;
+      }
+      const int rank = fragment_rank(name);
+      if (rank < 0) continue;
+      std::error_code size_ec;
+      const uintmax_t size = fs::file_size(d.path() / detail::rank_file(rank), size_ec);
+      if (!size_ec) s.shards[rank] = size;
+    }
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(), [](const Step& a, const Step& b) { return a.step > b.step; });
+  return out;
+}
+
+MemoryStore::Shard::Shard(Shard&& o) noexcept { *this = std::move(o); }
+
+MemoryStore::Shard& MemoryStore::Shard::operator=(Shard&& o) noexcept {
+  if (this != &o) {
+    release();
+    store_ = o.store_;
+    tmp_ = std::move(o.tmp_);
+    rank_ = o.rank_;
+    committed_ = o.committed_;
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+MemoryStore::Shard::~Shard() { release(); }
+
+void MemoryStore::Shard::release() {
+  if (data_) ::munmap(data_, size_);
+  if (fd_ >= 0) {
+    ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  data_ = nullptr;
+  fd_ = -1;
+}
+
+void MemoryStore::Shard::commit(int64_t step, const json& fragment) {
+  const fs::path dir = store_->step_dir(step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TETRA_CHECK(fs::is_directory(dir),
+              "[ckpt] {}: cannot create the memory checkpoint's directory ({}); check that "
+              "ckpt.memory_dir is writable",
+              dir.string(), ec.message());
+  const fs::path path = dir / detail::rank_file(rank_);
+  fs::rename(tmp_, path, ec);
+  TETRA_CHECK(!ec, "[ckpt] {}: cannot rename it to {} ({})", tmp_.string(), path.string(),
+              ec.message());
+  committed_ = true;
+  write_json(dir / detail::fragment_file(rank_), fragment);
+}
+
+MemoryStore::Shard MemoryStore::create(int rank, uint64_t size) const {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  TETRA_CHECK(fs::is_directory(root_),
+              "[ckpt] {}: cannot create the memory checkpoints' directory ({}); check that "
+              "ckpt.memory_dir is writable",
+              root_.string(), ec.message());
+  Shard s;
+  s.store_ = this;
+  s.rank_ = rank;
+  // Named for this process and this shard: a process may hold several of one writer rank.
+  static std::atomic<uint64_t> made{0};
+  s.tmp_ = root_ / fmt::format(".{}.tmp-{}-{}", detail::rank_file(rank), ::getpid(), made++);
+  s.fd_ = ::open(s.tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  TETRA_CHECK(s.fd_ >= 0, "[ckpt] {}: cannot create ({}); check that ckpt.memory_dir is writable",
+              s.tmp_.string(), std::strerror(errno));
+  s.size_ = size_t(size);
+  // Every page now: on a tmpfs a page it cannot give would otherwise be a SIGBUS at first touch.
+  const int err = ::posix_fallocate(s.fd_, 0, off_t(size));
+  TETRA_CHECK(err == 0,
+              "[ckpt] {}: cannot take {:.1f} MB of memory for a shard ({}; {:.1f} MB free there); "
+              "give the file system more room (/dev/shm is half the RAM by default), set "
+              "ckpt.memory_dir elsewhere, or save in memory less often (ckpt.memory_every)",
+              s.tmp_.string(), double(size) / 1e6, std::strerror(err), double(free_bytes()) / 1e6);
+  // Its page tables too, so that the copy into it is a copy and not a page fault per page.
+  void* p = ::mmap(nullptr, s.size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd_, 0);
+  TETRA_CHECK(p != MAP_FAILED, "[ckpt] {}: cannot map {:.1f} MB ({})", s.tmp_.string(),
+              double(size) / 1e6, std::strerror(errno));
+  s.data_ = static_cast<std::byte*>(p);
+  return s;
+}
+
+MemoryStore::Mapped::Mapped(Mapped&& o) noexcept { *this = std::move(o); }
+
+MemoryStore::Mapped& MemoryStore::Mapped::operator=(Mapped&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+MemoryStore::Mapped::~Mapped() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+MemoryStore::Mapped MemoryStore::map(int64_t step, int rank) const {
+  const fs::path path = step_dir(step) / detail::rank_file(rank);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TETRA_CHECK(fd >= 0, "[ckpt] {}: cannot open ({})", path.string(), std::strerror(errno));
+  struct stat st {};
+  Mapped m;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    void* p = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      m.data_ = static_cast<const std::byte*>(p);
+      m.size_ = size_t(st.st_size);
+    }
+  }
+  const int err = errno;
+  ::close(fd);
+  TETRA_CHECK(m.data_, "[ckpt] {}: cannot map it ({})", path.string(), std::strerror(err));
+  return m;
+}
+
+json MemoryStore::fragment(int64_t step, int rank) const {
+  const fs::path path = step_dir(step) / detail::fragment_file(rank);
+  try {
+    return json::parse(read_small_file(path.string(), kMaxJsonBytes, "ckpt",
+                                       "a memory checkpoint's fragment", ""));
+  } catch (const json::exception& e) {
+    fail("[ckpt] {}: malformed ({}); the memory checkpoint cannot be used", path.string(),
+         e.what());
+  }
+}
+
+void MemoryStore::put_header(int64_t step, const json& header) const {
+  std::error_code ec;
+  fs::create_directories(step_dir(step), ec);
+  write_json(step_dir(step) / "header.json", header);
+}
+
+json MemoryStore::header(int64_t step) const {
+  const fs::path path = step_dir(step) / "header.json";
+  try {
+    return json::parse(
+        read_small_file(path.string(), kMaxJsonBytes, "ckpt", "a memory checkpoint's header", ""));
+  } catch (const json::exception& e) {
+    fail("[ckpt] {}: malformed ({}); the memory checkpoint cannot be used", path.string(),
+         e.what());
+  }
+}
+
+void MemoryStore::drop_before(int64_t step) const {
+  for (const Step& s : inventory()) {
+    std::error_code ec;
+    if (s.step < step) fs::remove_all(step_dir(s.step), ec);
+  }
+}
+
+void MemoryStore::drop_all_but(int64_t keep) const {
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root_, ec)) {
+    const std::string name = d.path().filename().string();
+    const std::optional<int64_t> step = parse_checkpoint_name(name);
+    std::error_code rm;
+    if ((step && *step != keep) || (name.starts_with(".rank-") && name.find(".tmp-") != name.npos))
+      fs::remove_all(d.path(), rm);
+  }
+}
+
+void MemoryStore::remove() const {
+  std::error_code ec;
+  fs::remove_all(root_, ec);
+}
+
+uint64_t MemoryStore::free_bytes() const {
+  struct statvfs v {};
+  fs::path at = root_;
+  std::error_code ec;
+  while (!at.empty() && !fs::exists(at, ec) && at != at.parent_path()) at = at.parent_path();
+  if (::statvfs(at.c_str(), &v) != 0) return 0;
+  return uint64_t(v.f_bavail) * v.f_frsize;
+}
+
+}  // namespace tetra::ckpt
