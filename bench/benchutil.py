@@ -6,6 +6,8 @@ import os
 import platform
 import statistics
 import subprocess
+import threading
+import time
 
 
 def cpu_name():
@@ -46,3 +48,34 @@ def summarize(rows, warmup, comm="comm"):
             f"{comm}_bytes": last[f"{comm}_bytes"], "rss_peak": last["rss_peak"],
             "mem": {k[4:]: v for k, v in last.items() if k.startswith("mem_")},
             "loss": [r["loss"] for r in rows]}
+
+
+class Watched:
+    """A command whose stderr lines are kept with the time each arrived (time.monotonic());
+    `on_line(line)`, if given, is called with each as it arrives."""
+
+    def __init__(self, cmd, env=None, on_line=None):
+        self.lines = []
+        self.on_line = on_line
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            if self.on_line:
+                self.on_line(self.lines[-1][1])
+
+    def wait(self, timeout=600):
+        code = self.proc.wait(timeout=timeout)
+        self.reader.join()
+        return code
+
+    def first(self, prefix, after=0.0):
+        """The time of the first line at or after `after` that starts with `prefix`, or None."""
+        return next((t for t, l in self.lines if t >= after and l.startswith(prefix)), None)
+
+    def text(self, prefix):
+        return [l for _, l in self.lines if l.startswith(prefix)]

@@ -136,6 +136,25 @@ void MemoryStore::Shard::commit(int64_t step, const json& fragment) {
   write_json(dir / detail::fragment_file(rank_), fragment);
 }
 
+namespace {
+
+// Maps `fd` (`size` bytes) at `data`, its page tables made now: the copy into it is then a copy
+// and not a page fault per page.
+void map_shard(const fs::path& path, int fd, size_t size, std::byte*& data) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  TETRA_CHECK(p != MAP_FAILED, "[ckpt] {}: cannot map {:.1f} MB ({})", path.string(),
+              double(size) / 1e6, std::strerror(errno));
+  data = static_cast<std::byte*>(p);
+}
+
+// A name for a shard being written, of this process: a process may hold several of one writer.
+fs::path tmp_name(const fs::path& root, int rank) {
+  static std::atomic<uint64_t> made{0};
+  return root / fmt::format(".{}.tmp-{}-{}", detail::rank_file(rank), ::getpid(), made++);
+}
+
+}  // namespace
+
 MemoryStore::Shard MemoryStore::create(int rank, uint64_t size) const {
   std::error_code ec;
   fs::create_directories(root_, ec);
@@ -146,9 +165,7 @@ MemoryStore::Shard MemoryStore::create(int rank, uint64_t size) const {
   Shard s;
   s.store_ = this;
   s.rank_ = rank;
-  // Named for this process and this shard: a process may hold several of one writer rank.
-  static std::atomic<uint64_t> made{0};
-  s.tmp_ = root_ / fmt::format(".{}.tmp-{}-{}", detail::rank_file(rank), ::getpid(), made++);
+  s.tmp_ = tmp_name(root_, rank);
   s.fd_ = ::open(s.tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   TETRA_CHECK(s.fd_ >= 0, "[ckpt] {}: cannot create ({}); check that ckpt.memory_dir is writable",
               s.tmp_.string(), std::strerror(errno));
@@ -160,12 +177,37 @@ MemoryStore::Shard MemoryStore::create(int rank, uint64_t size) const {
               "give the file system more room (/dev/shm is half the RAM by default), set "
               "ckpt.memory_dir elsewhere, or save in memory less often (ckpt.memory_every)",
               s.tmp_.string(), double(size) / 1e6, std::strerror(err), double(free_bytes()) / 1e6);
-  // Its page tables too, so that the copy into it is a copy and not a page fault per page.
-  void* p = ::mmap(nullptr, s.size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd_, 0);
-  TETRA_CHECK(p != MAP_FAILED, "[ckpt] {}: cannot map {:.1f} MB ({})", s.tmp_.string(),
-              double(size) / 1e6, std::strerror(errno));
-  s.data_ = static_cast<std::byte*>(p);
+  map_shard(s.tmp_, s.fd_, s.size_, s.data_);
   return s;
+}
+
+MemoryStore::Shard MemoryStore::reuse(int64_t step, int from, int rank, uint64_t size) const {
+  const fs::path dir = step_dir(step), path = dir / detail::rank_file(from);
+  ::unlink((dir / detail::fragment_file(from)).c_str());
+  Shard s;
+  std::error_code ec;
+  const uintmax_t held = fs::file_size(path, ec);
+  if (ec || held == 0 || (size != 0 && held != size)) {
+    ::unlink(path.c_str());
+    return s;
+  }
+  s.store_ = this;
+  s.rank_ = rank;
+  s.tmp_ = tmp_name(root_, rank);
+  if (::rename(path.c_str(), s.tmp_.c_str()) != 0) return Shard();
+  s.fd_ = ::open(s.tmp_.c_str(), O_RDWR | O_CLOEXEC);
+  if (s.fd_ < 0) {
+    ::unlink(s.tmp_.c_str());
+    return Shard();
+  }
+  s.size_ = size_t(held);
+  map_shard(s.tmp_, s.fd_, s.size_, s.data_);
+  return s;
+}
+
+void MemoryStore::drop_shard(int64_t step, int rank) const {
+  ::unlink((step_dir(step) / detail::fragment_file(rank)).c_str());
+  ::unlink((step_dir(step) / detail::rank_file(rank)).c_str());
 }
 
 MemoryStore::Mapped::Mapped(Mapped&& o) noexcept { *this = std::move(o); }

@@ -71,6 +71,13 @@ class MemoryStore {
   /** Starts a shard of writer rank `rank` (a file beside the steps until committed). Throws
    *  naming the store and what to change when the file system has no room. */
   Shard create(int rank, uint64_t size) const;
+  /** Takes writer rank `from`'s shard of step `step` back to be written again as writer rank
+   *  `rank`'s, its pages kept: neither freed nor zeroed, as create() would. Its fragment goes
+   *  first, so the step no longer counts it. Empty (and the file removed) when it is not `size`
+   *  bytes (0: any size) or cannot be taken. */
+  Shard reuse(int64_t step, int from, int rank, uint64_t size) const;
+  /** Removes writer rank `rank`'s shard of step `step`. */
+  void drop_shard(int64_t step, int rank) const;
 
   /** A committed shard mapped read-only. */
   class Mapped {

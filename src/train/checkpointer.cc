@@ -256,7 +256,6 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
   const CkptOptions& c = opt_.ckpt;
   std::optional<ResumedState> resumed;
   fs::path resumed_dir;
-  std::string saved_layout;
   if (!c.resume.empty()) {
     const bool automatic = c.resume == "auto";
     const fs::path given(automatic ? c.dir : c.resume);
@@ -267,10 +266,11 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
             ? std::vector<fs::path>{}
             : ckpt::locate_checkpoints(given, "ckpt.resume=" + c.resume);
     // In memory first, unless the disk holds a newer step (rank 0's view of ckpt.dir for all).
+    Stopwatch clock;
     if (memory_ && automatic) {
       int64_t disk_step = 0;
       if (layout_.is_root() && !candidates.empty()) {
-        disk_step = ckpt::Manifest::read(candidates.front()).step;
+        disk_step = ckpt::parse_checkpoint_name(candidates.front().filename().string()).value_or(0);
       }
       layout_.broadcast_from_root(disk_step);
       if (std::optional<ckpt::Manifest> m =
@@ -279,12 +279,11 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
           resumed_from_memory_ = resumed->step;
           // The store is this ckpt.dir's run's (keyed by it): resuming it continues that run.
           resumed_dir = fs::path(c.dir) / ckpt::checkpoint_name(resumed->step);
-          saved_layout = m->layout.dump();
           log_info(
               "[ckpt] resumed from memory ({}) after step {} (saved with layout {}; this "
-              "run: {} data-parallel rank(s), ZeRO stage {})",
-              m->dir.string(), resumed->step, saved_layout, layout_.dp_size(),
-              opt_.parallel.zero.stage);
+              "run: {} data-parallel rank(s), ZeRO stage {}) in {:.2f} s",
+              m->dir.string(), resumed->step, m->layout.dump(), layout_.dp_size(),
+              opt_.parallel.zero.stage, clock.elapsed_s());
         }
       }
     }
@@ -316,9 +315,9 @@ std::optional<ResumedState> Checkpointer::resume(int64_t num_samples) {
         resumed_dir = dir;
         log_info(
             "[ckpt] resumed from {} after step {} (saved with layout {}; this run: {} data-"
-            "parallel rank(s), ZeRO stage {})",
+            "parallel rank(s), ZeRO stage {}) in {:.2f} s",
             dir.string(), resumed->step, m->layout.dump(), layout_.dp_size(),
-            opt_.parallel.zero.stage);
+            opt_.parallel.zero.stage, clock.elapsed_s());
       }
     }
     if (resumed && resumed->step == opt_.steps) {

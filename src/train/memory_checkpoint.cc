@@ -445,6 +445,7 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
                            rank_, job.rank_state);
       store_.put_header(job.step, job.header);
       job.shard.commit(job.step, f);
+      written_.emplace_back(job.step, rank_);
       fragment = f.dump();
       report.kept += job.shard.size();
     } catch (const Error& e) {
@@ -480,7 +481,9 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
       ckpt::MemoryStore::Shard copy;
       std::vector<std::byte> drain;
       try {
-        copy = store_.create(from, in[1]);
+        copy = spare_.data() && spare_.size() == in[1] ? std::move(spare_)
+                                                       : store_.create(from, in[1]);
+        spare_ = {};
       } catch (const Error& e) {
         if (report.error.empty()) report.error = e.what();
         drain.resize(std::min<size_t>(kPiece, in[1]));
@@ -493,6 +496,7 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
       if (copy.data()) {
         try {
           copy.commit(job.step, json::parse(theirs));
+          written_.emplace_back(job.step, from);
           report.kept += in[1];
         } catch (const std::exception& e) {
           if (report.error.empty())
@@ -521,10 +525,30 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
     complete = *std::min_element(each.begin(), each.end());
   }
   complete_.store(complete);
-  if (host_leader_ && complete >= 0) store_.drop_before(complete);
+  if (complete < 0) return;
+  // This rank's shards of the steps before it are needed no more: its own becomes the next save's
+  // file and a copy the next copy's (their pages kept, not freed and taken again), the rest go.
+  std::vector<std::pair<int64_t, int>> kept;
+  for (const auto& [step, writer] : written_) {
+    if (step >= complete) {
+      kept.emplace_back(step, writer);
+    } else if (writer == rank_ && !next_.data()) {
+      next_ = store_.reuse(step, writer, rank_, layout_.file_bytes());
+    } else if (writer != rank_ && !spare_.data()) {
+      spare_ = store_.reuse(step, writer, writer, 0);
+    } else {
+      store_.drop_shard(step, writer);
+    }
+  }
+  written_ = std::move(kept);
+  // What is left of older steps (headers, an earlier attempt's shards) one save later, once every
+  // rank of the host has taken its files of them back.
+  if (host_leader_ && dropped_below_ >= 0) store_.drop_before(dropped_below_);
+  dropped_below_ = complete;
 }
 
 void MemoryCheckpoint::prepare() {
+  if (next_.data()) return;  // a shard of an older step, taken back
   try {
     next_ = store_.create(rank_, layout_.file_bytes());
   } catch (const Error&) {
@@ -543,6 +567,7 @@ void MemoryCheckpoint::finish() {
     cv_.wait(lock, [&] { return !busy_; });
   }
   next_ = {};
+  spare_ = {};
   if (world_.valid() && world_.size() > 1) world_.barrier().wait();
   if (host_leader_) store_.remove();
 }

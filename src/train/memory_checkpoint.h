@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -96,9 +97,12 @@ class MemoryCheckpoint {
   bool host_leader_ = true;  // the lowest world rank of its host: cleans the host's store
   std::string buddy_host_;
 
-  ckpt::ShardLayout layout_;       // of the last save
-  ckpt::MemoryStore::Shard next_;  // prepared for the next save
-  int64_t done_ = -1;              // the newest step of this rank's completed saves
+  ckpt::ShardLayout layout_;        // of the last save
+  ckpt::MemoryStore::Shard next_;   // made ready for the next save
+  ckpt::MemoryStore::Shard spare_;  // a copy no longer needed, for the next copy received
+  std::vector<std::pair<int64_t, int>> written_;  // (step, writer rank) of the shards it wrote
+  int64_t dropped_below_ = -1;  // the host leader dropped the steps before this one
+  int64_t done_ = -1;           // the newest step of this rank's completed saves
   std::atomic<int64_t> complete_{-1};
 
   std::unique_ptr<Job> pending_;
