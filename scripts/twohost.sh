@@ -20,7 +20,9 @@
 #       the same with a two-node Slurm cluster on the hosts (munge, slurmctld, one slurmd per
 #       host; Slurm's PMIx plugin, KillOnBadExit=1), SLURM_CONF set for the command
 #   scripts/twohost.sh kill hostb  (beside a run of the same TWOHOST_ID) kills every process on
-#       hostb, the MPI daemon included, and empties its memory (/dev/shm): a host lost
+#       hostb, the MPI daemon included, and empties its memory (/dev/shm): a host lost (and back
+#       at once, as after a quick reboot); with --down it stays unreachable (the rsh agent, as ssh
+#       would, fails to reach it) until `scripts/twohost.sh revive hostb`
 #   scripts/twohost.sh cut         (beside a run) sets the pair down: a network partition
 #   scripts/twohost.sh check       exits 0 when this machine lets it create namespaces
 #   scripts/twohost.sh up | down   creates or removes the hosts by hand
@@ -101,6 +103,10 @@ case \$host in
   $IP_B|hostb) ns=$NS_B name=hostb ;;
   *) echo "twohost rsh: unknown host \$host" >&2; exit 255 ;;
 esac
+if [ -e $MEM/\$name.down ]; then
+  echo "ssh: connect to host \$host port 22: No route to host" >&2
+  exit 255
+fi
 exec ip netns exec \$ns unshare --uts --mount sh -c "$(as_host '$name') \$*"
 EOF
   chmod +x "$dir/rsh"
@@ -241,12 +247,18 @@ case ${1:-} in
       hostb) ns=$NS_B ;;
       *) echo "twohost.sh kill: name the host, hosta or hostb" >&2; exit 2 ;;
     esac
+    [[ ${3:-} == --down ]] && touch "$MEM/$2.down"
     ip netns pids "$ns" | xargs -r kill -9
     # Its memory is gone with it.
     find "$MEM/$2" -mindepth 1 -delete ;;
+  revive)
+    case ${2:-} in
+      hosta|hostb) rm -f "$MEM/$2.down" ;;
+      *) echo "twohost.sh revive: name the host, hosta or hostb" >&2; exit 2 ;;
+    esac ;;
   cut) ip -n "$NS_A" link set "$VETH_A" down ;;
   on-hosta) shift; on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
   slurm) shift; SLURM=1 on_hosta "cd $(printf '%q' "$PWD") && exec $(command_after_dashes "$@")" ;;
   *) echo "usage: scripts/twohost.sh run [-n N] -- COMMAND | on-hosta -- COMMAND |" \
-       "slurm -- COMMAND | kill hostb | cut | check | up | down" >&2; exit 2 ;;
+       "slurm -- COMMAND | kill hostb [--down] | revive hostb | cut | check | up | down" >&2; exit 2 ;;
 esac

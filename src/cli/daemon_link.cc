@@ -1,5 +1,6 @@
 #include "cli/daemon_link.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -7,11 +8,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -115,6 +118,47 @@ std::vector<std::string> daemon_link_args(const std::string& self) {
           "--mca",
           "oob_tcp_keepalive_probes",
           "5"};
+}
+
+bool host_answers(const std::string& host, double timeout_s) {
+  const char* given = std::getenv(kDaemonAgentEnv);
+  std::vector<std::string> argv =
+      agent_words(given && *given ? given : std::getenv("OMPI_MCA_plm_rsh_agent"));
+  if (argv.empty()) return false;
+  if (fs::path(argv.front()).filename() == "ssh") {
+    // Never a prompt, and no longer than the probe waits.
+    const int connect = std::max(1, int(timeout_s));
+    argv.insert(argv.begin() + 1,
+                {"-o", "BatchMode=yes", "-o", fmt::format("ConnectTimeout={}", connect)});
+  }
+  argv.insert(argv.end(), {host, "true"});
+  std::vector<char*> cargv;
+  for (auto& w : argv) cargv.push_back(w.data());
+  cargv.push_back(nullptr);
+  const pid_t child = fork();
+  if (child < 0) return false;
+  if (child == 0) {
+    ::setpgid(0, 0);
+    const int null = ::open("/dev/null", O_RDWR);
+    for (int fd : {0, 1, 2}) ::dup2(null, fd);
+    execvp(cargv[0], cargv.data());
+    _exit(127);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  for (;;) {
+    const pid_t got = waitpid(child, &status, WNOHANG);
+    if (got == child) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (got < 0 && errno != EINTR) return false;
+    if (std::chrono::steady_clock::now() >= until) {
+      ::kill(-child, SIGKILL);
+      ::kill(child, SIGKILL);
+      while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+      }
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 std::vector<LostHost> lost_hosts(const fs::path& dir) {

@@ -44,6 +44,11 @@ std::vector<CutLink> cut_links(const std::filesystem::path& dir);
 /** Removes what the links and watchdogs of a previous job wrote into `dir`. */
 void clear_lost_hosts(const std::filesystem::path& dir);
 
+/** True when `host` answers through the agent mpirun starts its daemons with (the user's
+ *  OMPI_MCA_plm_rsh_agent, else ssh, in batch mode): `AGENT HOST true` ends with status 0 within
+ *  `timeout_s`. Whether a host left out of a job is back. */
+bool host_answers(const std::string& host, double timeout_s);
+
 }  // namespace tetra::cli::launch
 
 namespace tetra::cli {

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -36,7 +37,9 @@
 #include "core/config.h"
 #include "core/dir_lock.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "plan/elastic.h"
+#include "train/fault_hooks.h"
 #include "train/goodput.h"
 #include "train/health.h"
 #include "train/run_plan.h"
@@ -514,6 +517,13 @@ int launch_main(const Args& args) {
          "the accumulation changed so that the global batch stays; 0: only on -n ranks",
          "[0, 1048576]"},
         "M"},
+       {{"--regrow", ValueKind::Float, "0",
+         "after an elastic restart (--min-ranks), ask the hosts left out every this many seconds "
+         "whether they answer again (through the agent mpirun reaches hosts with); once they all "
+         "do, the job ends after its next step with a checkpoint and goes on on every host in the "
+         "layout it started with; 0: never",
+         "[0, inf)"},
+        "SECONDS"},
        {{"--dry-run", ValueKind::Bool, "false", "print the mpirun command, run nothing"}}});
   p.allow_rest();
   if (!p.parse(args)) return 0;
@@ -542,7 +552,7 @@ int launch_main(const Args& args) {
   const bool is_train = rest.front() == "train";
   for (const char* flag :
        {"--max-restarts", "--heartbeat-timeout", "--heartbeat-factor", "--heartbeat-min",
-        "--startup-timeout", "--inject-fault", "--min-ranks"}) {
+        "--startup-timeout", "--inject-fault", "--min-ranks", "--regrow"}) {
     TETRA_CHECK(is_train || !p.given(flag),
                 "[launch] {} applies to a train command (the one that writes heartbeats and "
                 "checkpoints), not '{}'",
@@ -591,6 +601,18 @@ int launch_main(const Args& args) {
     // The layout as the ranks will resolve it, refused here with the mesh's message.
     plan_run(TrainOptions::from(*config), ranks);
   }
+  const double regrow_s = p.f("--regrow");
+  TETRA_CHECK(regrow_s == 0 || min_ranks > 0,
+              "[launch] --regrow {} grows back a job an elastic restart shrank, which only "
+              "--min-ranks allows; give --min-ranks M too (or leave --regrow out)",
+              regrow_s);
+  TETRA_CHECK(regrow_s == 0 || regrow_s >= 1,
+              "[launch] --regrow {} is below 1 s: each check starts the agent (ssh) on every host "
+              "left out; give at least 1",
+              regrow_s);
+  TETRA_CHECK(regrow_s == 0 || !config || !config->s("ckpt.dir").empty(),
+              "[launch] --regrow needs the train command's ckpt.dir: the job ends with a "
+              "checkpoint there, from which it goes on on every host");
   const std::optional<int64_t> steps =
       config ? std::optional<int64_t>(config->i("train.steps")) : std::nullopt;
   const auto faults = parse_faults(p.s("--inject-fault"), ranks, max_restarts, steps);
@@ -663,6 +685,11 @@ int launch_main(const Args& args) {
   // batch, if one fits; without, on -n ranks if the other hosts have the slots. Otherwise the
   // hosts are kept.
   std::string change;  // an elastic restart's, for its incident
+  // The job's hosts and ranks as given, and the hosts an elastic restart left out (what --regrow
+  // asks after).
+  const std::string all_hosts = hosts;
+  const int all_ranks = ranks;
+  std::vector<std::string> left_out;
   auto leave_out = [&](const std::vector<std::string>& gone, const std::string& why) {
     try {
       // Elastic: each host keeps the slots it had (those without a count had a share of -n).
@@ -687,6 +714,7 @@ int launch_main(const Args& args) {
         watch.ranks = ranks;
         resized = e.overrides;
         cmd = mpirun_command(left);
+        left_out.insert(left_out.end(), gone.begin(), gone.end());
       }
       std::fprintf(stderr, "[launch] %s: the restart leaves it out (--hosts %s)\n", why.c_str(),
                    left.c_str());
@@ -695,6 +723,38 @@ int launch_main(const Args& args) {
       std::fprintf(stderr, "[launch] %s, kept: %s\n", why.c_str(), e.what());
     }
   };
+
+  // --regrow: while the job runs without the hosts left out, they are asked every regrow_s
+  // whether they answer (on a thread of its own: an agent may take its time to give up); once all
+  // do, the job is asked to end after its next step, with a checkpoint (train/fault_hooks.h).
+  std::future<bool> probe;
+  double next_probe = 0;
+  bool regrow_asked = false;
+  watch.tick = [&] {
+    if (regrow_s <= 0 || left_out.empty() || regrow_asked) return;
+    if (probe.valid()) {
+      if (probe.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+      if (probe.get()) {
+        std::ofstream(beats->path() / Heartbeat::kStopFile)
+            << fmt::format("host(s) {} answer again: growing the job back to {} ranks",
+                           fmt::join(left_out, ", "), all_ranks)
+            << "\n";
+        std::fprintf(stderr,
+                     "[launch] host(s) %s answer again: the job ends after its next step with a "
+                     "checkpoint, to go on on %d ranks\n",
+                     fmt::format("{}", fmt::join(left_out, ", ")).c_str(), all_ranks);
+        regrow_asked = true;
+      }
+      next_probe = now_s() + regrow_s;
+      return;
+    }
+    if (now_s() < next_probe) return;
+    probe = std::async(std::launch::async, [hosts = left_out] {
+      return std::all_of(hosts.begin(), hosts.end(),
+                         [](const std::string& h) { return launch::host_answers(h, 5.0); });
+    });
+  };
+  int grown = 0;  // attempts that grew the job back: no restart of --max-restarts
 
   // (step reached, newest checkpoint) of every failed attempt: a failure seen before means the
   // restart made no progress.
@@ -708,6 +768,7 @@ int launch_main(const Args& args) {
       launch::clear_lost_hosts(beats->path());
       std::error_code ec;
       fs::remove(beats->path() / kStragglerHostsFile, ec);
+      fs::remove(beats->path() / Heartbeat::kStopFile, ec);
       // The attempt's start (Unix seconds): the trainer counts the time from the previous
       // attempt's last step to here as lost to the restart (docs/health.md, "Goodput").
       const double now =
@@ -727,6 +788,38 @@ int launch_main(const Args& args) {
     }
     const launch::JobOutcome job = launch::run_job(run, watch);
     code = job.code;
+    if (probe.valid()) probe.wait();
+    probe = {};
+    int64_t reached = 0;
+    for (const auto& [rank, beat] : job.beats) reached = std::max(reached, beat.step);
+    if (code == 0 && regrow_asked && steps && reached < *steps && !launch::stop_requested()) {
+      // Ended at the launcher's request with a checkpoint of its last step: on every host again.
+      const plan::Layout was =
+          plan_run(TrainOptions::from(*train_config(with(rest, resized))), ranks).layout;
+      const plan::Layout back = plan_run(TrainOptions::from(*config), all_ranks).layout;
+      change =
+          fmt::format("{} -> {} ranks: {}", ranks, all_ranks, plan::describe_resize(was, back));
+      std::fprintf(stderr, "[launch] %d -> %d ranks (host(s) %s back): %s\n", ranks, all_ranks,
+                   fmt::format("{}", fmt::join(left_out, ", ")).c_str(),
+                   plan::describe_resize(was, back).c_str());
+      incident = nlohmann::json{
+          {"cause", fmt::format("grown back: host(s) {} answer again", fmt::join(left_out, ", "))},
+          {"silence_s", -1},
+          {"triage", ""},
+          {"change",
+           change}}.dump();
+      change.clear();
+      hosts = all_hosts;
+      ranks = all_ranks;
+      watch.ranks = ranks;
+      resized.clear();
+      left_out.clear();
+      regrow_asked = false;
+      cmd = mpirun_command(hosts);
+      if (watch.start_step >= 0) watch.start_step = reached;
+      ++grown;
+      continue;
+    }
     if (code == 0) break;
     const double silence = is_train ? launch::heartbeat_silence(beats->path()) : -1;
     std::string cause =
@@ -759,7 +852,7 @@ int launch_main(const Args& args) {
     const std::string triage =
         is_train ? triage_of_attempt(train_dir(rest, "run.dir"), attempt_started) : "";
     if (!triage.empty()) std::fprintf(stderr, "[launch] triage: %s\n", triage.c_str());
-    if (attempt >= max_restarts || launch::stop_requested()) {
+    if (attempt - grown >= max_restarts || launch::stop_requested()) {
       if (max_restarts > 0) {
         std::fprintf(
             stderr, "[launch] %s; %s\n", cause.c_str(),
@@ -785,11 +878,8 @@ int launch_main(const Args& args) {
                    cause.c_str());
       break;
     }
-    int64_t reached = 0, checkpoint = 0;
-    for (const auto& [rank, beat] : job.beats) {
-      reached = std::max(reached, beat.step);
-      checkpoint = std::max(checkpoint, beat.checkpoint);
-    }
+    int64_t checkpoint = 0;
+    for (const auto& [rank, beat] : job.beats) checkpoint = std::max(checkpoint, beat.checkpoint);
     const auto seen = std::find(failures.begin(), failures.end(), std::pair{reached, checkpoint});
     if (seen != failures.end()) {
       std::fprintf(stderr,
@@ -836,7 +926,7 @@ int launch_main(const Args& args) {
     std::fprintf(stderr,
                  "[launch] restart %d/%d: %s; steps reached %lld, newest checkpoint after step "
                  "%lld: %lld step(s) lost\n",
-                 attempt + 1, max_restarts, cause.c_str(), (long long)reached,
+                 attempt - grown + 1, max_restarts, cause.c_str(), (long long)reached,
                  (long long)checkpoint, (long long)(reached - checkpoint));
   }
   return code;

@@ -638,6 +638,7 @@ JobOutcome run_job(const std::vector<std::string>& cmd, const WatchOptions& opt)
                    int(child), secs(kStopGraceS).c_str());
       break;
     }
+    if (stop == Stop::kNone && opt.tick) opt.tick();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   g_child.store(0);

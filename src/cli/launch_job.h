@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ struct WatchOptions {
   // first heartbeat names: until the next, a rank is in its first step, which is allowed the
   // start-up deadline too. -1: not known (the command resumes itself), no such allowance.
   int64_t start_step = 0;
+  // Called every turn of the watch (10 times a second) while the job runs.
+  std::function<void()> tick;
 };
 
 /** A rank's newest heartbeat: the step it finished last, the newest checkpoint it knows, where it

@@ -459,6 +459,7 @@ std::optional<double> Checkpointer::save_if_due(int64_t step, bool last, double 
     blocked = memory_->save(step, sources(), header(trainer_state), rank_state());
   }
   if (!writer_ || (step != next_save_ && !last)) return blocked;
+  if (last) final_step_ = step;
   const double on_disk = writer_->save(step, sources(), header(trainer_state), rank_state());
   schedule_next(step, on_disk, median_step_s);
   if (last) writer_->wait();  // the run's last checkpoint is in place before it returns
@@ -522,7 +523,7 @@ void Checkpointer::note(nlohmann::json& rec) {
   }
   if (!writer_) return;
   for (const ckpt::SaveReport& r : writer_->take_reports()) {
-    if (!r.error.empty() && r.step == opt_.steps && opt_.ckpt.on_error == "continue") {
+    if (!r.error.empty() && r.step == final_step_ && opt_.ckpt.on_error == "continue") {
       // Nothing saves after the last step, so training cannot "continue" past this failure:
       // finish() fails the run once the step's record is written.
       final_error_ = r.error;
@@ -566,7 +567,7 @@ void Checkpointer::finish() {
   TETRA_CHECK(final_error_.empty(),
               "[ckpt] the run's last checkpoint (step {}) was not saved, so the run did not "
               "finish: {}. {}; fix the cause and continue with ckpt.resume=auto",
-              opt_.steps, final_error_,
+              final_step_, final_error_,
               newest > 0 ? fmt::format("The newest published checkpoint is after step {}", newest)
                          : std::string("No checkpoint of it was published"));
   // The run is whole on disk: nothing in memory is needed any more.

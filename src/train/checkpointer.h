@@ -52,9 +52,9 @@ class Checkpointer {
   void start(int64_t start_step, MemoryLedger& ledger);
   bool enabled() const { return writer_ != nullptr; }
 
-  /** After 1-based step `step`: saves when due (the last step always; in memory at its own
-   *  cadence), returning the seconds the loop was blocked, or nothing. `trainer_state` goes into
-   * the manifest. On the last step it waits until the checkpoint is in place. */
+  /** After 1-based step `step`: saves when due (the `last` step of the run always; in memory at
+   *  its own cadence), returning the seconds the loop was blocked, or nothing. `trainer_state` goes
+   * into the manifest. On the last step it waits until the checkpoint is in place. */
   std::optional<double> save_if_due(int64_t step, bool last, double median_step_s,
                                     const nlohmann::json& trainer_state);
   /** Adds the saves finished since the last call to `rec`; a failed save stops the run under
@@ -112,6 +112,7 @@ class Checkpointer {
   // The smallest and largest global batch of every run this one continues (it included), so that
   // a resumed sampler cursor can be checked against the steps that drew it.
   int64_t min_global_batch_ = 0, max_global_batch_ = 0;
+  int64_t final_step_ = -1;  // the run's last step (train.steps, or where the launcher ended it)
   std::string final_error_;  // why the last step's checkpoint was not published
 };
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <thread>
@@ -102,6 +103,7 @@ void FaultInjection::end_step(int64_t step) {
 Heartbeat::Heartbeat(int rank) {
   const char* dir = std::getenv("TETRA_HEARTBEAT_DIR");
   if (!dir || !*dir) return;
+  dir_ = dir;
   const std::string path = fmt::format("{}/rank-{}", dir, rank);
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TETRA_CHECK(fd_ >= 0, "[train] TETRA_HEARTBEAT_DIR: cannot create {} ({})", path,
@@ -119,6 +121,15 @@ void Heartbeat::beat(int64_t step, int64_t newest_checkpoint, BeatPhase phase,
   const std::string beat = fmt::format("{:>20} {:>20} {} {:>16.6f}\n", step, newest_checkpoint,
                                        int(phase), std::min(median_step_s, 1e9));
   (void)!::pwrite(fd_, beat.data(), beat.size(), 0);
+}
+
+std::optional<std::string> Heartbeat::stop_requested() const {
+  if (dir_.empty()) return std::nullopt;
+  std::ifstream in(dir_ + "/" + kStopFile);
+  if (!in) return std::nullopt;
+  std::string why;
+  std::getline(in, why);
+  return why;
 }
 
 }  // namespace tetra

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "core/param_store.h"
 #include "kernels/backend.h"
@@ -61,16 +63,21 @@ enum class BeatPhase {
 /** "<step> <newest checkpoint step> <phase> <median step s>" in TETRA_HEARTBEAT_DIR/rank-N,
  *  overwritten in place, twice a step (between_steps once its update is done, training once its
  *  evaluation and checkpoint are); the median step is 0 until measured. Nothing when the
- *  variable is unset. */
+ *  variable is unset. The launcher asks the run to end after its next step, with a checkpoint,
+ *  by creating kStopFile there (tetra launch --regrow, to grow the job back). */
 class Heartbeat {
  public:
+  static constexpr const char* kStopFile = "stop";
   explicit Heartbeat(int rank);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
   void beat(int64_t step, int64_t newest_checkpoint, BeatPhase phase, double median_step_s = 0);
+  /** The launcher asked the run to end (and why, the file's text). */
+  std::optional<std::string> stop_requested() const;
 
  private:
+  std::string dir_;
   int fd_ = -1;
 };
 

@@ -189,9 +189,13 @@ nlohmann::json Trainer::state_after(int64_t step) const {
 TrainResult Trainer::train() {
   report_->begin(start_step_);
   TrainResult result;
+  int64_t stopped_after = 0;  // the step after which the launcher had the run end, if it did
   for (int64_t s = start_step_; s < opt_.steps; ++s) {
     const int64_t step = s + 1;
     const double lr = opt_.optim.schedule.at(s);
+    // The launcher asked the run to end after this step (to resize it); every rank learns it with
+    // the step's scalars.
+    const bool asked_to_stop = heartbeat_->stop_requested().has_value();
     Stopwatch step_clock;
     comm::flight::set_step(step);
     comm::flight::enter(comm::flight::Phase::data);
@@ -217,9 +221,14 @@ TrainResult Trainer::train() {
           faults_->after_reduction();
         },
         [&] {
-          update = updater_->step(step, lr, stage_->loss(), [&] {
-            if (s == 0 && !opt_.outputs.dump_grads.empty()) outputs_->dump_grads(*store_, *model_);
-          });
+          update = updater_->step(
+              step, lr, stage_->loss(),
+              [&] {
+                if (s == 0 && !opt_.outputs.dump_grads.empty()) {
+                  outputs_->dump_grads(*store_, *model_);
+                }
+              },
+              asked_to_stop);
         });
 
     // Evaluation, checkpoints and reports are not bounded by the step time.
@@ -248,6 +257,7 @@ TrainResult Trainer::train() {
     const double median_step_s = s - start_step_ >= 2 ? report_->median_step_s() : 0.0;
     heartbeat_->beat(step, ckpt_->newest_step(), BeatPhase::between_steps, median_step_s);
     const bool last = step == opt_.steps;
+    const bool stop_here = update.stop && !last;
     if (data_->has_validation() &&
         (last || (opt_.data.eval_every > 0 && step % opt_.data.eval_every == 0))) {
       Stopwatch eval_clock;
@@ -257,8 +267,8 @@ TrainResult Trainer::train() {
       goodput_->add_eval(1e3 * eval_clock.elapsed_s());
     }
     comm::flight::enter(comm::flight::Phase::checkpoint);
-    if (const auto blocked =
-            ckpt_->save_if_due(step, last, report_->median_step_s(), state_after(step))) {
+    if (const auto blocked = ckpt_->save_if_due(step, last || stop_here, report_->median_step_s(),
+                                                state_after(step))) {
       rec["ckpt_block_ms"] = 1e3 * *blocked;
       goodput_->add_checkpoint(1e3 * *blocked);
     }
@@ -270,13 +280,27 @@ TrainResult Trainer::train() {
     faults_->end_step(step);
     report_->progress(step, update);
     result.final_loss = update.loss;
+    if (stop_here) {
+      stopped_after = step;
+      break;
+    }
   }
   // Past the last step: the final save, the checkpoint's end and the summary are no step.
   comm::flight::enter(comm::flight::Phase::finishing);
-  heartbeat_->beat(std::max(start_step_, opt_.steps), ckpt_->newest_step(), BeatPhase::finishing);
+  heartbeat_->beat(stopped_after > 0 ? stopped_after : std::max(start_step_, opt_.steps),
+                   ckpt_->newest_step(), BeatPhase::finishing);
   result.skipped = updater_->skips().total;
   result = report_->finish(result, health_->window_compute_ms());
-  if (!opt_.outputs.save_final.empty()) outputs_->save_final(*store_, *model_, *zero_);
+  if (stopped_after > 0) {
+    if (layout_->is_root()) {
+      log_info(
+          "[train] stopped after step {} of {}, as the launcher asked ({}); the run continues "
+          "from its checkpoint",
+          stopped_after, opt_.steps, heartbeat_->stop_requested().value_or("no reason given"));
+    }
+  } else if (!opt_.outputs.save_final.empty()) {
+    outputs_->save_final(*store_, *model_, *zero_);
+  }
   // A run whose last checkpoint is not on disk has not finished, whatever ckpt.on_error says;
   // checked after save.final, which may still keep the weights.
   ckpt_->finish();

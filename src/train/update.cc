@@ -79,12 +79,14 @@ double Updater::local_sum_squares() {
 }
 
 UpdateResult Updater::step(int64_t step, double lr, double local_loss,
-                           const std::function<void()>& before_update) {
+                           const std::function<void()>& before_update, bool stop) {
   UpdateResult r;
   r.loss = local_loss;
+  r.stop = stop;
   // The step's scalars over every rank (the dp × tp × pp mesh), summed: the loss (the same on
-  // every rank of a tp group, 0 off the last pipeline stage), the squared gradient norm and a
-  // count of ranks that saw a non-finite value, so that every rank takes the same decision.
+  // every rank of a tp group, 0 off the last pipeline stage), the squared gradient norm, a count
+  // of ranks that saw a non-finite value and one of ranks asked to stop, so that every rank takes
+  // the same decisions.
   const double local_sq = local_sum_squares();
   r.local_sq = local_sq;
   double norm_sq = local_sq;
@@ -93,12 +95,13 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   if (world > 1) {
     const ProfileScope scope(ProfKind::comm, "step scalars all-reduce");
     const comm::flight::Site site("step.scalars");
-    float scalars[3] = {float(r.loss), float(std::min(local_sq, double(FLT_MAX) / world)),
-                        nonfinite ? 1.0f : 0.0f};
-    layout_.world().all_reduce(std::span<float>(scalars, 3), comm::ReduceOp::sum).wait();
+    float scalars[4] = {float(r.loss), float(std::min(local_sq, double(FLT_MAX) / world)),
+                        nonfinite ? 1.0f : 0.0f, stop ? 1.0f : 0.0f};
+    layout_.world().all_reduce(std::span<float>(scalars, 4), comm::ReduceOp::sum).wait();
     r.loss = scalars[0] / (world / layout_.pp_size());
     norm_sq = scalars[1];
     nonfinite = scalars[2] != 0.0f || !std::isfinite(scalars[0]) || !std::isfinite(scalars[1]);
+    r.stop = scalars[3] != 0.0f;
   }
   r.grad_norm = std::sqrt(std::max(norm_sq, 0.0));
   // The bad-number checks (collective over every rank when due; every rank knows `nonfinite`, so

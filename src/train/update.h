@@ -34,6 +34,7 @@ struct UpdateResult {
   double check_wait_ms = 0.0;      // of which waiting for their all-gather
   double max_z = -1.0;             // the z-score check's largest |z|; -1: not run
   double spike_z = 0.0;            // a loss spike's z (train.spike_zscore); 0: none
+  bool stop = false;  // some rank was asked to end the run after this step (to resize it)
 };
 
 /** Skipped updates so far and in a row; part of the checkpointed trainer state. */
@@ -56,9 +57,11 @@ class Updater {
    *  scalars over every rank, the bad-number checks due, then a skip (non-finite, a rank with bad
    *  numbers, a loss spike, debug.skip_step; stops the run per train.on_nonfinite,
    *  health.on_bad_rank and train.max_skipped) or the clipped AdamW step. `before_update` runs
-   *  between the reduction of the scalars and the update (debug.dump_grads). */
+   *  between the reduction of the scalars and the update (debug.dump_grads). `stop`: this rank
+   *  was asked to end the run after this step; reduced with the scalars, so that every rank
+   *  stops after the same one. */
   UpdateResult step(int64_t step, double lr, double local_loss,
-                    const std::function<void()>& before_update);
+                    const std::function<void()>& before_update, bool stop = false);
 
   SkipCounters& skips() { return skips_; }
   /** The spike policy's rolling window of recent losses, oldest first; part of the checkpointed

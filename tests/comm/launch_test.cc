@@ -176,6 +176,14 @@ TEST(Launch, RefusesWhatCannotWork) {
            {"launch -n 3 --min-ranks 2 --hosts localhost:3 -- train --parallel.tp=2 "
             "--data.train=x.bin",
             "[mesh] tp*pp = 2*1 = 2 does not divide the world size 3"},
+           {"launch -n 2 --regrow 5 -- generate", "--regrow applies to a train command"},
+           {"launch -n 4 --regrow 5 -- train",
+            "--regrow 5 grows back a job an elastic restart shrank, which only --min-ranks "
+            "allows; give --min-ranks M too"},
+           {"launch -n 4 --min-ranks 2 --regrow 0.5 -- train --data.train=x.bin",
+            "--regrow 0.5 is below 1 s"},
+           {"launch -n 4 --min-ranks 2 --regrow 5 -- train --data.train=x.bin",
+            "--regrow needs the train command's ckpt.dir"},
            {"launch --dry-run -n 2 --hosts a:0 -- train", "'a:0' has slot count '0'"},
            {"launch --dry-run -n 2 --hosts :3 -- train", "':3' names no host"},
            {"launch --dry-run -n 4 --hosts a:1,b:1 -- train",

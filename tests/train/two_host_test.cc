@@ -254,31 +254,37 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
   EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the restart after a lost host";
 }
 
-// Elastic restart: hostb lost after step 5 of 12 with --min-ranks 2, and no host to replace it.
+// Elastic restart: hostb lost after step 5 of 16 with --min-ranks 2, and no host to replace it.
 // The restart runs on hosta's two ranks as dp 2 with twice the accumulation (the global batch of
-// 8 sequences kept), resumes from the newest checkpoint written by four ranks, draws the batches
-// the whole run drew, and ends within the layout bounds of the uninterrupted dp 4 run.
-TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeft) {
+// 8 sequences kept), resumes from the step held in hosta's memory (its own shards and the copies
+// of hostb's), and draws the batches the whole run drew. Once hostb answers again (--regrow 1),
+// the job ends after its next step with a checkpoint and goes on on both hosts as dp 4. It ends
+// within the layout bounds of the uninterrupted dp 4 run.
+TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeftAndGrowsBack) {
   const std::string dp4 = "--train.micro_batch=2";
-  const LayoutRun whole = train(false, "elastic_whole", dp4, 12);
+  const LayoutRun whole = train(false, "elastic_whole", dp4, 16);
   ASSERT_EQ(whole.code, 0) << whole.output;
 
   const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
   const fs::path run = dir_ / "elastic";
   const std::string args =
-      train_args("elastic", dp4, 12,
+      train_args("elastic", dp4, 16,
                  "--ckpt.dir=" + (dir_ / "elastic_ckpt").string() +
                      " --ckpt.every=4 --ckpt.memory_every=1 --debug.slow_ms=100 "
                      "--debug.fault_rank=0");
-  const std::string killer = "( for i in $(seq 1200); do [ $(cat " +
-                             (run / "metrics.jsonl").string() +
+  // hostb down after step 5; back once the run on hosta has reached step 9.
+  const std::string metrics = (run / "metrics.jsonl").string();
+  const std::string killer = "( for i in $(seq 1200); do [ $(cat " + metrics +
                              " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id +
-                             kTwoHost + " kill hostb ) & ";
+                             kTwoHost + " kill hostb --down; for i in $(seq 1200); do [ -e " +
+                             metrics + ".1 ] && [ $(cat " + metrics +
+                             " 2>/dev/null | wc -l) -ge 9 ] && break; sleep 0.05; done; " + id +
+                             kTwoHost + " revive hostb ) & ";
   const Ran r =
       run_command("(" + killer + id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "elastic_beats").string() +
                   " " + kTwoHost + " on-hosta -- " + TETRA_BINARY +
                   " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 --max-restarts 1 "
-                  "--min-ranks 2 -- " +
+                  "--min-ranks 2 --regrow 1 -- " +
                   args + "; status=$?; wait; exit $status)");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output,
@@ -299,8 +305,25 @@ TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeft) {
   EXPECT_TRUE(contains(r.output, "[ckpt] resumed from memory")) << r.output;
   EXPECT_TRUE(contains(r.output, "[goodput] incident 1: host 10.77.0.2 lost (")) << r.output;
   EXPECT_TRUE(contains(r.output, "; 4 -> 2 ranks: dp 4 -> 2, micro_batch 2 kept")) << r.output;
+  // Grown back, without using a restart of --max-restarts.
+  EXPECT_TRUE(contains(r.output,
+                       "[launch] host(s) 10.77.0.2 answer again: the job ends after its next step "
+                       "with a checkpoint, to go on on 4 ranks"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "of 16, as the launcher asked (host(s) 10.77.0.2 answer again: "
+                       "growing the job back to 4 ranks)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[launch] 2 -> 4 ranks (host(s) 10.77.0.2 back): dp 2 -> 4, micro_batch 2 "
+                       "kept, grad_accum 2 -> 1; global batch 8 sequences kept"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[goodput] incident 2: grown back: host(s) 10.77.0.2 answer "
+                       "again"))
+      << r.output;
   const LayoutRun resized = testing::read_layout_run(r, run, run / "w.safetensors");
-  testing::expect_same_trajectory(whole, resized, 1e-5, 12, 2e-5, 1.5e-4);
+  testing::expect_same_trajectory(whole, resized, 1e-5, 16, 2e-5, 1.5e-4);
 }
 
 // The pair set down after step 5 (a network partition): at the step deadline (at least 2 s here,
