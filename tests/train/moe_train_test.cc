@@ -278,18 +278,25 @@ TEST_F(MoeTrain, AllToAllBytesAreTheSeedsFormula) {
   EXPECT_NE(d.run.output.find("all-to-all per step and rank"), std::string::npos);
 }
 
-// A checkpoint written with the experts over ep 2 resumes with them whole (ep 1) and over ep 4,
-// continuing the uninterrupted run.
+// A checkpoint written by ZeRO-3 with the experts over ep 2 resumes with them whole (ep 1), over ep
+// 4, and on the 2 ranks an elastic restart would leave (dp 2, ep 2 kept, twice the accumulation:
+// plan::resize's layout), continuing the uninterrupted run.
 TEST_F(MoeTrain, CheckpointsReshardTheExperts) {
   const fs::path ckpt = dir_ / "ckpt";
   MoeRun whole =
-      train(4, 4, 2, "ck_whole", "--parallel.ep=2 --ckpt.dir=" + ckpt.string() + " --ckpt.every=2");
+      train(4, 4, 2, "ck_whole",
+            "--parallel.ep=2 --zero.stage=3 --ckpt.dir=" + ckpt.string() + " --ckpt.every=2");
   ASSERT_EQ(whole.run.code, 0) << whole.run.output;
-  for (const std::string ep : {"1", "4"}) {
-    SCOPED_TRACE("resumed with parallel.ep=" + ep);
+  struct Resume {
+    int ranks, micro_batch;
+    std::string ep;
+  };
+  for (const Resume& r : {Resume{4, 2, "1"}, Resume{4, 1, "4"}, Resume{2, 2, "2"}}) {
+    SCOPED_TRACE(fmt::format("resumed on {} ranks with parallel.ep={}", r.ranks, r.ep));
     MoeRun resumed =
-        train(4, 4, ep == "4" ? 1 : 2, "ck_ep" + ep,
-              "--parallel.ep=" + ep + " --ckpt.resume=" + (ckpt / "step-000000002").string());
+        train(r.ranks, r.ranks, r.micro_batch, fmt::format("ck_{}_ep{}", r.ranks, r.ep),
+              "--parallel.ep=" + r.ep +
+                  " --zero.stage=3 --ckpt.resume=" + (ckpt / "step-000000002").string());
     ASSERT_EQ(resumed.run.code, 0) << resumed.run.output;
     ASSERT_GE(resumed.run.loss.size(), size_t(kMoeSteps - 2));
     // The new run directory's history may start with the checkpoint's steps.
