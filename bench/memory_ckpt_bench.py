@@ -129,7 +129,7 @@ class Bench:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--kill-at", type=int, default=7)
     p.add_argument("--disk-every", type=int, default=4)
     p.add_argument("--two-hosts", action="store_true")

@@ -56,26 +56,27 @@ class MemoryStore {
     /** Publishes it as writer rank `rank`'s shard of step `step` (the step's directory made if
      *  need be), with its fragment. */
     void commit(int64_t step, const nlohmann::json& fragment);
+    /** A committed shard taken back to be written again (its pages and its mapping kept:
+     *  nothing freed, zeroed or mapped anew), as a shard of writer rank `rank`; its fragment goes
+     *  first, so that its step no longer counts it. False (and it is removed) when it cannot. */
+    bool recycle(int rank);
 
    private:
     friend class MemoryStore;
     void release();
     const MemoryStore* store_ = nullptr;
     std::filesystem::path tmp_;
+    int64_t step_ = -1;  // committed as a shard of this step
     int rank_ = 0;
     bool committed_ = false;
     std::byte* data_ = nullptr;
     size_t size_ = 0;
     int fd_ = -1;
   };
-  /** Starts a shard of writer rank `rank` (a file beside the steps until committed). Throws
-   *  naming the store and what to change when the file system has no room. */
+  /** Starts a shard of writer rank `rank` (a file beside the steps until committed), its pages
+   *  taken and mapped now. Throws naming the store and what to change when the file system has no
+   *  room. */
   Shard create(int rank, uint64_t size) const;
-  /** Takes writer rank `from`'s shard of step `step` back to be written again as writer rank
-   *  `rank`'s, its pages kept: neither freed nor zeroed, as create() would. Its fragment goes
-   *  first, so the step no longer counts it. Empty (and the file removed) when it is not `size`
-   *  bytes (0: any size) or cannot be taken. */
-  Shard reuse(int64_t step, int from, int rank, uint64_t size) const;
   /** Removes writer rank `rank`'s shard of step `step`. */
   void drop_shard(int64_t step, int rank) const;
 

@@ -352,7 +352,36 @@ void MemoryCheckpoint::begin(int64_t resumed, const std::vector<ckpt::Source>& s
   complete_.store(resumed);
   layout_ =
       ckpt::ShardLayout::of(sources, (start_step / opt_.memory_every + 1) * opt_.memory_every);
-  prepare();
+  // Two of each: a save's files are taken back only once the next save is whole everywhere.
+  uint64_t mine = layout_.file_bytes();
+  std::vector<uint64_t> sizes(static_cast<size_t>(world_size_), mine);
+  if (world_size_ > 1) {
+    world_
+        .all_gather(
+            std::span<const std::byte>(reinterpret_cast<const std::byte*>(&mine), 8),
+            std::span<std::byte>(reinterpret_cast<std::byte*>(sizes.data()), 8 * sizes.size()))
+        .wait();
+  }
+  const int from = (rank_ - shift_ + world_size_) % world_size_;
+  try {
+    for (int k = 0; k < 2; ++k) {
+      own_free_.push_back(store_.create(rank_, mine));
+      if (shift_ > 0) copy_free_.push_back(store_.create(from, sizes[size_t(from)]));
+    }
+  } catch (const Error& e) {
+    // The saves make what they need, and report why they cannot.
+    log_warn("{}", e.what());
+  }
+}
+
+ckpt::MemoryStore::Shard MemoryCheckpoint::take(std::vector<ckpt::MemoryStore::Shard>& pool,
+                                                int writer, uint64_t size) {
+  while (!pool.empty()) {
+    ckpt::MemoryStore::Shard s = std::move(pool.back());
+    pool.pop_back();
+    if (s.size() == size) return s;  // one of another size goes
+  }
+  return store_.create(writer, size);
 }
 
 bool MemoryCheckpoint::due(int64_t step, bool last) const {
@@ -376,12 +405,7 @@ double MemoryCheckpoint::save(int64_t step, const std::vector<ckpt::Source>& sou
                 "[ckpt] {}: cannot take {:.1f} MB of memory for a shard (No space left on device; "
                 "debug.save_error_step={})",
                 store_.root().string(), double(layout_.file_bytes()) / 1e6, step);
-    if (next_.data() && next_.size() == layout_.file_bytes()) {
-      job->shard = std::move(next_);
-    } else {
-      next_ = {};
-      job->shard = store_.create(rank_, layout_.file_bytes());
-    }
+    job->shard = take(own_free_, rank_, layout_.file_bytes());
     std::byte* file = job->shard.data();
     const uint64_t length = layout_.header.size();
     std::memcpy(file, &length, 8);
@@ -394,7 +418,6 @@ double MemoryCheckpoint::save(int64_t step, const std::vector<ckpt::Source>& sou
     job->shard = {};
     job->error = e.what();
   }
-  next_ = {};
   job->block_s = clock.elapsed_s();
   const double blocked = job->block_s;
   {
@@ -423,8 +446,7 @@ void MemoryCheckpoint::run() {
     comm::run_or_abort(world_, [&] { exchange(*job, r); });
     r.copy_s = clock.elapsed_s();
     r.complete = complete_.load();
-    job.reset();  // unmapped before the next one is made
-    prepare();
+    job.reset();  // a shard it could not commit is removed
     {
       std::lock_guard lock(mu_);
       reports_.push_back(r);
@@ -445,7 +467,6 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
                            rank_, job.rank_state);
       store_.put_header(job.step, job.header);
       job.shard.commit(job.step, f);
-      written_.emplace_back(job.step, rank_);
       fragment = f.dump();
       report.kept += job.shard.size();
     } catch (const Error& e) {
@@ -481,23 +502,27 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
       ckpt::MemoryStore::Shard copy;
       std::vector<std::byte> drain;
       try {
-        copy = spare_.data() && spare_.size() == in[1] ? std::move(spare_)
-                                                       : store_.create(from, in[1]);
-        spare_ = {};
+        copy = take(copy_free_, from, in[1]);
       } catch (const Error& e) {
         if (report.error.empty()) report.error = e.what();
         drain.resize(std::min<size_t>(kPiece, in[1]));
       }
+      // Every piece's receive posted at once (pieces that have nowhere to go, one at a time).
+      std::vector<comm::Work> pieces;
       for (size_t at = 0; at < in[1]; at += kPiece) {
         const size_t n = std::min<size_t>(kPiece, in[1] - at);
-        std::byte* into = copy.data() ? copy.data() + at : drain.data();
-        copies_.recv(std::span<std::byte>(into, n), from, kTag).wait();
+        if (copy.data()) {
+          pieces.push_back(copies_.recv(std::span<std::byte>(copy.data() + at, n), from, kTag));
+        } else {
+          copies_.recv(std::span<std::byte>(drain.data(), n), from, kTag).wait();
+        }
       }
+      for (const comm::Work& w : pieces) w.wait();
       if (copy.data()) {
         try {
           copy.commit(job.step, json::parse(theirs));
-          written_.emplace_back(job.step, from);
           report.kept += in[1];
+          written_.push_back({job.step, from, std::move(copy)});
         } catch (const std::exception& e) {
           if (report.error.empty())
             report.error = fmt::format("[ckpt] rank {}'s copy: {}", from, e.what());
@@ -512,6 +537,7 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
     for (const comm::Work& w : sends) w.wait();
     report.sent = lengths[0] + lengths[1] + sizeof lengths;
   }
+  if (job.shard.committed()) written_.push_back({job.step, rank_, std::move(job.shard)});
   // The newest step every rank holds whole (its shard and its copy): older ones can go.
   if (whole) done_ = job.step;
   int64_t complete = done_;
@@ -527,17 +553,17 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
   complete_.store(complete);
   if (complete < 0) return;
   // This rank's shards of the steps before it are needed no more: its own becomes the next save's
-  // file and a copy the next copy's (their pages kept, not freed and taken again), the rest go.
-  std::vector<std::pair<int64_t, int>> kept;
-  for (const auto& [step, writer] : written_) {
-    if (step >= complete) {
-      kept.emplace_back(step, writer);
-    } else if (writer == rank_ && !next_.data()) {
-      next_ = store_.reuse(step, writer, rank_, layout_.file_bytes());
-    } else if (writer != rank_ && !spare_.data()) {
-      spare_ = store_.reuse(step, writer, writer, 0);
+  // file and a copy the next copy's (their pages and mappings kept), the rest go.
+  std::vector<Written> kept;
+  for (Written& w : written_) {
+    if (w.step >= complete) {
+      kept.push_back(std::move(w));
+    } else if (std::vector<ckpt::MemoryStore::Shard>& pool =
+                   w.writer == rank_ ? own_free_ : copy_free_;
+               pool.size() < 2) {
+      if (w.shard.recycle(w.writer)) pool.push_back(std::move(w.shard));
     } else {
-      store_.drop_shard(step, writer);
+      store_.drop_shard(w.step, w.writer);
     }
   }
   written_ = std::move(kept);
@@ -545,15 +571,6 @@ void MemoryCheckpoint::exchange(Job& job, MemorySaveReport& report) {
   // rank of the host has taken its files of them back.
   if (host_leader_ && dropped_below_ >= 0) store_.drop_before(dropped_below_);
   dropped_below_ = complete;
-}
-
-void MemoryCheckpoint::prepare() {
-  if (next_.data()) return;  // a shard of an older step, taken back
-  try {
-    next_ = store_.create(rank_, layout_.file_bytes());
-  } catch (const Error&) {
-    next_ = {};  // the save makes it, and reports why it cannot
-  }
 }
 
 std::vector<MemorySaveReport> MemoryCheckpoint::take_reports() {
@@ -566,8 +583,9 @@ void MemoryCheckpoint::finish() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });
   }
-  next_ = {};
-  spare_ = {};
+  own_free_.clear();
+  copy_free_.clear();
+  written_.clear();
   if (world_.valid() && world_.size() > 1) world_.barrier().wait();
   if (host_leader_) store_.remove();
 }
