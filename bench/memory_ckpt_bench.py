@@ -6,10 +6,11 @@ On the gpt2-124m shape (dp2, ZeRO-1, one thread per rank, 64 tokens per rank per
   (ckpt.memory_every=1) and with one on disk every step (ckpt.every=1, asynchronous);
 - the save: the loop's stall (the copy into host memory) and the time the rest takes on its own
   thread (memory: the buddy's copy and the clean-up; disk: the write, fsync and publish);
-- the restart: `tetra launch --max-restarts 1` with rank 1 killed after step --kill-at, resumed
-  from memory (ckpt.memory_every=1), from disk with the page cache warm and from disk with it
-  dropped as the restart begins (when root may): seconds from the launcher's restart to the first
-  new step, and the steps redone (disk checkpoints every --disk-every steps).
+- the restart: `tetra launch --max-restarts 1` with rank 1 killed after step --kill-at, the same
+  job (in memory every step, on disk every --disk-every) resumed from memory, from disk when the
+  memory is lost as the restart begins (the stores removed), and the same with the page cache
+  dropped too (when root may): the load, the seconds from the launcher's restart to the
+  checkpoint loaded and to the first new step, and the steps redone.
 
 With --two-hosts every run goes over scripts/twohost.sh's two namespaced hosts, one rank each, so
 each memory save also sends a copy over the link to the other host (root only).
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,9 +64,8 @@ class Bench:
         self.a, self.work = a, work
         self.data = os.path.join(work, "train.bin")
         write_tokens(self.data, random_tokens(400_000, 50257, seed=3))
-        # One host: a memory directory of this run's own (on two, each host's /dev/shm).
-        self.shm = "/dev/shm" if a.two_hosts else os.path.join(work, "shm")
-        os.makedirs(self.shm, exist_ok=True)
+        # Each run's store is its own (keyed by its ckpt.dir) and removed when it ends.
+        self.shm = "/dev/shm"
 
     def launch(self, name, flags, on_line=None):
         """`tetra launch -n 2 [--hosts ...] FLAGS -- train ...` writing to run dir `name`."""
@@ -87,14 +88,28 @@ class Bench:
             sys.exit(f"{name} failed:\n" + "\n".join(l for _, l in w.lines))
         return records(os.path.join(self.work, name))
 
-    def restart(self, name, extra, drop=False):
-        """Seconds from the launcher's restart to the checkpoint loaded and to the first new step,
-        the step resumed and where from."""
+    def memory_stores(self):
+        """Where the hosts keep the runs' memory stores, as seen from here."""
+        if not self.a.two_hosts:
+            return ["/dev/shm"]
+        hosts = f"/run/tetra-twohost-{os.getpid()}"
+        return [os.path.join(hosts, h) for h in ("hosta", "hostb")]
+
+    def restart(self, name, extra, lose_memory=False, drop=False):
+        """The load's seconds, the seconds from the launcher's restart to the checkpoint loaded
+        and to the first new step, the step resumed and where from."""
         run_dir = os.path.join(self.work, name)
         dropped = []
 
         def on_line(line):
-            if drop and line.startswith("[launch] restart"):
+            if not line.startswith("[launch] restart"):
+                return
+            if lose_memory:
+                for where in self.memory_stores():
+                    for store in os.listdir(where):
+                        if store.startswith("tetra-"):
+                            shutil.rmtree(os.path.join(where, store), ignore_errors=True)
+            if drop:
                 try:
                     drop_page_cache()
                     dropped.append(True)
@@ -165,10 +180,12 @@ def main():
               f"{loop_ms(disk) / base:.2f} | {median(disk, 'ckpt_write_ms'):.0f} | "
               f"{written / 1e6:.0f} MB written |")
 
-        disk_every = [f"--ckpt.every={a.disk_every}"]
-        rows = [("memory", b.restart("r-mem", disk_every + ["--ckpt.memory_every=1"])),
-                ("disk, page cache warm", b.restart("r-disk", disk_every)),
-                ("disk, page cache dropped", b.restart("r-cold", disk_every, drop=True))]
+        both = [f"--ckpt.every={a.disk_every}", "--ckpt.memory_every=1"]
+        rows = [("memory", b.restart("r-mem", both)),
+                ("disk (the memory lost), page cache warm",
+                 b.restart("r-disk", both, lose_memory=True)),
+                ("disk (the memory lost), page cache dropped",
+                 b.restart("r-cold", both, lose_memory=True, drop=True))]
         print(f"\n| restart (rank 1 killed after step {a.kill_at}; disk every {a.disk_every}) | "
               "resumed from | steps redone | the load, s | s from the restart to the checkpoint "
               "loaded | to the first new step |")

@@ -284,12 +284,52 @@ void MemoryStore::drop_before(int64_t step) const {
 
 void MemoryStore::drop_all_but(int64_t keep) const {
   std::error_code ec;
+  int spares = 0;
+  auto spare = [&](const fs::path& file) {
+    const fs::path to = root_ / fmt::format(".spare-{}-{}", ::getpid(), spares++);
+    if (::rename(file.c_str(), to.c_str()) != 0) ::unlink(file.c_str());
+  };
   for (const fs::directory_entry& d : fs::directory_iterator(root_, ec)) {
     const std::string name = d.path().filename().string();
     const std::optional<int64_t> step = parse_checkpoint_name(name);
-    std::error_code rm;
-    if ((step && *step != keep) || (name.starts_with(".rank-") && name.find(".tmp-") != name.npos))
+    if (step && *step != keep) {
+      std::error_code it_ec;
+      for (const fs::directory_entry& f : fs::directory_iterator(d.path(), it_ec)) {
+        const std::string file = f.path().filename().string();
+        if (file.starts_with("rank-") && file.ends_with(".safetensors")) spare(f.path());
+      }
+      std::error_code rm;
       fs::remove_all(d.path(), rm);
+    } else if (name.starts_with(".rank-") && name.find(".tmp-") != name.npos) {
+      spare(d.path());
+    }
+  }
+}
+
+MemoryStore::Shard MemoryStore::claim(int rank, uint64_t size) const {
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root_, ec)) {
+    if (!d.path().filename().string().starts_with(".spare-")) continue;
+    std::error_code size_ec;
+    if (fs::file_size(d.path(), size_ec) != size || size_ec) continue;
+    Shard s;
+    s.store_ = this;
+    s.rank_ = rank;
+    s.tmp_ = tmp_name(root_, rank);
+    if (::rename(d.path().c_str(), s.tmp_.c_str()) != 0) continue;  // another took it
+    s.fd_ = ::open(s.tmp_.c_str(), O_RDWR | O_CLOEXEC);
+    if (s.fd_ < 0) continue;
+    s.size_ = size_t(size);
+    map_shard(s.tmp_, s.fd_, s.size_, s.data_);
+    return s;
+  }
+  return Shard();
+}
+
+void MemoryStore::drop_spares() const {
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root_, ec)) {
+    if (d.path().filename().string().starts_with(".spare-")) ::unlink(d.path().c_str());
   }
 }
 

@@ -104,8 +104,16 @@ class MemoryStore {
 
   /** Removes the steps before `step`. */
   void drop_before(int64_t step) const;
-  /** Removes every step but `keep` (-1: every step), and the shards left unfinished. */
+  /** Every step but `keep` (-1: every step) goes: its shards, and the shards an earlier process
+   *  left unfinished, become spares (files whose pages are taken already), the rest is removed.
+   *  A restarted job makes its files from them (claim) rather than take new pages. */
   void drop_all_but(int64_t keep) const;
+  /** A spare of exactly `size` bytes taken as a shard of writer rank `rank` (mapped, its pages
+   *  already there); empty when none is left. Several processes may claim at once: each spare
+   *  goes to one. */
+  Shard claim(int rank, uint64_t size) const;
+  /** Removes the spares nobody claimed. */
+  void drop_spares() const;
   /** Removes the store. */
   void remove() const;
   /** Bytes the file system holding the store can still give. */

@@ -362,16 +362,24 @@ void MemoryCheckpoint::begin(int64_t resumed, const std::vector<ckpt::Source>& s
             std::span<std::byte>(reinterpret_cast<std::byte*>(sizes.data()), 8 * sizes.size()))
         .wait();
   }
+  // From the files an earlier job of this run left on the host where it can (a restart takes no
+  // new page), else new.
   const int from = (rank_ - shift_ + world_size_) % world_size_;
+  auto made = [&](int writer, uint64_t size) {
+    ckpt::MemoryStore::Shard s = store_.claim(writer, size);
+    return s.data() ? std::move(s) : store_.create(writer, size);
+  };
   try {
     for (int k = 0; k < 2; ++k) {
-      own_free_.push_back(store_.create(rank_, mine));
-      if (shift_ > 0) copy_free_.push_back(store_.create(from, sizes[size_t(from)]));
+      own_free_.push_back(made(rank_, mine));
+      if (shift_ > 0) copy_free_.push_back(made(from, sizes[size_t(from)]));
     }
   } catch (const Error& e) {
     // The saves make what they need, and report why they cannot.
     log_warn("{}", e.what());
   }
+  if (world_size_ > 1) world_.barrier().wait();
+  if (host_leader_) store_.drop_spares();
 }
 
 ckpt::MemoryStore::Shard MemoryCheckpoint::take(std::vector<ckpt::MemoryStore::Shard>& pool,

@@ -488,8 +488,20 @@ TEST_F(Checkpoint, ShardsHeldInAMemoryStoreLoadUnderAnyLayout) {
                                [](const std::string&) { return std::optional<uintmax_t>(); }),
                Error);
 
+  // Dropped, the shards become spares a restarted job makes its files from, its pages kept.
+  const uint64_t size = held[0].shards.at(0);
   store.drop_all_but(-1);
   EXPECT_TRUE(store.inventory().empty());
+  {
+    MemoryStore::Shard again = store.claim(3, size);
+    ASSERT_TRUE(again.data());
+    EXPECT_EQ(again.size(), size);
+    EXPECT_FALSE(store.claim(3, size + 8).data()) << "a spare of another size was claimed";
+    store.drop_spares();
+    EXPECT_FALSE(store.claim(3, size).data()) << "a dropped spare was claimed";
+    again.commit(9, json::object());
+    EXPECT_EQ(store.inventory().at(0).shards.at(3), size);
+  }
   // No room: refused naming what to change, never a SIGBUS later.
   try {
     store.create(0, uint64_t(1) << 60);
