@@ -1,5 +1,7 @@
 #include "ckpt/shard.h"
 
+#include <cstring>
+
 #include "ckpt/checkpoint_files.h"
 
 #ifndef TETRA_VERSION
@@ -29,6 +31,12 @@ ShardLayout ShardLayout::of(const std::vector<Source>& sources, int64_t step) {
   l.header.append((8 - l.header.size() % 8) % 8, ' ');
   l.data_start = 8 + l.header.size();
   return l;
+}
+
+void ShardLayout::write_header(std::byte* file) const {
+  const uint64_t length = header.size();
+  std::memcpy(file, &length, sizeof length);
+  std::memcpy(file + sizeof length, header.data(), header.size());
 }
 
 json ShardLayout::fragment(const float* data, int rank, const json& rank_state) const {

@@ -28,6 +28,8 @@ struct ShardLayout {
   /** The layout of `sources` in the file of step `step`. */
   static ShardLayout of(const std::vector<Source>& sources, int64_t step);
   uint64_t file_bytes() const { return data_start + elements * sizeof(float); }
+  /** Writes the file's first data_start bytes (the header's length and the header) to `file`. */
+  void write_header(std::byte* file) const;
   /** The fragment of writer rank `rank`'s file, whose data (`elements` floats, in part order) is
    *  `data`: {"rank", "state": rank_state, "chunks": [...each with its xxh3]}. */
   nlohmann::json fragment(const float* data, int rank, const nlohmann::json& rank_state) const;

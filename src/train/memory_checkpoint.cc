@@ -3,7 +3,6 @@
 #include <sys/statfs.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -40,7 +39,7 @@ std::vector<json> all_gather_json(const comm::Communicator& world, const json& j
       .wait();
   const size_t width = std::max<size_t>(1, *std::max_element(sizes.begin(), sizes.end()));
   std::vector<std::byte> in(width), out(width * size_t(n));
-  std::memcpy(in.data(), text.data(), text.size());
+  std::transform(text.begin(), text.end(), in.begin(), [](char c) { return std::byte(c); });
   world.all_gather(std::span<const std::byte>(in), std::span<std::byte>(out)).wait();
   std::vector<json> all;
   for (int r = 0; r < n; ++r) {
@@ -415,9 +414,7 @@ double MemoryCheckpoint::save(int64_t step, const std::vector<ckpt::Source>& sou
                 store_.root().string(), double(layout_.file_bytes()) / 1e6, step);
     job->shard = take(own_free_, rank_, layout_.file_bytes());
     std::byte* file = job->shard.data();
-    const uint64_t length = layout_.header.size();
-    std::memcpy(file, &length, 8);
-    std::memcpy(file + 8, layout_.header.data(), layout_.header.size());
+    layout_.write_header(file);
     for (size_t i = 0; i < sources.size(); ++i) {
       device_.to_host(file + layout_.data_start + layout_.parts[i].at * sizeof(float),
                       sources[i].data, size_t(sources[i].count) * sizeof(float));

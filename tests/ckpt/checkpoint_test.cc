@@ -446,9 +446,7 @@ TEST_F(Checkpoint, ShardsHeldInAMemoryStoreLoadUnderAnyLayout) {
     const std::vector<Source> parts = sources(r.store, r.m.data(), r.v.data(), false, false);
     const ShardLayout layout = ShardLayout::of(parts, 7);
     MemoryStore::Shard shard = store.create(l.shard, layout.file_bytes());
-    const uint64_t length = layout.header.size();
-    std::memcpy(shard.data(), &length, 8);
-    std::memcpy(shard.data() + 8, layout.header.data(), layout.header.size());
+    layout.write_header(shard.data());
     for (size_t i = 0; i < parts.size(); ++i) {
       std::memcpy(shard.data() + layout.data_start + layout.parts[i].at * sizeof(float),
                   parts[i].data, size_t(parts[i].count) * sizeof(float));
