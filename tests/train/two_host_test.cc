@@ -254,7 +254,7 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
   EXPECT_TRUE(bitwise_equal(whole, resumed)) << "the restart after a lost host";
 }
 
-// Elastic restart: hostb lost after step 5 of 16 with --min-ranks 2, and no host to replace it.
+// Elastic restart: hostb lost after step 5 of 24 with --min-ranks 2, and no host to replace it.
 // The restart runs on hosta's two ranks as dp 2 with twice the accumulation (the global batch of
 // 8 sequences kept), resumes from the step held in hosta's memory (its own shards and the copies
 // of hostb's), and draws the batches the whole run drew. Once hostb answers again (--regrow 1),
@@ -262,23 +262,24 @@ TEST_F(TwoHost, ALostHostIsNamedAndTheRestartEndsBitwise) {
 // within the layout bounds of the uninterrupted dp 4 run.
 TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeftAndGrowsBack) {
   const std::string dp4 = "--train.micro_batch=2";
-  const LayoutRun whole = train(false, "elastic_whole", dp4, 16);
+  const LayoutRun whole = train(false, "elastic_whole", dp4, 24);
   ASSERT_EQ(whole.code, 0) << whole.output;
 
   const std::string id = "TWOHOST_ID=" + std::to_string(::getpid()) + " ";
   const fs::path run = dir_ / "elastic";
   const std::string args =
-      train_args("elastic", dp4, 16,
+      train_args("elastic", dp4, 24,
                  "--ckpt.dir=" + (dir_ / "elastic_ckpt").string() +
-                     " --ckpt.every=4 --ckpt.memory_every=1 --debug.slow_ms=100 "
+                     " --ckpt.every=4 --ckpt.memory_every=1 --debug.slow_ms=150 "
                      "--debug.fault_rank=0");
-  // hostb down after step 5; back once the run on hosta has reached step 9.
+  // hostb down after step 5; back once the run on hosta has taken a step (leaving it 17 or more
+  // steps of at least 150 ms to grow back in).
   const std::string metrics = (run / "metrics.jsonl").string();
   const std::string killer = "( for i in $(seq 1200); do [ $(cat " + metrics +
                              " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id +
                              kTwoHost + " kill hostb --down; for i in $(seq 1200); do [ -e " +
                              metrics + ".1 ] && [ $(cat " + metrics +
-                             " 2>/dev/null | wc -l) -ge 9 ] && break; sleep 0.05; done; " + id +
+                             " 2>/dev/null | wc -l) -ge 7 ] && break; sleep 0.05; done; " + id +
                              kTwoHost + " revive hostb ) & ";
   const Ran r =
       run_command("(" + killer + id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "elastic_beats").string() +
@@ -311,7 +312,7 @@ TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeftAndGrowsBack) {
                        "with a checkpoint, to go on on 4 ranks"))
       << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "of 16, as the launcher asked (host(s) 10.77.0.2 answer again: "
+                       "of 24, as the launcher asked (host(s) 10.77.0.2 answer again: "
                        "growing the job back to 4 ranks)"))
       << r.output;
   EXPECT_TRUE(contains(r.output,
@@ -323,7 +324,7 @@ TEST_F(TwoHost, ALostHostWithMinRanksRestartsOnTheRanksLeftAndGrowsBack) {
                        "again"))
       << r.output;
   const LayoutRun resized = testing::read_layout_run(r, run, run / "w.safetensors");
-  testing::expect_same_trajectory(whole, resized, 1e-5, 16, 2e-5, 1.5e-4);
+  testing::expect_same_trajectory(whole, resized, 1e-5, 24, 2e-5, 1.5e-4);
 }
 
 // The pair set down after step 5 (a network partition): at the step deadline (at least 2 s here,
@@ -343,7 +344,10 @@ TEST_F(TwoHost, APartitionIsReportedAtTheStepDeadlineAndNothingStays) {
       " 2>/dev/null | wc -l) -ge 5 ] && break; sleep 0.05; done; " + id + kTwoHost + " cut ) & ";
   const Ran r = run_command(
       "(" + cutter + id + "TETRA_HEARTBEAT_DIR=" + (dir_ / "cut_beats").string() + " " + kTwoHost +
-      " on-hosta -- " + TETRA_BINARY + " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 -- " + args +
+      " on-hosta -- " + TETRA_BINARY +
+      // The launcher's own step bound above the watchdogs' (ten median steps, then a probe that
+      // may wait 3 s for the address of a host cut off): both sides report first.
+      " launch -n 4 --hosts 10.77.0.1:2,10.77.0.2:2 --heartbeat-min 20 -- " + args +
       "; status=$?; wait; exit $status)");
   EXPECT_NE(r.code, 0) << r.output;
   // 2 s, or ten median steps where a busy machine makes a step longer than 0.2 s.
