@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Context parallelism on this machine (parallel.cp, docs/ARCHITECTURE.md): `tetra train` on the
 demo's GPT-2 shape (L=4 C=256 NH=4 V=4096, micro_batch 1, a synthetic token shard written here) at
-long sequences, T = 1024 and 2048, in one run. Two tables:
+long sequences, T = 1024, 2048 and 4096, in one run. Two tables:
 
   throughput  per T: cp = 1 as one rank x 2 threads (serial) and as dp = 2 (2 ranks x 1 thread,
               the same ranks and cores as cp 2, two sequences per step), against cp = 2 (2 ranks x
-              1 thread, one sequence per step split over both) with the ring and with
-              --cp.attention=all_gather. Median tokens/s and its ratio to serial, step time, the
-              exposed wait on the cp group per step (cp_comm_ms), the bytes a rank sends for it per
-              step (measured, and the planner's from the run's plan_vs_measured.json), and the
-              activations per rank (the ledger's peak, mem_activations) against cp = 1's.
+              1 thread, one sequence per step split over both) and cp = 4 (4 ranks on the 2 cores,
+              oversubscribed: its times are not a speed-up, its bytes and memory are) with each
+              --cp.attention: ring, all_gather and ulysses. Median tokens/s and its ratio to
+              serial, step time, the exposed wait on the cp group per step (cp_comm_ms), the bytes
+              a rank sends for it per step (measured, and the planner's from the run's
+              plan_vs_measured.json), the activations per rank (the ledger's peak,
+              mem_activations) against cp = 1's, and the largest relative difference of its
+              losses from the serial run's.
   memory      at T = 2048, cp = 1, 2 and 4 (4 ranks on the machine's cores, oversubscribed): the
               activations and the whole ledger per rank, measured (metrics.jsonl) against the
               prediction of `tetra plan --config <run dir>/config.toml` (world = cp), and the
@@ -19,11 +22,12 @@ long sequences, T = 1024 and 2048, in one run. Two tables:
               the saved log-sum-exp.
 
     /usr/bin/python3 bench/cp_bench.py [--tetra build/tetra] [--steps 6] [--warmup 2]
-                                       [--repeats 3] [--T 1024,2048] [--json out.json]
+                                       [--repeats 3] [--T 1024,2048,4096] [--cp 2,4]
+                                       [--json out.json]
 
 Timings are medians over the steps after --warmup, then over --repeats runs of each throughput
-variant (the variants taking turns; min-max is the spread of tokens/s over those runs); about 4
-minutes on 2 cores. Ranks share the machine's cores (mpirun --oversubscribe --bind-to none) and
+variant (the variants taking turns; min-max is the spread of tokens/s over those runs); about 25
+minutes on 2 cores with the defaults. Ranks share the machine's cores (mpirun --oversubscribe --bind-to none) and
 other work: the CPU and the 1-minute load average before and after each table are printed with
 it, and a busy machine shows in the step times first.
 """
@@ -44,14 +48,24 @@ MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
 MODEL = dict(vocab_size=4096, n_layer=4, n_head=4, d_model=256)
 MB = 1 << 20
 
-# (label, ranks, threads per rank, flags)
-THROUGHPUT = [
-    ("cp1 serial, 1 rank x 2 thr", 1, 2, []),
-    ("cp1 dp2, 2 ranks x 1 thr", 2, 1, []),
-    ("cp2 ring, 2 ranks x 1 thr", 2, 1, ["--parallel.cp=2"]),
-    ("cp2 all_gather, 2 x 1 thr", 2, 1, ["--parallel.cp=2", "--cp.attention=all_gather"]),
-]
+SERIAL, DP2 = "cp1 serial, 1 rank x 2 thr", "cp1 dp2, 2 ranks x 1 thr"
+ATTENTIONS = ("ring", "all_gather", "ulysses")
 MEMORY_T = 2048
+
+
+def variants(cps):
+    """(label, ranks, threads per rank, flags): the baselines, then every cp with every
+    attention."""
+    out = [(SERIAL, 1, 2, []), (DP2, 2, 1, [])]
+    for cp in cps:
+        for att in ATTENTIONS:
+            out.append((f"cp{cp} {att}, {cp} x 1 thr", cp, 1,
+                        [f"--parallel.cp={cp}", f"--cp.attention={att}"]))
+    return out
+
+
+def label(cp, att):
+    return f"cp{cp} {att}, {cp} x 1 thr"
 
 
 def load_average():
@@ -137,36 +151,43 @@ def planned_memory(a, run_dir, ranks):
     return run
 
 
+def loss_gap(run, serial):
+    """The largest relative difference of a run's losses from the serial run's."""
+    return max(abs(x - y) / abs(y) for x, y in zip(run["loss"], serial["loss"]))
+
+
 def throughput(a, data, workdir):
     results = {}
+    table = variants(a.cp)
     for T in a.T:
         load = load_average()
         # The variants take turns, --repeats rounds, so that a busy spell falls on all alike.
-        runs = {name: [] for name, _, _, _ in THROUGHPUT}
+        runs = {name: [] for name, _, _, _ in table}
         for rep in range(a.repeats):
-            for name, r, t, f in THROUGHPUT:
+            for name, r, t, f in table:
                 tag = f"{name.split(',')[0].replace(' ', '_')}_{rep}"
                 runs[name].append(train(a, tag, T, r, t, f, data, workdir))
         res = {name: median_run(rs) for name, rs in runs.items()}
         results[T] = res
-        base = res[THROUGHPUT[0][0]]
+        base = res[SERIAL]
         acts1 = base["mem"]["activations"]
         print(f"\nT={T}, micro_batch 1, matmuls on {base['matmul_path']}; medians of steps "
               f"{a.warmup + 1}-{a.steps}, then over {a.repeats} runs each; load average "
               f"{load:.2f} before, {load_average():.2f} after")
         print(f"{'':30}{'tok/s':>8}{'min-max':>12}{'vs ser':>8}{'step ms':>9}{'cp wait':>9}"
-              f"{'cp MB':>8}{'plan MB':>9}{'acts MB':>9}{'vs cp1':>8}")
+              f"{'cp MB':>8}{'plan MB':>9}{'acts MB':>9}{'vs cp1':>8}{'loss vs ser':>12}")
         for name, r in res.items():
             acts = r["mem"]["activations"]
             lo, hi = r["tokens_per_s_range"]
             print(f"{name:30}{r['tokens_per_s']:8.0f}{f'{lo:.0f}-{hi:.0f}':>12}"
                   f"{r['tokens_per_s'] / base['tokens_per_s']:7.2f}x{r['step_ms']:9.0f}"
                   f"{r['cp_comm_ms']:9.1f}{r['cp_comm_bytes'] / MB:8.1f}"
-                  f"{r['cp_bytes_planned'] / MB:9.1f}{acts / MB:9.1f}{acts / acts1:7.2f}x")
-        ring, gather = res[THROUGHPUT[2][0]], res[THROUGHPUT[3][0]]
-        same = ring["loss"] == gather["loss"]
-        print(f"cp2 ring and all_gather losses identical: {same}; cp2 ring vs dp2 tokens/s "
-              f"{ring['tokens_per_s'] / res[THROUGHPUT[1][0]]['tokens_per_s']:.2f}x")
+                  f"{r['cp_bytes_planned'] / MB:9.1f}{acts / MB:9.1f}{acts / acts1:7.2f}x"
+                  f"{loss_gap(r, base):12.1e}")
+        for cp in a.cp:
+            ring, uly = res[label(cp, "ring")], res[label(cp, "ulysses")]
+            print(f"cp{cp}: ulysses vs ring tokens/s {uly['tokens_per_s'] / ring['tokens_per_s']:.2f}x, "
+                  f"bytes {uly['cp_comm_bytes'] / max(ring['cp_comm_bytes'], 1):.2f}x")
     return results
 
 
@@ -174,7 +195,7 @@ def memory(a, data, workdir, reuse):
     """Activations and ledger per rank at T = MEMORY_T for cp = 1, 2, 4, measured vs planned."""
     T = MEMORY_T
     load = load_average()
-    runs = {1: reuse.get(THROUGHPUT[0][0]), 2: reuse.get(THROUGHPUT[2][0])}
+    runs = {1: reuse.get(SERIAL), 2: reuse.get(label(2, "ring")), 4: reuse.get(label(4, "ring"))}
     for cp in (1, 2, 4):
         if runs.get(cp) is None:
             flags = [f"--parallel.cp={cp}"] if cp > 1 else []
@@ -209,10 +230,13 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="runs of each throughput variant")
-    ap.add_argument("--T", default="1024,2048", help="sequence lengths of the throughput table")
+    ap.add_argument("--T", default="1024,2048,4096",
+                    help="sequence lengths of the throughput table")
+    ap.add_argument("--cp", default="2,4", help="context-parallel sizes of the throughput table")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     a.T = [int(t) for t in a.T.split(",") if t]
+    a.cp = [int(c) for c in a.cp.split(",") if c]
 
     workdir = tempfile.mkdtemp(prefix="tetra_cp_bench_")
     data = os.path.join(workdir, "tokens.bin")

@@ -63,21 +63,33 @@ template void CpSplit::put<int32_t>(int32_t*, const int32_t*, int, int) const;
 template void CpSplit::put<float>(float*, const float*, int, int) const;
 template void CpSplit::put<double>(double*, const double*, int, int) const;
 
-CpAttention cp_attention_from_string(const std::string& s) {
-  if (s == "ring") return CpAttention::ring;
-  if (s == "all_gather") return CpAttention::all_gather;
-  fail(
-      "[cp] cp.attention='{}': use ring (K/V passed around the cp ring, overlapped) or "
-      "all_gather (K/V gathered once)",
-      s);
-}
-
-const char* cp_attention_name(CpAttention a) {
-  return a == CpAttention::ring ? "ring" : "all_gather";
+UlyssesHeads ulysses_heads(int heads, int kv_heads, int cp) {
+  auto fits = [&](int n) { return heads % n == 0 && (kv_heads % n == 0 || n % kv_heads == 0); };
+  if (!fits(cp)) {
+    std::string valid;
+    for (int n = 1; n <= heads; ++n) {
+      if (fits(n)) valid += (valid.empty() ? "" : ", ") + std::to_string(n);
+    }
+    fail(
+        "[cp] cp.attention=ulysses gives each of parallel.cp={} ranks whole heads, but the {} "
+        "query heads and {} key/value heads of a tp rank (model heads / parallel.tp) do not "
+        "split that way: cp must divide the query heads, and divide the key/value heads or be a "
+        "multiple of them; use parallel.cp in {{{}}}, or cp.attention=ring",
+        cp, heads, kv_heads, valid);
+  }
+  UlyssesHeads h;
+  h.q = heads / cp;
+  h.replicated = kv_heads < cp;
+  h.kv = h.replicated ? 1 : kv_heads / cp;
+  return h;
 }
 
 // The scratch of one call. ring: kv[2], acc[2], mine and rin, (B,2c,2·kvw) each; all_gather:
 // kv[0] every rank's K/V (cp of them), acc[0] their gradients, rin the all-to-all's (cp each).
+// ulysses: kv[0] and kv[1] the qkv blocks sent and received (cp of (B,2c,Wj) each), acc[0] the
+// gradients of the received ones, acc[1] and rin the output's (or dout's) blocks sent and received,
+// mine the key/value gradients summed over the copies of a replicated head, delta the local rows'
+// softmax term with its blocks (three of (B,2c,NH)).
 template <typename F>
 struct ContextAttention<F>::Scratch {
   F* kv[2] = {nullptr, nullptr};
@@ -99,6 +111,12 @@ size_t block_scratch(const Kernels<F>& k, const AttentionShape& s) {
   size_t n = k.attention_block_scratch_elements(b);
   b.causal = true;
   return std::max(n, k.attention_block_scratch_elements(b));
+}
+
+// A c x c block of Ulysses' whole-sequence attention on this rank's heads.
+AttentionBlock ulysses_block(const AttentionShape& s, const UlyssesHeads& h, bool causal) {
+  const int hs = s.head_size();
+  return AttentionBlock{s.B, s.T / 2, s.T / 2, h.q * hs, h.q, h.kv, causal};
 }
 
 }  // namespace
@@ -124,13 +142,32 @@ typename ContextAttention<F>::Scratch ContextAttention<F>::carve(F* p,
   TETRA_CHECK(s.T % 2 == 0, "[cp] internal: {} local rows are not two chunks", s.T);
   Scratch r;
   r.n = size_t(s.B) * size_t(s.T) * 2 * size_t(s.kv_width());
-  const size_t copies = variant_ == CpAttention::ring ? 1 : size_t(cp_);
   size_t off = 0;
   auto take = [&](size_t count) {
     F* q = p ? p + off : nullptr;
     off += count;
     return q;
   };
+  if (variant_ == CpAttention::ulysses) {
+    const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+    const int hs = s.head_size();
+    const size_t rows = size_t(s.B) * size_t(s.T), blocks = rows * size_t(cp_);
+    r.n = rows * size_t((h.q + 2 * h.kv) * hs);  // one qkv block
+    r.kv[0] = take(size_t(cp_) * r.n);
+    r.kv[1] = take(size_t(cp_) * r.n);
+    r.acc[0] = take(size_t(cp_) * r.n);
+    r.acc[1] = take(blocks * size_t(h.q * hs));
+    r.rin = take(blocks * size_t(h.q * hs));
+    r.mine = h.replicated ? take(size_t(s.kv_heads()) * rows * size_t(2 * hs)) : nullptr;
+    r.delta = take(3 * rows * size_t(s.NH));
+    AttentionBlock b = ulysses_block(s, h, true);
+    const size_t causal = k_->attention_block_scratch_elements(b);
+    b.causal = false;
+    r.block = take(std::max(causal, k_->attention_block_scratch_elements(b)));
+    r.total = off;
+    return r;
+  }
+  const size_t copies = variant_ == CpAttention::ring ? 1 : size_t(cp_);
   r.kv[0] = take(copies * r.n);
   r.acc[0] = take(copies * r.n);
   if (variant_ == CpAttention::ring) {
@@ -227,8 +264,161 @@ void ContextAttention<F>::backward_blocks(F* dqkv, F* dkv, const F* dout, const 
 }
 
 template <typename F>
+void ContextAttention<F>::all_to_all(const F* send, F* recv, size_t n) {
+  if (cp_ == 1) {
+    k_->copy(recv, send, n);
+    return;
+  }
+  const comm::flight::Site site("cp.ulysses");
+  const size_t bytes = size_t(cp_) * n * sizeof(F);
+  comm::Work w =
+      group_.all_to_all(std::span<const std::byte>(reinterpret_cast<const std::byte*>(send), bytes),
+                        std::span<std::byte>(reinterpret_cast<std::byte*>(recv), bytes));
+  wait(w);
+}
+
+namespace {
+
+// Where Ulysses' blocks lie: `cp` blocks of (B, 2c, width), block r holding rank r's rows; the
+// rows of its local chunk i (0 or 1) at column `col`.
+template <typename P>
+Rows<P> ulysses_rows(P* blocks, const AttentionShape& s, int64_t width, int r, int i, int64_t col) {
+  const int64_t c = s.T / 2, rows = int64_t(s.B) * s.T;
+  return Rows<P>{blocks + r * rows * width + i * c * width + col, width, s.T * width};
+}
+
+}  // namespace
+
+template <typename F>
+void ContextAttention<F>::ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
+                                          F* scratch) {
+  const Scratch w = carve(scratch, s);
+  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+  const int hs = s.head_size(), kvw = s.kv_width();
+  const int64_t rows = int64_t(s.B) * s.T, W = s.width(), Cq = int64_t(h.q) * hs;
+  const int64_t Wj = Cq + 2 * int64_t(h.kv) * hs;
+  // Block j: this rank's rows of rank j's query heads and the key/value heads they read.
+  for (int j = 0; j < cp_; ++j) {
+    F* block = w.kv[0] + size_t(j) * w.n;
+    const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
+    k_->copy_rows(block, Wj, qkv + j * Cq, W, rows, Cq);
+    k_->copy_rows(block + Cq, Wj, qkv + s.C + kv0, W, rows, int64_t(h.kv) * hs);
+    k_->copy_rows(block + Cq + int64_t(h.kv) * hs, Wj, qkv + s.C + kvw + kv0, W, rows,
+                  int64_t(h.kv) * hs);
+  }
+  all_to_all(w.kv[0], w.kv[1], w.n);
+  // Every rank's rows for this rank's heads: attention over whole sequences, chunk by chunk.
+  none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
+  backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
+  for (int rq = 0; rq < cp_; ++rq) {
+    for (int iq = 0; iq < 2; ++iq) {
+      const int gq = CpSplit::chunk_of(rq, iq, cp_);
+      for (int rk = 0; rk < cp_; ++rk) {
+        for (int ik = 0; ik < 2; ++ik) {
+          const int gk = CpSplit::chunk_of(rk, ik, cp_);
+          if (gk > gq) continue;
+          const AttentionBlock b = ulysses_block(s, h, gk == gq);
+          k_->attention_block_forward(
+              ulysses_rows(w.acc[1], s, Cq, rq, iq, 0), ulysses_rows(saved, s, h.q, rq, iq, 0),
+              ulysses_rows<const F>(w.kv[1], s, Wj, rq, iq, 0),
+              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq),
+              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq + int64_t(h.kv) * hs), b, w.block);
+          counters_.blocks += b.causal ? 1 : 2;
+        }
+      }
+    }
+  }
+  // Block r of the output goes back to rank r; block j received holds rank j's heads.
+  all_to_all(w.acc[1], w.rin, size_t(rows * Cq));
+  for (int j = 0; j < cp_; ++j)
+    k_->copy_rows(out + j * Cq, s.C, w.rin + j * rows * Cq, Cq, rows, Cq);
+}
+
+template <typename F>
+void ContextAttention<F>::ulysses_backward(F* dqkv, const F* dout, const F* qkv, const F* out,
+                                           const F* saved, const AttentionShape& s, F* scratch) {
+  const Scratch w = carve(scratch, s);
+  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+  const int hs = s.head_size(), kvw = s.kv_width();
+  const int64_t rows = int64_t(s.B) * s.T, W = s.width(), Cq = int64_t(h.q) * hs;
+  const int64_t kvq = int64_t(h.kv) * hs, Wj = Cq + 2 * kvq;
+  for (int j = 0; j < cp_; ++j) {  // forward's exchange again
+    F* block = w.kv[0] + size_t(j) * w.n;
+    const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
+    k_->copy_rows(block, Wj, qkv + j * Cq, W, rows, Cq);
+    k_->copy_rows(block + Cq, Wj, qkv + s.C + kv0, W, rows, kvq);
+    k_->copy_rows(block + Cq + kvq, Wj, qkv + s.C + kvw + kv0, W, rows, kvq);
+  }
+  all_to_all(w.kv[0], w.kv[1], w.n);
+  // The softmax term of the local rows (NH values each, every head's out and dout are here), and
+  // dout, to the ranks of their heads.
+  F* delta = w.delta;
+  F* delta_out = delta + rows * s.NH;
+  F* delta_in = delta_out + rows * s.NH;
+  k_->attention_block_delta(Rows<F>{delta, s.NH, int64_t(s.T) * s.NH},
+                            Rows<const F>{dout, s.C, int64_t(s.T) * s.C},
+                            Rows<const F>{out, s.C, int64_t(s.T) * s.C},
+                            AttentionBlock{s.B, s.T, s.T, s.C, s.NH, s.KVH, false});
+  for (int j = 0; j < cp_; ++j) {
+    k_->copy_rows(delta_out + j * rows * h.q, h.q, delta + j * h.q, s.NH, rows, h.q);
+    k_->copy_rows(w.acc[1] + j * rows * Cq, Cq, dout + j * Cq, s.C, rows, Cq);
+  }
+  all_to_all(delta_out, delta_in, size_t(rows * h.q));
+  all_to_all(w.acc[1], w.rin, size_t(rows * Cq));
+  k_->zero(w.acc[0], size_t(cp_) * w.n);
+  for (int rq = 0; rq < cp_; ++rq) {
+    for (int iq = 0; iq < 2; ++iq) {
+      const int gq = CpSplit::chunk_of(rq, iq, cp_);
+      for (int rk = 0; rk < cp_; ++rk) {
+        for (int ik = 0; ik < 2; ++ik) {
+          const int gk = CpSplit::chunk_of(rk, ik, cp_);
+          if (gk > gq) continue;
+          const AttentionBlock b = ulysses_block(s, h, gk == gq);
+          k_->attention_block_backward(
+              ulysses_rows(w.acc[0], s, Wj, rq, iq, 0), ulysses_rows(w.acc[0], s, Wj, rk, ik, Cq),
+              ulysses_rows(w.acc[0], s, Wj, rk, ik, Cq + kvq),
+              ulysses_rows<const F>(w.rin, s, Cq, rq, iq, 0),
+              ulysses_rows<const F>(delta_in, s, h.q, rq, iq, 0),
+              ulysses_rows<const F>(saved, s, h.q, rq, iq, 0),
+              ulysses_rows<const F>(w.kv[1], s, Wj, rq, iq, 0),
+              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq),
+              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq + kvq), b, w.block);
+          counters_.blocks += b.causal ? 1 : 2;
+        }
+      }
+    }
+  }
+  // Block r of the gradients goes home to rank r; block j received: its rows' gradients for
+  // rank j's heads.
+  all_to_all(w.acc[0], w.kv[0], w.n);
+  for (int j = 0; j < cp_; ++j) {
+    const F* block = w.kv[0] + size_t(j) * w.n;
+    k_->copy_rows(dqkv + j * Cq, W, block, Wj, rows, Cq);
+    if (h.replicated) continue;
+    const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
+    k_->copy_rows(dqkv + s.C + kv0, W, block + Cq, Wj, rows, kvq);
+    k_->copy_rows(dqkv + s.C + kvw + kv0, W, block + Cq + kvq, Wj, rows, kvq);
+  }
+  if (!h.replicated) return;
+  // A key/value head's copies on cp / KVH ranks each return a share of its gradients: summed in
+  // rank order, packed (rows, 2·hs) per head in `mine` (acc[0], free again, holds one share).
+  const size_t packed = size_t(rows) * 2 * size_t(hs);
+  k_->zero(w.mine, size_t(s.kv_heads()) * packed);
+  for (int j = 0; j < cp_; ++j) {
+    k_->copy_rows(w.acc[0], 2 * hs, w.kv[0] + size_t(j) * w.n + Cq, Wj, rows, 2 * hs);
+    k_->add(w.mine + size_t(h.first_kv(j, cp_, s.kv_heads())) * packed, w.acc[0], packed);
+  }
+  for (int g = 0; g < s.kv_heads(); ++g) {
+    const F* head = w.mine + size_t(g) * packed;
+    k_->copy_rows(dqkv + s.C + g * hs, W, head, 2 * hs, rows, hs);
+    k_->copy_rows(dqkv + s.C + kvw + g * hs, W, head + hs, 2 * hs, rows, hs);
+  }
+}
+
+template <typename F>
 void ContextAttention<F>::forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
                                   F* scratch) {
+  if (variant_ == CpAttention::ulysses) return ulysses_forward(out, saved, qkv, s, scratch);
   const Scratch w = carve(scratch, s);
   const int64_t rows = int64_t(s.B) * s.T, P = 2 * int64_t(s.kv_width());
   // Nothing merged yet: every row's log-sum-exp is -inf.
@@ -269,6 +459,9 @@ void ContextAttention<F>::forward(F* out, F* saved, const F* qkv, const Attentio
 template <typename F>
 void ContextAttention<F>::backward(F* dqkv, const F* dout, const F* qkv, const F* out,
                                    const F* saved, const AttentionShape& s, F* scratch) {
+  if (variant_ == CpAttention::ulysses) {
+    return ulysses_backward(dqkv, dout, qkv, out, saved, s, scratch);
+  }
   const Scratch w = carve(scratch, s);
   const int64_t rows = int64_t(s.B) * s.T, W = s.width(), P = 2 * int64_t(s.kv_width());
   const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;

@@ -22,6 +22,17 @@
 // All-gather (CpAttention::all_gather), for comparison: every rank's K and V gathered up front
 // (the same (cp−1)/cp of the bytes, in one exposed collective), the blocks computed locally, and
 // the key/value gradients of every chunk summed onto their owners by an all-to-all in rank order.
+//
+// Ulysses (CpAttention::ulysses; DeepSpeed-Ulysses): an all-to-all turns sequence shards into head
+// shards. Rank j receives every rank's rows of its NH/cp query heads (and their key/value heads),
+// attends over the whole sequences locally (the same chunk blocks, addressed where each rank's
+// rows landed, so no reordering copy), and a second all-to-all returns each rank's rows of every
+// head group. Key/value heads split cp ways when cp divides them; when there are fewer than cp
+// (cp a multiple of KVH) each rank takes the one its query heads read, and the copies' gradients
+// are summed on the way back. Backward repeats forward's qkv all-to-all rather than keep the
+// gathered copy, and sends each row's softmax term (NH values) instead of the output (C values).
+// Per layer and micro-batch a rank sends (cp−1)/cp of: forward qkv and out; backward qkv, dout,
+// delta and dqkv — the ring's K/V payload divided by cp, times (W + C)/(2·kv_width).
 #pragma once
 
 #include <algorithm>
@@ -31,6 +42,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/cp_attention.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 
@@ -76,16 +88,16 @@ class CpSplit {
   int T_, cp_, rank_;
 };
 
-enum class CpAttention { ring, all_gather };
-/** "ring" | "all_gather"; throws naming both on anything else. */
-CpAttention cp_attention_from_string(const std::string& s);
-const char* cp_attention_name(CpAttention a);
+using tetra::cp_attention_from_string;
+using tetra::cp_attention_name;
+using tetra::CpAttention;
 
 /** What the attention exchanges moved, and how long the compute thread waited for them. */
 struct CpCounters {
-  double sent_bytes = 0.0;  // ring model (comm::Work::sent_bytes): K/V forward, K/V and dK/dV back
+  double sent_bytes = 0.0;  // ring model (comm::Work::sent_bytes) of every send and collective
   double wait_ms = 0.0;     // exposed: time blocked on an exchange after the blocks it overlaps
-  int64_t blocks = 0;       // chunk blocks computed (causal ones count ½)
+  int64_t blocks = 0;  // c x c chunk blocks computed, in halves (a causal diagonal counts 1), over
+                       // this rank's heads (ulysses: cp·cp times as many on 1/cp of the heads)
 };
 
 /** Causal self-attention of one cp rank's 2c tokens of B sequences (AttentionShape with T = 2c
@@ -103,9 +115,11 @@ class ContextAttention {
   /** This rank's split of sequences of which it holds `local_T` = 2c tokens. */
   CpSplit split(int local_T) const { return CpSplit(local_T * cp_, cp_, rank_); }
 
-  /** Elements forward keeps for backward next to its output: the row log-sum-exp (B, 2c, NH). */
+  /** Elements forward keeps for backward next to its output: the row log-sum-exp (B, 2c, NH;
+   *  ulysses: of every rank's rows for this rank's NH/cp heads, as many). */
   size_t saved_elements(const AttentionShape& s) const;
-  /** Elements of the scratch forward and backward take. */
+  /** Elements of the scratch forward and backward take. Under ulysses, refuses heads that do not
+   *  split over the group (check_ulysses_heads). */
   size_t scratch_elements(const AttentionShape& s) const;
   /** out (B,2c,C) = causal attention of the local queries over the whole sequences' keys and
    *  values; qkv (B,2c,W) is the local rows' fused [q | k | v]. Collective over the group. */
@@ -125,6 +139,13 @@ class ContextAttention {
   // [c, 2c)) against rank src's key/value chunks that the causal mask leaves, and counts them.
   template <typename Fn>
   void for_each_block(int src, const AttentionShape& s, Fn&& f);
+  // Ulysses: the all-to-alls around attention over the whole sequences of this rank's heads.
+  void ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s, F* scratch);
+  void ulysses_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* saved,
+                        const AttentionShape& s, F* scratch);
+  // Block j (n elements) of `send` to rank j, rank j's block to `recv` block j (a copy with one
+  // rank); waited for and counted.
+  void all_to_all(const F* send, F* recv, size_t n);
   // The blocks of the local queries against the key/value chunks of rank `src` held in kv
   // (B,2c,2·kv_width): forward merges into out/lse; backward accumulates dq into dqkv and dk/dv
   // into dkv (same layout as kv).
@@ -145,5 +166,18 @@ class ContextAttention {
   CpCounters counters_;
   std::vector<F> none_;  // -inf, the log-sum-exp of no block, copied into forward's saved state
 };
+
+/** Ulysses' head split: each of the `cp` ranks takes `heads` / cp query heads and, of `kv_heads`,
+ *  kv_heads / cp, or one when there are fewer than cp (cp must then be a multiple of kv_heads).
+ *  Heads are this tp rank's (model heads / tp). Refuses other counts, naming the cp that work. */
+struct UlyssesHeads {
+  int q = 0, kv = 0;  // per rank
+  bool replicated = false;
+  /** The key/value head (of kv_heads) rank j's block carries first. */
+  int first_kv(int j, int cp, int kv_heads) const {
+    return replicated ? j * kv_heads / cp : j * kv;
+  }
+};
+UlyssesHeads ulysses_heads(int heads, int kv_heads, int cp);
 
 }  // namespace tetra::parallel

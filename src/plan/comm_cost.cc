@@ -132,6 +132,19 @@ RingTraffic cp_ring_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_
   return r;
 }
 
+UlyssesTraffic cp_ulysses_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_t heads,
+                                  int64_t kv_heads, int64_t head_size, double dtype_bytes) {
+  UlyssesTraffic u;
+  if (cp <= 1) return u;
+  const double rows = double(micro_batch) * double(seq / cp) * dtype_bytes;
+  const int64_t kv = kv_heads < cp ? 1 : kv_heads / cp;
+  u.qkv = rows * double(cp * (heads / cp + 2 * kv) * head_size);
+  u.out = rows * double(heads * head_size);
+  u.delta = rows * double(heads);
+  u.share = double(cp - 1) / double(cp);
+  return u;
+}
+
 std::string cp_ring_description(int64_t cp) {
   return fmt::format(
       "ring attention: K,V fwd over cp-1 = {} hop(s), K,V + dK,dV bwd, per layer and micro-batch",
@@ -331,7 +344,36 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     d.algorithm = "all-to-all";
     out.push_back(d);
   }
-  if (l.cp > 1) {
+  if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
+    // Ulysses on every layer of the rank holding the most, every micro-batch: all-to-alls over
+    // the cp ranks (tp apart) from sequence to head shards and back, exposed (attention waits for
+    // its heads); full recomputation repeats the forward's two.
+    const int64_t hs = m.d_model / m.n_head;
+    const UlyssesTraffic u = cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
+                                                std::max<int64_t>(1, m.n_kv_head / l.tp), hs, ab);
+    const int64_t forwards = l.recompute == Recompute::full ? 2 : 1;
+    DimComm d;
+    d.dim = "cp";
+    d.what =
+        "ulysses: all-to-all qkv + out fwd, qkv + dout + delta + dqkv bwd, per layer and "
+        "micro-batch";
+    if (forwards == 2) d.what += " + 2 in the recomputed fwd";
+    d.group = l.cp;
+    d.placement = place_group(l.tp, l.cp, gpn);
+    d.intra_node = d.placement.nodes == 1;
+    const double per = double(layers * l.microbatches);
+    d.calls = (forwards * UlyssesTraffic::kForwardCalls + UlyssesTraffic::kBackwardCalls) * layers *
+              l.microbatches;
+    d.bytes = (double(forwards) * u.forward() + u.backward()) * per;
+    auto a2a = [&](double buffer) {
+      return collective_seconds(Collective::all_to_all, buffer, d.placement, c);
+    };
+    d.seconds = (double(forwards) * (a2a(u.qkv) + a2a(u.out)) + a2a(u.qkv) + a2a(u.out) +
+                 a2a(u.delta) + a2a(u.qkv)) *
+                per;
+    d.algorithm = "all-to-all";
+    out.push_back(d);
+  } else if (l.cp > 1) {
     // Ring attention on every layer of the rank holding the most, every micro-batch: K and V of
     // its tokens (this tp rank's KVH/tp heads, or the whole heads it replicates) around the cp
     // ranks, tp apart.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cp_attention.h"
 #include "core/recompute.h"
 #include "pipeline/schedule.h"
 
@@ -31,7 +32,8 @@ struct Layout {
   int64_t microbatches = 1;  // m: micro-batches per step per pipeline
   std::vector<int> split;    // layers per virtual stage (pp*v); empty: layers/(pp*v) each
   Recompute recompute = Recompute::selective;  // what backward recomputes instead of keeping
-  int64_t cp = 1;  // context parallel: ranks one sequence is split over (ring attention)
+  int64_t cp = 1;                              // context parallel: ranks one sequence is split over
+  CpAttention cp_attention = CpAttention::ring;  // how attention crosses the cp ranks
   /** The ranks gradients are reduced and ZeRO-sharded over: dp * cp. */
   int64_t dp_cp() const { return dp * cp; }
 };
@@ -48,7 +50,7 @@ int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank);
 int64_t max_rank_layers(const Layout& l, int64_t layers);
 
 /** "TP 8 x PP 4 x DP 16, ZeRO-1, 1f1b, mbs=1 m=32, recompute selective"; with context parallelism
- *  "TP 8 x CP 2 x PP 4 x DP 16, ..." */
+ *  "TP 8 x CP 2 (ring) x PP 4 x DP 16, ..." */
 std::string describe(const Layout& l);
 
 }  // namespace tetra::plan

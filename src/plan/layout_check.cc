@@ -100,6 +100,17 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
     return fmt::format("[plan] ffn={} is not divisible by tp={}; use a tp that divides ffn", m.ffn,
                        l.tp);
   }
+  if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
+    // Ulysses gives each cp rank whole heads of its tp rank's (parallel/context_parallel.h).
+    const int64_t heads = m.n_head / l.tp, kv = std::max<int64_t>(1, m.n_kv_head / l.tp);
+    if (heads % l.cp != 0 || (kv % l.cp != 0 && l.cp % kv != 0)) {
+      return fmt::format(
+          "[plan] cp={} with ulysses attention: the {} query and {} key/value heads of a tp rank "
+          "do not split cp ways (cp must divide the query heads, and divide the key/value heads "
+          "or be a multiple of them); use the ring, or a cp that splits them",
+          l.cp, heads, kv);
+    }
+  }
   const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
   if (l.split.empty() && m.n_layer % (l.pp * v) != 0) {
     return fmt::format(

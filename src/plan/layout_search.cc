@@ -185,7 +185,8 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   for (auto& d : e.comm) {
     // The cp ring's hops hide behind the attention they feed: each chunk pair arrives while the
     // previous one is attended to (forward and backward), as far as the cluster overlaps at all.
-    if (d.dim != "cp" || d.seconds <= 0) continue;
+    // Ulysses' all-to-alls are exposed: attention waits for its heads.
+    if (d.dim != "cp" || d.seconds <= 0 || l.cp_attention == CpAttention::ulysses) continue;
     const double exposed = ring_exposed_seconds(d.seconds, mb * k.attention, c.comm_overlap);
     d.overlap = 1.0 - exposed / d.seconds;
   }
@@ -250,6 +251,7 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   l.dp = k.dp;
   l.ep = k.ep ? k.ep : 1;
   l.cp = std::max<int64_t>(1, k.cp);
+  l.cp_attention = k.cp_attention.value_or(CpAttention::ring);
   l.zero = k.zero;
   l.schedule = k.schedule.value_or(Schedule::one_f_one_b);
   l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1;

@@ -89,6 +89,9 @@ pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
 struct LayoutConstraints {
   int64_t tp = 0, pp = 0, dp = 0, ep = 0;
   int64_t cp = 1;  // parallel.cp: context parallel, fixed (the search keeps cp = 1)
+  // cp.attention; unset: a given layout with cp > 1 takes the ring or Ulysses, whichever makes
+  // the faster step on the cluster's links.
+  std::optional<CpAttention> cp_attention;
   int zero = -1;
   std::optional<Schedule> schedule;
   int64_t v = 0;

@@ -120,7 +120,7 @@ std::vector<double> held_layer_microbatches(const Layout& l, int64_t layers) {
     for (const pipeline::Instr& in : s.ranks[size_t(r)]) {
       const double n = double(stage_layers(l, layers, s.stage(r, in.chunk)));
       if (in.op == pipeline::Op::forward) peak = std::max(peak, now += n);
-      if (in.op == pipeline::Op::backward) now -= n;
+      if (in.op == pipeline::Op::backward || in.op == pipeline::Op::backward_weight) now -= n;
     }
     out[size_t(r)] = peak;
   }
@@ -176,7 +176,14 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
       mem.comm_buffers +=
           2.0 * 1.25 * tokens / double(l.tp) * double(m.moe.top_k) * double(m.d_model) * ab;
     }
-    if (l.cp > 1) {
+    if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
+      // Ulysses (parallel/context_parallel.cc): the qkv blocks sent and received and their
+      // gradients, the output's blocks sent and received.
+      const UlyssesTraffic u =
+          cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
+                             std::max<int64_t>(1, m.n_kv_head / l.tp), m.d_model / m.n_head, ab);
+      mem.comm_buffers += 3.0 * u.qkv + 2.0 * u.out;
+    } else if (l.cp > 1) {
       // Ring attention (parallel/context_parallel.cc): the K, V chunks being attended to and the
       // next ones arriving, and in backward two partial sums of their gradients travelling, the
       // rank's own share and the one arriving: six of a hop's bytes.

@@ -90,6 +90,10 @@ const ConfigSchema& plan_schema() {
         {"parallel.cp", ValueKind::Int, "1",
          "context parallel: ranks each sequence is split over (the search keeps 1)",
          "[1, 10000000]", "layout.cp"},
+        {"cp.attention", ValueKind::String, "\"\"",
+         "context-parallel attention at parallel.cp > 1 (\"\" = the ring or Ulysses, whichever "
+         "makes the faster step on the cluster's links)",
+         "\"\" | ring | all_gather | ulysses"},
         {"zero.stage", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]", "layout.zero"},
         {"pp.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
          "\"\" | gpipe | 1f1b | interleaved", "layout.schedule"},
@@ -189,6 +193,8 @@ LayoutConstraints layout_from(const Config& cfg) {
   k.microbatches = cfg.i("train.grad_accum");
   if (!cfg.s("pp.schedule").empty()) k.schedule = pipeline::parse_kind(cfg.s("pp.schedule"));
   k.pp_layers = cfg.s("pp.layers");
+  if (!cfg.s("cp.attention").empty())
+    k.cp_attention = cp_attention_from_string(cfg.s("cp.attention"));
   if (!cfg.s("train.recompute").empty()) {
     k.recompute = parse_recompute(cfg.s("train.recompute"), "train.recompute");
   }

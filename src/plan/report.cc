@@ -41,6 +41,7 @@ json layout_json(const LayoutEstimate& e) {
           {"dp", l.dp},
           {"ep", l.ep},
           {"cp", l.cp},
+          {"cp_attention", cp_attention_name(l.cp_attention)},
           {"zero", l.zero},
           {"schedule", to_string(l.schedule)},
           {"v", l.v},
@@ -74,22 +75,36 @@ ChosenLayout choose_layout(const PlanInputs& in) {
   out.search = search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
   if (in.layout.complete()) {
     // A given layout without training.recompute takes the fastest mode that fits (else the one
-    // needing the least memory).
+    // needing the least memory); with cp > 1 and no cp.attention, the ring or Ulysses (where the
+    // heads split over cp) alike.
     std::vector<Recompute> modes = {Recompute::none, Recompute::selective, Recompute::full};
     if (in.layout.recompute) modes = {*in.layout.recompute};
+    std::vector<CpAttention> attentions = {CpAttention::ring};
+    if (in.layout.cp_attention) {
+      attentions = {*in.layout.cp_attention};
+    } else if (in.layout.cp > 1) {
+      attentions.push_back(CpAttention::ulysses);
+    }
     bool have = false;
     for (Recompute r : modes) {
-      LayoutConstraints k = in.layout;
-      k.recompute = r;
-      const Layout l = layout_from_constraints(m, t, k);
-      validate_layout(m, c, t, l);
-      LayoutEstimate e = evaluate_layout(m, c, t, l);
-      const bool better =
-          !have || (e.fits && !out.chosen.fits) ||
-          (e.fits == out.chosen.fits && (e.fits ? e.step_seconds < out.chosen.step_seconds
-                                                : e.memory.total() < out.chosen.memory.total()));
-      if (better) out.chosen = std::move(e);
-      have = true;
+      for (CpAttention a : attentions) {
+        LayoutConstraints k = in.layout;
+        k.recompute = r;
+        k.cp_attention = a;
+        const Layout l = layout_from_constraints(m, t, k);
+        if (!in.layout.cp_attention && a == CpAttention::ulysses &&
+            !layout_problem(m, c, t, l).empty()) {
+          continue;
+        }
+        validate_layout(m, c, t, l);
+        LayoutEstimate e = evaluate_layout(m, c, t, l);
+        const bool better =
+            !have || (e.fits && !out.chosen.fits) ||
+            (e.fits == out.chosen.fits && (e.fits ? e.step_seconds < out.chosen.step_seconds
+                                                  : e.memory.total() < out.chosen.memory.total()));
+        if (better) out.chosen = std::move(e);
+        have = true;
+      }
     }
     out.source = "given";
   } else if (!out.search.ranked.empty()) {
@@ -295,6 +310,40 @@ json plan_report(const PlanInputs& in, int top) {
   }
   r["communication"] = comm;
   if (l.cp > 1) {
+    // The ring against Ulysses on this cluster's links, the chosen layout otherwise unchanged.
+    json candidates = json::array();
+    for (CpAttention a : {CpAttention::ring, CpAttention::ulysses}) {
+      Layout la = l;
+      la.cp_attention = a;
+      if (!layout_problem(m, c, t, la).empty()) continue;
+      const LayoutEstimate e = a == l.cp_attention ? chosen : evaluate_layout(m, c, t, la);
+      for (const DimComm& d : e.comm) {
+        if (d.dim != "cp") continue;
+        candidates.push_back({{"attention", cp_attention_name(a)},
+                              {"bytes", d.bytes},
+                              {"exposed_seconds", d.exposed()},
+                              {"step_seconds", e.step_seconds}});
+      }
+    }
+    r["cp_attention"] = {{"chosen", cp_attention_name(l.cp_attention)},
+                         {"given", in.layout.cp_attention.has_value()},
+                         {"candidates", candidates}};
+  }
+  if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
+    // Ulysses' formula for one layer and micro-batch (plan/comm_cost.h, cp_ulysses_traffic).
+    const double dtype = t.precision == Precision::Fp32 ? 4.0 : 2.0;
+    const UlyssesTraffic u =
+        cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
+                           std::max<int64_t>(1, m.n_kv_head / l.tp), m.d_model / m.n_head, dtype);
+    r["cp_ulysses"] = {{"cp", l.cp},
+                       {"qkv_bytes", u.qkv},
+                       {"out_bytes", u.out},
+                       {"delta_bytes", u.delta},
+                       {"forward_bytes", u.forward()},
+                       {"backward_bytes", u.backward()},
+                       {"layers", max_rank_layers(l, m.n_layer)},
+                       {"microbatches", l.microbatches}};
+  } else if (l.cp > 1) {
     // Ring attention's formula for one layer and micro-batch (plan/comm_cost.h, cp_ring_traffic).
     const int64_t hs = m.d_model / m.n_head;
     const int64_t kv_width = hs * std::max<int64_t>(1, m.n_kv_head / l.tp);
@@ -486,6 +535,26 @@ std::string format_report(const json& r, bool explain) {
         g["seq"].get<int64_t>() / g["cp"].get<int64_t>(), g["kv_width"].get<int64_t>(),
         g["dtype_bytes"].get<double>(), hb(g["forward_bytes"]), hb(g["backward_bytes"]),
         g["layers"].get<int64_t>(), g["microbatches"].get<int64_t>()));
+  }
+  if (r.contains("cp_ulysses")) {
+    const json& g = r["cp_ulysses"];
+    line(fmt::format(
+        "  cp ulysses per layer and micro-batch: all-to-alls of the T/cp rows' qkv blocks {}, "
+        "out {} and delta {}, (cp-1)/cp of each sent: fwd qkv + out = {}, bwd 2 qkv + out + "
+        "delta = {}; x {} layers x {} micro-batches per step",
+        hb(g["qkv_bytes"]), hb(g["out_bytes"]), hb(g["delta_bytes"]), hb(g["forward_bytes"]),
+        hb(g["backward_bytes"]), g["layers"].get<int64_t>(), g["microbatches"].get<int64_t>()));
+  }
+  if (r.contains("cp_attention")) {
+    const json& a = r["cp_attention"];
+    std::string alts;
+    for (const json& k : a["candidates"]) {
+      alts += fmt::format("{}{} {} sent, {} exposed, step {}", alts.empty() ? "" : "; ",
+                          k["attention"].get<std::string>(), hb(k["bytes"]),
+                          hs(k["exposed_seconds"]), hs(k["step_seconds"]));
+    }
+    line(fmt::format("  cp attention: {} ({}): {}", a["chosen"].get<std::string>(),
+                     a["given"].get<bool>() ? "given" : "the faster step on these links", alts));
   }
 
   const json& b = r["bubble"];

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cp_attention.h"
 #include "core/model_shape.h"
 #include "plan/training_spec.h"
 
@@ -33,7 +34,7 @@ struct RunShape {
   // holds the K/V chunks in flight (parallel/context_parallel.h); gradients are reduced and
   // ZeRO-sharded over dp·cp ranks.
   int64_t cp = 1;
-  bool cp_all_gather = false;      // cp.attention = all_gather: every rank's K and V held at once
+  CpAttention cp_attention = CpAttention::ring;  // all_gather: every rank's K and V held at once
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;

@@ -31,7 +31,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.bf16 = t.precision == Precision::Bf16Mixed;
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
-  s.cp_all_gather = o.cp_all_gather;
+  s.cp_attention = l.cp_attention;
   s.ep = m.has_moe() ? l.ep : 1;
   // The chunks of this pipeline rank's program and the micro-batches each keeps in flight (GPipe
   // keeps all of them, even on one stage).
@@ -208,7 +208,21 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
         {Collective::all_to_all, rows * double(s.model.d_model) * f32, mb * moe * exchanges});
     out.push_back(std::move(g));
   }
-  if (s.cp > 1) {
+  if (s.cp > 1 && s.cp_attention == CpAttention::ulysses) {
+    // Ulysses over the cp group: every block's forward exchanges its f32 qkv and output between
+    // sequence and head shards, its backward qkv again, dout, the softmax term and dqkv
+    // (plan/comm_cost.h, cp_ulysses_traffic); full recomputation repeats the forward's.
+    GroupTraffic g{"cp", s.cp, {}};
+    const int64_t hs = s.model.d_model / s.model.n_head;
+    const UlyssesTraffic u =
+        cp_ulysses_traffic(s.micro_batch, s.seq, s.cp, s.model.n_head / s.tp,
+                           std::max<int64_t>(1, s.model.n_kv_head / s.tp), hs, f32);
+    const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
+    g.ops.push_back({Collective::all_to_all, u.qkv, (forwards + 2.0) * mb * L});
+    g.ops.push_back({Collective::all_to_all, u.out, (forwards + 1.0) * mb * L});
+    g.ops.push_back({Collective::all_to_all, u.delta, mb * L});
+    out.push_back(std::move(g));
+  } else if (s.cp > 1) {
     // Ring attention over the cp group: every block's forward passes this rank's f32 K and V (its
     // tp rank's KVH/tp heads) cp-1 hops on, its backward K and V again with dK and dV
     // (plan/comm_cost.h, cp_ring_traffic); sends to the ring's next rank.

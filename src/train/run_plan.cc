@@ -70,13 +70,13 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   // The trainer's own split (pp.layers resolved), so an uneven or auto split is planned as run.
   if (o.parallel.pp_split.size() > 1 && !all_equal(o.parallel.pp_split))
     k.pp_layers = fmt::format("{}", fmt::join(o.parallel.pp_split, ","));
+  k.cp_attention = cp_attention_from_string(o.parallel.cp_attention);
   p.layout = plan::layout_from_constraints(m, t, k);
 
   p.options.sequence_parallel = g.sequence_parallel;
   p.options.checkpoint = !o.ckpt.dir.empty();
   p.options.reduce_bf16 = o.parallel.zero.reduce_bf16;
   p.options.flash_attention = o.run.device == DeviceKind::cuda;
-  p.options.cp_all_gather = o.parallel.cp_attention == "all_gather";
   p.shape = plan::run_shape(m, t, p.layout, p.options);
   p.prediction = plan::predict_run(m, t, p.layout, p.options);
   p.traffic = plan::run_traffic(p.shape, p.layout, t.bucket_bytes);

@@ -354,8 +354,9 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::parallel, &ParallelOptions::pp_layers>()},
       {{"cp.attention", ValueKind::String, "\"ring\"",
         "context-parallel attention (parallel.cp > 1): ring passes K/V chunks around the cp ring "
-        "overlapped with the blocks; all_gather gathers every chunk first",
-        "ring | all_gather"},
+        "overlapped with the blocks; all_gather gathers every chunk first; ulysses turns "
+        "sequence shards into head shards with an all-to-all (cp must split the heads)",
+        "ring | all_gather | ulysses"},
        into<&O::parallel, &ParallelOptions::cp_attention>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "

@@ -6,7 +6,8 @@
 // sums differ only in order), in float to 2e-5 relative to each tensor's largest. GPT-2 (learned
 // positions: the embedding adds each chunk's rows of wpe and its gradient goes back to them) and
 // Llama (grouped-query attention, an untied head, rotary positions turned at each chunk's
-// positions), ring and all-gather, with and without full recomputation (the ring runs again in
+// positions; Ulysses with its 2 key/value heads split at cp 2 and replicated at cp 4), ring,
+// all-gather and Ulysses, with and without full recomputation (the exchanges run again in
 // backward). Exit 1 if any rank saw a mismatch.
 #include <fmt/format.h>
 
@@ -204,12 +205,13 @@ int main(int argc, char** argv) {
     comm::Communicator world = comm::init_world(opts, &argc, &argv);
     g_rank = world.rank();
     const int cp = world.size();
-    for (CpAttention v : {CpAttention::ring, CpAttention::all_gather}) {
+    for (CpAttention v : {CpAttention::ring, CpAttention::all_gather, CpAttention::ulysses}) {
       run<double>(world, gpt2(cp), v, Recompute::none, "gpt2");
       run<double>(world, llama(cp), v, Recompute::none, "llama");
     }
     run<double>(world, gpt2(cp), CpAttention::ring, Recompute::full, "gpt2");
     run<double>(world, llama(cp), CpAttention::ring, Recompute::full, "llama");
+    run<double>(world, llama(cp), CpAttention::ulysses, Recompute::full, "llama");
     run<float>(world, gpt2(cp), CpAttention::ring, Recompute::none, "gpt2");
     run<float>(world, llama(cp), CpAttention::ring, Recompute::none, "llama");
     float_error_against_double(world, gpt2(cp), "gpt2");

@@ -1,12 +1,16 @@
 // Context-parallel attention on the world's ranks (cp = 2 and 4 via CTest): every rank builds the
 // same random qkv of B whole sequences and runs the serial causal attention on them (the CPU
 // backend's attention_forward/backward); then each takes its two chunks (CpSplit) and runs
-// ContextAttention, ring and all-gather, in f64 and f32, multi-head and grouped-query. Checked:
+// ContextAttention, ring, all-gather and Ulysses, in f64 and f32, multi-head and grouped-query
+// (Ulysses: key/value heads split over cp, and fewer than cp, replicated). Checked:
 //  - out and dqkv of the local rows against the serial run's rows at those positions (f64 1e-12,
 //    f32 2e-5 relative to the tensor's largest);
-//  - the bytes sent per rank: forward (cp−1)·n, backward 2·(cp−1)·n, n = B·2c·2·kv_width
-//    elements, for both variants;
-//  - the chunk blocks computed: 2·cp per pass on every rank (the balanced split);
+//  - the bytes sent per rank: ring and all-gather forward (cp−1)·n, backward 2·(cp−1)·n,
+//    n = B·2c·2·kv_width elements; Ulysses (cp−1)/cp of its all-to-alls' buffers (forward qkv
+//    and out, backward qkv, dout, the softmax term and dqkv), exactly;
+//  - the chunk blocks computed: 2·cp per pass on every rank (the balanced split); Ulysses cp·cp
+//    times as many on 1/cp of the heads;
+//  - Ulysses refuses heads that do not split over cp, naming the cp that work;
 //  - CpSplit: positions, take/put round trip, and the refusal of T that 2·cp does not divide.
 // Exit 1 if any rank saw a mismatch.
 #include <fmt/format.h>
@@ -97,17 +101,30 @@ void run(const comm::Communicator& world, CpAttention variant, const AttentionSh
   const double eo = rel_err(lout, want_out), eg = rel_err(ldqkv, want_dqkv);
   f.check(eo <= tol, fmt::format("{}: out {:.3e} > {:.0e}", what, eo, tol));
   f.check(eg <= tol, fmt::format("{}: dqkv {:.3e} > {:.0e}", what, eg, tol));
-  const double n = double(n_local) * 2 * full.kv_width() * sizeof(F);
-  f.check(fwd.sent_bytes == (cp - 1) * n,
-          fmt::format("{}: forward sent {} bytes, not (cp-1)·n = {}", what, fwd.sent_bytes,
-                      (cp - 1) * n));
-  f.check(bwd.sent_bytes == 2 * (cp - 1) * n,
-          fmt::format("{}: backward sent {} bytes, not 2·(cp-1)·n = {}", what, bwd.sent_bytes,
-                      2 * (cp - 1) * n));
-  // Blocks in halves (a causal diagonal counts 1, a full block 2): 2·cp blocks = 4·cp halves.
-  f.check(fwd.blocks == 4 * cp && bwd.blocks == 4 * cp,
-          fmt::format("{}: {} and {} half-blocks, not 4·cp = {}", what, fwd.blocks, bwd.blocks,
-                      4 * cp));
+  double want_fwd = 0, want_bwd = 0;
+  if (variant == CpAttention::ulysses) {
+    // Per all-to-all, (cp-1)/cp of a buffer of the local rows: qkv's blocks (query heads/cp and
+    // the key/value heads they read), out's and dout's C columns, the softmax term's NH.
+    const UlyssesHeads h = ulysses_heads(full.NH, full.kv_heads(), cp);
+    const double share = double(cp - 1) / cp * double(n_local) * sizeof(F);
+    const double qkv_cols = double(cp) * (h.q + 2 * h.kv) * full.head_size();
+    want_fwd = share * (qkv_cols + full.C);
+    want_bwd = share * (2 * qkv_cols + full.C + full.NH);
+  } else {
+    const double n = double(n_local) * 2 * full.kv_width() * sizeof(F);
+    want_fwd = (cp - 1) * n;
+    want_bwd = 2 * (cp - 1) * n;
+  }
+  auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * b; };
+  f.check(near(fwd.sent_bytes, want_fwd),
+          fmt::format("{}: forward sent {} bytes, not {}", what, fwd.sent_bytes, want_fwd));
+  f.check(near(bwd.sent_bytes, want_bwd),
+          fmt::format("{}: backward sent {} bytes, not {}", what, bwd.sent_bytes, want_bwd));
+  // Blocks in halves (a causal diagonal counts 1, a full block 2): 2·cp blocks = 4·cp halves;
+  // Ulysses attends every rank's 2·cp chunk pairs' worth on 1/cp of the heads.
+  const int64_t halves = variant == CpAttention::ulysses ? 4 * cp * cp : 4 * cp;
+  f.check(fwd.blocks == halves && bwd.blocks == halves,
+          fmt::format("{}: {} and {} half-blocks, not {}", what, fwd.blocks, bwd.blocks, halves));
   if (r == 0) std::printf("ok %s: out %.2e dqkv %.2e\n", what.c_str(), eo, eg);
 }
 
@@ -162,6 +179,22 @@ int main(int argc, char** argv) {
         run<float>(world, v, s, f);
       }
     }
+    // Ulysses: multi-head, 4 heads of 4; grouped-query with key/value heads split (8 over 4) and
+    // fewer than cp at cp 4 (8 over 2: each kv head on two ranks).
+    for (const AttentionShape& s :
+         {AttentionShape{2, 6 * cp, 16, 4, 0}, AttentionShape{2, 10 * cp, 24, 8, 4},
+          AttentionShape{1, 4 * cp, 24, 8, 2}}) {
+      run<double>(world, CpAttention::ulysses, s, f);
+      run<float>(world, CpAttention::ulysses, s, f);
+    }
+    std::string refusal;
+    try {
+      ulysses_heads(6, 3, 4);
+    } catch (const Error& e) {
+      refusal = e.what();
+    }
+    f.check(refusal.find("parallel.cp in {1, 3, 6}") != std::string::npos,
+            "Ulysses refuses 6 heads over 3 kv heads at cp 4, naming the cp that work: " + refusal);
     int bad = f.count;
     world.all_reduce(std::span<int32_t>(&bad, 1)).wait();
     f.count = bad;

@@ -1,11 +1,14 @@
 // Context parallelism in the planner (docs/plan.md, "Context parallelism"): the sequence split
-// divides every per-token byte by cp, ZeRO shards over dp * cp, and ring attention's traffic is
-// cp_ring_traffic's formula.
+// divides every per-token byte by cp, ZeRO shards over dp * cp, ring attention's traffic is
+// cp_ring_traffic's formula and Ulysses' cp_ulysses_traffic's, and a given cp takes whichever of
+// the two makes the faster step on the cluster's links.
 #include <gtest/gtest.h>
 
 #include "plan/comm_cost.h"
+#include "plan/layout_search.h"
 #include "plan/ledger.h"
 #include "plan/presets.h"
+#include "plan/report.h"
 #include "plan/run_memory.h"
 #include "plan/tetra_run.h"
 
@@ -144,6 +147,118 @@ TEST(ContextParallel, CommunicationHasTheRingAndReducesOverDpTimesCp) {
   EXPECT_DOUBLE_EQ(cp->bytes, 32 * 4 * 3 * (3 * hop));
   EXPECT_GT(cp->seconds, 0.0);
   EXPECT_DOUBLE_EQ(cp->overlap, 0.0);  // evaluate_layout sets it against attention
+}
+
+// By hand, Llama 3 8B (32 heads, 8 KV heads of 128) at T = 8192, B = 1, cp 4, tp 2, bf16: a tp
+// rank has 16 query and 4 key/value heads, a cp rank 4 and 1. The buffers are the 2048 local
+// rows of qkv blocks (4 x (4 + 2) heads x 128 = 3072 columns: 12 MiB), out (16 x 128: 8 MiB)
+// and delta (16: 64 KiB); 3/4 of each leaves the rank. Forward qkv + out = 15 MiB, backward
+// 2 qkv + out + delta = 24.046875 MiB: more than the ring's 12 + 24 under this GQA. With as many
+// key/value heads as query heads (GPT-2) Ulysses sends 2/cp of the ring's bytes.
+TEST(ContextParallel, UlyssesBytesByHand) {
+  const double MiB = 1024.0 * 1024;
+  const UlyssesTraffic u = cp_ulysses_traffic(1, 8192, 4, 16, 4, 128, 2.0);
+  EXPECT_DOUBLE_EQ(u.qkv, 12 * MiB);
+  EXPECT_DOUBLE_EQ(u.out, 8 * MiB);
+  EXPECT_DOUBLE_EQ(u.delta, MiB / 16);
+  EXPECT_DOUBLE_EQ(u.forward(), 15 * MiB);
+  EXPECT_DOUBLE_EQ(u.backward(), 24.046875 * MiB);
+  EXPECT_GT(u.total(), cp_ring_traffic(1, 8192, 4, 4 * 128, 2.0).total());
+  // Fewer key/value heads than cp: one each, replicated (2 of 16 over cp 4).
+  EXPECT_DOUBLE_EQ(cp_ulysses_traffic(1, 8192, 4, 16, 2, 128, 2.0).qkv, 12 * MiB);
+  // Multi-head, 12 heads of 64 (C 768), cp 4: qkv 3C and out C against the ring's 2C per hop.
+  for (int64_t cp : {2, 4, 8}) {
+    const UlyssesTraffic mha = cp_ulysses_traffic(2, 4096, cp, 12 - 12 % cp, 12 - 12 % cp, 64, 4);
+    const RingTraffic ring = cp_ring_traffic(2, 4096, cp, (12 - 12 % cp) * 64, 4);
+    EXPECT_DOUBLE_EQ(mha.forward(), ring.forward * 2 / double(cp)) << cp;
+  }
+  EXPECT_DOUBLE_EQ(cp_ulysses_traffic(1, 8192, 1, 16, 4, 128, 2.0).total(), 0.0);
+}
+
+// The planner's row for Ulysses: six all-to-alls per layer and micro-batch (eight under full
+// recomputation), exposed, with the formula's bytes.
+TEST(ContextParallel, CommunicationHasUlyssesAllToAlls) {
+  ModelSpec m = model_preset("llama3-8b");
+  m.seq = 8192;
+  ClusterSpec c = cluster_preset("h100");
+  c.gpus = 16;
+  TrainingSpec t;
+  Layout l = cp_layout(4, 2);
+  l.tp = 2;
+  l.micro_batch = 1;
+  l.cp_attention = CpAttention::ulysses;
+  for (Recompute r : {Recompute::none, Recompute::full}) {
+    l.recompute = r;
+    const std::vector<DimComm> comm = comm_per_step(m, c, t, l, 1.0);
+    const DimComm* cp = nullptr;
+    for (const DimComm& d : comm) {
+      if (d.dim == "cp") cp = &d;
+    }
+    ASSERT_NE(cp, nullptr);
+    const int64_t forwards = r == Recompute::full ? 2 : 1;
+    EXPECT_EQ(cp->calls, (2 * forwards + 4) * 32 * 4);
+    EXPECT_EQ(cp->algorithm, "all-to-all");
+    const UlyssesTraffic u = cp_ulysses_traffic(1, 8192, 4, 16, 4, 128, 2.0);
+    EXPECT_DOUBLE_EQ(cp->bytes, 32 * 4 * (double(forwards) * u.forward() + u.backward()));
+    const LayoutEstimate e = evaluate_layout(m, c, t, l);
+    for (const DimComm& d : e.comm) {
+      if (d.dim == "cp") {
+        EXPECT_DOUBLE_EQ(d.exposed(), d.seconds) << "Ulysses is not overlapped";
+      }
+    }
+  }
+  // Heads that do not split over cp are a layout problem for Ulysses, not for the ring: a tp rank's
+  // 16 query heads over 32 cp ranks.
+  l.recompute = Recompute::none;
+  l.cp = 32;
+  l.dp = 1;
+  c.gpus = 64;
+  EXPECT_NE(layout_problem(m, c, t, l).find("ulysses"), std::string::npos);
+  l.cp_attention = CpAttention::ring;
+  EXPECT_EQ(layout_problem(m, c, t, l).find("ulysses"), std::string::npos);
+}
+
+// A given cp without cp.attention: the plan keeps the faster of the ring and Ulysses. Multi-head
+// attention over a slow link (the ring cannot hide its 1/(2/cp) more bytes) takes Ulysses; GQA
+// with few key/value heads on NVLink (the ring's small K/V hide behind the blocks) the ring. The
+// chosen step is the least of the candidates the report lists.
+TEST(ContextParallel, PlanChoosesRingOrUlyssesByTheLink) {
+  struct Case {
+    const char* model;
+    double intra_gbs;
+    CpAttention want;
+  };
+  for (const Case& k : {Case{"gpt2-124m", 1.0, CpAttention::ulysses},
+                        Case{"llama3-8b", 900.0, CpAttention::ring}}) {
+    SCOPED_TRACE(k.model);
+    PlanInputs in;
+    in.model = model_preset(k.model);
+    in.model.seq = 8192;
+    in.model.max_seq = 8192;
+    in.cluster = cluster_preset("h100");
+    in.cluster.gpus = 8;
+    in.cluster.intra_bw = k.intra_gbs * 1e9;
+    in.training.global_batch_tokens = 8 * 8192;
+    in.layout.tp = 1;
+    in.layout.pp = 1;
+    in.layout.dp = 2;
+    in.layout.cp = 4;
+    in.layout.zero = 1;
+    const ChosenLayout chosen = choose_layout(in);
+    EXPECT_EQ(chosen.chosen.layout.cp_attention, k.want)
+        << cp_attention_name(chosen.chosen.layout.cp_attention);
+    const nlohmann::json r = plan_report(in, 1);
+    ASSERT_EQ(r["cp_attention"]["candidates"].size(), 2u) << r["cp_attention"].dump();
+    double best = 1e30;
+    for (const auto& cand : r["cp_attention"]["candidates"]) {
+      best = std::min(best, cand["step_seconds"].get<double>());
+    }
+    EXPECT_EQ(r["cp_attention"]["chosen"], cp_attention_name(k.want));
+    EXPECT_DOUBLE_EQ(chosen.chosen.step_seconds, best);
+    // Fixed, it stays.
+    in.layout.cp_attention = CpAttention::ring;
+    EXPECT_EQ(choose_layout(in).chosen.layout.cp_attention, CpAttention::ring);
+  }
 }
 
 }  // namespace

@@ -428,7 +428,7 @@ TEST(PlanCli, ContextParallelRunShowsTheRing) {
 
   const CliResult table = tetra_plan(args);
   ASSERT_EQ(table.code, 0) << table.out;
-  EXPECT_TRUE(has(table, "TP 1 x CP 2 x PP 1 x DP 1")) << table.out;
+  EXPECT_TRUE(has(table, "TP 1 x CP 2 (ring) x PP 1 x DP 1")) << table.out;
   EXPECT_TRUE(has(table, "ring attention: K,V fwd over cp-1 = 1 hop(s)")) << table.out;
   EXPECT_TRUE(has(table,
                   "cp ring per layer and micro-batch: fwd (cp-1) x B x T/cp x 2 x kv_width "

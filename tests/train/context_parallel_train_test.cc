@@ -2,10 +2,10 @@
 // over cp ranks reproduces the serial run — losses within 1e-5 relative at every step, final
 // weights within 3e-5 norm-relative over the model and 1e-4 per tensor (see expect_same_run), the
 // validation loss within 1e-5 — at T = 512 for cp 2 and 4 (GPT-2's learned positions and Llama's
-// rotary ones, grouped-query attention), ring and all-gather, and composed with tensor parallelism
-// (sequence parallel), a pipeline and ZeRO-3 over dp x cp. The ring's bytes per step are the
-// formula's; a checkpoint written at cp 2 resumes at cp 1 and at dp 2; layouts that cannot work are
-// refused with what would, before anything is trained. Ranks are real processes under mpirun.
+// rotary ones, grouped-query attention), ring, all-gather and Ulysses, and composed with tensor
+// parallelism (sequence parallel), a pipeline and ZeRO over dp x cp. The ring's bytes per step are
+// the formula's; a checkpoint written at cp 2 resumes at cp 1 and at dp 2; layouts that cannot work
+// are refused with what would, before anything is trained. Ranks are real processes under mpirun.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -135,6 +135,11 @@ TEST_F(ContextParallelTrain, Gpt2LayoutsReproduceTheSerialRun) {
       {4, 1, 2, "gpt2_cp2_pp2", "--parallel.cp=2 --parallel.pp=2 --pp.layers=2,1"},
       {4, 1, 4, "gpt2_cp2_tp2_sp",
        "--parallel.cp=2 --parallel.tp=2 --tp.sequence_parallel=true --train.recompute=full"},
+      // Ulysses: tp splits the 4 heads first, cp the 2 of each tp rank.
+      {4, 1, 4, "gpt2_cp2_tp2_sp_ulysses",
+       "--parallel.cp=2 --parallel.tp=2 --tp.sequence_parallel=true --cp.attention=ulysses"},
+      {4, 1, 2, "gpt2_cp2_pp2_ulysses",
+       "--parallel.cp=2 --parallel.pp=2 --pp.layers=2,1 --cp.attention=ulysses"},
   };
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
@@ -159,6 +164,10 @@ TEST_F(ContextParallelTrain, LlamaLayoutsReproduceTheSerialRun) {
       {4, 1, 4, "llama_cp2_tp2_sp", "--parallel.cp=2 --parallel.tp=2 --tp.sequence_parallel=true"},
       {4, 2, 2, "llama_cp2_dp2_zero3",
        "--parallel.cp=2 --zero.stage=3 --model.tie_embeddings=true"},
+      // Ulysses with the 2 key/value heads replicated over 4 ranks, and split over 2 beside dp.
+      {4, 1, 4, "llama_cp4_ulysses", "--parallel.cp=4 --cp.attention=ulysses"},
+      {4, 2, 2, "llama_cp2_dp2_zero1_ulysses",
+       "--parallel.cp=2 --zero.stage=1 --cp.attention=ulysses"},
   };
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
@@ -229,8 +238,11 @@ TEST_F(ContextParallelTrain, LayoutsThatCannotWorkAreRefusedWithWhatWould) {
        "tp*cp*pp = 4*2*1 = 8 does not divide the world size 4"},
       {3, "--parallel.cp=2", "parallel.cp must be one of {1, 3}"},
       {2, "--parallel.cp=2 --train.recompute=selective", "use train.recompute=none or full"},
-      {2, "--parallel.cp=2 --cp.attention=gather", "must be one of: ring, all_gather"},
+      {2, "--parallel.cp=2 --cp.attention=gather", "must be one of: ring, all_gather, ulysses"},
       {2, "--parallel.cp=2 --model.moe_experts=4", "use model.moe_experts=0 with cp"},
+      // One head cannot be split over 2 ranks' heads.
+      {2, "--parallel.cp=2 --cp.attention=ulysses --model.n_head=1",
+       "use parallel.cp in {1}, or cp.attention=ring"},
       {1, "--parallel.cp=2", "needs 2 ranks"},
   };
   for (const Bad& b : bad) {

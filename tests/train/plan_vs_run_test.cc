@@ -289,13 +289,14 @@ TEST_F(PlanVsRunLlama, PipelineParallel) {
         "--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 --model.tie_embeddings=true", {"pp"});
 }
 
-// Context parallelism (docs/context_parallel.md): the ring's and the all-gather's bytes exactly
-// as planned, and every memory category to the byte: T/cp tokens' activations, attention's saved
-// log-sum-exp, the K/V chunks in flight, ZeRO over dp x cp; with tensor parallelism (one
+// Context parallelism (docs/context_parallel.md): the ring's, the all-gather's and Ulysses' bytes
+// exactly as planned, and every memory category to the byte: T/cp tokens' activations, attention's
+// saved log-sum-exp, the K/V chunks in flight, ZeRO over dp x cp; with tensor parallelism (one
 // key/value head per rank) and with full recomputation (the ring runs again in backward).
 TEST_F(PlanVsRunLlama, ContextParallel) {
   check(2, "llama_cp_ring", "--parallel.cp=2", {"cp"});
   check(2, "llama_cp_all_gather", "--parallel.cp=2 --cp.attention=all_gather", {"cp"});
+  check(2, "llama_cp_ulysses", "--parallel.cp=2 --cp.attention=ulysses", {"cp"});
   check(4, "llama_cp2_dp2_zero3_full",
         "--parallel.cp=2 --zero.stage=3 --train.recompute=full --train.grad_accum=2", {"cp", "dp"});
   check(4, "llama_cp2_tp2_sp", "--parallel.cp=2 --parallel.tp=2 --tp.sequence_parallel=true",
