@@ -25,6 +25,8 @@ comm::flight::Phase flight_phase(Op op) {
     case Op::recv_grad:
       return Phase::recv_gradients;
     case Op::backward:
+    case Op::backward_input:
+    case Op::backward_weight:
       return Phase::backward;
     case Op::send_act:
     case Op::send_grad:
@@ -43,6 +45,12 @@ comm::flight::Phase flight_phase(Op op) {
 constexpr int kActTag = 1, kGradTag = 2;
 
 bool is_recv(Op op) { return op == Op::recv_act || op == Op::recv_grad; }
+
+// Whether an instruction is about a gradient (travelling back) rather than an activation.
+bool is_grad(Op op) {
+  return op == Op::recv_grad || op == Op::backward || op == Op::backward_input ||
+         op == Op::send_grad;
+}
 
 }  // namespace
 
@@ -63,7 +71,8 @@ StepStats Executor::run(StageModel& model, const std::function<void()>& reduce_g
 }
 
 StepStats Executor::run_forward(StageModel& model, int micro_batches) {
-  return execute(make_forward_schedule(schedule_.p, micro_batches, schedule_.v), model, {}, {});
+  return execute(make_forward_schedule(schedule_.p, micro_batches, schedule_.v, schedule_.kind),
+                 model, {}, {});
 }
 
 StepStats Executor::execute(const Schedule& program, StageModel& model,
@@ -73,6 +82,16 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
   using Key = std::tuple<bool, int, int>;  // (gradient, micro-batch, chunk)
   const std::vector<Instr>& prog = program.ranks[size_t(rank_)];
   const size_t n = model.boundary_size();
+  // A zero-bubble program's B and W; forward-only programs run any stage model.
+  SplitStageModel* split = nullptr;
+  for (const Instr& in : prog) {
+    if (in.op != Op::backward_input && in.op != Op::backward_weight) continue;
+    split = dynamic_cast<SplitStageModel*>(&model);
+    TETRA_CHECK(split,
+                "[pipeline] internal: the {} schedule needs a stage model with a split backward",
+                to_string(program.kind));
+    break;
+  }
   StepStats stats;
   Timeline& tl = stats.timeline;
   tl.busy.assign(size_t(program.p), 0.0);
@@ -99,7 +118,8 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
   auto post_next = [&](bool grad, size_t from) {
     for (size_t k = from; k < prog.size(); ++k) {
       const Instr& in = prog[k];
-      if (!is_recv(in.op) || (in.op == Op::recv_grad) != grad) continue;
+      // A transfer to itself (zb_v's turn) is handed over by its send.
+      if (!is_recv(in.op) || (in.op == Op::recv_grad) != grad || in.peer == rank_) continue;
       std::unique_ptr<Buffer> b = take();
       const comm::flight::Site site(grad ? "pp.recv_grad" : "pp.recv_act");
       comm::Work w =
@@ -134,14 +154,20 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
   for (size_t k = 0; k < prog.size(); ++k) {
     const Instr& in = prog[k];
     reap(false);
-    const Key key{in.op == Op::recv_grad || in.op == Op::backward || in.op == Op::send_grad, in.mb,
-                  in.chunk};
+    const Key key{is_grad(in.op), in.mb, in.chunk};
     const double t0 = since();
     comm::flight::enter(flight_phase(in.op), in.mb, program.stage(rank_, in.chunk));
     switch (in.op) {
       case Op::recv_act:
       case Op::recv_grad: {
         const bool grad = in.op == Op::recv_grad;
+        if (in.peer == rank_) {
+          TETRA_CHECK(received.count(key),
+                      "[pipeline] internal: rank {} receives {} mb {} chunk {} from itself "
+                      "before sending it",
+                      rank_, to_string(in.op), in.mb, in.chunk);
+          break;
+        }
         auto it = posted.find(key);
         TETRA_CHECK(it != posted.end(),
                     "[pipeline] internal: rank {} receives {} mb {} chunk {} "
@@ -159,7 +185,8 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
         break;
       }
       case Op::forward:
-      case Op::backward: {
+      case Op::backward:
+      case Op::backward_input: {
         const bool fwd = in.op == Op::forward;
         const Key incoming{!fwd, in.mb, in.chunk};
         auto got = received.find(incoming);
@@ -170,9 +197,11 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
         if (fwd) {
           model.forward(in.mb, in.chunk, input, out ? out->data() : nullptr);
           tl.peak_inflight[size_t(rank_)] = std::max(tl.peak_inflight[size_t(rank_)], ++inflight);
-        } else {
+        } else if (in.op == Op::backward) {
           model.backward(in.mb, in.chunk, input, out ? out->data() : nullptr);
           --inflight;
+        } else {
+          split->backward_input(in.mb, in.chunk, input, out ? out->data() : nullptr);
         }
         if (got != received.end()) {
           pool.push_back(std::move(got->second));
@@ -185,6 +214,15 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
         if (!fwd) tl.last_backward[size_t(rank_)] = t1;
         break;
       }
+      case Op::backward_weight: {
+        split->backward_weight(in.mb, in.chunk);
+        --inflight;
+        const double t1 = since();
+        tl.spans.push_back({rank_, to_string(in.op), in.mb, in.chunk, t0, t1});
+        tl.busy[size_t(rank_)] += t1 - t0;
+        tl.last_backward[size_t(rank_)] = t1;
+        break;
+      }
       case Op::send_act:
       case Op::send_grad: {
         auto it = outputs.find(key);
@@ -192,6 +230,15 @@ StepStats Executor::execute(const Schedule& program, StageModel& model,
                     "[pipeline] internal: rank {} sends {} mb {} chunk {} "
                     "before computing it",
                     rank_, to_string(in.op), in.mb, in.chunk);
+        if (in.peer == rank_) {
+          // zb_v's turn: the next (or, for a gradient, the previous) stage is this rank's other
+          // chunk.
+          const bool grad = in.op == Op::send_grad;
+          const int to = program.chunk_of(program.stage(rank_, in.chunk) + (grad ? -1 : 1));
+          received[{grad, in.mb, to}] = std::move(it->second);
+          outputs.erase(it);
+          break;
+        }
         const Buffer& out = *it->second;
         const comm::flight::Site site(in.op == Op::send_grad ? "pp.send_grad" : "pp.send_act");
         comm::Work w = group_.send(std::span<const float>(out.data(), out.size()), in.peer,
@@ -218,33 +265,54 @@ BubbleStats measure_bubble(const Schedule& sched, const StepStats& stats,
                            const comm::Communicator& group) {
   const Timeline& tl = stats.timeline;
   const int rank = group.rank();
-  const size_t v = size_t(sched.v), n = 2 + 2 * v;
+  // Per rank: busy, last backward, then per chunk the mean forward, backward (B and W) and W.
+  const size_t v = size_t(sched.v), n = 2 + 3 * v;
   std::vector<float> mine(n, 0.0f), all(n * size_t(sched.p));
   mine[0] = float(tl.busy[size_t(rank)]);
   mine[1] = float(tl.last_backward[size_t(rank)]);
   for (const Span& span : tl.spans) {
-    const bool fwd = span.name == "forward";
-    if (fwd || span.name == "backward") {
-      mine[2 + (fwd ? 0 : v) + size_t(span.chunk)] += float((span.end - span.start) / sched.m);
+    const float share = float((span.end - span.start) / sched.m);
+    const size_t c = size_t(span.chunk);
+    if (span.name == "forward") mine[2 + c] += share;
+    if (span.name == "backward" || span.name == "backward_input") mine[2 + v + c] += share;
+    if (span.name == "backward_weight") {
+      mine[2 + v + c] += share;
+      mine[2 + 2 * v + c] += share;
     }
   }
   group.all_gather(std::span<const float>(mine), std::span<float>(all)).wait();
-  Costs costs = Costs::uniform(sched.p * sched.v, 0.0, 0.0);
-  double flush = 0.0, busy = 0.0;
+  const int stages = sched.p * sched.v;
+  Costs costs = Costs::uniform(stages, 0.0, 0.0);
+  costs.weight.assign(size_t(stages), 0.0);
+  double flush = 0.0, busy = 0.0, f = 0.0, bw = 0.0, w = 0.0;
   for (int r = 0; r < sched.p; ++r) {
     const float* a = all.data() + size_t(r) * n;
     busy += a[0];
     flush = std::max(flush, double(a[1]));
     for (int c = 0; c < sched.v; ++c) {
-      costs.forward[size_t(sched.stage(r, c))] = a[2 + c];
-      costs.backward[size_t(sched.stage(r, c))] = a[2 + v + size_t(c)];
+      const size_t st = size_t(sched.stage(r, c));
+      costs.forward[st] = a[2 + c];
+      costs.backward[st] = a[2 + v + size_t(c)];
+      costs.weight[st] = a[2 + 2 * v + size_t(c)];
+      f += costs.forward[st] / stages;
+      bw += costs.backward[st] / stages;
+      w += costs.weight[st] / stages;
     }
   }
   BubbleStats b;
   b.measured = flush > 0 ? 1.0 - busy / sched.p / flush : 0.0;
   b.simulated = simulate(sched, costs).bubble();
-  b.formula = double(sched.p - 1) / double(sched.v * sched.m + sched.p - 1);
+  b.formula = bubble_formula(sched, f, bw, w);
   return b;
+}
+
+double bubble_formula(const Schedule& s, double forward, double backward, double weight) {
+  const double p = s.p, m = s.m;
+  if (!s.split_backward()) return (p - 1) / (double(s.v) * m + p - 1);
+  const double b = backward - weight, work = m * double(s.v) * (forward + backward);
+  const double idle =
+      (p - 1) * (s.kind == Kind::zb_h1 ? std::max(forward, forward + b - weight) : forward);
+  return idle / (work + idle);
 }
 
 }  // namespace tetra::pipeline

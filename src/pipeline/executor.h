@@ -37,6 +37,16 @@ class StageModel {
   virtual void backward(int mb, int chunk, const float* grad_output, float* grad_input) = 0;
 };
 
+/** A stage model whose backward splits in two, for the zero-bubble schedules: backward_input is
+ *  backward's gradient of the input (grad_output and grad_input as backward's) keeping what the
+ *  weight gradients need; backward_weight accumulates those gradients and frees the
+ *  micro-batch's activations. */
+class SplitStageModel : public StageModel {
+ public:
+  virtual void backward_input(int mb, int chunk, const float* grad_output, float* grad_input) = 0;
+  virtual void backward_weight(int mb, int chunk) = 0;
+};
+
 struct StepStats {
   pipeline::Timeline timeline;  // measured, seconds from the step's start
   double p2p_wait_s = 0;        // time blocked on receives (and on sends at the end)
@@ -47,8 +57,14 @@ struct StepStats {
 struct BubbleStats {
   double measured = 0;   // idle share of [0, the last backward) over every pipeline rank
   double simulated = 0;  // the simulator's bubble for this program at the measured costs
-  double formula = 0;    // (p - 1) / (v·m + p - 1)
+  double formula = 0;    // the schedule's closed form at these costs (bubble_formula)
 };
+/** The closed-form bubble of `s` when every stage costs `forward`, `backward` (of which `weight`
+ *  is W): (p - 1) / (v·m + p - 1) for GPipe, 1F1B and interleaved; zb_h1 (p - 1)(F + B - W) idle
+ *  per rank (B = backward - weight; the paper's) against m(F + B + W) of work, and zb_v the
+ *  start-up's (p - 1)·F per rank against 2m(F + B + W) (F, B, W a chunk's), each at least the
+ *  (p - 1)·F the last rank waits for its first input. */
+double bubble_formula(const Schedule& s, double forward, double backward, double weight);
 /** Gathers every pipeline rank's busy time, last backward and mean forward and backward time per
  *  chunk over `group` (collective) and compares the measured bubble with the simulated one of
  *  the same program at these costs. */
@@ -62,7 +78,7 @@ class Executor {
   Executor(Schedule schedule, comm::Communicator group, Device& device);
 
   /** Runs this rank's training program once. `reduce_grads` and `optimizer_step` run where the
-   * program says. */
+   * program says. A zero-bubble schedule needs a SplitStageModel. */
   StepStats run(StageModel& model, const std::function<void()>& reduce_grads,
                 const std::function<void()>& optimizer_step);
   /** Runs the forward-only program of `micro_batches` (make_forward_schedule) over the same

@@ -1,7 +1,9 @@
 #include "pipeline/schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 
@@ -22,6 +24,10 @@ const char* to_string(Kind k) {
       return "1f1b";
     case Kind::interleaved:
       return "interleaved";
+    case Kind::zb_h1:
+      return "zb_h1";
+    case Kind::zb_v:
+      return "zb_v";
   }
   return "?";
 }
@@ -40,6 +46,10 @@ const char* to_string(Op op) {
       return "backward";
     case Op::send_grad:
       return "send_grad";
+    case Op::backward_input:
+      return "backward_input";
+    case Op::backward_weight:
+      return "backward_weight";
     case Op::reduce_grads:
       return "reduce_grads";
     case Op::optimizer_step:
@@ -56,22 +66,122 @@ struct Emitter {
   std::vector<Instr>& out;
   int rank;
 
-  int prev() const { return (rank - 1 + s.p) % s.p; }
-  int next() const { return (rank + 1) % s.p; }
+  // The ranks of the stages before and after `chunk`'s.
+  int prev(int chunk) const { return s.rank_of(s.stage(rank, chunk) - 1); }
+  int next(int chunk) const { return s.rank_of(s.stage(rank, chunk) + 1); }
   bool first(int chunk) const { return s.stage(rank, chunk) == 0; }
   bool last(int chunk) const { return s.stage(rank, chunk) == s.p * s.v - 1; }
 
   void forward(int mb, int chunk) {
-    if (!first(chunk)) out.push_back({Op::recv_act, mb, chunk, prev()});
+    if (!first(chunk)) out.push_back({Op::recv_act, mb, chunk, prev(chunk)});
     out.push_back({Op::forward, mb, chunk, -1});
-    if (!last(chunk)) out.push_back({Op::send_act, mb, chunk, next()});
+    if (!last(chunk)) out.push_back({Op::send_act, mb, chunk, next(chunk)});
   }
-  void backward(int mb, int chunk) {
-    if (!last(chunk)) out.push_back({Op::recv_grad, mb, chunk, next()});
-    out.push_back({Op::backward, mb, chunk, -1});
-    if (!first(chunk)) out.push_back({Op::send_grad, mb, chunk, prev()});
+  // The whole backward, or (split) its B: the previous stage's gradient is sent after either.
+  void backward(int mb, int chunk, Op op = Op::backward) {
+    if (!last(chunk)) out.push_back({Op::recv_grad, mb, chunk, next(chunk)});
+    out.push_back({op, mb, chunk, -1});
+    if (!first(chunk)) out.push_back({Op::send_grad, mb, chunk, prev(chunk)});
   }
+  void weight(int mb, int chunk) { out.push_back({Op::backward_weight, mb, chunk, -1}); }
 };
+
+// The zero-bubble programs (make_schedule's comment): list scheduling at unit costs. Each rank's
+// order of F, B and W is what it ran in that simulation; the transfers go around them as in any
+// other schedule.
+void zero_bubble(Schedule& s) {
+  const int p = s.p, m = s.m, v = s.v, stages = p * v;
+  struct Task {
+    Op op;
+    int mb, chunk;
+  };
+  const size_t P = size_t(p);
+  std::vector<std::vector<Task>> order(P);
+  constexpr int kNever = std::numeric_limits<int>::max();
+  // When (mb, stage)'s input activation and output gradient are there (unit steps).
+  std::vector<std::vector<int>> act(size_t(stages), std::vector<int>(size_t(m), kNever));
+  std::vector<std::vector<int>> grad = act;
+  for (int i = 0; i < m; ++i) act[0][size_t(i)] = 0;
+  std::vector<std::vector<int>> next_f(P, std::vector<int>(size_t(v), 0)), next_b = next_f;
+  std::vector<std::deque<std::pair<int, int>>> pending_w(P);  // (mb, chunk) after B
+  // Activations held (forwarded, W not done) and, of them, not yet through B.
+  std::vector<int> held(P, 0), before_b(P, 0), clock(P, 0);
+  auto may_forward = [&](int r) {
+    if (s.kind == Kind::zb_v) return held[size_t(r)] < 2 * p;
+    return held[size_t(r)] < p && before_b[size_t(r)] < p - r;
+  };
+  const int total = 3 * m * v;  // tasks per rank
+  for (int t = 0;; ++t) {
+    bool all_done = true;
+    int soonest = kNever;  // the next time anything arrives, for ranks that found nothing
+    for (int r = 0; r < p; ++r) {
+      if (int(order[size_t(r)].size()) == total) continue;
+      all_done = false;
+      if (clock[size_t(r)] > t) continue;
+      // B first, the chunk nearer the loss first (it is also the earlier in backward order).
+      std::optional<Task> pick;
+      for (int c = v - 1; c >= 0 && !pick; --c) {
+        const int mb = next_b[size_t(r)][size_t(c)], st = s.stage(r, c);
+        if (mb < next_f[size_t(r)][size_t(c)] && grad[size_t(st)][size_t(mb)] <= t) {
+          pick = Task{Op::backward_input, mb, c};
+        }
+      }
+      for (int c = v - 1; c >= 0 && !pick && may_forward(r); --c) {
+        const int mb = next_f[size_t(r)][size_t(c)], st = s.stage(r, c);
+        if (mb < m && act[size_t(st)][size_t(mb)] <= t) pick = Task{Op::forward, mb, c};
+      }
+      if (!pick && !pending_w[size_t(r)].empty()) {
+        const auto [mb, c] = pending_w[size_t(r)].front();
+        pending_w[size_t(r)].pop_front();
+        pick = Task{Op::backward_weight, mb, c};
+      }
+      if (!pick) continue;
+      const Task k = *pick;
+      const int st = s.stage(r, k.chunk), end = t + 1;
+      if (k.op == Op::forward) {
+        ++next_f[size_t(r)][size_t(k.chunk)];
+        ++held[size_t(r)];
+        ++before_b[size_t(r)];
+        if (st + 1 < stages) {
+          act[size_t(st) + 1][size_t(k.mb)] = end;
+        } else {
+          grad[size_t(st)][size_t(k.mb)] = end;  // the loss: backward may start
+        }
+      } else if (k.op == Op::backward_input) {
+        ++next_b[size_t(r)][size_t(k.chunk)];
+        pending_w[size_t(r)].push_back({k.mb, k.chunk});
+        --before_b[size_t(r)];
+        if (st > 0) grad[size_t(st) - 1][size_t(k.mb)] = end;
+      } else {
+        --held[size_t(r)];
+      }
+      order[size_t(r)].push_back(k);
+      clock[size_t(r)] = end;
+    }
+    if (all_done) break;
+    // Ranks that found nothing at t try again when something arrives; with nothing in flight
+    // and work left, the limits admit no program.
+    for (const auto& per_stage : {&act, &grad}) {
+      for (const auto& row : *per_stage) {
+        for (int at : row) {
+          if (at > t && at < soonest) soonest = at;
+        }
+      }
+    }
+    for (int r = 0; r < p; ++r) soonest = std::min(soonest, std::max(clock[size_t(r)], t + 1));
+    TETRA_CHECK(soonest != kNever, "[pipeline] internal: {} p={} m={} finds no next task",
+                to_string(s.kind), p, m);
+    t = soonest - 1;
+  }
+  for (int r = 0; r < p; ++r) {
+    Emitter e{s, s.ranks[size_t(r)], r};
+    for (const Task& k : order[size_t(r)]) {
+      if (k.op == Op::forward) e.forward(k.mb, k.chunk);
+      if (k.op == Op::backward_input) e.backward(k.mb, k.chunk, Op::backward_input);
+      if (k.op == Op::backward_weight) e.weight(k.mb, k.chunk);
+    }
+  }
+}
 
 }  // namespace
 
@@ -80,7 +190,11 @@ Schedule make_schedule(Kind kind, int p, int m, int v) {
               "[pipeline] {} needs at least one stage and one micro-batch (got "
               "p={}, m={})",
               to_string(kind), p, m);
-  if (kind == Kind::interleaved) {
+  if (kind == Kind::zb_v) {
+    TETRA_CHECK(v == 2,
+                "[pipeline] the zb_v schedule runs two chunks per rank in a V (got v={}); set v=2",
+                v);
+  } else if (kind == Kind::interleaved) {
     TETRA_CHECK(p >= 2 && v >= 2,
                 "[pipeline] the interleaved schedule needs pp>=2 and at least 2 chunks per rank "
                 "(got pp={}, v={}); set v=2, or use 1f1b",
@@ -93,7 +207,7 @@ Schedule make_schedule(Kind kind, int p, int m, int v) {
   } else {
     TETRA_CHECK(v == 1,
                 "[pipeline] {} runs one chunk per rank (got v={}); set v=1, or use the "
-                "interleaved schedule",
+                "interleaved or zb_v schedule",
                 to_string(kind), v);
   }
   Schedule s;
@@ -102,6 +216,7 @@ Schedule make_schedule(Kind kind, int p, int m, int v) {
   s.m = m;
   s.v = v;
   s.ranks.resize(size_t(p));
+  if (s.split_backward()) zero_bubble(s);
   for (int r = 0; r < p; ++r) {
     std::vector<Instr>& out = s.ranks[size_t(r)];
     Emitter e{s, out, r};
@@ -137,6 +252,9 @@ Schedule make_schedule(Kind kind, int p, int m, int v) {
         for (int k = total - warm; k < total; ++k) e.backward(mb_of(k), bwd_chunk(k));
         break;
       }
+      case Kind::zb_h1:
+      case Kind::zb_v:
+        break;  // zero_bubble wrote the passes
     }
     out.push_back({Op::reduce_grads, -1, 0, -1});
     out.push_back({Op::optimizer_step, -1, 0, -1});
@@ -144,13 +262,13 @@ Schedule make_schedule(Kind kind, int p, int m, int v) {
   return s;
 }
 
-Schedule make_forward_schedule(int p, int m, int v) {
+Schedule make_forward_schedule(int p, int m, int v, Kind placement) {
   TETRA_CHECK(p >= 1 && m >= 1 && v >= 1,
               "[pipeline] a forward pass needs at least one stage, micro-batch and chunk (got "
               "p={}, m={}, v={})",
               p, m, v);
   Schedule s;
-  s.kind = v > 1 ? Kind::interleaved : Kind::gpipe;
+  s.kind = placement == Kind::zb_v ? Kind::zb_v : v > 1 ? Kind::interleaved : Kind::gpipe;
   s.p = p;
   s.m = m;
   s.v = v;
@@ -208,7 +326,7 @@ std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank) {
   for (const Instr& in : s.ranks[size_t(rank)]) {
     int& n = now[size_t(in.chunk)];
     if (in.op == Op::forward) peak[size_t(in.chunk)] = std::max(peak[size_t(in.chunk)], ++n);
-    if (in.op == Op::backward) --n;
+    if (in.op == Op::backward || in.op == Op::backward_weight) --n;
   }
   return peak;
 }

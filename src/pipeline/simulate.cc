@@ -8,12 +8,38 @@
 
 namespace tetra::pipeline {
 
-Costs Costs::uniform(int stages, double forward, double backward) {
+Costs Costs::uniform(int stages, double forward, double backward, double weight) {
   Costs c;
   c.forward.assign(size_t(stages), forward);
   c.backward.assign(size_t(stages), backward);
+  if (weight > 0) c.weight.assign(size_t(stages), weight);
   return c;
 }
+
+double Costs::of(Op op, int stage) const {
+  const double w = weight.empty() ? 0.0 : weight[size_t(stage)];
+  switch (op) {
+    case Op::forward:
+      return forward[size_t(stage)];
+    case Op::backward:
+      return backward[size_t(stage)];
+    case Op::backward_input:
+      return backward[size_t(stage)] - w;
+    case Op::backward_weight:
+      return w;
+    default:
+      return 0.0;
+  }
+}
+
+namespace {
+
+bool is_compute(Op op) {
+  return op == Op::forward || op == Op::backward || op == Op::backward_input ||
+         op == Op::backward_weight;
+}
+
+}  // namespace
 
 double Timeline::idle_share(int r) const { return flush > 0 ? 1.0 - busy[size_t(r)] / flush : 0.0; }
 
@@ -25,7 +51,8 @@ double Timeline::bubble() const {
 
 Timeline simulate(const Schedule& s, const Costs& c) {
   const int stages = s.p * s.v;
-  TETRA_CHECK(int(c.forward.size()) == stages && int(c.backward.size()) == stages,
+  TETRA_CHECK(int(c.forward.size()) == stages && int(c.backward.size()) == stages &&
+                  (c.weight.empty() || int(c.weight.size()) == stages),
               "[pipeline] internal: costs for {} stages given for a schedule of {}",
               c.forward.size(), stages);
   Timeline t;
@@ -57,26 +84,22 @@ Timeline simulate(const Schedule& s, const Costs& c) {
             now = it->second;
           }
           arrived.erase(it);
-        } else if (in.op == Op::send_act) {
-          arrived[{false, stage + 1, in.mb}] = now + c.transfer;
-        } else if (in.op == Op::send_grad) {
-          arrived[{true, stage - 1, in.mb}] = now + c.transfer;
+        } else if (in.op == Op::send_act || in.op == Op::send_grad) {
+          const double latency = in.peer == int(r) ? 0.0 : c.transfer;
+          arrived[{in.op == Op::send_grad, in.op == Op::send_grad ? stage - 1 : stage + 1, in.mb}] =
+              now + latency;
         } else {
-          double cost = 0;
-          if (in.op == Op::forward) cost = c.forward[size_t(stage)];
-          if (in.op == Op::backward) cost = c.backward[size_t(stage)];
+          double cost = is_compute(in.op) ? c.of(in.op, stage) : 0.0;
           if (in.op == Op::reduce_grads) cost = c.reduce;
           if (in.op == Op::optimizer_step) cost = c.step;
           t.spans.push_back({int(r), to_string(in.op), in.mb, in.chunk, now, now + cost});
           now += cost;
-          if (in.op == Op::forward || in.op == Op::backward) t.busy[r] += cost;
+          if (is_compute(in.op)) t.busy[r] += cost;
           if (in.op == Op::forward) {
             t.peak_inflight[r] = std::max(t.peak_inflight[r], ++inflight[r]);
           }
-          if (in.op == Op::backward) {
-            --inflight[r];
-            t.last_backward[r] = now;
-          }
+          if (in.op == Op::backward || in.op == Op::backward_weight) --inflight[r];
+          if (is_compute(in.op) && in.op != Op::forward) t.last_backward[r] = now;
         }
         ++pc[r];
         progress = true;

@@ -14,10 +14,14 @@ namespace tetra::pipeline {
 
 struct Costs {
   std::vector<double> forward, backward;  // seconds per micro-batch, per virtual stage (p*v)
-  double transfer = 0;                    // a send's latency until the receiver may use it
-  double reduce = 0, step = 0;            // per rank: exposed gradient reduction, the update
-  /** Every stage costs the same. */
-  static Costs uniform(int stages, double forward, double backward);
+  // Of backward, the weight gradients' part (W; a split backward's B is the rest); empty: none.
+  std::vector<double> weight;
+  double transfer = 0;          // a send's latency until the receiver may use it (0 to itself)
+  double reduce = 0, step = 0;  // per rank: exposed gradient reduction, the update
+  /** Every stage costs the same; `weight` of each `backward` is W. */
+  static Costs uniform(int stages, double forward, double backward, double weight = 0);
+  /** Seconds of `op` (forward, backward, backward_input or backward_weight) on `stage`. */
+  double of(Op op, int stage) const;
 };
 
 /** One span of a rank's time: a computation, a wait for a message, a reduction or the update. */
@@ -30,8 +34,8 @@ struct Span {
 
 struct Timeline {
   std::vector<Span> spans;
-  std::vector<double> busy;           // per rank: seconds of forward and backward
-  std::vector<double> last_backward;  // per rank: when its last backward ended
+  std::vector<double> busy;           // per rank: seconds of forward and backward (B and W)
+  std::vector<double> last_backward;  // per rank: when its last backward (B or W) ended
   std::vector<int> peak_inflight;     // per rank: most (micro-batch, chunk) activations held
   double flush = 0;                   // when the last backward of any rank ended
   double makespan = 0;                // when the last rank finished its update

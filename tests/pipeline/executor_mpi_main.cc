@@ -1,8 +1,10 @@
-// The pipeline executor across ranks on a small chain of tanh layers: for GPipe, 1F1B and
-// interleaved schedules, even and uneven stage splits and several micro-batch counts, every
-// rank's parameter gradients and the loss equal, bit for bit, those of the whole chain computed
-// serially with gradient accumulation; the update runs once, after the reduction, after every
-// backward. Exit 1 on any mismatch.
+// The pipeline executor across ranks on a small chain of tanh layers: for GPipe, 1F1B,
+// interleaved and the zero-bubble schedules (ZB-H1, and ZB-V with its V-shaped placement and the
+// hop to itself at the turn; the chain's backward split into input and weight gradients), even
+// and uneven stage splits and several micro-batch counts, every rank's parameter gradients and
+// the loss equal, bit for bit, those of the whole chain computed serially with gradient
+// accumulation; the update runs once, after the reduction, after every backward. Exit 1 on any
+// mismatch.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -61,18 +63,24 @@ struct Chain {
   // gradient of x into dx (if not null); accumulates gw, gb.
   void backward(int lo, int hi, const float* x, const std::vector<std::vector<float>>& acts,
                 std::vector<float> dy, float* dx) {
+    std::vector<std::vector<float>> dz;
+    backward_input(lo, hi, acts, std::move(dy), dx, dz);
+    backward_weight(lo, hi, x, acts, dz);
+  }
+  // The input-gradient half: dx as backward's, and each layer's dz for the weight half.
+  void backward_input(int lo, int hi, const std::vector<std::vector<float>>& acts,
+                      std::vector<float> dy, float* dx, std::vector<std::vector<float>>& dz) const {
+    dz.assign(size_t(hi - lo), {});
     for (int l = hi - 1; l >= lo; --l) {
-      const float* in = l == lo ? x : acts[size_t(l - lo - 1)].data();
       const std::vector<float>& y = acts[size_t(l - lo)];
-      std::vector<float> dz(dy.size()), din(dy.size(), 0.0f);
-      for (size_t j = 0; j < dy.size(); ++j) dz[j] = dy[j] * (1.0f - y[j] * y[j]);
+      std::vector<float>& d = dz[size_t(l - lo)];
+      std::vector<float> din(dy.size(), 0.0f);
+      d.resize(dy.size());
+      for (size_t j = 0; j < dy.size(); ++j) d[j] = dy[j] * (1.0f - y[j] * y[j]);
       for (int s = 0; s < kBatch; ++s) {
         for (int o = 0; o < kWidth; ++o) {
-          const float g = dz[s * kWidth + o];
-          gb[l][o] += g;
           for (int i = 0; i < kWidth; ++i) {
-            gw[l][o * kWidth + i] += g * in[s * kWidth + i];
-            din[s * kWidth + i] += w[l][o * kWidth + i] * g;
+            din[s * kWidth + i] += w[l][o * kWidth + i] * d[s * kWidth + o];
           }
         }
       }
@@ -80,10 +88,24 @@ struct Chain {
     }
     if (dx) std::memcpy(dx, dy.data(), dy.size() * sizeof(float));
   }
+  // The weight half: gw and gb accumulate from each layer's input and dz.
+  void backward_weight(int lo, int hi, const float* x, const std::vector<std::vector<float>>& acts,
+                       const std::vector<std::vector<float>>& dz) {
+    for (int l = hi - 1; l >= lo; --l) {
+      const float* in = l == lo ? x : acts[size_t(l - lo - 1)].data();
+      for (int s = 0; s < kBatch; ++s) {
+        for (int o = 0; o < kWidth; ++o) {
+          const float g = dz[size_t(l - lo)][s * kWidth + o];
+          gb[l][o] += g;
+          for (int i = 0; i < kWidth; ++i) gw[l][o * kWidth + i] += g * in[s * kWidth + i];
+        }
+      }
+    }
+  }
 };
 
 // The executor's view of this rank's chunks of a Chain.
-class ChainStages : public pipeline::StageModel {
+class ChainStages : public pipeline::SplitStageModel {
  public:
   ChainStages(Chain& chain, const pipeline::Schedule& s, const std::vector<int>& split, int rank)
       : chain_(chain), s_(s), rank_(rank) {
@@ -119,6 +141,23 @@ class ChainStages : public pipeline::StageModel {
                     it->second.x.data(), it->second.acts, dy, grad_input);
     saved_.erase(it);
   }
+  void backward_input(int mb, int chunk, const float* grad_output, float* grad_input) override {
+    const int stage = s_.stage(rank_, chunk);
+    Saved& sv = saved_.at({mb, chunk});
+    std::vector<float> dy(boundary_size());
+    for (size_t j = 0; j < dy.size(); ++j) {
+      dy[j] = grad_output ? grad_output[j] : sv.acts.back()[j] - Chain::target(mb, j);
+    }
+    chain_.backward_input(bounds_[size_t(stage)].first, bounds_[size_t(stage)].second, sv.acts, dy,
+                          grad_input, sv.dz);
+  }
+  void backward_weight(int mb, int chunk) override {
+    const int stage = s_.stage(rank_, chunk);
+    auto it = saved_.find({mb, chunk});
+    chain_.backward_weight(bounds_[size_t(stage)].first, bounds_[size_t(stage)].second,
+                           it->second.x.data(), it->second.acts, it->second.dz);
+    saved_.erase(it);
+  }
   size_t held() const { return saved_.size(); }
   void forget() { saved_.clear(); }
   double loss = 0;
@@ -127,6 +166,7 @@ class ChainStages : public pipeline::StageModel {
   struct Saved {
     std::vector<float> x;
     std::vector<std::vector<float>> acts;
+    std::vector<std::vector<float>> dz;  // after backward_input, for backward_weight
   };
   Chain& chain_;
   const pipeline::Schedule& s_;
@@ -159,6 +199,8 @@ int main(int argc, char** argv) {
         all.push_back({pipeline::Kind::gpipe, 1, m, uneven});
         all.push_back({pipeline::Kind::one_f_one_b, 1, m, uneven});
         if (m % p == 0) all.push_back({pipeline::Kind::interleaved, 2, m, uneven});
+        all.push_back({pipeline::Kind::zb_h1, 1, m, uneven});
+        all.push_back({pipeline::Kind::zb_v, 2, m, uneven});
       }
     }
     for (const Case& c : all) {
@@ -197,7 +239,7 @@ int main(int argc, char** argv) {
       int first = 0;
       for (int stage = 0; stage < stages; ++stage) {
         const int n = split[size_t(stage)];
-        if (stage % p == r) {
+        if (sched.rank_of(stage) == r) {
           for (int l = first; l < first + n; ++l) {
             expect(part.gw[l] == serial.gw[l] && part.gb[l] == serial.gb[l],
                    fmt::format("{}: gradient of layer {} differs", name, l));
@@ -225,9 +267,12 @@ int main(int argc, char** argv) {
       model.forget();
       // The measured timeline has every computation of this rank.
       size_t computed = 0;
-      for (const auto& sp : st.timeline.spans)
-        computed += sp.name == "forward" || sp.name == "backward";
-      expect(computed == size_t(2 * c.m * c.v), name + ": timeline spans");
+      for (const auto& sp : st.timeline.spans) {
+        computed += sp.name == "forward" || sp.name == "backward" || sp.name == "backward_input" ||
+                    sp.name == "backward_weight";
+      }
+      const size_t passes = sched.split_backward() ? 3 : 2;
+      expect(computed == passes * size_t(c.m * c.v), name + ": timeline spans");
       expect(st.timeline.peak_inflight[size_t(r)] ==
                  pipeline::simulate(sched, pipeline::Costs::uniform(stages, 1, 2))
                      .peak_inflight[size_t(r)],

@@ -14,14 +14,16 @@
 #include <set>
 
 #include "core/error.h"
+#include "pipeline/executor.h"
 #include "pipeline/simulate.h"
 #include "pipeline/trace.h"
 
 namespace tetra::pipeline {
 namespace {
 
-// Each (micro-batch, chunk) is computed forward then backward exactly once on each rank, every
-// transfer has its counterpart, and the update comes last.
+// Each (micro-batch, chunk) is computed forward then backward (or B then W) exactly once on each
+// rank, every transfer has its counterpart and goes to the rank of the next (or previous) stage,
+// and the update comes last.
 void expect_complete(const Schedule& s) {
   SCOPED_TRACE(fmt::format("{} p={} m={} v={}", to_string(s.kind), s.p, s.m, s.v));
   std::multiset<std::tuple<bool, int, int, int>> sends, recvs;  // (grad, from stage, to stage, mb)
@@ -34,22 +36,32 @@ void expect_complete(const Schedule& s) {
       if (in.op == Op::forward) {
         EXPECT_EQ(seen[key]++, 0);
       }
-      if (in.op == Op::backward) {
+      if (in.op == Op::backward || in.op == Op::backward_input) {
         EXPECT_EQ(seen[key]++, 1);
+        EXPECT_EQ(in.op == Op::backward_input, s.split_backward());
+      }
+      if (in.op == Op::backward_weight) {
+        EXPECT_EQ(seen[key]++, 2);
       }
       if (in.op == Op::send_act) sends.insert({false, stage, stage + 1, in.mb});
       if (in.op == Op::recv_act) recvs.insert({false, stage - 1, stage, in.mb});
       if (in.op == Op::send_grad) sends.insert({true, stage, stage - 1, in.mb});
       if (in.op == Op::recv_grad) recvs.insert({true, stage + 1, stage, in.mb});
       if (in.op == Op::send_act || in.op == Op::recv_grad) {
-        EXPECT_EQ(in.peer, (r + 1) % s.p);
+        EXPECT_EQ(in.peer, s.rank_of(stage + 1));
+        if (s.kind != Kind::zb_v) {
+          EXPECT_EQ(in.peer, (r + 1) % s.p);
+        }
       }
       if (in.op == Op::send_grad || in.op == Op::recv_act) {
-        EXPECT_EQ(in.peer, (r - 1 + s.p) % s.p);
+        EXPECT_EQ(in.peer, s.rank_of(stage - 1));
+        if (s.kind != Kind::zb_v) {
+          EXPECT_EQ(in.peer, (r - 1 + s.p) % s.p);
+        }
       }
     }
     EXPECT_EQ(seen.size(), size_t(s.m * s.v));
-    for (const auto& [key, n] : seen) EXPECT_EQ(n, 2);
+    for (const auto& [key, n] : seen) EXPECT_EQ(n, s.split_backward() ? 3 : 2);
     ASSERT_GE(prog.size(), 2u);
     EXPECT_EQ(prog[prog.size() - 2].op, Op::reduce_grads);
     EXPECT_EQ(prog.back().op, Op::optimizer_step);
@@ -73,9 +85,18 @@ TEST(Schedule, EveryGeneratedProgramIsCompleteAndDeadlockFree) {
         EXPECT_NO_THROW(simulate(s, Costs::uniform(p * v, 1.0, 2.0)));
         ++checked;
       }
+      // Zero-bubble programs run at costs other than the unit ones they were made with.
+      for (auto [k, v] : {std::pair{Kind::zb_h1, 1}, std::pair{Kind::zb_v, 2}}) {
+        const Schedule s = make_schedule(k, p, m, v);
+        expect_complete(s);
+        for (double w : {0.5, 1.0, 1.5}) {
+          EXPECT_NO_THROW(simulate(s, Costs::uniform(p * v, 1.0, 2.0, w)));
+        }
+        ++checked;
+      }
     }
   }
-  EXPECT_GT(checked, 250);
+  EXPECT_GT(checked, 500);
 }
 
 TEST(Schedule, UniformCostsGiveTheSeedsBubble) {
@@ -133,6 +154,50 @@ TEST(Schedule, OneFOneBHoldsAtMostPMicroBatchesGPipeHoldsM) {
       EXPECT_LE(n, t.peak_inflight[size_t(r)]);
     }
     EXPECT_GE(slots[0] + slots[1], t.peak_inflight[size_t(r)]);
+  }
+}
+
+// Zero-bubble schedules at F = B = W (a backward of 2 split evenly). No schedule of one chunk
+// per rank idles less than the (p-1)·F its last rank waits for its first input, the paper's
+// (p-1)(F+B-W) for ZB-H1 and bubble_formula's: ZB-H1 meets it at m = p and at p = 2, and stays
+// within 1.7 times it (0.43 to 0.56 of 1F1B's idle at p = 4 and 8, m = 2p and 4p), holding
+// no more than 1F1B's peak of p micro-batches on any rank. ZB-V's chunks are half a stage: its
+// bound is (p-1) chunk forwards, which it meets at p = 2 and 8 and stays within 1.35 times of,
+// holding at most 2p chunks; it idles less than ZB-H1 and than interleaving two chunks.
+TEST(Schedule, ZeroBubbleSchedulesMeetThePapersBubbleAndMemory) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      SCOPED_TRACE(fmt::format("p={} m={}", p, m));
+      const Schedule h1 = make_schedule(Kind::zb_h1, p, m);
+      const Timeline th = simulate(h1, Costs::uniform(p, 1.0, 2.0, 1.0));
+      const Timeline f = simulate(make_schedule(Kind::one_f_one_b, p, m), Costs::uniform(p, 1, 2));
+      const double bound = bubble_formula(h1, 1.0, 2.0, 1.0);
+      EXPECT_NEAR(bound, double(p - 1) / double(3 * m + p - 1), 1e-12);
+      EXPECT_GE(th.bubble(), bound - 1e-12);
+      if (m == p || p == 2) {
+        EXPECT_NEAR(th.bubble(), bound, 1e-12);
+      }
+      EXPECT_LE(th.bubble(), 1.7 * bound);
+      for (int r = 0; r < p; ++r) {
+        EXPECT_LE(th.peak_inflight[size_t(r)], p) << "rank " << r;
+        EXPECT_EQ(peak_inflight_per_chunk(h1, r), std::vector<int>{th.peak_inflight[size_t(r)]});
+      }
+
+      const Schedule v = make_schedule(Kind::zb_v, p, m, 2);
+      const Timeline tv = simulate(v, Costs::uniform(2 * p, 0.5, 1.0, 0.5));
+      const double vbound = bubble_formula(v, 0.5, 1.0, 0.5);
+      EXPECT_NEAR(vbound, double(p - 1) / double(6 * m + p - 1), 1e-12);
+      EXPECT_GE(tv.bubble(), vbound - 1e-12);
+      if (p != 4) {
+        EXPECT_NEAR(tv.bubble(), vbound, 1e-12);
+      }
+      EXPECT_LE(tv.bubble(), 1.35 * vbound);
+      EXPECT_LT(tv.bubble(), th.bubble());
+      EXPECT_LT(tv.bubble(),
+                simulate(make_schedule(Kind::interleaved, p, m, 2), Costs::uniform(2 * p, 0.5, 1.0))
+                    .bubble());
+      for (int r = 0; r < p; ++r) EXPECT_LE(tv.peak_inflight[size_t(r)], 2 * p) << "rank " << r;
+    }
   }
 }
 
