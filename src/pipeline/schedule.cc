@@ -111,13 +111,16 @@ void zero_bubble(Schedule& s) {
     return held[size_t(r)] < p && before_b[size_t(r)] < p - r;
   };
   const int total = 3 * m * v;  // tasks per rank
+  // Unit steps: a task started at t ends, and its output arrives, at t + 1.
   for (int t = 0;; ++t) {
-    bool all_done = true;
-    int soonest = kNever;  // the next time anything arrives, for ranks that found nothing
+    bool all_done = true, busy = false;
     for (int r = 0; r < p; ++r) {
       if (int(order[size_t(r)].size()) == total) continue;
       all_done = false;
-      if (clock[size_t(r)] > t) continue;
+      if (clock[size_t(r)] > t) {
+        busy = true;
+        continue;
+      }
       // B first, the chunk nearer the loss first (it is also the earlier in backward order).
       std::optional<Task> pick;
       for (int c = v - 1; c >= 0 && !pick; --c) {
@@ -157,21 +160,12 @@ void zero_bubble(Schedule& s) {
       }
       order[size_t(r)].push_back(k);
       clock[size_t(r)] = end;
+      busy = true;
     }
     if (all_done) break;
-    // Ranks that found nothing at t try again when something arrives; with nothing in flight
-    // and work left, the limits admit no program.
-    for (const auto& per_stage : {&act, &grad}) {
-      for (const auto& row : *per_stage) {
-        for (int at : row) {
-          if (at > t && at < soonest) soonest = at;
-        }
-      }
-    }
-    for (int r = 0; r < p; ++r) soonest = std::min(soonest, std::max(clock[size_t(r)], t + 1));
-    TETRA_CHECK(soonest != kNever, "[pipeline] internal: {} p={} m={} finds no next task",
-                to_string(s.kind), p, m);
-    t = soonest - 1;
+    // Nothing running and nothing started: no message is on its way, so nothing ever will be.
+    TETRA_CHECK(busy, "[pipeline] internal: the {} list scheduler (p={}, m={}) is stuck at step {}",
+                to_string(s.kind), p, m, t);
   }
   for (int r = 0; r < p; ++r) {
     Emitter e{s, s.ranks[size_t(r)], r};
