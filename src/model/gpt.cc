@@ -81,7 +81,9 @@ GptT<F>::GptT(Backend& backend, const GptConfig& config, ParamStoreT<F>& store, 
   }
   attention_ = AttentionSizes::of(k_, config, B, T, cp_);
   if (config.bf16) reserve_bf16(ledger);
-  const parallel::LayerEnv<F> env{store, *tp_, bf16_.get(), cp_};
+  weight_grads_ = std::make_unique<WeightGrads<F>>(k_, store.device(),
+                                                   MemTag{ledger, MemCategory::activations});
+  const parallel::LayerEnv<F> env{store, *tp_, bf16_.get(), cp_, weight_grads_.get()};
   register_modules(env);
   allocate_activations(ledger);
   allocate_temporaries(ledger);
@@ -384,6 +386,26 @@ void GptT<F>::forward_chunk(int chunk, int mb, const int32_t* inputs, const F* i
   TETRA_CHECK(ch.embedding || input, "[model] internal: chunk {} forward without an input", chunk);
   forward_pass(ch, s, inputs, input, BlockPass::train);
   if (output) k_.copy(output, s.x.back(), boundary_size());
+}
+
+template <typename F>
+double GptT<F>::backward_input_chunk(int chunk, int mb, const int32_t* targets,
+                                     const F* grad_output, F* grad_input, float loss_scale) {
+  weight_grads_->defer({mb, chunk});
+  double loss = 0.0;
+  try {
+    loss = backward_chunk(chunk, mb, targets, grad_output, grad_input, loss_scale);
+  } catch (...) {
+    weight_grads_->stop();
+    throw;
+  }
+  weight_grads_->stop();
+  return loss;
+}
+
+template <typename F>
+void GptT<F>::backward_weight_chunk(int chunk, int mb) {
+  weight_grads_->flush({mb, chunk});
 }
 
 template <typename F>

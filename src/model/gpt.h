@@ -80,6 +80,14 @@ class GptT {
   // gradient of the chunk's input, except on the chunk with the embedding (nullptr).
   double backward_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
                         F* grad_input, float loss_scale);
+  // Zero-bubble pipelines (docs/pipeline.md): backward_chunk in two. backward_input_chunk is
+  // backward_chunk (the input's gradient, the loss, the slot freed, the norms', biases' and
+  // embeddings' gradients) with the weight products kept, their operands copied, for
+  // backward_weight_chunk(chunk, mb) to run. The gradients equal backward_chunk's bit for bit when
+  // each chunk's W run in the order of its B.
+  double backward_input_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
+                              F* grad_input, float loss_scale);
+  void backward_weight_chunk(int chunk, int mb);
   // Forward only (evaluation) of one micro-batch through `chunk`, with inputs, input and output
   // as forward_chunk; the chunk with the head returns the mean loss against targets (B,T), any
   // other 0. Needs a free slot; keeps nothing.
@@ -221,7 +229,8 @@ class GptT {
   // Mixed precision (config.bf16): the bf16 copies of a product's operands, charged to the ledger
   // as temporaries; null in fp32.
   std::unique_ptr<Bf16Operands> bf16_;
-  AttentionSizes attention_;  // of one micro-batch
+  std::unique_ptr<WeightGrads<F>> weight_grads_;  // the layers' weight products, now or for W
+  AttentionSizes attention_;                      // of one micro-batch
   GptPart part_;
   std::vector<std::unique_ptr<BlockT<F>>> blocks_;  // by layer; null where not held
   std::unique_ptr<EmbeddingT<F>> embedding_;

@@ -357,8 +357,9 @@ void MoeMlp<F>::experts_backward(const MoeActs<F>& a, const MoeRoute& route,
   ParamStoreT<F>& st = env_.store;
   const int64_t C = c_.d_model, H = c_.ffn;
   const bool swiglu = act_ == Activation::swiglu;
-  // y = h · W_downᵀ + b: the hidden gradient and the down weights' gradient, every expert's.
-  std::vector<MatmulArgs> down, in, in_up;
+  // y = h · W_downᵀ + b: the hidden gradient and the down weights' gradient, every expert's
+  // (weight products apart: a zero-bubble schedule keeps them for W).
+  std::vector<MatmulArgs> down, down_w, in, in_w, in_up;
   int64_t off = 0;
   for (size_t le = 0; le < experts_.size(); ++le) {
     const int64_t m = route.expert_rows[le];
@@ -367,24 +368,25 @@ void MoeMlp<F>::experts_backward(const MoeActs<F>& a, const MoeRoute& route,
     const F* dy = s.dy + off * C;
     down.push_back(nn_args(s.dh + off * H, dy, st.param(e.downw), m, H, C, false,
                            down_role_.igrad.c_str(), env_.bf16));
-    down.push_back(tn_args(st.grad(e.downw), dy, a.h + off * H, C, H, m, true,
-                           down_role_.wgrad.c_str(), env_.bf16));
+    down_w.push_back(tn_args(st.grad(e.downw), dy, a.h + off * H, C, H, m, true,
+                             down_role_.wgrad.c_str(), env_.bf16));
     // The input products' gradients (SwiGLU: the gate's, then the up product's added), into dy,
     // which is spent.
     const F* x = a.x + off * C;
-    in.push_back(tn_args(st.grad(e.inw), s.dh + off * H, x, H, C, m, true, in_role_.wgrad.c_str(),
-                         env_.bf16));
+    in_w.push_back(tn_args(st.grad(e.inw), s.dh + off * H, x, H, C, m, true, in_role_.wgrad.c_str(),
+                           env_.bf16));
     in.push_back(nn_args(s.dy + off * C, s.dh + off * H, st.param(e.inw), m, C, H, false,
                          in_role_.igrad.c_str(), env_.bf16));
     if (swiglu) {
-      in.push_back(tn_args(st.grad(e.upw), s.dup + off * H, x, H, C, m, true,
-                           up_role_.wgrad.c_str(), env_.bf16));
+      in_w.push_back(tn_args(st.grad(e.upw), s.dup + off * H, x, H, C, m, true,
+                             up_role_.wgrad.c_str(), env_.bf16));
       in_up.push_back(nn_args(s.dy + off * C, s.dup + off * H, st.param(e.upw), m, C, H, true,
                               up_role_.igrad.c_str(), env_.bf16));
     }
     off += m;
   }
   run(down);
+  env_.weight_products(down_w, c_.grouped_experts);
   if (swiglu) {
     // h = silu(x · W_inᵀ) ⊙ (x · W_upᵀ); dh becomes the gate's gradient.
     k.swiglu_backward(s.dh, s.dup, s.dh, a.pre, a.up, off * H);
@@ -401,6 +403,7 @@ void MoeMlp<F>::experts_backward(const MoeActs<F>& a, const MoeRoute& route,
     }
     off += m;
   }
+  env_.weight_products(in_w, c_.grouped_experts);
   run(in);
   run(in_up);
 }
@@ -445,7 +448,8 @@ void MoeMlp<F>::backward(F* dx, const F* dout, const F* x, const MoeActs<F>& a,
   const std::vector<F> dlogits(dl.begin(), dl.end());
   device.from_host(s.dlogits, dlogits.data(), dlogits.size() * sizeof(F));
   ParamStoreT<F>& st = env_.store;
-  matmul_tn(k, st.grad(router_), s.dlogits, x, E, C, N, true, router_role_.wgrad.c_str());
+  env_.weight_product(
+      tn_args(st.grad(router_), s.dlogits, x, E, C, N, true, router_role_.wgrad.c_str()));
   matmul_nn(k, dx, s.dlogits, st.param(router_), N, C, E, true, router_role_.igrad.c_str());
 }
 

@@ -290,23 +290,31 @@ Rows<P> ulysses_rows(P* blocks, const AttentionShape& s, int64_t width, int r, i
 }  // namespace
 
 template <typename F>
-void ContextAttention<F>::ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
-                                          F* scratch) {
-  const Scratch w = carve(scratch, s);
-  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+void ContextAttention<F>::ulysses_heads_in(const F* qkv, const AttentionShape& s,
+                                           const UlyssesHeads& h, const Scratch& w) {
   const int hs = s.head_size(), kvw = s.kv_width();
   const int64_t rows = int64_t(s.B) * s.T, W = s.width(), Cq = int64_t(h.q) * hs;
-  const int64_t Wj = Cq + 2 * int64_t(h.kv) * hs;
+  const int64_t kvq = int64_t(h.kv) * hs, Wj = Cq + 2 * kvq;
   // Block j: this rank's rows of rank j's query heads and the key/value heads they read.
   for (int j = 0; j < cp_; ++j) {
     F* block = w.kv[0] + size_t(j) * w.n;
     const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
     k_->copy_rows(block, Wj, qkv + j * Cq, W, rows, Cq);
-    k_->copy_rows(block + Cq, Wj, qkv + s.C + kv0, W, rows, int64_t(h.kv) * hs);
-    k_->copy_rows(block + Cq + int64_t(h.kv) * hs, Wj, qkv + s.C + kvw + kv0, W, rows,
-                  int64_t(h.kv) * hs);
+    k_->copy_rows(block + Cq, Wj, qkv + s.C + kv0, W, rows, kvq);
+    k_->copy_rows(block + Cq + kvq, Wj, qkv + s.C + kvw + kv0, W, rows, kvq);
   }
   all_to_all(w.kv[0], w.kv[1], w.n);
+}
+
+template <typename F>
+void ContextAttention<F>::ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
+                                          F* scratch) {
+  const Scratch w = carve(scratch, s);
+  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+  const int hs = s.head_size();
+  const int64_t rows = int64_t(s.B) * s.T, Cq = int64_t(h.q) * hs;
+  const int64_t Wj = Cq + 2 * int64_t(h.kv) * hs;
+  ulysses_heads_in(qkv, s, h, w);
   // Every rank's rows for this rank's heads: attention over whole sequences, chunk by chunk.
   none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
   backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
@@ -342,14 +350,7 @@ void ContextAttention<F>::ulysses_backward(F* dqkv, const F* dout, const F* qkv,
   const int hs = s.head_size(), kvw = s.kv_width();
   const int64_t rows = int64_t(s.B) * s.T, W = s.width(), Cq = int64_t(h.q) * hs;
   const int64_t kvq = int64_t(h.kv) * hs, Wj = Cq + 2 * kvq;
-  for (int j = 0; j < cp_; ++j) {  // forward's exchange again
-    F* block = w.kv[0] + size_t(j) * w.n;
-    const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
-    k_->copy_rows(block, Wj, qkv + j * Cq, W, rows, Cq);
-    k_->copy_rows(block + Cq, Wj, qkv + s.C + kv0, W, rows, kvq);
-    k_->copy_rows(block + Cq + kvq, Wj, qkv + s.C + kvw + kv0, W, rows, kvq);
-  }
-  all_to_all(w.kv[0], w.kv[1], w.n);
+  ulysses_heads_in(qkv, s, h, w);  // forward's exchange again
   // The softmax term of the local rows (NH values each, every head's out and dout are here), and
   // dout, to the ranks of their heads.
   F* delta = w.delta;

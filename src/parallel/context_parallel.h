@@ -100,6 +100,8 @@ struct CpCounters {
                        // this rank's heads (ulysses: cp·cp times as many on 1/cp of the heads)
 };
 
+struct UlyssesHeads;
+
 /** Causal self-attention of one cp rank's 2c tokens of B sequences (AttentionShape with T = 2c
  *  local rows; C, NH, KVH this rank's heads), across the cp group. */
 template <typename F>
@@ -139,7 +141,11 @@ class ContextAttention {
   // [c, 2c)) against rank src's key/value chunks that the causal mask leaves, and counts them.
   template <typename Fn>
   void for_each_block(int src, const AttentionShape& s, Fn&& f);
-  // Ulysses: the all-to-alls around attention over the whole sequences of this rank's heads.
+  // Ulysses: the all-to-alls around attention over the whole sequences of this rank's heads;
+  // heads_in packs this rank's rows of every rank's heads into scratch kv[0] and exchanges them
+  // into kv[1] (every rank's rows of this rank's heads).
+  void ulysses_heads_in(const F* qkv, const AttentionShape& s, const UlyssesHeads& h,
+                        const Scratch& w);
   void ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s, F* scratch);
   void ulysses_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* saved,
                         const AttentionShape& s, F* scratch);

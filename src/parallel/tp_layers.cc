@@ -152,8 +152,8 @@ void ColumnParallelLinear<F>::backward(F* dx, const F* dy, const F* x, int64_t B
   ParamStoreT<F>& s = env_.store;
   Kernels<F>& k = env_.kernels();
   if (ld_ == N_) {
-    matmul_tn(k, s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(),
-              env_.bf16);
+    env_.weight_product(tn_args(s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true,
+                                weight_role_.c_str(), env_.bf16));
     if (b_ >= 0) k.bias_backward(s.grad(b_), dy, BT, N_);
     matmul_nn(k, dx, dy, s.param(w_), BT, K_, N_, accumulate, input_role_.c_str(), env_.bf16);
     return;
@@ -163,7 +163,7 @@ void ColumnParallelLinear<F>::backward(F* dx, const F* dy, const F* x, int64_t B
   MatmulArgs w = strided(s.grad(w_), K_, N_, K_, BT, true, weight_role_.c_str(), env_.bf16);
   w.a.data = dy, w.a.strides = {N_ * ld_, N_ * ld_, 1, ld_};
   w.b.data = x, w.b.strides = {BT * K_, BT * K_, K_, 1};
-  k.matmul(w);
+  env_.weight_product(w);
   // dx (BT, K) = dy (BT, N; ld) · W (N, K)
   MatmulArgs d = strided(dx, K_, BT, K_, N_, accumulate, input_role_.c_str(), env_.bf16);
   d.a.data = dy, d.a.strides = {BT * ld_, BT * ld_, ld_, 1};
@@ -176,7 +176,8 @@ void ColumnParallelLinear<F>::backward_gelu(F* dx, F* dy, const F* pre, const F*
   ParamStoreT<F>& s = env_.store;
   Kernels<F>& k = env_.kernels();
   k.gelu_bias_backward(dy, s.grad(b_), pre, dy, BT, N_);
-  matmul_tn(k, s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(), env_.bf16);
+  env_.weight_product(
+      tn_args(s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(), env_.bf16));
   matmul_nn(k, dx, dy, s.param(w_), BT, K_, N_, /*accumulate=*/false, input_role_.c_str(),
             env_.bf16);
 }
@@ -229,7 +230,8 @@ void RowParallelLinear<F>::backward(F* dx, const F* dy, const F* x, int64_t BT, 
     tp.all_gather(dy, tmp, size_t(BT / tp.size()) * N_);
     dy = tmp;
   }
-  matmul_tn(k, s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(), env_.bf16);
+  env_.weight_product(
+      tn_args(s.grad(w_), dy, x, N_, K_, BT, /*accumulate=*/true, weight_role_.c_str(), env_.bf16));
   if (b_ >= 0) k.bias_backward(s.grad(b_), dy, BT, N_);
   matmul_nn(k, dx, dy, s.param(w_), BT, K_, N_, /*accumulate=*/false, input_role_.c_str(),
             env_.bf16);

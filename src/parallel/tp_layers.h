@@ -24,11 +24,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/param_store.h"
 #include "kernels/kernels.h"
+#include "kernels/weight_grads.h"
 #include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -44,7 +46,21 @@ struct LayerEnv {
   // Context parallelism (null: none): the sequence's chunks this rank holds and attention across
   // the cp group. Positions of the rows come from its split.
   ContextAttention<F>* cp = nullptr;
+  // Where weight-gradient products go (kernels/weight_grads.h): run at once, or kept for a
+  // zero-bubble schedule's W (null: always at once).
+  WeightGrads<F>* weight_grads = nullptr;
   Kernels<F>& kernels() const { return tp.backend().template kernels<F>(); }
+  void weight_product(const MatmulArgs& product) const { weight_products({&product, 1}); }
+  /** Runs weight-gradient `products` (one group when `grouped`), or keeps them for W. */
+  void weight_products(std::span<const MatmulArgs> products, bool grouped = false) const {
+    if (weight_grads) {
+      weight_grads->run(products, grouped);
+    } else if (grouped) {
+      kernels().matmul_group(products);
+    } else {
+      for (const MatmulArgs& p : products) kernels().matmul(p);
+    }
+  }
 };
 
 /** Where the LayerNorms of one module put their weight and bias gradients. Without sequence

@@ -13,7 +13,8 @@ Kind parse_kind(const std::string& text) {
   if (text == "gpipe") return Kind::gpipe;
   if (text == "1f1b") return Kind::one_f_one_b;
   if (text == "interleaved") return Kind::interleaved;
-  fail("[pipeline] unknown schedule '{}'; use gpipe, 1f1b or interleaved", text);
+  if (text == "zb_h1") return Kind::zb_h1;
+  fail("[pipeline] unknown schedule '{}'; use gpipe, 1f1b, interleaved or zb_h1", text);
 }
 
 const char* to_string(Kind k) {

@@ -24,7 +24,8 @@ namespace tetra::pipeline {
 
 enum class Kind : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_v };
 
-/** "gpipe" | "1f1b" | "interleaved"; throws tetra::Error listing them. */
+/** "gpipe" | "1f1b" | "interleaved" | "zb_h1"; throws tetra::Error listing them. (zb_v is built
+ *  and executed on split stage models; the trainer's V placement is not.) */
 Kind parse_kind(const std::string& text);
 const char* to_string(Kind k);
 

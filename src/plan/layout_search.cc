@@ -51,7 +51,8 @@ double head_layers(const ModelSpec& m) {
 }
 
 // Each virtual stage costs its layers (the last also the head) of a slot: the forward's share of
-// the hardware FLOPs forward, the rest (backward and any recomputation) backward.
+// the hardware FLOPs forward, the rest (backward and any recomputation) backward, of which the
+// weight products are W.
 pipeline::Timeline simulate_pipeline(const ModelSpec& m, const Layout& l, double slot,
                                      double transfer) {
   const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
@@ -67,6 +68,8 @@ pipeline::Timeline simulate_pipeline(const ModelSpec& m, const Layout& l, double
     const double stage = unit * layers;
     costs.forward.push_back(fwd * stage);
     costs.backward.push_back((1.0 - fwd) * stage);
+    // Of backward, the weight products (W of a zero-bubble schedule): as many FLOPs as forward's.
+    costs.weight.push_back(fwd * stage);
   }
   return pipeline::simulate(
       pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v)), costs);
@@ -311,6 +314,7 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
             {*k.schedule, *k.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1});
       } else {
         schedules.push_back({Schedule::one_f_one_b, 1});
+        if (pp > 1 && k.zero_bubble) schedules.push_back({Schedule::zb_h1, 1});
         if (pp > 1) {
           for (int64_t v : k.v ? std::vector<int64_t>{k.v} : std::vector<int64_t>{2, 3, 4}) {
             if (pp * v <= m.n_layer) schedules.push_back({Schedule::interleaved, v});

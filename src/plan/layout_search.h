@@ -94,6 +94,7 @@ struct LayoutConstraints {
   std::optional<CpAttention> cp_attention;
   int zero = -1;
   std::optional<Schedule> schedule;
+  bool zero_bubble = true;  // training.zero_bubble: an unset schedule also tries zb_h1
   int64_t v = 0;
   int64_t microbatches = 0;
   std::string pp_layers;               // pp.layers: "" even, "auto" or explicit counts

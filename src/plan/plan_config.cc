@@ -79,6 +79,9 @@ const ConfigSchema& plan_schema() {
          "\"\" | flash | materialized"},
         {"training.restart_minutes", ValueKind::Float, "10", "time to restart after a failure",
          "[0, 1e6]"},
+        {"training.zero_bubble", ValueKind::Bool, "true",
+         "the search (pp.schedule \"\") tries the zero-bubble zb_h1 beside 1f1b and interleaved; "
+         "false: the schedules published layouts had"},
         {"parallel.tp", ValueKind::Int, "0", "tensor parallel (0 = search)", "[0, 10000000]",
          "layout.tp"},
         {"parallel.pp", ValueKind::Int, "0", "pipeline stages (0 = search)", "[0, 10000000]",
@@ -96,7 +99,7 @@ const ConfigSchema& plan_schema() {
          "\"\" | ring | all_gather | ulysses"},
         {"zero.stage", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]", "layout.zero"},
         {"pp.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
-         "\"\" | gpipe | 1f1b | interleaved", "layout.schedule"},
+         "\"\" | gpipe | 1f1b | interleaved | zb_h1", "layout.schedule"},
         {"pp.chunks", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)", "[0, 1024]",
          "layout.v"},
         {"pp.layers", ValueKind::String, "\"\"",
@@ -193,6 +196,7 @@ LayoutConstraints layout_from(const Config& cfg) {
   k.microbatches = cfg.i("train.grad_accum");
   if (!cfg.s("pp.schedule").empty()) k.schedule = pipeline::parse_kind(cfg.s("pp.schedule"));
   k.pp_layers = cfg.s("pp.layers");
+  k.zero_bubble = cfg.b("training.zero_bubble");
   if (!cfg.s("cp.attention").empty())
     k.cp_attention = cp_attention_from_string(cfg.s("cp.attention"));
   if (!cfg.s("train.recompute").empty()) {

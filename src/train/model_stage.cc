@@ -46,4 +46,11 @@ void ModelStage::backward(int mb, int chunk, const float* grad_output, float* gr
                                  1.0f / float(m_));
 }
 
+void ModelStage::backward_input(int mb, int chunk, const float* grad_output, float* grad_input) {
+  loss_ += model_.backward_input_chunk(chunk, mb, targets_ + row(mb), grad_output, grad_input,
+                                       1.0f / float(m_));
+}
+
+void ModelStage::backward_weight(int mb, int chunk) { model_.backward_weight_chunk(chunk, mb); }
+
 }  // namespace tetra

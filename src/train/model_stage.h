@@ -14,7 +14,7 @@
 
 namespace tetra {
 
-class ModelStage final : public pipeline::StageModel {
+class ModelStage final : public pipeline::SplitStageModel {
  public:
   /** `cp`: context-parallel attention across more than one rank, whose split of each sequence
    *  the model gets (null: whole sequences). */
@@ -33,6 +33,8 @@ class ModelStage final : public pipeline::StageModel {
   size_t boundary_size() const override { return model_.boundary_size(); }
   void forward(int mb, int chunk, const float* input, float* output) override;
   void backward(int mb, int chunk, const float* grad_output, float* grad_input) override;
+  void backward_input(int mb, int chunk, const float* grad_output, float* grad_input) override;
+  void backward_weight(int mb, int chunk) override;
 
  private:
   size_t row(int mb) const { return size_t(mb) * size_t(model_.batch()) * size_t(model_.seq()); }

@@ -115,7 +115,9 @@ void Trainer::setup(const std::string& config_toml) {
   // compute (1F1B on one pipeline rank). Otherwise they start after the last backward (the
   // program's reduce_grads), on a pipeline once the tied wte's gradient has been summed over the
   // embedding group.
-  if (layout_->pp_size() > 1 || opt_.parallel.pp_kind == pipeline::Kind::gpipe)
+  // A zero-bubble schedule's weight gradients are final only after the last W.
+  if (layout_->pp_size() > 1 || opt_.parallel.pp_kind == pipeline::Kind::gpipe ||
+      opt_.parallel.pp_kind == pipeline::Kind::zb_h1)
     zero.overlap = false;
   zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
                                                    parallel::ExpertGroup{edp, opt_.model.ep});

@@ -136,6 +136,53 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
   }
 }
 
+// ZB-H1 (docs/pipeline.md, "Zero bubble") against 1F1B on the same layout: the backward split
+// into B and W, the weight products run later on copies of their operands, changes the order of
+// work but no number (each chunk's W run in micro-batch order, into the same accumulation), so
+// the losses and the final weights are the 1F1B run's bit for bit under pp 2 and 4, pp 2 x tp 2
+// with sequence parallelism, pp 2 x dp 2 under ZeRO-1 and a MoE model at pp 2 x ep 2. The
+// metrics carry its bubble; ZeRO-2 and 3, which reduce at the backward, are refused.
+TEST_F(PipelineParallel, ZeroBubbleH1TrainsAsOneFOneBBitForBit) {
+  struct Layout {
+    int ranks;
+    std::string flags;
+    int accum = 4;
+  };
+  const std::string moe = "--model.moe_experts=4 --model.moe_top_k=2 --parallel.ep=2 ";
+  const Layout layouts[] = {
+      {2, "--parallel.pp=2"},
+      {4, "--parallel.pp=4 --pp.layers=1,2,3,2"},
+      {4, "--parallel.pp=2 --parallel.tp=2 --tp.sequence_parallel=true"},
+      {4, "--parallel.pp=2 --zero.stage=1", 2},
+      {4, moe + "--parallel.pp=2 --zero.stage=1", 2},
+  };
+  int n = 0;
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(fmt::format("{} ranks: {}", l.ranks, l.flags));
+    const std::string name = fmt::format("zb{}", n++);
+    const LayoutRun ref =
+        train(l.ranks, name + "-1f1b", l.flags + " --pp.schedule=1f1b", kPpSteps, l.accum);
+    const LayoutRun zb = train(l.ranks, name, l.flags + " --pp.schedule=zb_h1", kPpSteps, l.accum);
+    ASSERT_EQ(ref.code, 0) << ref.output;
+    ASSERT_EQ(zb.code, 0) << zb.output;
+    ASSERT_EQ(zb.loss.size(), size_t(kPpSteps));
+    EXPECT_EQ(zb.loss, ref.loss);
+    ASSERT_EQ(zb.weights.tensors.size(), ref.weights.tensors.size());
+    for (const auto& [tensor, t] : ref.weights.tensors) {
+      EXPECT_TRUE(t.to_f32() == zb.weights.tensors.at(tensor).to_f32()) << tensor;
+    }
+    for (const auto& m : metrics(name)) {
+      EXPECT_TRUE(m.contains("pp_bubble") && m.contains("pp_bubble_sim")) << m.dump();
+    }
+  }
+  const testing::Ran r =
+      testing::run_command(testing::tetra_command(2, args("zb-refused",
+                                                          "--parallel.pp=2 --pp.schedule=zb_h1 "
+                                                          "--zero.stage=2")));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("use zero.stage=0 or 1 with zb_h1"), std::string::npos) << r.output;
+}
+
 // A pipeline's checkpoint holds every tensor once (the head's copy of wte is not written) and
 // resumes on one rank; that rank's checkpoint resumes on a pipeline of another schedule with two
 // data-parallel replicas under ZeRO-2: both continue the uninterrupted pipeline run (losses and
