@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -137,12 +138,15 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
 }
 
 // ZB-H1 (docs/pipeline.md, "Zero bubble") against 1F1B on the same layout: the backward split
-// into B and W, the weight products run later on copies of their operands, changes the order of
-// work but no number (each chunk's W run in micro-batch order, into the same accumulation), so
-// the losses and the final weights are the 1F1B run's bit for bit under pp 2 and 4, pp 2 x tp 2
-// with sequence parallelism, pp 2 x dp 2 under ZeRO-1 and a MoE model at pp 2 x ep 2. The
-// metrics carry its bubble; ZeRO-2 and 3, which reduce at the backward, are refused.
-TEST_F(PipelineParallel, ZeroBubbleH1TrainsAsOneFOneBBitForBit) {
+// into B and W, the weight products run later on copies of their operands (same shapes and
+// strides), changes the order of work but no operation (each chunk's W run in micro-batch
+// order, into the same accumulation). Measured on an AVX-512 EPYC: the losses and final weights
+// are the 1F1B run's bit for bit under pp 2 and 4, pp 2 x tp 2 with sequence parallelism,
+// pp 2 x dp 2 under ZeRO-1 and a MoE model at pp 2 x ep 2. A matmul library may still pick
+// another kernel for an operand at another address, so they are held to the pipeline tests'
+// bound, and the test prints whether they were bitwise. The metrics carry its bubble; ZeRO-2
+// and 3, which reduce at the backward, are refused.
+TEST_F(PipelineParallel, ZeroBubbleH1TrainsAsOneFOneB) {
   struct Layout {
     int ranks;
     std::string flags;
@@ -166,11 +170,13 @@ TEST_F(PipelineParallel, ZeroBubbleH1TrainsAsOneFOneBBitForBit) {
     ASSERT_EQ(ref.code, 0) << ref.output;
     ASSERT_EQ(zb.code, 0) << zb.output;
     ASSERT_EQ(zb.loss.size(), size_t(kPpSteps));
-    EXPECT_EQ(zb.loss, ref.loss);
-    ASSERT_EQ(zb.weights.tensors.size(), ref.weights.tensors.size());
+    testing::expect_same_trajectory(ref, zb, kPpTol, kPpSteps);
+    bool bitwise = zb.loss == ref.loss;
     for (const auto& [tensor, t] : ref.weights.tensors) {
-      EXPECT_TRUE(t.to_f32() == zb.weights.tensors.at(tensor).to_f32()) << tensor;
+      bitwise = bitwise && t.to_f32() == zb.weights.tensors.at(tensor).to_f32();
     }
+    std::cout << "[ zb_h1    ] " << l.flags << ": " << (bitwise ? "bit for bit" : "within bound")
+              << " of 1f1b\n";
     for (const auto& m : metrics(name)) {
       EXPECT_TRUE(m.contains("pp_bubble") && m.contains("pp_bubble_sim")) << m.dump();
     }
