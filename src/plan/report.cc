@@ -370,7 +370,32 @@ json plan_report(const PlanInputs& in, int top) {
                  {"fraction", chosen.bubble},
                  {"formula", chosen.bubble_formula},
                  {"ratio", l.pp > 1 ? bubble_ratio(l.schedule, l.pp, l.microbatches, l.v) : 0.0},
-                 {"seconds", chosen.bubble_seconds}};
+                 {"seconds", chosen.bubble_seconds},
+                 {"schedules", json::array()}};
+  if (l.pp > 1) {
+    // What each schedule buys on this grid: the same layout under 1F1B and zb_h1 (its stages),
+    // and interleaved v=2 (twice the stages, balanced when the layers do not divide), simulated.
+    for (auto [s, v] : {std::pair{Schedule::one_f_one_b, int64_t(1)},
+                        std::pair{Schedule::interleaved, int64_t(2)},
+                        std::pair{Schedule::zb_h1, int64_t(1)}}) {
+      Layout la = l;
+      la.schedule = s;
+      la.v = v;
+      if (v != l.v) {
+        la.split.clear();
+        const std::string spec = m.n_layer % (l.pp * v) != 0 ? "auto" : "";
+        if (!resolve_split(m, spec, la).empty()) continue;
+      }
+      if (!layout_problem(m, c, t, la).empty()) continue;
+      const LayoutEstimate e =
+          s == l.schedule && v == l.v ? chosen : evaluate_layout(m, c, t, la);
+      r["bubble"]["schedules"].push_back({{"schedule", s == Schedule::interleaved
+                                                           ? std::string("interleaved v=2")
+                                                           : std::string(to_string(s))},
+                                          {"bubble", e.bubble},
+                                          {"step_seconds", e.step_seconds}});
+    }
+  }
 
   // 5. Checkpoint.
   const CheckpointPlan cp =
@@ -564,9 +589,16 @@ std::string format_report(const json& r, bool explain) {
       b["schedule"].get<std::string>(), b["p"].get<int64_t>(), b["m"].get<int64_t>(),
       b["schedule"] == "interleaved" ? fmt::format(" v={}", b["v"].get<int64_t>()) : std::string(),
       b["fraction"].get<double>() * 100, hs(b["seconds"]),
-      b["p"].get<int64_t>() > 1 ? fmt::format("; the closed form (p-1)/(v*m+p-1) gives {:.1f}%",
-                                              b["formula"].get<double>() * 100)
-                                : std::string()));
+      b["p"].get<int64_t>() > 1
+          ? fmt::format("; the closed form {} gives {:.1f}%",
+                        b["schedule"] == "zb_h1" ? "(p-1)/(3m+p-1)" : "(p-1)/(v*m+p-1)",
+                        b["formula"].get<double>() * 100)
+          : std::string()));
+  for (const json& s : b["schedules"]) {
+    line(fmt::format("  {:<16} bubble {:5.1f}%  step {}{}", s["schedule"].get<std::string>(),
+                     s["bubble"].get<double>() * 100, hs(s["step_seconds"]),
+                     s["schedule"] == b["schedule"] ? "  (this layout)" : ""));
+  }
   if (!b["split"].empty()) {
     line(fmt::format("  uneven stages, layers per stage: {}",
                      fmt::join(b["split"].get<std::vector<int>>(), ",")));

@@ -64,6 +64,14 @@ TEST(PlanCli, ZeroBubbleScheduleShortensTheSeventyBStep) {
   EXPECT_EQ(a["layout"]["schedule"], "zb_h1") << a["layout"].dump();
   EXPECT_NE(b["layout"]["schedule"], "zb_h1") << b["layout"].dump();
   EXPECT_LT(a["layout"]["step_seconds"].get<double>(), b["layout"]["step_seconds"].get<double>());
+  // The bubble section lists the grid under each schedule; zb_h1's row is the chosen layout.
+  const auto& rows = a["bubble"]["schedules"];
+  ASSERT_EQ(rows.size(), 3u) << a["bubble"].dump();
+  EXPECT_EQ(rows[0]["schedule"], "1f1b");
+  EXPECT_EQ(rows[1]["schedule"], "interleaved v=2");
+  EXPECT_EQ(rows[2]["schedule"], "zb_h1");
+  EXPECT_EQ(rows[2]["step_seconds"], a["layout"]["step_seconds"]);
+  EXPECT_LT(rows[2]["bubble"].get<double>(), rows[0]["bubble"].get<double>());
 }
 
 // --explain: why each listed layout beats the next, and the chosen layout's step in the seed's
