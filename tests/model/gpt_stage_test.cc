@@ -2,7 +2,9 @@
 // chunks) and driven chunk by chunk, with the boundary activations and gradients handed over by
 // hand, gives the whole model's loss and gradients (the tied wte's as the sum of the embedding's
 // gradient and the head copy's); every part's tensors start equal to the whole model's; slots
-// hold several micro-batches in flight and are charged to the ledger.
+// hold several micro-batches in flight and are charged to the ledger. A zero-bubble schedule's
+// split backward (B now, the weight products later) gives the unsplit backward's gradients bit for
+// bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -166,6 +168,133 @@ TEST(GptStage, SlotsAreChargedToTheLedgerAndRefuseOneTooMany) {
   g.forward_chunk(0, 0, in.data(), nullptr, out.data());
   EXPECT_THROW(g.forward_chunk(0, 1, in.data(), nullptr, out.data()), Error);
   EXPECT_THROW(g.forward_backward(in.data(), in.data(), 1.0f), Error);  // a part, not the whole
+}
+
+// Zero-bubble pipelines (docs/pipeline.md): each chunk's backward split into B,
+// backward_input_chunk, which keeps the weight products with copies of their operands, and W,
+// backward_weight_chunk, which runs them. Two parts of two layers each run m micro-batches
+// forward, every B, then the W's in micro-batch order per chunk; the loss and every gradient
+// equal, bit for bit, the same parts run with the unsplit backward: GPT-2, Llama (GQA, SwiGLU, an
+// untied head) and a MoE model, under each recomputation, in float and double.
+template <typename F>
+void expect_split_backward_matches(const GptConfig& c, Recompute r) {
+  const int B = 2, T = 5, m = 3, p = 2;
+  const std::vector<int> begin = {0, 2, 4};
+  const auto in = tokens(B * T * m, 5), tg = tokens(B * T * m, 6);
+  struct Half {
+    ParamStoreT<F> store;
+    std::unique_ptr<GptT<F>> model;
+  };
+  auto make = [&] {
+    std::vector<std::unique_ptr<Half>> parts;
+    for (int k = 0; k < p; ++k) {
+      GptPart gp;
+      gp.chunks.push_back({begin[size_t(k)], begin[size_t(k) + 1], m});
+      gp.embedding = k == 0;
+      gp.head = k == p - 1;
+      auto h = std::make_unique<Half>();
+      h->model =
+          std::make_unique<GptT<F>>(cpu_backend(), c, h->store, B, T, r, nullptr, nullptr, gp);
+      h->store.finalize({});
+      h->store.init(11);
+      h->store.grads().zero();
+      parts.push_back(std::move(h));
+    }
+    return parts;
+  };
+  auto run = [&](std::vector<std::unique_ptr<Half>>& parts, bool split) {
+    const size_t n = parts[0]->model->boundary_size();
+    const std::vector<std::vector<F>> zeros(static_cast<size_t>(m), std::vector<F>(n));
+    std::vector<std::vector<F>> acts = zeros, grads = zeros;
+    for (int mb = 0; mb < m; ++mb) {
+      parts[0]->model->forward_chunk(0, mb, in.data() + mb * B * T, nullptr,
+                                     acts[size_t(mb)].data());
+      parts[1]->model->forward_chunk(0, mb, in.data() + mb * B * T, acts[size_t(mb)].data(),
+                                     nullptr);
+    }
+    double loss = 0;
+    for (int mb = 0; mb < m; ++mb) {
+      const int32_t* y = tg.data() + mb * B * T;
+      F* g = grads[size_t(mb)].data();
+      if (split) {
+        loss += parts[1]->model->backward_input_chunk(0, mb, y, nullptr, g, 1.0f / m);
+        loss += parts[0]->model->backward_input_chunk(0, mb, y, g, nullptr, 1.0f / m);
+      } else {
+        loss += parts[1]->model->backward_chunk(0, mb, y, nullptr, g, 1.0f / m);
+        loss += parts[0]->model->backward_chunk(0, mb, y, g, nullptr, 1.0f / m);
+      }
+    }
+    if (split) {
+      // B left every matrix's gradient to W (the embeddings' lookups excepted).
+      for (const auto& h : parts) {
+        for (TensorId id = 0; id < TensorId(h->store.tensors().size()); ++id) {
+          const ParamSpec& spec = h->store.tensor(id).spec;
+          if (spec.shape.size() != 2 || spec.name.find("wte") != std::string::npos ||
+              spec.name.find("wpe") != std::string::npos ||
+              spec.name.find("embed") != std::string::npos) {
+            continue;
+          }
+          bool zero = true;
+          for (int64_t i = 0; i < h->store.tensor(id).numel(); ++i) {
+            zero = zero && h->store.grad(id)[i] == F(0);
+          }
+          EXPECT_TRUE(zero) << spec.name << " has a gradient before its W";
+        }
+      }
+    }
+    for (int mb = 0; split && mb < m; ++mb) {
+      parts[1]->model->backward_weight_chunk(0, mb);
+      parts[0]->model->backward_weight_chunk(0, mb);
+    }
+    return loss;
+  };
+  auto whole = make(), split = make();
+  EXPECT_EQ(run(split, true), run(whole, false));
+  for (int k = 0; k < p; ++k) {
+    ParamStoreT<F>& a = whole[size_t(k)]->store;
+    ParamStoreT<F>& b = split[size_t(k)]->store;
+    for (TensorId id = 0; id < TensorId(a.tensors().size()); ++id) {
+      const int64_t count = a.tensor(id).numel();
+      bool same = true;
+      bool nonzero = false;
+      for (int64_t i = 0; i < count; ++i) {
+        same = same && a.grad(id)[i] == b.grad(id)[i];
+        nonzero = nonzero || a.grad(id)[i] != F(0);
+      }
+      EXPECT_TRUE(same) << a.tensor(id).spec.name << " on part " << k;
+      EXPECT_TRUE(nonzero) << a.tensor(id).spec.name << " on part " << k;
+    }
+  }
+}
+
+GptConfig llama_config() {
+  GptConfig c = GptConfig::make(37, 4, 4, 16, 8, 64);
+  LlamaShape l;
+  l.n_kv_head = 2;
+  l.ffn = 20;
+  c.set_llama(l);
+  return c;
+}
+
+GptConfig moe_config() {
+  GptConfig c = GptConfig::make(37, 4, 2, 16, 8, 64);
+  MoeConfig e;
+  e.experts = 4;
+  e.top_k = 2;
+  e.capacity_factor = 0;
+  c.set_moe(e);
+  return c;
+}
+
+TEST(GptStage, SplitBackwardGivesTheUnsplitGradientsBitForBit) {
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    SCOPED_TRACE(recompute_name(r));
+    for (const GptConfig& c : {config(), llama_config(), moe_config()}) {
+      SCOPED_TRACE(c.llama() ? "llama" : c.moe.experts ? "moe" : "gpt2");
+      expect_split_backward_matches<double>(c, r);
+      expect_split_backward_matches<float>(c, r);
+    }
+  }
 }
 
 }  // namespace
