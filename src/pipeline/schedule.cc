@@ -321,7 +321,7 @@ std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank) {
   for (const Instr& in : s.ranks[size_t(rank)]) {
     int& n = now[size_t(in.chunk)];
     if (in.op == Op::forward) peak[size_t(in.chunk)] = std::max(peak[size_t(in.chunk)], ++n);
-    if (in.op == Op::backward || in.op == Op::backward_weight) --n;
+    if (in.op == Op::backward || in.op == Op::backward_input) --n;
   }
   return peak;
 }

@@ -94,8 +94,9 @@ Schedule make_schedule(Kind kind, int p, int m, int v = 1);
 Schedule make_forward_schedule(int p, int m, int v = 1, Kind placement = Kind::gpipe);
 
 /** The most micro-batches whose activations each of `rank`'s chunks holds at once (forwarded, not
- * yet backward, or not yet through its W): how many a stage model must keep for the program
- * (GPipe m, 1F1B p - rank). */
+ * yet through backward, or B of a split backward): the slots a stage model keeps for the program
+ * (GPipe m, 1F1B and zb_h1 at most p - rank). A split backward's W reads copies of what it needs,
+ * held from B to W (kernels/weight_grads.h), not the slot. */
 std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank);
 
 /** A stage split: layers per pipeline stage (p*v entries, virtual stage order). */
