@@ -7,7 +7,7 @@
     median tokens/s and its ratio to pp = 1, the measured bubble (1 - mean busy / the last
     backward, from the executor's spans), the simulated one at the measured stage costs, and the
     time rank 0 was blocked on point-to-point transfers per step.
-(b) p x m x schedule (GPipe, 1F1B, interleaved v=2 and the zero-bubble ZB-H1) on a model with
+(b) p x m x schedule (GPipe, 1F1B, interleaved v=2, the zero-bubble ZB-H1 and ZB-V) on a model with
     uniform stages (its embedding and head are small against its blocks): the closed form
     ((p-1)/(v*m+p-1); ZB-H1's (p-1)(F+B-W) bound), the simulated bubble (the simulator on the
     same program at the measured costs), the measured one, tokens/s and the first stage's peak
@@ -78,7 +78,8 @@ def part_b(a, workdir, data):
     for m in (2, 4, 8):
         for sched, flags in (("gpipe", ["--pp.schedule=gpipe"]), ("1f1b", []),
                              ("interleaved v=2", ["--pp.schedule=interleaved", "--pp.chunks=2"]),
-                             ("zb_h1", ["--pp.schedule=zb_h1"])):
+                             ("zb_h1", ["--pp.schedule=zb_h1"]),
+                             ("zb_v", ["--pp.schedule=zb_v", "--pp.chunks=2"])):
             r = run(a, workdir, data, f"b-m{m}-{sched.split()[0]}", 2, 1, UNIFORM, 2, 64,
                     [f"--train.grad_accum={m}", "--parallel.pp=2"] + flags)
             res.append(dict(p=2, m=m, schedule=sched, **r))

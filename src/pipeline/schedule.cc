@@ -14,7 +14,8 @@ Kind parse_kind(const std::string& text) {
   if (text == "1f1b") return Kind::one_f_one_b;
   if (text == "interleaved") return Kind::interleaved;
   if (text == "zb_h1") return Kind::zb_h1;
-  fail("[pipeline] unknown schedule '{}'; use gpipe, 1f1b, interleaved or zb_h1", text);
+  if (text == "zb_v") return Kind::zb_v;
+  fail("[pipeline] unknown schedule '{}'; use gpipe, 1f1b, interleaved, zb_h1 or zb_v", text);
 }
 
 const char* to_string(Kind k) {

@@ -24,8 +24,7 @@ namespace tetra::pipeline {
 
 enum class Kind : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_v };
 
-/** "gpipe" | "1f1b" | "interleaved" | "zb_h1"; throws tetra::Error listing them. (zb_v is built
- *  and executed on split stage models; the trainer's V placement is not.) */
+/** "gpipe" | "1f1b" | "interleaved" | "zb_h1" | "zb_v"; throws tetra::Error listing them. */
 Kind parse_kind(const std::string& text);
 const char* to_string(Kind k);
 

@@ -312,7 +312,7 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     d.dim = "pp";
     d.what = "send activations fwd + gradients bwd at stage boundaries";
     d.group = l.pp;
-    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const int64_t v = chunks_per_rank(l);
     d.calls = 2 * l.microbatches * v;
     const int64_t stride = l.tp * l.cp * l.dp;
     d.placement = place_group(stride, l.pp, gpn);

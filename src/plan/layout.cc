@@ -6,17 +6,23 @@
 
 namespace tetra::plan {
 
+int64_t chunks_per_rank(const Layout& l) {
+  return l.schedule == Schedule::interleaved || l.schedule == Schedule::zb_v ? l.v : 1;
+}
+
+int64_t stage_of(const Layout& l, int64_t rank, int64_t chunk) {
+  return l.schedule == Schedule::zb_v && chunk == 1 ? 2 * l.pp - 1 - rank : chunk * l.pp + rank;
+}
+
 int64_t rank_layers(const Layout& l, int64_t layers, int64_t rank) {
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
   if (l.split.empty()) return layers / l.pp;
   int64_t n = 0;
-  for (int64_t c = 0; c < v; ++c) n += l.split[size_t(c * l.pp + rank)];
+  for (int64_t c = 0; c < chunks_per_rank(l); ++c) n += l.split[size_t(stage_of(l, rank, c))];
   return n;
 }
 
 int64_t stage_layers(const Layout& l, int64_t layers, int64_t stage) {
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
-  return l.split.empty() ? layers / (l.pp * v) : int64_t(l.split[size_t(stage)]);
+  return l.split.empty() ? layers / (l.pp * chunks_per_rank(l)) : int64_t(l.split[size_t(stage)]);
 }
 
 int64_t stage_first_layer(const Layout& l, int64_t layers, int64_t stage) {

@@ -38,6 +38,12 @@ struct Layout {
   int64_t dp_cp() const { return dp * cp; }
 };
 
+/** Model chunks per pipeline rank: l.v under interleaved and zb_v, 1 otherwise. */
+int64_t chunks_per_rank(const Layout& l);
+/** The virtual stage of pipeline rank `rank`'s chunk `chunk` (pipeline::Schedule::stage: c·pp + r,
+ *  zb_v's second chunk 2·pp-1-r). */
+int64_t stage_of(const Layout& l, int64_t rank, int64_t chunk);
+
 /** Layers of virtual stage `stage` (0..pp*v-1). */
 int64_t stage_layers(const Layout& l, int64_t layers, int64_t stage);
 

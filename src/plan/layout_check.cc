@@ -15,7 +15,7 @@
 namespace tetra::plan {
 
 std::string resolve_split(const ModelSpec& m, const std::string& spec, Layout& l) {
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const int64_t v = chunks_per_rank(l);
   l.split.clear();
   if (spec.empty() && m.n_layer % (l.pp * v) == 0) return "";
   const ParamCounts pc = count_params(m);
@@ -111,7 +111,7 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
           l.cp, heads, kv);
     }
   }
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const int64_t v = chunks_per_rank(l);
   if (l.split.empty() && m.n_layer % (l.pp * v) != 0) {
     return fmt::format(
         "[plan] layers={} is not divisible by pp={}{}; use pp (x v) dividing {}, or uneven "

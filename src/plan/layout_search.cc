@@ -55,7 +55,7 @@ double head_layers(const ModelSpec& m) {
 // weight products are W.
 pipeline::Timeline simulate_pipeline(const ModelSpec& m, const Layout& l, double slot,
                                      double transfer) {
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const int64_t v = chunks_per_rank(l);
   const int stages = int(l.pp * v);
   const FlopsPerToken f = flops_per_token(m, l.recompute);
   const double fwd = f.model() / 3.0 / f.hardware();
@@ -206,7 +206,7 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
     pipeline_seconds = sim.flush_per_slot * slot;
     e.bubble = sim.bubble;
     e.bubble_formula = bubble_fraction(l.schedule, l.pp, l.microbatches, l.v);
-    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const int64_t v = chunks_per_rank(l);
     double pp_total = 0;
     for (const auto& d : e.comm) {
       if (d.dim == "pp") pp_total = d.seconds;
@@ -257,7 +257,9 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   l.cp_attention = k.cp_attention.value_or(CpAttention::ring);
   l.zero = k.zero;
   l.schedule = k.schedule.value_or(Schedule::one_f_one_b);
-  l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1;
+  l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2)
+        : l.schedule == Schedule::zb_v      ? 2
+                                            : 1;
   l.recompute = k.recompute.value_or(t.recompute);
   const int64_t per_replica = seqs / std::max<int64_t>(l.dp, 1);
   if (k.microbatches) {
@@ -310,8 +312,9 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
       }
       std::vector<std::pair<Schedule, int64_t>> schedules;
       if (k.schedule) {
-        schedules.push_back(
-            {*k.schedule, *k.schedule == Schedule::interleaved ? (k.v ? k.v : 2) : 1});
+        schedules.push_back({*k.schedule, *k.schedule == Schedule::interleaved ? (k.v ? k.v : 2)
+                                          : *k.schedule == Schedule::zb_v      ? 2
+                                                                               : 1});
       } else {
         schedules.push_back({Schedule::one_f_one_b, 1});
         if (pp > 1 && k.zero_bubble) schedules.push_back({Schedule::zb_h1, 1});

@@ -84,10 +84,10 @@ LocalParams rank_params(const ModelSpec& m, const Layout& l, int64_t r) {
 }
 
 int64_t rank_moe_layers(const ModelSpec& m, const Layout& l, int64_t r) {
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const int64_t v = chunks_per_rank(l);
   int64_t n = 0;
   for (int64_t c = 0; c < v; ++c) {
-    const int64_t stage = c * l.pp + r;
+    const int64_t stage = stage_of(l, r, c);
     const int64_t first = stage_first_layer(l, m.n_layer, stage);
     n += m.moe_layers(first, first + stage_layers(l, m.n_layer, stage));
   }
@@ -111,7 +111,7 @@ std::vector<double> held_layer_microbatches(const Layout& l, int64_t layers) {
     const double held = l.schedule == Schedule::gpipe ? double(l.microbatches) : 1.0;
     return {held * double(layers)};
   }
-  const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+  const int64_t v = chunks_per_rank(l);
   const pipeline::Schedule s =
       pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
   std::vector<double> out(size_t(l.pp), 0.0);

@@ -99,7 +99,7 @@ const ConfigSchema& plan_schema() {
          "\"\" | ring | all_gather | ulysses"},
         {"zero.stage", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]", "layout.zero"},
         {"pp.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
-         "\"\" | gpipe | 1f1b | interleaved | zb_h1", "layout.schedule"},
+         "\"\" | gpipe | 1f1b | interleaved | zb_h1 | zb_v", "layout.schedule"},
         {"pp.chunks", ValueKind::Int, "0", "chunks per rank for interleaved (0 = 2)", "[0, 1024]",
          "layout.v"},
         {"pp.layers", ValueKind::String, "\"\"",

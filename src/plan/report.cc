@@ -375,9 +375,9 @@ json plan_report(const PlanInputs& in, int top) {
   if (l.pp > 1) {
     // What each schedule buys on this grid: the same layout under 1F1B and zb_h1 (its stages),
     // and interleaved v=2 (twice the stages, balanced when the layers do not divide), simulated.
-    for (auto [s, v] : {std::pair{Schedule::one_f_one_b, int64_t(1)},
-                        std::pair{Schedule::interleaved, int64_t(2)},
-                        std::pair{Schedule::zb_h1, int64_t(1)}}) {
+    for (auto [s, v] :
+         {std::pair{Schedule::one_f_one_b, int64_t(1)},
+          std::pair{Schedule::interleaved, int64_t(2)}, std::pair{Schedule::zb_h1, int64_t(1)}}) {
       Layout la = l;
       la.schedule = s;
       la.v = v;
@@ -387,13 +387,12 @@ json plan_report(const PlanInputs& in, int top) {
         if (!resolve_split(m, spec, la).empty()) continue;
       }
       if (!layout_problem(m, c, t, la).empty()) continue;
-      const LayoutEstimate e =
-          s == l.schedule && v == l.v ? chosen : evaluate_layout(m, c, t, la);
-      r["bubble"]["schedules"].push_back({{"schedule", s == Schedule::interleaved
-                                                           ? std::string("interleaved v=2")
-                                                           : std::string(to_string(s))},
-                                          {"bubble", e.bubble},
-                                          {"step_seconds", e.step_seconds}});
+      const LayoutEstimate e = s == l.schedule && v == l.v ? chosen : evaluate_layout(m, c, t, la);
+      r["bubble"]["schedules"].push_back(
+          {{"schedule", s == Schedule::interleaved ? std::string("interleaved v=2")
+                                                   : std::string(to_string(s))},
+           {"bubble", e.bubble},
+           {"step_seconds", e.step_seconds}});
     }
   }
 

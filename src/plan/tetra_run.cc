@@ -36,7 +36,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   // The chunks of this pipeline rank's program and the micro-batches each keeps in flight (GPipe
   // keeps all of them, even on one stage).
   if (l.pp > 1 || l.schedule == Schedule::gpipe) {
-    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const int64_t v = chunks_per_rank(l);
     const pipeline::Schedule sched =
         pipeline::make_schedule(l.schedule, int(l.pp), int(l.microbatches), int(v));
     const std::vector<int> slots = pipeline::peak_inflight_per_chunk(sched, int(pp_rank));
@@ -45,8 +45,8 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
       s.chunks.push_back({stage_layers(l, m.n_layer, stage), int64_t(slots[size_t(c)]),
                           stage_first_layer(l, m.n_layer, stage)});
     }
-    s.embedding = pp_rank == 0;
-    s.head = pp_rank == l.pp - 1;
+    s.embedding = sched.rank_of(0) == pp_rank;
+    s.head = sched.rank_of(int(l.pp * v) - 1) == pp_rank;
     s.pp_rank = pp_rank;
   }
   return s;
@@ -184,12 +184,12 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     // pipeline/executor.cc: a chunk sends its output on unless it is the last virtual stage, and
     // its input's gradient back unless it is the first; rank 0's chunks are stages c x pp.
     GroupTraffic g{"pp", l.pp, {}};
-    const int64_t v = l.schedule == Schedule::interleaved ? l.v : 1;
+    const int64_t v = chunks_per_rank(l);
     const double rows = BT / (s.sequence_parallel ? double(s.tp) : 1.0);
     const double boundary = rows * double(s.model.d_model) * f32;
     double sends = 0;
     for (int64_t c = 0; c < v; ++c) {
-      const int64_t stage = c * l.pp + s.pp_rank;
+      const int64_t stage = stage_of(l, s.pp_rank, c);
       sends += (stage != l.pp * v - 1 ? 1 : 0) + (stage != 0 ? 1 : 0);
     }
     g.ops.push_back({Collective::send, boundary, mb * sends});

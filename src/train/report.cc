@@ -154,7 +154,10 @@ void Reporter::header() const {
         layout_.pp_size(), opt_.parallel.pp_chunks, pipeline::to_string(opt_.parallel.pp_kind),
         opt_.batch.grad_accum, fmt::join(opt_.parallel.pp_split, ","), layout_.pp_rank(), layers,
         part.embedding ? ", the embedding" : "",
-        part.head ? ", ln_f and the head (with a copy of the tied wte)" : "");
+        !part.head                   ? ""
+        : !opt_.model.tie_embeddings ? ", ln_f and the head"
+        : part.embedding             ? ", ln_f and the head (on this rank's wte)"
+                                     : ", ln_f and the head (with a copy of the tied wte)");
   }
   log_info("{}", memory_table("before step 1"));
   log_info("{}", run_plan_line(plan_, (fs::path(opt_.run.dir) / "config.toml").string(),

@@ -56,7 +56,11 @@ RunLayout::RunLayout(const ParallelOptions& options, bool sequence_parallel,
   pp_ = mesh_->pp();
   pp_size_ = pp_.size();
   pp_rank_ = pp_.rank();
-  embedding_ = mesh_->embedding();
+  // zb_v places the first and the last stage on pipeline rank 0: the tied wte is one tensor there,
+  // and the loss is computed there.
+  const bool v_shape = options.pp_kind == pipeline::Kind::zb_v;
+  if (!v_shape) embedding_ = mesh_->embedding();
+  loss_rank_ = v_shape ? 0 : pp_size_ - 1;
   log_state().rank = rank_;
   tp_ = std::make_unique<parallel::TensorParallel>(backend, mesh_->tp(), sp);
   ep_ = std::make_unique<parallel::ExpertParallel>(backend, mesh_->ep());
@@ -82,7 +86,7 @@ double RunLayout::model_loss(double local) const {
     for (double l : all) loss += l / double(all.size());
   }
   if (pp_size_ > 1) {
-    pp_.broadcast(std::span(reinterpret_cast<std::byte*>(&loss), sizeof loss), pp_size_ - 1).wait();
+    pp_.broadcast(std::span(reinterpret_cast<std::byte*>(&loss), sizeof loss), loss_rank_).wait();
   }
   return loss;
 }
@@ -97,8 +101,8 @@ GptPart RunLayout::model_part(const pipeline::Schedule& schedule,
     for (int k = 0; k < stage; ++k) first += split[size_t(k)];
     part.chunks.push_back({first, first + split[size_t(stage)], slots[size_t(c)]});
   }
-  part.embedding = pp_rank_ == 0;
-  part.head = pp_rank_ == pp_size_ - 1;
+  part.embedding = schedule.rank_of(0) == pp_rank_;
+  part.head = schedule.rank_of(schedule.p * schedule.v - 1) == pp_rank_;
   return part;
 }
 

@@ -49,7 +49,8 @@ class RunLayout {
   // The dp x cp replica group (dp_size() ranks); invalid for a single process.
   const comm::Communicator& dp() const { return dp_; }
   const comm::Communicator& pp() const { return pp_; }  // invalid for a single process
-  /** The first and last pipeline stage's group, which hold the tied wte (invalid elsewhere). */
+  /** The first and last pipeline stage's group, which hold the tied wte (invalid elsewhere, and
+   *  under zb_v, whose first and last stage are both on pipeline rank 0). */
   const comm::Communicator& embedding() const { return embedding_; }
   parallel::TensorParallel& tp() { return *tp_; }
   /** The expert-parallel group (one rank without parallel.ep > 1). */
@@ -60,14 +61,15 @@ class RunLayout {
   const parallel::Mesh* mesh() const { return mesh_.get(); }
 
   /** The part of the model this rank's program of `schedule` runs: chunk c is virtual stage
-   *  c·pp + pp_rank with the layers `split` gives it and activations for as many micro-batches
-   *  as the program keeps in flight; the embedding on the first stage, the head on the last. */
+   *  schedule.stage(pp_rank, c) with the layers `split` gives it and activations for as many
+   *  micro-batches as the program keeps in flight; the embedding on the first stage, the head on
+   *  the last. */
   GptPart model_part(const pipeline::Schedule& schedule, const pipeline::Split& split) const;
 
   /** The model's loss from this rank's `local` one, on every rank: the mean over the cp group
    *  (each cp rank's loss is over its chunks, the same number of tokens on every rank), summed in
-   *  rank order, as the last pipeline stage (which alone computes it) has it. Collective over the
-   *  cp and pp groups. */
+   *  rank order, as the last virtual stage's rank (which alone computes it) has it. Collective over
+   * the cp and pp groups. */
   double model_loss(double local) const;
 
   /** Sends rank 0's `value` to every rank (a no-op for a single process). */
@@ -87,6 +89,7 @@ class RunLayout {
   std::unique_ptr<parallel::ContextAttention<float>> cp_;
   int cp_size_ = 1;
   int rank_ = 0, world_size_ = 1, dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
+  int loss_rank_ = 0;  // the pipeline rank of the last virtual stage
 };
 
 }  // namespace tetra

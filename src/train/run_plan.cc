@@ -64,7 +64,10 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   k.cp = o.parallel.mesh.cp;
   k.zero = o.parallel.zero.stage;
   k.schedule = o.parallel.pp_kind;
-  k.v = o.parallel.pp_kind == pipeline::Kind::interleaved ? o.parallel.pp_chunks : 1;
+  k.v = o.parallel.pp_kind == pipeline::Kind::interleaved ||
+                o.parallel.pp_kind == pipeline::Kind::zb_v
+            ? o.parallel.pp_chunks
+            : 1;
   k.microbatches = o.batch.grad_accum;
   k.recompute = t.recompute;
   // The trainer's own split (pp.layers resolved), so an uneven or auto split is planned as run.

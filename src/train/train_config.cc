@@ -343,10 +343,11 @@ const std::vector<TrainKey>& train_keys() {
        }},
       {{"pp.schedule", ValueKind::String, "\"1f1b\"",
         "pipeline schedule over parallel.pp ranks (train.grad_accum micro-batches per step)",
-        "gpipe | 1f1b | interleaved | zb_h1"},
+        "gpipe | 1f1b | interleaved | zb_h1 | zb_v"},
        into<&O::parallel, &ParallelOptions::pp_schedule>()},
       {{"pp.chunks", ValueKind::Int, "1",
-        "model chunks per pipeline rank (interleaved: 2 or more; otherwise 1)", "[1, 1024]"},
+        "model chunks per pipeline rank (interleaved: 2 or more; zb_v: 2; otherwise 1)",
+        "[1, 1024]"},
        into<&O::parallel, &ParallelOptions::pp_chunks>()},
       {{"pp.layers", ValueKind::String, "\"\"",
         "layers per pipeline stage: \"\" (even), parallel.pp x pp.chunks counts such as "
@@ -451,11 +452,13 @@ TrainOptions TrainOptions::from(const Config& c) {
                 o.batch.seq_len);
   }
   o.parallel.pp_kind = pipeline::parse_kind(o.parallel.pp_schedule);
-  TETRA_CHECK(o.parallel.pp_kind != pipeline::Kind::zb_h1 || o.parallel.zero.stage <= 1,
-              "[config] pp.schedule=zb_h1 computes weight gradients after a micro-batch's "
+  const bool zero_bubble =
+      o.parallel.pp_kind == pipeline::Kind::zb_h1 || o.parallel.pp_kind == pipeline::Kind::zb_v;
+  TETRA_CHECK(!zero_bubble || o.parallel.zero.stage <= 1,
+              "[config] pp.schedule={} computes weight gradients after a micro-batch's "
               "backward (its W), but zero.stage={} reduce-scatters them at the backward; use "
-              "zero.stage=0 or 1 with zb_h1, or pp.schedule=1f1b",
-              o.parallel.zero.stage);
+              "zero.stage=0 or 1 with {}, or pp.schedule=1f1b",
+              o.parallel.pp_schedule, o.parallel.zero.stage, o.parallel.pp_schedule);
   try {
     // The schedule's and the split's refusals, before anything is allocated.
     pipeline::make_schedule(o.parallel.pp_kind, o.parallel.mesh.pp, o.batch.grad_accum,

@@ -117,7 +117,8 @@ void Trainer::setup(const std::string& config_toml) {
   // embedding group.
   // A zero-bubble schedule's weight gradients are final only after the last W.
   if (layout_->pp_size() > 1 || opt_.parallel.pp_kind == pipeline::Kind::gpipe ||
-      opt_.parallel.pp_kind == pipeline::Kind::zb_h1)
+      opt_.parallel.pp_kind == pipeline::Kind::zb_h1 ||
+      opt_.parallel.pp_kind == pipeline::Kind::zb_v)
     zero.overlap = false;
   zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
                                                    parallel::ExpertGroup{edp, opt_.model.ep});

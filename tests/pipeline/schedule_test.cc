@@ -236,7 +236,7 @@ TEST(Schedule, ImpossibleConfigurationsAreRefusedWithWhatWouldWork) {
   refused([] { make_schedule(Kind::interleaved, 1, 8, 2); }, "needs pp>=2");
   refused([] { make_schedule(Kind::one_f_one_b, 4, 8, 2); }, "set v=1, or use the interleaved");
   refused([] { make_schedule(Kind::gpipe, 0, 8); }, "at least one stage");
-  refused([] { parse_kind("zb"); }, "use gpipe, 1f1b, interleaved or zb_h1");
+  refused([] { parse_kind("zb"); }, "use gpipe, 1f1b, interleaved, zb_h1 or zb_v");
   refused([] { parse_split("5,6,6", 22, 4, 0, 0, "pp.layers"); },
           "gives 3 stage(s) holding 17 layers, but the model has 22 layers on 4 stages");
   refused([] { parse_split("5,6,x,5", 22, 4, 0, 0, "pp.layers"); }, "'x' is not a layer count");

@@ -1,5 +1,5 @@
-// Serial ≡ pipeline parallel: pp = 2 and 4 × {GPipe, 1F1B, interleaved v = 2} (even, uneven and
-// auto splits) and pp 2 × dp 2 under ZeRO-3 give the single-rank run's loss at every step, its
+// Serial ≡ pipeline parallel: pp = 2 and 4 × {GPipe, 1F1B, interleaved v = 2, ZB-V} (even, uneven
+// and auto splits) and pp 2 × dp 2 under ZeRO-3 give the single-rank run's loss at every step, its
 // step-1 gradients (the stages' gathered, the tied wte's summed over both copies), its validation
 // loss (forward through the stages) and its final weights (the stages' tensors gathered into one
 // file, wte once). tp 2 × pp 2 × dp 2 on 8 ranks, with and without sequence parallelism, gives
@@ -76,6 +76,9 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
       {4, "--parallel.pp=4 --pp.schedule=interleaved --pp.chunks=2 --pp.layers=auto"},
       // pp 2 x dp 2 (ZeRO-3): each data-parallel rank takes 2 micro-batches of 2 sequences.
       {4, "--parallel.pp=2 --zero.stage=3", 2, false},
+      // ZB-V: two chunks per rank in a V, the embedding and the head (one tied wte) on rank 0.
+      {2, "--parallel.pp=2 --pp.schedule=zb_v --pp.chunks=2", 4, false},
+      {4, "--parallel.pp=4 --pp.schedule=zb_v --pp.chunks=2", 4, false},
   };
   int n = 0;
   for (const Layout& l : layouts) {
