@@ -1,6 +1,5 @@
 #include "kernels/weight_grads.h"
 
-#include <algorithm>
 
 #include "core/error.h"
 
@@ -46,8 +45,6 @@ void WeightGrads<F>::copy_operand(MatOperand& op, int64_t rows, int64_t cols, Ke
     op.strides = {rows * cols, rows * cols, 1, rows};
   }
   op.data = b->data();
-  held_ += b->size() * sizeof(F);
-  peak_ = std::max(peak_, held_);
   into.copies.push_back(std::move(b));
 }
 
@@ -86,7 +83,6 @@ void WeightGrads<F>::flush(Key key) {
     }
   }
   for (std::unique_ptr<Buffer<F>>& c : it->second.copies) {
-    held_ -= c->size() * sizeof(F);
     const size_t n = c->size();
     pool_.emplace(n, std::move(c));
   }

@@ -42,11 +42,6 @@ class WeightGrads {
   void run(std::span<const MatmulArgs> products, bool grouped = false);
   /** Runs the products kept for `key`, in the order given, and frees their operands' copies. */
   void flush(Key key);
-  /** Keys with products kept. */
-  size_t pending() const { return kept_.size(); }
-  /** Bytes of operand copies held now, and the most held at once since construction. */
-  size_t held_bytes() const { return held_; }
-  size_t peak_bytes() const { return peak_; }
 
  private:
   struct Batch {
@@ -68,7 +63,6 @@ class WeightGrads {
   Key key_{-1, -1};
   std::map<Key, Kept> kept_;
   std::multimap<size_t, std::unique_ptr<Buffer<F>>> pool_;  // by elements
-  size_t held_ = 0, peak_ = 0;
 };
 
 }  // namespace tetra
