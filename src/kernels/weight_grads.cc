@@ -1,6 +1,5 @@
 #include "kernels/weight_grads.h"
 
-
 #include "core/error.h"
 
 namespace tetra {
