@@ -276,7 +276,8 @@ TEST(PlanCli, BadNumbersAreRefusedWithTheKeyTheValueAndTheRange) {
       {"--model.n_layer=-1", "'model.n_layer' must be an integer in [1, 10000], got '-1'"},
       {"--zero.stage=4", "'zero.stage' must be an integer in [-1, 3], got '4'"},
       {"--parallel.tp=-1", "'parallel.tp' must be an integer in [0, 10000000], got '-1'"},
-      {"--pp.schedule=zb", "'pp.schedule' must be one of: \"\", gpipe, 1f1b, interleaved, zb_h1, zb_v"},
+      {"--pp.schedule=zb",
+       "'pp.schedule' must be one of: \"\", gpipe, 1f1b, interleaved, zb_h1, zb_v"},
       {"--train.precision=fp8", "'train.precision' must be one of: bf16, bf16-mixed, fp32"},
       {"--model.arch=bert", "'model.arch' must be one of: gpt2, llama"},
   };
