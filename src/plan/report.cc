@@ -71,7 +71,13 @@ ChosenLayout choose_layout(const PlanInputs& in) {
   const TrainingSpec& t = in.training;
   ChosenLayout out;
   // The layout: given in full, or the best of the (constrained) search.
-  // A fully given layout is compared against the unconstrained search.
+  // A fully given layout is refused before the search it is compared against, if it must be.
+  if (in.layout.complete()) {
+    LayoutConstraints k = in.layout;
+    k.recompute = k.recompute.value_or(Recompute::none);
+    k.cp_attention = k.cp_attention.value_or(CpAttention::ring);
+    validate_layout(m, c, t, layout_from_constraints(m, t, k));
+  }
   out.search = search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
   if (in.layout.complete()) {
     // A given layout without training.recompute takes the fastest mode that fits (else the one
