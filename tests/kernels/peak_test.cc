@@ -232,6 +232,44 @@ TEST_F(PeakCache, CopyBandwidthIsMeasuredAndKeptAsTheBestUnderHome) {
   std::cout << "[ copy     ] " << bw / 1e9 << " GB/s (read + written) from one thread" << std::endl;
 }
 
+// The copy bandwidth of a quiet machine is read from memory.json without measuring; a figure
+// measured under load is measured again once the machine is quieter, and the better one is kept.
+TEST_F(PeakCache, CopyBandwidthIsReadFromTheCacheUnlessMeasuredUnderLoad) {
+  const fs::path path = dir_ / "memory.json";
+  int measured = 0;
+  auto measure = [&](double gbs) {
+    return [&measured, gbs] {
+      ++measured;
+      return gbs * 1e9;
+    };
+  };
+  // Nothing kept: measured (at load 1.8) and kept with its load.
+  EXPECT_EQ(copy_bandwidth(path, 1.8, measure(20)), 20e9);
+  EXPECT_EQ(measured, 1);
+  EXPECT_EQ(json::parse(std::ifstream(path))["bandwidth"]["copy"]["load_average"], 1.8);
+  // Still busy (1.2 > 1.8 / 2): the kept figure, nothing measured.
+  EXPECT_EQ(copy_bandwidth(path, 1.2, measure(25)), 20e9);
+  EXPECT_EQ(measured, 1);
+  // Quieter (0.3): measured again; the better figure kept, with the quiet load.
+  EXPECT_EQ(copy_bandwidth(path, 0.3, measure(30)), 30e9);
+  EXPECT_EQ(measured, 2);
+  EXPECT_EQ(json::parse(std::ifstream(path))["bandwidth"]["copy"]["load_average"], 0.3);
+  // Measured on a quiet machine: read as it is, whatever the load now.
+  EXPECT_EQ(copy_bandwidth(path, 0.0, measure(40)), 30e9);
+  EXPECT_EQ(copy_bandwidth(path, 1.9, measure(40)), 30e9);
+  EXPECT_EQ(measured, 2);
+  // A kept figure without its load (an older memory.json) counts as quiet.
+  std::ofstream(path) << json({{"schema", 1},
+                               {"machine", machine_peak_source().machine},
+                               {"bandwidth", {{"copy", {{"bytes_per_s", 5e9}}}}}})
+                             .dump();
+  EXPECT_EQ(copy_bandwidth(path, 0.1, measure(40)), 5e9);
+  EXPECT_EQ(measured, 2);
+  // No cache: measured each time, nothing written.
+  EXPECT_EQ(copy_bandwidth(fs::path(), 0.1, measure(7)), 7e9);
+  EXPECT_EQ(measured, 3);
+}
+
 // TETRA_PEAK_GFLOPS: a per-thread figure, nothing measured or cached; a bad value is refused.
 TEST_F(PeakCache, AGivenPeakIsTakenPerThreadWithoutMeasuring) {
   ScopedEnv xdg("XDG_CACHE_HOME", (dir_ / "given").c_str());

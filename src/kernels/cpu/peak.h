@@ -32,10 +32,15 @@ double fp32_peak_gflops(int threads, bool* from_cache = nullptr);
 std::optional<double> given_peak_gflops(int threads);
 
 /** Bytes per second one thread copies between two 32 MB buffers (past the caches; read and written
- *  bytes counted): the best of a few copies, and of what this machine measured before
- *  ($XDG_CACHE_HOME/tetra/memory.json: a busy machine only ever reads low). Measured once per
- *  process. */
+ *  bytes counted): the best of a few copies, once per process, through the cache below. */
 double copy_bandwidth();
+/** The copy bandwidth kept in `path` (memory.json) with the load average it was measured under:
+ *  a figure measured on a quiet machine (load <= 1) is returned as it is; otherwise, or with none
+ *  kept, `measure()` runs, the better figure is kept with `load`, and it is returned. A figure
+ *  measured under load is measured again once `load` is below 0.5 or half of that load (the rule
+ *  of the peak's cache). An empty path measures and keeps nothing. */
+double copy_bandwidth(const std::filesystem::path& path, double load,
+                      const std::function<double()>& measure);
 
 /** $XDG_CACHE_HOME/tetra/peak.json, else $HOME/.cache/tetra/peak.json; empty when neither is
  *  set (the peak is then measured each time and not cached). */
