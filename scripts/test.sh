@@ -70,12 +70,15 @@ cmake -S . -B build-asan -G Ninja "${instrumented_flags[@]}" "${unity[@]}" -DTET
   -DTETRA_BUILD_BENCH=OFF -DTETRA_CUDA=OFF >/dev/null
 timed "asan build" cmake --build build-asan --target unit_tests -j "$jobs"
 # Multi-rank (mpi), PyTorch parity and CLI-driving tests run in the release build above; here
-# the unit tests run in-process under the sanitizers. The planner's published-run searches
-# (thousands of GPUs; 124 s of the stage's 743 test-seconds on a 2-core AMD EPYC) run in the
-# release build only: their code paths are the smaller plan tests' that run here.
+# the unit tests run in-process under the sanitizers. The planner's searches over published
+# clusters (hundreds to thousands of GPUs: PublishedRuns.*, and the `tetra plan` runs of the seeds'
+# examples: about 170 of the stage's 466 test-seconds on a 2-core AMD EPYC) run in the release build
+# only: their code paths are the smaller plan tests' (LayoutSearch.*, PlanCli's refusals) that run
+# here.
+plan_searches='^PublishedRuns\.|^PlanCli\.(SeventyBOn512H100|ZeroBubbleScheduleShortensTheSeventyBStep|ExplainGivesTheReasonsAndTheAuditOrder|JsonIsOneObjectWithEverySection|OtherConfigsRun|FlagSpellings)$'
 ASAN_OPTIONS=detect_leaks=0 timed "asan ctest (unit tests)" ctest_logged build-asan/ctest.log \
   --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -LE 'mpi|parity|train|cli' \
-  -E '^PublishedRuns\.'
+  -E "$plan_searches"
 
 echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-10} s each"
 # Only the libraries the fuzzers link are built. Each target starts from its committed seeds
