@@ -140,16 +140,18 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
   }
 }
 
-// ZB-H1 (docs/pipeline.md, "Zero bubble") against 1F1B on the same layout: the backward split
-// into B and W, the weight products run later on copies of their operands (same shapes and
-// strides), changes the order of work but no operation (each chunk's W run in micro-batch
-// order, into the same accumulation). Measured on an AVX-512 EPYC: the losses and final weights
-// are the 1F1B run's bit for bit under pp 2 and 4, pp 2 x tp 2 with sequence parallelism,
-// pp 2 x dp 2 under ZeRO-1 and a MoE model at pp 2 x ep 2. A matmul library may still pick
-// another kernel for an operand at another address, so they are held to the pipeline tests'
-// bound, and the test prints whether they were bitwise. The metrics carry its bubble; ZeRO-2
-// and 3, which reduce at the backward, are refused.
-TEST_F(PipelineParallel, ZeroBubbleH1TrainsAsOneFOneB) {
+// ZB-H1 (docs/pipeline.md, "Zero bubble"): the backward split into B and W, the weight products
+// run later on copies of their operands (same shapes and strides), changes the order of work but
+// no operation (each chunk's W run in micro-batch order, into the same accumulation; bit for bit
+// in process: GptStage.SplitBackwardGivesTheUnsplitGradientsBitForBit). Dense layouts reproduce
+// the serial run within the pipeline bound under pp 2 and 4 (uneven), pp 2 x tp 2 with sequence
+// parallelism and pp 2 x dp 2 under ZeRO-1; a MoE model at pp 2 x ep 2, whose routing may flip on
+// near ties between layouts, reproduces its 1F1B run (measured on an AVX-512 EPYC: bit for bit;
+// the test prints whether). The metrics carry its bubble; ZeRO-2 and 3, which reduce at the
+// backward, are refused.
+TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
+  const LayoutRun serial = train(1, "zb-serial", "");
+  ASSERT_EQ(serial.code, 0) << serial.output;
   struct Layout {
     int ranks;
     std::string flags;
@@ -167,19 +169,23 @@ TEST_F(PipelineParallel, ZeroBubbleH1TrainsAsOneFOneB) {
   for (const Layout& l : layouts) {
     SCOPED_TRACE(fmt::format("{} ranks: {}", l.ranks, l.flags));
     const std::string name = fmt::format("zb{}", n++);
-    const LayoutRun ref =
-        train(l.ranks, name + "-1f1b", l.flags + " --pp.schedule=1f1b", kPpSteps, l.accum);
     const LayoutRun zb = train(l.ranks, name, l.flags + " --pp.schedule=zb_h1", kPpSteps, l.accum);
-    ASSERT_EQ(ref.code, 0) << ref.output;
     ASSERT_EQ(zb.code, 0) << zb.output;
     ASSERT_EQ(zb.loss.size(), size_t(kPpSteps));
-    testing::expect_same_trajectory(ref, zb, kPpTol, kPpSteps);
-    bool bitwise = zb.loss == ref.loss;
-    for (const auto& [tensor, t] : ref.weights.tensors) {
-      bitwise = bitwise && t.to_f32() == zb.weights.tensors.at(tensor).to_f32();
+    if (l.flags.find("moe") == std::string::npos) {
+      testing::expect_same_trajectory(serial, zb, kPpTol, kPpSteps);
+    } else {
+      const LayoutRun ref =
+          train(l.ranks, name + "-1f1b", l.flags + " --pp.schedule=1f1b", kPpSteps, l.accum);
+      ASSERT_EQ(ref.code, 0) << ref.output;
+      testing::expect_same_trajectory(ref, zb, kPpTol, kPpSteps);
+      bool bitwise = zb.loss == ref.loss;
+      for (const auto& [tensor, t] : ref.weights.tensors) {
+        bitwise = bitwise && t.to_f32() == zb.weights.tensors.at(tensor).to_f32();
+      }
+      std::cout << "[ zb_h1    ] " << l.flags << ": " << (bitwise ? "bit for bit" : "within bound")
+                << " of 1f1b\n";
     }
-    std::cout << "[ zb_h1    ] " << l.flags << ": " << (bitwise ? "bit for bit" : "within bound")
-              << " of 1f1b\n";
     for (const auto& m : metrics(name)) {
       EXPECT_TRUE(m.contains("pp_bubble") && m.contains("pp_bubble_sim")) << m.dump();
     }
