@@ -156,12 +156,15 @@ TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
     int ranks;
     std::string flags;
     int accum = 4;
+    double tensor_tol = 0;  // per tensor; 0: kPpTol
   };
   const std::string moe = "--model.moe_experts=4 --model.moe_top_k=2 --parallel.ep=2 ";
   const Layout layouts[] = {
       {2, "--parallel.pp=2"},
       {4, "--parallel.pp=4 --pp.layers=1,2,3,2"},
-      {4, "--parallel.pp=2 --parallel.tp=2 --tp.sequence_parallel=true"},
+      // Tensor parallelism's per-tensor bound (tp_test.cc): 6.4e-6 measured here (a LayerNorm
+      // bias) on an AVX-512 EPYC.
+      {4, "--parallel.pp=2 --parallel.tp=2 --tp.sequence_parallel=true", 4, 2e-5},
       {4, "--parallel.pp=2 --zero.stage=1", 2},
       {4, moe + "--parallel.pp=2 --zero.stage=1", 2},
   };
@@ -173,7 +176,7 @@ TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
     ASSERT_EQ(zb.code, 0) << zb.output;
     ASSERT_EQ(zb.loss.size(), size_t(kPpSteps));
     if (l.flags.find("moe") == std::string::npos) {
-      testing::expect_same_trajectory(serial, zb, kPpTol, kPpSteps);
+      testing::expect_same_trajectory(serial, zb, kPpTol, kPpSteps, 0, l.tensor_tol);
     } else {
       const LayoutRun ref =
           train(l.ranks, name + "-1f1b", l.flags + " --pp.schedule=1f1b", kPpSteps, l.accum);
