@@ -162,9 +162,9 @@ TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
   const Layout layouts[] = {
       {2, "--parallel.pp=2"},
       {4, "--parallel.pp=4 --pp.layers=1,2,3,2"},
-      // Tensor parallelism's per-tensor bound (tp_test.cc): 6.4e-6 measured here (a LayerNorm
-      // bias) on an AVX-512 EPYC.
-      {4, "--parallel.pp=2 --parallel.tp=2 --tp.sequence_parallel=true", 4, 2e-5},
+      // Per tensor, a LayerNorm bias's worst over seeds, 1 and 2 threads and the AVX-512 and AVX2
+      // paths was 1.03e-5 (AVX2, AMD EPYC); the bound is about 4x that (docs/testing.md).
+      {4, "--parallel.pp=2 --parallel.tp=2 --tp.sequence_parallel=true", 4, 4e-5},
       {4, "--parallel.pp=2 --zero.stage=1", 2},
       {4, moe + "--parallel.pp=2 --zero.stage=1", 2},
   };
