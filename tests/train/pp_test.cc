@@ -156,7 +156,8 @@ TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
     int ranks;
     std::string flags;
     int accum = 4;
-    double tensor_tol = 0;  // per tensor; 0: kPpTol
+    double tensor_tol = 0;      // per tensor; 0: kPpTol
+    bool against_1f1b = false;  // MoE: routing may flip on near ties against the serial run
   };
   const std::string moe = "--model.moe_experts=4 --model.moe_top_k=2 --parallel.ep=2 ";
   const Layout layouts[] = {
@@ -166,7 +167,7 @@ TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
       // paths was 1.03e-5 (AVX2, AMD EPYC); the bound is about 4x that (docs/testing.md).
       {4, "--parallel.pp=2 --parallel.tp=2 --tp.sequence_parallel=true", 4, 4e-5},
       {4, "--parallel.pp=2 --zero.stage=1", 2},
-      {4, moe + "--parallel.pp=2 --zero.stage=1", 2},
+      {4, moe + "--parallel.pp=2 --zero.stage=1", 2, 0, true},
   };
   int n = 0;
   for (const Layout& l : layouts) {
@@ -175,7 +176,7 @@ TEST_F(PipelineParallel, ZeroBubbleH1ReproducesTheSerialRun) {
     const LayoutRun zb = train(l.ranks, name, l.flags + " --pp.schedule=zb_h1", kPpSteps, l.accum);
     ASSERT_EQ(zb.code, 0) << zb.output;
     ASSERT_EQ(zb.loss.size(), size_t(kPpSteps));
-    if (l.flags.find("moe") == std::string::npos) {
+    if (!l.against_1f1b) {
       testing::expect_same_trajectory(serial, zb, kPpTol, kPpSteps, 0, l.tensor_tol);
     } else {
       const LayoutRun ref =
