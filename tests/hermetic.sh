@@ -25,11 +25,14 @@ export TETRA_MATMUL=onednn
 # test's fresh HOME would spend measuring it: MFU and the planner's cpu device then read the same
 # on every machine. Tests of the measurement and its cache unset it.
 export TETRA_PEAK_GFLOPS=100
-# libgomp's default wait spins ~300k iterations at every barrier; beside another test on the same
-# two cores a spinning thread holds the core its peer needs (tetra sets the same for itself,
-# src/cli/main.cc; this covers the test binaries and PyTorch). It changes no result, only waits.
+# OpenMP threads that wait sleep at once instead of spinning: ctest runs two tests on two cores,
+# and a spinning thread holds the core its peer (or the other test) needs. libgomp's default spins
+# ~300k iterations at every barrier, and even tetra's own short spin (src/cli/main.cc) took a
+# finite-difference check of the MoE model from 1.3 s to 12 s beside another such test. Both
+# OpenMP runtimes read it (libgomp; LLVM's libomp in the Clang-built sanitizer stage). It changes
+# no result, only waits.
 if [[ -z "${OMP_WAIT_POLICY:-}" && -z "${GOMP_SPINCOUNT:-}" ]]; then
-  export GOMP_SPINCOUNT=10000
+  export OMP_WAIT_POLICY=passive
 fi
 # Open MPI's point-to-point layer over its byte transports (shared memory, TCP): what every test's
 # ranks use anyway, chosen without probing UCX and the other network layers first, which took half
