@@ -354,11 +354,11 @@ void batched_products(Fixture& t, bool mixed) {
     auto prepared = [&](const std::vector<F>& v, bool round) {
       return round ? ref::rounded_bf16(wide(v)) : wide(v);
     };
-    // `part` picks the elements held to the product's bound (all by default).
-    auto expect = [&](
-                      const std::string& op, const std::string& output, const Buffer<F>& got_buf,
+    // `part` picks the elements held to the product's bound (all when empty).
+    auto expect = [&](const std::string& op, const std::string& output, const Buffer<F>& got_buf,
                       const std::function<Vec(bool)>& want,
-                      const std::function<Vec(const Vec&)>& part = [](const Vec& v) { return v; }) {
+                      const std::function<Vec(const Vec&)>& picked = {}) {
+      auto part = [&](const Vec& v) { return picked ? picked(v) : v; };
       const Vec got = part(wide(t.download(got_buf)));
       if (!mixed) return t.check(op, shape, output, got, part(want(false)), Tol::arith);
       t.check(op + " (operands rounded)", shape, output, got, part(want(true)), Tol::arith);
