@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: dependencies, a -Werror release build with every test
 # (unit, multi-rank under mpirun, PyTorch parity; then the two-host tests in their own stage), an
-# ASan/UBSan build of the unit tests, then every fuzz target for FUZZ_SECONDS (default 10) each.
+# ASan/UBSan build (Clang) of the unit tests and the fuzz targets, the unit tests in it, then every
+# fuzz target for FUZZ_SECONDS (default 10) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -61,19 +62,19 @@ timed "release ctest (one host)" ctest_logged build/ctest.log --test-dir build \
 timed "release ctest (two hosts)" ctest_logged build/ctest-twohost.log --test-dir build \
   --output-on-failure -j "$jobs" --timeout 600 -R 'TwoHost' --repeat until-pass:2
 
-# The instrumented builds compile at -O1 with line tables only (-g1): half the compile time of
-# RelWithDebInfo's -O2 -g, and sanitizer reports still name file and line.
-instrumented_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
-                    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
-
-echo "== ASan/UBSan build of the unit tests (clang)"
-# The CUDA backend is compiled (and its GPU tests skip) in the release build above; the sanitizers
-# watch the host code. Clang, the fuzzers' compiler, builds it: GCC 12 took 367 s for the same
-# instrumented build on a 2-core AMD EPYC, Clang about a quarter less (docs/testing.md).
-cmake -S . -B build-asan -G Ninja "${instrumented_flags[@]}" "${unity[@]}" -DTETRA_SANITIZE=ON \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTETRA_BUILD_BENCH=OFF -DTETRA_CUDA=OFF \
-  >/dev/null
-timed "asan build" cmake --build build-asan --target unit_tests -j "$jobs"
+echo "== ASan/UBSan build (clang) of the unit tests and the fuzz targets"
+# One instrumented build serves both stages below: -O1 with line tables only (-g1), half the
+# compile time of RelWithDebInfo's -O2 -g, and sanitizer reports still name file and line. Clang
+# builds it (libFuzzer needs it): GCC 12 took 367 s for the unit tests alone on a 2-core AMD EPYC,
+# Clang about a quarter less. TETRA_FUZZ gives the three libraries the fuzzers link (core, data,
+# ckpt) coverage instrumentation; the unit tests run as fast with it, and the fuzzers' own build
+# (67 s) is gone. The CUDA backend is compiled (and its GPU tests skip) in the release build
+# above; the sanitizers watch the host code.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+  "${unity[@]}" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTETRA_SANITIZE=ON \
+  -DTETRA_FUZZ=ON -DTETRA_BUILD_BENCH=OFF -DTETRA_CUDA=OFF >/dev/null
+timed "asan build" cmake --build build-asan --target unit_tests fuzzers -j "$jobs"
 # Multi-rank (mpi), PyTorch parity and CLI-driving tests run in the release build above; here
 # the unit tests run in-process under the sanitizers. The planner's searches over published
 # clusters (hundreds to thousands of GPUs: PublishedRuns.*, and the `tetra plan` runs of the seeds'
@@ -86,37 +87,31 @@ ASAN_OPTIONS=detect_leaks=0 timed "asan ctest (unit tests)" ctest_logged build-a
   -E "$plan_searches"
 
 echo "== fuzz targets (libFuzzer, clang): ${FUZZ_SECONDS:-10} s each"
-# Only the libraries the fuzzers link are built. Each target starts from its committed seeds
-# (fuzz/corpus/<format>) and the malformed-file corpus (tests/malformed/<format>) and keeps what
-# it finds in build-fuzz/corpus/<format>; a crash, a sanitizer report, a broken property or an
-# input slower than 10 s fails the script, and the input is left in build-fuzz/artifacts/.
+# Each target starts from its committed seeds (fuzz/corpus/<format>) and the malformed-file corpus
+# (tests/malformed/<format>) and keeps what it finds in build-asan/corpus/<format>; a crash, a
+# sanitizer report, a broken property or an input slower than 10 s fails the script, and the input
+# is left in build-asan/artifacts/.
 fuzz_seconds=${FUZZ_SECONDS:-10}
-# Unity too: 69 s instead of 166 s on a 2-core AMD EPYC.
-cmake -S . -B build-fuzz -G Ninja "${instrumented_flags[@]}" "${unity[@]}" -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ -DTETRA_FUZZ=ON -DTETRA_BUILD_TESTS=OFF -DTETRA_BUILD_BENCH=OFF \
-  -DTETRA_CUDA=OFF \
-  >/dev/null
-timed "fuzz build" cmake --build build-fuzz --target fuzzers -j "$jobs"
-mkdir -p build-fuzz/artifacts
+mkdir -p build-asan/artifacts
 # One target per core at a time: each runs on one thread, so two side by side take the time of one.
 fuzz_one() {
   local name=$1 format=${1%_fuzz}
   local args=(-max_total_time="$fuzz_seconds" -timeout=10 -print_final_stats=1
-              -artifact_prefix="build-fuzz/artifacts/$name-")
+              -artifact_prefix="build-asan/artifacts/$name-")
   [ -f "fuzz/$name.dict" ] && args+=(-dict="fuzz/$name.dict")
-  local corpora=("build-fuzz/corpus/$format")
+  local corpora=("build-asan/corpus/$format")
   for seeds in "fuzz/corpus/$format" "tests/malformed/$format"; do
     [ -d "$seeds" ] && corpora+=("$seeds")
   done
-  mkdir -p "build-fuzz/corpus/$format"
-  if ! "build-fuzz/fuzz/$name" "${args[@]}" "${corpora[@]}" >"build-fuzz/$name.log" 2>&1; then
-    tail -n 40 "build-fuzz/$name.log"
-    echo "[fuzz] $name failed; the input is in build-fuzz/artifacts/, the log in build-fuzz/$name.log"
+  mkdir -p "build-asan/corpus/$format"
+  if ! "build-asan/fuzz/$name" "${args[@]}" "${corpora[@]}" >"build-asan/$name.log" 2>&1; then
+    tail -n 40 "build-asan/$name.log"
+    echo "[fuzz] $name failed; the input is in build-asan/artifacts/, the log in build-asan/$name.log"
     return 1
   fi
   local runs rate
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "build-fuzz/$name.log")
-  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "build-fuzz/$name.log")
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "build-asan/$name.log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "build-asan/$name.log")
   echo "[fuzz] $name: $runs runs, $rate runs/s, no crash"
 }
 fuzz_start=$SECONDS
