@@ -327,6 +327,19 @@ std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank) {
   return peak;
 }
 
+std::vector<std::vector<int>> pending_weight_grads(const Schedule& s, int rank) {
+  std::vector<std::vector<int>> states;
+  std::vector<int> now(size_t(s.v), 0);
+  for (const Instr& in : s.ranks[size_t(rank)]) {
+    if (in.op == Op::backward_input) {
+      ++now[size_t(in.chunk)];
+      states.push_back(now);
+    }
+    if (in.op == Op::backward_weight) --now[size_t(in.chunk)];
+  }
+  return states;
+}
+
 Split parse_split(const std::string& text, int layers, int stages, double embedding_cost,
                   double head_cost, const std::string& key) {
   TETRA_CHECK(stages >= 1 && layers >= stages,

@@ -98,6 +98,13 @@ Schedule make_forward_schedule(int p, int m, int v = 1, Kind placement = Kind::g
  * held from B to W (kernels/weight_grads.h), not the slot. */
 std::vector<int> peak_inflight_per_chunk(const Schedule& s, int rank);
 
+/** The weight gradients `rank` holds pending under a split backward: after each of its B's, how
+ *  many micro-batches of each chunk have been through B and not yet through W. Each of them holds
+ *  copies of its W's operands (kernels/weight_grads.h), so the most of them at once is what those
+ *  copies cost (the planner's ledger, plan/run_memory.h). Empty for a schedule without a split
+ *  backward. */
+std::vector<std::vector<int>> pending_weight_grads(const Schedule& s, int rank);
+
 /** A stage split: layers per pipeline stage (p*v entries, virtual stage order). */
 using Split = std::vector<int>;
 

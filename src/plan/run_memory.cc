@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace tetra::plan {
 
@@ -170,6 +171,62 @@ FlatLayout flat_layout(const RunShape& s) {
   return f;
 }
 
+double weight_grad_copies(const RunShape& s) {
+  if (s.pending_weight_grads.empty()) return 0;
+  // Every product's rows: B·T/cp (gathered under sequence parallelism, as the products take them).
+  const double BT = double(s.micro_batch) * double(s.seq) / double(s.cp);
+  const double C = double(s.model.d_model), NH = double(s.model.n_head), tp = double(s.tp);
+  const double Cl = C / tp, KVl = double(s.model.n_kv_head) / tp * (C / NH);
+  const double Hl = double(s.model.ffn) / tp, H = double(s.model.ffn);
+  const double Vl = double(s.padded_vocab) / tp;
+  const MoeRows mr = moe_rows(s);
+  const double E = double(s.model.moe.experts), N = mr.tokens, R = mr.expert_rows;
+  // One B of a chunk keeps, per weight product dW (out, in) += dyᵀ·x, a copy of dy (rows x out)
+  // and of x (rows x in), in buffers the pool hands out again only at the same size: counted by
+  // size. model/attention.cc, mlp.cc, moe.cc and head.cc's linears, in their backward order.
+  std::vector<std::map<double, double>> copies(s.chunks.size());
+  for (size_t c = 0; c < s.chunks.size(); ++c) {
+    std::map<double, double>& n = copies[c];
+    auto product = [&](double rows, double out, double in, double times = 1) {
+      n[rows * out] += times;
+      n[rows * in] += times;
+    };
+    const bool head_here = s.head && c + 1 == s.chunks.size();
+    if (head_here) product(BT, Vl, C);
+    const RunShape::Chunk& ch = s.chunks[c];
+    for (int64_t l = ch.first; l < ch.first + ch.layers; ++l) {
+      product(BT, C, Cl);  // the attention's output projection
+      if (s.model.llama()) {
+        product(BT, KVl, C, 2);  // v, k
+        product(BT, Cl, C);      // q
+      } else {
+        product(BT, Cl + 2 * KVl, C);  // the fused qkv
+      }
+      if (!s.model.is_moe(l)) {
+        product(BT, C, Hl);                           // down
+        product(BT, Hl, C, s.model.llama() ? 2 : 1);  // up (SwiGLU), in
+        continue;
+      }
+      // The experts' products take their routed rows, which the routing decides: at most R
+      // together, counted at that bound. The router's product takes every token.
+      product(R, C, H);
+      product(R, H, C, s.model.llama() ? 2 : 1);
+      product(N, E, C);
+    }
+  }
+  std::map<double, double> peak;
+  for (const std::vector<int>& pending : s.pending_weight_grads) {
+    std::map<double, double> held;
+    for (size_t c = 0; c < copies.size() && c < pending.size(); ++c) {
+      for (const auto& [size, count] : copies[c]) held[size] += double(pending[c]) * count;
+    }
+    for (const auto& [size, count] : held) peak[size] = std::max(peak[size], count);
+  }
+  double elements = 0;
+  for (const auto& [size, count] : peak) elements += size * count;
+  return 4.0 * elements;
+}
+
 RunMemory run_memory(const RunShape& s) {
   // This rank's tokens of a sequence: T/cp under context parallelism.
   const double B = double(s.micro_batch), T = double(s.seq), Tl = T / double(s.cp);
@@ -258,7 +315,7 @@ RunMemory run_memory(const RunShape& s) {
     }
     held += double(c.slots) * ((double(c.layers) + 1) * rows * C + kept);
   }
-  m.activations = f32 * (held + head);
+  m.activations = f32 * (held + head) + weight_grad_copies(s);
 
   // Backward's residual gradient and scratch (model/block.cc, BlockScratch: dln, dqkv, attention's
   // scratch and a recomputed saved state, datty, dfch (Llama: and dup); under sequence parallelism

@@ -59,6 +59,9 @@ struct RunShape {
     int64_t first = 0;
   };
   std::vector<Chunk> chunks;
+  // A zero-bubble schedule (a split backward): after each of this rank's B's, how many
+  // micro-batches of each chunk wait for their W (pipeline::pending_weight_grads). Empty otherwise.
+  std::vector<std::vector<int>> pending_weight_grads;
   bool embedding = true, head = true;
   int64_t pp_rank = 0;
   /** Blocks this rank holds. */
@@ -120,6 +123,12 @@ struct FlatLayout {
 FlatLayout flat_layout(const RunShape& s);
 
 RunMemory run_memory(const RunShape& s);
+/** Bytes of the weight-gradient operand copies a zero-bubble schedule holds at most at once on
+ *  this rank (kernels/weight_grads.h; part of run_memory's activations): the copies of every
+ *  micro-batch between its B and its W, one buffer per operand, reused only at the same size. 0
+ *  without a split backward. MoE experts' products are counted at their bound rows (docs/plan.md:
+ *  the exact-size pool keeps a few more under routing that changes). */
+double weight_grad_copies(const RunShape& s);
 
 /** The part of run_memory(s) that is the expert units' (their parameters, gradients, AdamW state
  *  and ZeRO workspaces): a MoE run's expert memory per rank. */

@@ -45,6 +45,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
       s.chunks.push_back({stage_layers(l, m.n_layer, stage), int64_t(slots[size_t(c)]),
                           stage_first_layer(l, m.n_layer, stage)});
     }
+    s.pending_weight_grads = pipeline::pending_weight_grads(sched, int(pp_rank));
     s.embedding = sched.rank_of(0) == pp_rank;
     s.head = sched.rank_of(int(l.pp * v) - 1) == pp_rank;
     s.pp_rank = pp_rank;

@@ -203,6 +203,57 @@ TEST(Schedule, ZeroBubbleSchedulesMeetThePapersBubbleAndMemory) {
   }
 }
 
+// The W's a rank has pending (B run, W not yet), after each of its B's: what the planner's ledger
+// prices the weight-gradient operand copies by. Nothing without a split backward; under zb_h1
+// and zb_v every B is counted once, never more of a chunk than its micro-batches, and every W
+// follows its B, so the last state holds the B just run and nothing is pending after the step.
+TEST(Schedule, PendingWeightGradientsFollowTheProgram) {
+  EXPECT_TRUE(pending_weight_grads(make_schedule(Kind::one_f_one_b, 4, 8), 0).empty());
+  // By hand, p = 2, m = 4. ZB-H1's rank 0 runs F0 F1 B0 W0 B1 F2 W1 F3 B2 W2 B3 W3; rank 1
+  // F0 B0 F1 B1 W0 W1 F2 B2 F3 B3 W2 W3, two W's pending after B1 and B3.
+  using States = std::vector<std::vector<int>>;
+  EXPECT_EQ(pending_weight_grads(make_schedule(Kind::zb_h1, 2, 4), 0),
+            (States{{1}, {1}, {1}, {1}}));
+  EXPECT_EQ(pending_weight_grads(make_schedule(Kind::zb_h1, 2, 4), 1),
+            (States{{1}, {2}, {1}, {2}}));
+  // ZB-V's rank 0 (chunks 0 and 1): F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B1.1 B0.0 W1.1 B1.0 F3.0
+  // W0.0 F2.1 B2.1 W1.0 W2.1 B2.0 W2.0 F3.1 B3.1 W3.1 B3.0 W3.0.
+  EXPECT_EQ(pending_weight_grads(make_schedule(Kind::zb_v, 2, 4, 2), 0),
+            (States{{0, 1}, {0, 1}, {1, 1}, {2, 0}, {1, 1}, {1, 0}, {0, 1}, {1, 0}}));
+  for (int p : {2, 4}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      for (const auto& [kind, v] : {std::pair{Kind::zb_h1, 1}, std::pair{Kind::zb_v, 2}}) {
+        SCOPED_TRACE(fmt::format("{} p={} m={}", to_string(kind), p, m));
+        const Schedule s = make_schedule(kind, p, m, v);
+        for (int r = 0; r < p; ++r) {
+          const std::vector<std::vector<int>> states = pending_weight_grads(s, r);
+          ASSERT_EQ(states.size(), size_t(m * v)) << "rank " << r;
+          for (const std::vector<int>& state : states) {
+            ASSERT_EQ(state.size(), size_t(v));
+            int total = 0;
+            for (int n : state) {
+              EXPECT_GE(n, 0);
+              EXPECT_LE(n, m);
+              total += n;
+            }
+            EXPECT_GE(total, 1);
+          }
+          // What is pending after the last B is what the program's W's after it run.
+          const std::vector<Instr>& program = s.ranks[size_t(r)];
+          int after = 0;
+          for (auto in = program.rbegin(); in != program.rend(); ++in) {
+            if (in->op == Op::backward_input) break;
+            after += in->op == Op::backward_weight;
+          }
+          int last = 0;
+          for (int n : states.back()) last += n;
+          EXPECT_EQ(last, after) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(Schedule, TransfersAndUnevenStagesShowInTheTimeline) {
   // A transfer delay lengthens the flush by one delay per stage boundary, both ways.
   const int p = 4, m = 8;

@@ -160,6 +160,13 @@ TEST_F(PlanVsRun, PipelineParallel) {
                        "--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 "
                        "--pp.schedule=interleaved --pp.chunks=2"),
                    {"pp"});
+  // ZB-V puts the head on rank 0: every memory category there to the byte, the copies of the
+  // weight products' operands held from B to W (GPT-2's fused qkv and GELU MLP) among them.
+  expect_agreement(run(2, "pp_zb_v",
+                       "--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 "
+                       "--pp.schedule=zb_v --pp.chunks=2"),
+                   {"pp"});
+  expect_exact_memory(last_step("pp_zb_v"), planned("pp_zb_v", 2).prediction.memory);
 }
 
 // A mixture-of-experts run, 4 experts top-2 in every other block, every memory category exactly
@@ -287,6 +294,18 @@ TEST_F(PlanVsRunLlama, PipelineParallel) {
   }
   check(2, "llama_pp_tied",
         "--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 --model.tie_embeddings=true", {"pp"});
+  // The zero-bubble schedules: the activations hold the copies of the weight-gradient products'
+  // operands of every micro-batch between its B and its W (plan::weight_grad_copies), on ZB-V's
+  // rank 0 the head's (its logits' gradient) too.
+  for (const char* schedule : {"zb_h1", "zb_v --pp.chunks=2"}) {
+    SCOPED_TRACE(schedule);
+    const RunPlan p =
+        check(2, std::string("llama_pp_") + std::string(schedule).substr(0, 4),
+              std::string("--parallel.pp=2 --parallel.dp=1 --train.grad_accum=4 --pp.schedule=") +
+                  schedule,
+              {"pp"});
+    EXPECT_GT(plan::weight_grad_copies(p.shape), 0);
+  }
 }
 
 // Context parallelism (docs/context_parallel.md): the ring's, the all-gather's and Ulysses' bytes
