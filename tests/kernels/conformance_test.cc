@@ -354,7 +354,7 @@ void batched_products(Fixture& t, bool mixed) {
     auto prepared = [&](const std::vector<F>& v, bool round) {
       return round ? ref::rounded_bf16(wide(v)) : wide(v);
     };
-    // `part` picks the elements held to the product's bound (all when empty).
+    // `picked` chooses the elements held to the product's bound (all of them when empty).
     auto expect = [&](const std::string& op, const std::string& output, const Buffer<F>& got_buf,
                       const std::function<Vec(bool)>& want,
                       const std::function<Vec(const Vec&)>& picked = {}) {
