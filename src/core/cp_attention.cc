@@ -1,5 +1,7 @@
 #include "core/cp_attention.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace tetra {
@@ -24,6 +26,11 @@ const char* cp_attention_name(CpAttention a) {
       return "ulysses";
   }
   return "?";
+}
+
+std::string cp_attention_label(CpAttention a, int cp, int ulysses) {
+  if (a != CpAttention::ulysses || ulysses == 0 || ulysses == cp) return cp_attention_name(a);
+  return fmt::format("ulysses {} x ring {}", ulysses, cp / ulysses);
 }
 
 }  // namespace tetra

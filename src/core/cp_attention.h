@@ -16,5 +16,8 @@ enum class CpAttention : uint8_t { ring, all_gather, ulysses };
 /** "ring" | "all_gather" | "ulysses"; throws naming them on anything else. */
 CpAttention cp_attention_from_string(const std::string& s);
 const char* cp_attention_name(CpAttention a);
+/** The name, and for Ulysses groups of `ulysses` < cp ranks (0: cp) with a ring across them the
+ *  2-D layout: "ulysses 2 x ring 4". */
+std::string cp_attention_label(CpAttention a, int cp, int ulysses);
 
 }  // namespace tetra

@@ -71,10 +71,12 @@ UlyssesHeads ulysses_heads(int heads, int kv_heads, int cp) {
       if (fits(n)) valid += (valid.empty() ? "" : ", ") + std::to_string(n);
     }
     fail(
-        "[cp] cp.attention=ulysses gives each of parallel.cp={} ranks whole heads, but the {} "
-        "query heads and {} key/value heads of a tp rank (model heads / parallel.tp) do not "
-        "split that way: cp must divide the query heads, and divide the key/value heads or be a "
-        "multiple of them; use parallel.cp in {{{}}}, or cp.attention=ring",
+        "[cp] cp.attention=ulysses gives each of the {} ranks of an all-to-all group "
+        "(parallel.cp, or cp.ulysses when set) whole heads, but the {} query heads and {} "
+        "key/value heads of a tp rank (model heads / parallel.tp) do not split that way: the "
+        "group must divide the query heads, and divide the key/value heads or be a multiple of "
+        "them; use a group of {{{}}} ranks (parallel.cp, or cp.ulysses with a ring across), or "
+        "cp.attention=ring",
         cp, heads, kv_heads, valid);
   }
   UlyssesHeads h;
@@ -86,10 +88,12 @@ UlyssesHeads ulysses_heads(int heads, int kv_heads, int cp) {
 
 // The scratch of one call. ring: kv[2], acc[2], mine and rin, (B,2c,2·kvw) each; all_gather:
 // kv[0] every rank's K/V (cp of them), acc[0] their gradients, rin the all-to-all's (cp each).
-// ulysses: kv[0] and kv[1] the qkv blocks sent and received (cp of (B,2c,Wj) each), acc[0] the
+// ulysses: kv[0] and kv[1] the qkv blocks sent and received (u of (B,2c,Wj) each), acc[0] the
 // gradients of the received ones, acc[1] and rin the output's (or dout's) blocks sent and received,
 // mine the key/value gradients summed over the copies of a replicated head, delta the local rows'
-// softmax term with its blocks (three of (B,2c,NH)).
+// softmax term with its blocks (three of (B,2c,NH)); with a ring across Ulysses groups (u < cp)
+// also its keys and values, packed (u blocks of (B,2c,2·kv_heads·hs)), ring[2] in flight,
+// racc[2] their gradients in flight, own this rank's and part the partial sum received.
 template <typename F>
 struct ContextAttention<F>::Scratch {
   F* kv[2] = {nullptr, nullptr};
@@ -98,7 +102,12 @@ struct ContextAttention<F>::Scratch {
   F* rin = nullptr;
   F* delta = nullptr;
   F* block = nullptr;
-  size_t n = 0;  // elements of one rank's packed K/V: B·2c·2·kvw
+  F* ring[2] = {nullptr, nullptr};
+  F* racc[2] = {nullptr, nullptr};
+  F* own = nullptr;
+  F* part = nullptr;
+  size_t n = 0;  // elements of one rank's packed K/V: B·2c·2·kvw (ulysses: one qkv block)
+  size_t m = 0;  // ulysses with a ring: elements of one ring hop's packed K/V
   size_t total = 0;
 };
 
@@ -123,12 +132,26 @@ AttentionBlock ulysses_block(const AttentionShape& s, const UlyssesHeads& h, boo
 
 template <typename F>
 ContextAttention<F>::ContextAttention(Backend& backend, comm::Communicator group,
-                                      CpAttention variant)
+                                      CpAttention variant, int ulysses)
     : backend_(&backend), k_(&backend.kernels<F>()), group_(std::move(group)), variant_(variant) {
   if (group_.valid()) {
     cp_ = group_.size();
     rank_ = group_.rank();
   }
+  if (variant_ != CpAttention::ulysses) {
+    TETRA_CHECK(ulysses == 0,
+                "[cp] cp.ulysses={} sizes the all-to-all groups of "
+                "cp.attention=ulysses, not of {}; unset it or use cp.attention=ulysses",
+                ulysses, cp_attention_name(variant_));
+    return;
+  }
+  u_ = ulysses == 0 ? cp_ : ulysses;
+  TETRA_CHECK(u_ >= 1 && cp_ % u_ == 0,
+              "[cp] cp.ulysses={} must divide parallel.cp={}: it is the size of each all-to-all "
+              "group, and cp / cp.ulysses groups form the ring across them; use a divisor of {} "
+              "(or 0 for one group of all cp ranks)",
+              ulysses, cp_, cp_);
+  ulysses_group_ = u_ == cp_ ? group_ : group_.split(rank_ / u_, rank_ % u_, "cp.ulysses");
 }
 
 template <typename F>
@@ -149,17 +172,24 @@ typename ContextAttention<F>::Scratch ContextAttention<F>::carve(F* p,
     return q;
   };
   if (variant_ == CpAttention::ulysses) {
-    const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+    const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), u_);
     const int hs = s.head_size();
-    const size_t rows = size_t(s.B) * size_t(s.T), blocks = rows * size_t(cp_);
+    const size_t rows = size_t(s.B) * size_t(s.T), blocks = rows * size_t(u_);
     r.n = rows * size_t((h.q + 2 * h.kv) * hs);  // one qkv block
-    r.kv[0] = take(size_t(cp_) * r.n);
-    r.kv[1] = take(size_t(cp_) * r.n);
-    r.acc[0] = take(size_t(cp_) * r.n);
+    r.kv[0] = take(size_t(u_) * r.n);
+    r.kv[1] = take(size_t(u_) * r.n);
+    r.acc[0] = take(size_t(u_) * r.n);
     r.acc[1] = take(blocks * size_t(h.q * hs));
     r.rin = take(blocks * size_t(h.q * hs));
     r.mine = h.replicated ? take(size_t(s.kv_heads()) * rows * size_t(2 * hs)) : nullptr;
     r.delta = take(3 * rows * size_t(s.NH));
+    if (u_ < cp_) {
+      r.m = blocks * size_t(2 * h.kv * hs);
+      for (F*& b : r.ring) b = take(r.m);
+      for (F*& b : r.racc) b = take(r.m);
+      r.own = take(r.m);
+      r.part = take(r.m);
+    }
     AttentionBlock b = ulysses_block(s, h, true);
     const size_t causal = k_->attention_block_scratch_elements(b);
     b.causal = false;
@@ -264,16 +294,79 @@ void ContextAttention<F>::backward_blocks(F* dqkv, F* dkv, const F* dout, const 
 }
 
 template <typename F>
+typename ContextAttention<F>::Ring ContextAttention<F>::ring(int stride) const {
+  Ring r;
+  r.size = cp_ / stride;
+  r.pos = rank_ / stride;
+  const int at = rank_ % stride;
+  r.next = (r.pos + 1) % r.size * stride + at;
+  r.prev = (r.pos + r.size - 1) % r.size * stride + at;
+  return r;
+}
+
+template <typename F>
+template <typename Fn>
+void ContextAttention<F>::ring_forward(const Ring& ring, F* const kv[2], size_t n, Fn&& blocks) {
+  for (int step = 0; step < ring.size; ++step) {
+    const F* cur = kv[step % 2];
+    comm::Work sent, got;
+    if (step + 1 < ring.size) {
+      got = recv(kv[(step + 1) % 2], n, ring.prev, kKvTag);
+      sent = send(cur, n, ring.next, kKvTag);
+    }
+    blocks(ring.src(step), cur);
+    wait(sent);
+    wait(got);
+  }
+}
+
+template <typename F>
+template <typename Fn>
+void ContextAttention<F>::ring_backward(const Ring& ring, F* const kv[2], F* const acc[2], F* own,
+                                        F* part, size_t n, Fn&& blocks) {
+  // The gradients of member o's keys and values start at member o+1 (step 1), gather each next
+  // member's share and arrive home from member o−1 after size−1 hops, where o adds its own
+  // (step 0).
+  comm::Work acc_sent[2];
+  for (int step = 0; step < ring.size; ++step) {
+    const F* cur = kv[step % 2];
+    F* a = step == 0 ? own : acc[step % 2];
+    comm::Work sent, got, partial;
+    if (step + 1 < ring.size) {
+      got = recv(kv[(step + 1) % 2], n, ring.prev, kKvTag);
+      sent = send(cur, n, ring.next, kKvTag);
+    }
+    if (step >= 2) partial = recv(part, n, ring.prev, kDkvTag);
+    wait(acc_sent[step % 2]);  // a left two steps ago; it must be gone before it is reused
+    k_->zero(a, n);
+    blocks(ring.src(step), cur, a);
+    if (step >= 2) {
+      wait(partial);
+      k_->add(a, part, n);
+    }
+    if (step >= 1) acc_sent[step % 2] = send(a, n, ring.next, kDkvTag);
+    wait(sent);
+    wait(got);
+  }
+  if (ring.size > 1) {
+    comm::Work home = recv(part, n, ring.prev, kDkvTag);
+    wait(home);
+    k_->add(own, part, n);
+  }
+  for (comm::Work& a : acc_sent) wait(a);
+}
+
+template <typename F>
 void ContextAttention<F>::all_to_all(const F* send, F* recv, size_t n) {
-  if (cp_ == 1) {
+  if (u_ == 1) {
     k_->copy(recv, send, n);
     return;
   }
   const comm::flight::Site site("cp.ulysses");
-  const size_t bytes = size_t(cp_) * n * sizeof(F);
-  comm::Work w =
-      group_.all_to_all(std::span<const std::byte>(reinterpret_cast<const std::byte*>(send), bytes),
-                        std::span<std::byte>(reinterpret_cast<std::byte*>(recv), bytes));
+  const size_t bytes = size_t(u_) * n * sizeof(F);
+  comm::Work w = ulysses_group_.all_to_all(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(send), bytes),
+      std::span<std::byte>(reinterpret_cast<std::byte*>(recv), bytes));
   wait(w);
 }
 
@@ -295,10 +388,10 @@ void ContextAttention<F>::ulysses_heads_in(const F* qkv, const AttentionShape& s
   const int hs = s.head_size(), kvw = s.kv_width();
   const int64_t rows = int64_t(s.B) * s.T, W = s.width(), Cq = int64_t(h.q) * hs;
   const int64_t kvq = int64_t(h.kv) * hs, Wj = Cq + 2 * kvq;
-  // Block j: this rank's rows of rank j's query heads and the key/value heads they read.
-  for (int j = 0; j < cp_; ++j) {
+  // Block j: this rank's rows of member j's query heads and the key/value heads they read.
+  for (int j = 0; j < u_; ++j) {
     F* block = w.kv[0] + size_t(j) * w.n;
-    const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
+    const int64_t kv0 = int64_t(h.first_kv(j, u_, s.kv_heads())) * hs;
     k_->copy_rows(block, Wj, qkv + j * Cq, W, rows, Cq);
     k_->copy_rows(block + Cq, Wj, qkv + s.C + kv0, W, rows, kvq);
     k_->copy_rows(block + Cq + kvq, Wj, qkv + s.C + kvw + kv0, W, rows, kvq);
@@ -307,38 +400,58 @@ void ContextAttention<F>::ulysses_heads_in(const F* qkv, const AttentionShape& s
 }
 
 template <typename F>
-void ContextAttention<F>::ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
-                                          F* scratch) {
-  const Scratch w = carve(scratch, s);
-  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
-  const int hs = s.head_size();
-  const int64_t rows = int64_t(s.B) * s.T, Cq = int64_t(h.q) * hs;
-  const int64_t Wj = Cq + 2 * int64_t(h.kv) * hs;
-  ulysses_heads_in(qkv, s, h, w);
-  // Every rank's rows for this rank's heads: attention over whole sequences, chunk by chunk.
-  none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
-  backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
-  for (int rq = 0; rq < cp_; ++rq) {
+template <typename Fn>
+void ContextAttention<F>::for_each_heads_block(int src, const AttentionShape& s,
+                                               const UlyssesHeads& h, Fn&& f) {
+  const int group = rank_ / u_;
+  for (int jq = 0; jq < u_; ++jq) {
     for (int iq = 0; iq < 2; ++iq) {
-      const int gq = CpSplit::chunk_of(rq, iq, cp_);
-      for (int rk = 0; rk < cp_; ++rk) {
+      const int gq = CpSplit::chunk_of(group * u_ + jq, iq, cp_);
+      for (int jk = 0; jk < u_; ++jk) {
         for (int ik = 0; ik < 2; ++ik) {
-          const int gk = CpSplit::chunk_of(rk, ik, cp_);
+          const int gk = CpSplit::chunk_of(src * u_ + jk, ik, cp_);
           if (gk > gq) continue;
           const AttentionBlock b = ulysses_block(s, h, gk == gq);
-          k_->attention_block_forward(
-              ulysses_rows(w.acc[1], s, Cq, rq, iq, 0), ulysses_rows(saved, s, h.q, rq, iq, 0),
-              ulysses_rows<const F>(w.kv[1], s, Wj, rq, iq, 0),
-              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq),
-              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq + int64_t(h.kv) * hs), b, w.block);
+          f(jq, iq, jk, ik, b);
           counters_.blocks += b.causal ? 1 : 2;
         }
       }
     }
   }
-  // Block r of the output goes back to rank r; block j received holds rank j's heads.
+}
+
+template <typename F>
+void ContextAttention<F>::ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s,
+                                          F* scratch) {
+  const Scratch w = carve(scratch, s);
+  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), u_);
+  const int hs = s.head_size();
+  const int64_t rows = int64_t(s.B) * s.T, Cq = int64_t(h.q) * hs, kvq = int64_t(h.kv) * hs;
+  const int64_t Wj = Cq + 2 * kvq;
+  ulysses_heads_in(qkv, s, h, w);
+  // The group's rows for this rank's heads, against the keys and values of group `src`: held in
+  // kv[1] (width Wj, from column Cq) for this group's own, packed (width 2·kvq) when they came
+  // around the ring.
+  none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
+  backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
+  auto blocks = [&](int src, const F* kv, int64_t width, int64_t col) {
+    for_each_heads_block(src, s, h, [&](int jq, int iq, int jk, int ik, const AttentionBlock& b) {
+      k_->attention_block_forward(
+          ulysses_rows(w.acc[1], s, Cq, jq, iq, 0), ulysses_rows(saved, s, h.q, jq, iq, 0),
+          ulysses_rows<const F>(w.kv[1], s, Wj, jq, iq, 0),
+          ulysses_rows<const F>(kv, s, width, jk, ik, col),
+          ulysses_rows<const F>(kv, s, width, jk, ik, col + kvq), b, w.block);
+    });
+  };
+  if (u_ == cp_) {
+    blocks(0, w.kv[1], Wj, Cq);
+  } else {
+    k_->copy_rows(w.ring[0], 2 * kvq, w.kv[1] + Cq, Wj, rows * u_, 2 * kvq);
+    ring_forward(ring(u_), w.ring, w.m, [&](int src, const F* kv) { blocks(src, kv, 2 * kvq, 0); });
+  }
+  // Block j of the output goes back to member j; block j received holds member j's heads.
   all_to_all(w.acc[1], w.rin, size_t(rows * Cq));
-  for (int j = 0; j < cp_; ++j)
+  for (int j = 0; j < u_; ++j)
     k_->copy_rows(out + j * Cq, s.C, w.rin + j * rows * Cq, Cq, rows, Cq);
 }
 
@@ -346,13 +459,13 @@ template <typename F>
 void ContextAttention<F>::ulysses_backward(F* dqkv, const F* dout, const F* qkv, const F* out,
                                            const F* saved, const AttentionShape& s, F* scratch) {
   const Scratch w = carve(scratch, s);
-  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), cp_);
+  const UlyssesHeads h = ulysses_heads(s.NH, s.kv_heads(), u_);
   const int hs = s.head_size(), kvw = s.kv_width();
   const int64_t rows = int64_t(s.B) * s.T, W = s.width(), Cq = int64_t(h.q) * hs;
   const int64_t kvq = int64_t(h.kv) * hs, Wj = Cq + 2 * kvq;
   ulysses_heads_in(qkv, s, h, w);  // forward's exchange again
   // The softmax term of the local rows (NH values each, every head's out and dout are here), and
-  // dout, to the ranks of their heads.
+  // dout, to the members holding their heads.
   F* delta = w.delta;
   F* delta_out = delta + rows * s.NH;
   F* delta_in = delta_out + rows * s.NH;
@@ -360,54 +473,55 @@ void ContextAttention<F>::ulysses_backward(F* dqkv, const F* dout, const F* qkv,
                             Rows<const F>{dout, s.C, int64_t(s.T) * s.C},
                             Rows<const F>{out, s.C, int64_t(s.T) * s.C},
                             AttentionBlock{s.B, s.T, s.T, s.C, s.NH, s.KVH, false});
-  for (int j = 0; j < cp_; ++j) {
+  for (int j = 0; j < u_; ++j) {
     k_->copy_rows(delta_out + j * rows * h.q, h.q, delta + j * h.q, s.NH, rows, h.q);
     k_->copy_rows(w.acc[1] + j * rows * Cq, Cq, dout + j * Cq, s.C, rows, Cq);
   }
   all_to_all(delta_out, delta_in, size_t(rows * h.q));
   all_to_all(w.acc[1], w.rin, size_t(rows * Cq));
-  k_->zero(w.acc[0], size_t(cp_) * w.n);
-  for (int rq = 0; rq < cp_; ++rq) {
-    for (int iq = 0; iq < 2; ++iq) {
-      const int gq = CpSplit::chunk_of(rq, iq, cp_);
-      for (int rk = 0; rk < cp_; ++rk) {
-        for (int ik = 0; ik < 2; ++ik) {
-          const int gk = CpSplit::chunk_of(rk, ik, cp_);
-          if (gk > gq) continue;
-          const AttentionBlock b = ulysses_block(s, h, gk == gq);
-          k_->attention_block_backward(
-              ulysses_rows(w.acc[0], s, Wj, rq, iq, 0), ulysses_rows(w.acc[0], s, Wj, rk, ik, Cq),
-              ulysses_rows(w.acc[0], s, Wj, rk, ik, Cq + kvq),
-              ulysses_rows<const F>(w.rin, s, Cq, rq, iq, 0),
-              ulysses_rows<const F>(delta_in, s, h.q, rq, iq, 0),
-              ulysses_rows<const F>(saved, s, h.q, rq, iq, 0),
-              ulysses_rows<const F>(w.kv[1], s, Wj, rq, iq, 0),
-              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq),
-              ulysses_rows<const F>(w.kv[1], s, Wj, rk, ik, Cq + kvq), b, w.block);
-          counters_.blocks += b.causal ? 1 : 2;
-        }
-      }
-    }
+  k_->zero(w.acc[0], size_t(u_) * w.n);
+  // dq into acc[0]'s query columns; dk and dv of group src's keys and values into dkv, laid out
+  // as kv.
+  auto blocks = [&](int src, const F* kv, F* dkv, int64_t width, int64_t col) {
+    for_each_heads_block(src, s, h, [&](int jq, int iq, int jk, int ik, const AttentionBlock& b) {
+      k_->attention_block_backward(
+          ulysses_rows(w.acc[0], s, Wj, jq, iq, 0), ulysses_rows(dkv, s, width, jk, ik, col),
+          ulysses_rows(dkv, s, width, jk, ik, col + kvq),
+          ulysses_rows<const F>(w.rin, s, Cq, jq, iq, 0),
+          ulysses_rows<const F>(delta_in, s, h.q, jq, iq, 0),
+          ulysses_rows<const F>(saved, s, h.q, jq, iq, 0),
+          ulysses_rows<const F>(w.kv[1], s, Wj, jq, iq, 0),
+          ulysses_rows<const F>(kv, s, width, jk, ik, col),
+          ulysses_rows<const F>(kv, s, width, jk, ik, col + kvq), b, w.block);
+    });
+  };
+  if (u_ == cp_) {
+    blocks(0, w.kv[1], w.acc[0], Wj, Cq);
+  } else {
+    k_->copy_rows(w.ring[0], 2 * kvq, w.kv[1] + Cq, Wj, rows * u_, 2 * kvq);
+    ring_backward(ring(u_), w.ring, w.racc, w.own, w.part, w.m,
+                  [&](int src, const F* kv, F* dkv) { blocks(src, kv, dkv, 2 * kvq, 0); });
+    k_->copy_rows(w.acc[0] + Cq, Wj, w.own, 2 * kvq, rows * u_, 2 * kvq);
   }
-  // Block r of the gradients goes home to rank r; block j received: its rows' gradients for
-  // rank j's heads.
+  // Block j of the gradients goes home to member j; block j received: its rows' gradients for
+  // member j's heads.
   all_to_all(w.acc[0], w.kv[0], w.n);
-  for (int j = 0; j < cp_; ++j) {
+  for (int j = 0; j < u_; ++j) {
     const F* block = w.kv[0] + size_t(j) * w.n;
     k_->copy_rows(dqkv + j * Cq, W, block, Wj, rows, Cq);
     if (h.replicated) continue;
-    const int64_t kv0 = int64_t(h.first_kv(j, cp_, s.kv_heads())) * hs;
+    const int64_t kv0 = int64_t(h.first_kv(j, u_, s.kv_heads())) * hs;
     k_->copy_rows(dqkv + s.C + kv0, W, block + Cq, Wj, rows, kvq);
     k_->copy_rows(dqkv + s.C + kvw + kv0, W, block + Cq + kvq, Wj, rows, kvq);
   }
   if (!h.replicated) return;
-  // A key/value head's copies on cp / KVH ranks each return a share of its gradients: summed in
-  // rank order, packed (rows, 2·hs) per head in `mine` (acc[0], free again, holds one share).
+  // A key/value head's copies on u / KVH members each return a share of its gradients: summed in
+  // member order, packed (rows, 2·hs) per head in `mine` (acc[0], free again, holds one share).
   const size_t packed = size_t(rows) * 2 * size_t(hs);
   k_->zero(w.mine, size_t(s.kv_heads()) * packed);
-  for (int j = 0; j < cp_; ++j) {
+  for (int j = 0; j < u_; ++j) {
     k_->copy_rows(w.acc[0], 2 * hs, w.kv[0] + size_t(j) * w.n + Cq, Wj, rows, 2 * hs);
-    k_->add(w.mine + size_t(h.first_kv(j, cp_, s.kv_heads())) * packed, w.acc[0], packed);
+    k_->add(w.mine + size_t(h.first_kv(j, u_, s.kv_heads())) * packed, w.acc[0], packed);
   }
   for (int g = 0; g < s.kv_heads(); ++g) {
     const F* head = w.mine + size_t(g) * packed;
@@ -425,20 +539,11 @@ void ContextAttention<F>::forward(F* out, F* saved, const F* qkv, const Attentio
   // Nothing merged yet: every row's log-sum-exp is -inf.
   none_.resize(saved_elements(s), -std::numeric_limits<F>::infinity());
   backend_->device().from_host(saved, none_.data(), none_.size() * sizeof(F));
-  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   if (variant_ == CpAttention::ring) {
     k_->copy_rows(w.kv[0], P, qkv + s.C, s.width(), rows, P);  // this rank's k | v, packed
-    for (int step = 0; step < cp_; ++step) {
-      const F* cur = w.kv[step % 2];
-      comm::Work sent, got;
-      if (step + 1 < cp_) {
-        got = recv(w.kv[(step + 1) % 2], w.n, prev, kKvTag);
-        sent = send(cur, w.n, next, kKvTag);
-      }
-      forward_blocks(out, saved, qkv, cur, (rank_ - step + cp_) % cp_, s, w.block);
-      wait(sent);
-      wait(got);
-    }
+    ring_forward(ring(1), w.kv, w.n, [&](int src, const F* kv) {
+      forward_blocks(out, saved, qkv, kv, src, s, w.block);
+    });
     return;
   }
   k_->copy_rows(w.rin, P, qkv + s.C, s.width(), rows, P);
@@ -465,7 +570,6 @@ void ContextAttention<F>::backward(F* dqkv, const F* dout, const F* qkv, const F
   }
   const Scratch w = carve(scratch, s);
   const int64_t rows = int64_t(s.B) * s.T, W = s.width(), P = 2 * int64_t(s.kv_width());
-  const int next = (rank_ + 1) % cp_, prev = (rank_ + cp_ - 1) % cp_;
   k_->zero(dqkv, size_t(rows) * size_t(W));
   const AttentionBlock all{s.B, s.T, s.T, s.C, s.NH, s.KVH, false};
   k_->attention_block_delta(Rows<F>{w.delta, s.NH, int64_t(s.T) * s.NH},
@@ -473,37 +577,10 @@ void ContextAttention<F>::backward(F* dqkv, const F* dout, const F* qkv, const F
                             Rows<const F>{out, s.C, int64_t(s.T) * s.C}, all);
   const F* own = nullptr;  // this rank's key/value gradients, summed over every rank's queries
   if (variant_ == CpAttention::ring) {
-    // The gradients of rank o's keys and values start at rank o+1 (step 1), gather each next
-    // rank's share and arrive home from rank o−1 after cp−1 hops, where o adds its own (step 0).
     k_->copy_rows(w.kv[0], P, qkv + s.C, W, rows, P);
-    comm::Work acc_sent[2];
-    for (int step = 0; step < cp_; ++step) {
-      const F* cur = w.kv[step % 2];
-      F* acc = step == 0 ? w.mine : w.acc[step % 2];
-      comm::Work sent, got, partial;
-      if (step + 1 < cp_) {
-        got = recv(w.kv[(step + 1) % 2], w.n, prev, kKvTag);
-        sent = send(cur, w.n, next, kKvTag);
-      }
-      if (step >= 2) partial = recv(w.rin, w.n, prev, kDkvTag);
-      wait(acc_sent[step % 2]);  // acc left two steps ago; it must be gone before it is reused
-      k_->zero(acc, w.n);
-      backward_blocks(dqkv, acc, dout, w.delta, saved, qkv, cur, (rank_ - step + cp_) % cp_, s,
-                      w.block);
-      if (step >= 2) {
-        wait(partial);
-        k_->add(acc, w.rin, w.n);
-      }
-      if (step >= 1) acc_sent[step % 2] = send(acc, w.n, next, kDkvTag);
-      wait(sent);
-      wait(got);
-    }
-    if (cp_ > 1) {
-      comm::Work home = recv(w.rin, w.n, prev, kDkvTag);
-      wait(home);
-      k_->add(w.mine, w.rin, w.n);
-    }
-    for (comm::Work& a : acc_sent) wait(a);
+    ring_backward(ring(1), w.kv, w.acc, w.mine, w.rin, w.n, [&](int src, const F* kv, F* dkv) {
+      backward_blocks(dqkv, dkv, dout, w.delta, saved, qkv, kv, src, s, w.block);
+    });
     own = w.mine;
   } else {
     k_->copy_rows(w.rin, P, qkv + s.C, W, rows, P);

@@ -33,6 +33,17 @@
 // gathered copy, and sends each row's softmax term (NH values) instead of the output (C values).
 // Per layer and micro-batch a rank sends (cp−1)/cp of: forward qkv and out; backward qkv, dout,
 // delta and dqkv — the ring's K/V payload divided by cp, times (W + C)/(2·kv_width).
+//
+// Ulysses inside, the ring across (the 2-D "hybrid" layout; cp.ulysses = u < cp): the cp group is
+// r = cp/u Ulysses groups of u consecutive cp ranks (the mesh places cp ranks next to each other,
+// so a Ulysses group shares a node's fast links when it fits one). Rank g·u + j (group g, member
+// j) exchanges heads inside its group as above, which leaves it the 2u chunks of its group's
+// members for NH/u heads; their keys and values then go around the ring of the r ranks that hold
+// the same heads (members j of every group), the ring's steps and gradient hops as above. A hop
+// is u·B·2c·2·kv_heads·hs elements (the group's rows of this rank's kv_heads: KVH/u, or 1 when
+// replicated), r−1 of them forward and 2(r−1) backward, beside the all-to-alls over u ranks. u = cp
+// is plain Ulysses (a ring of one); a rank computes its group's u chunk pairs' blocks on NH/u
+// heads, 4·u·cp halves.
 #pragma once
 
 #include <algorithm>
@@ -107,13 +118,18 @@ struct UlyssesHeads;
 template <typename F>
 class ContextAttention {
  public:
-  /** Over `group` (the mesh's cp group; its size is cp, its rank this rank's chunk pair). */
-  ContextAttention(Backend& backend, comm::Communicator group, CpAttention variant);
+  /** Over `group` (the mesh's cp group; its size is cp, its rank this rank's chunk pair). Under
+   *  ulysses, `ulysses` ranks form each all-to-all group and cp/ulysses of them a ring (0: the
+   *  whole group, no ring); it must divide cp. Collective over the group when it splits it. */
+  ContextAttention(Backend& backend, comm::Communicator group, CpAttention variant,
+                   int ulysses = 0);
 
   Backend& backend() const { return *backend_; }
   int cp() const { return cp_; }
   int rank() const { return rank_; }
   CpAttention variant() const { return variant_; }
+  /** Ulysses: the ranks of one all-to-all group (cp / ulysses() of them form a ring). */
+  int ulysses() const { return u_; }
   /** This rank's split of sequences of which it holds `local_T` = 2c tokens. */
   CpSplit split(int local_T) const { return CpSplit(local_T * cp_, cp_, rank_); }
 
@@ -136,21 +152,45 @@ class ContextAttention {
 
  private:
   struct Scratch;
+  // A ring of `size` ranks of the group, this one at `pos`: the cp group for ring attention, the
+  // ranks holding the same heads under ulysses.
+  struct Ring {
+    int size = 1, pos = 0, next = 0, prev = 0;  // next and prev: ranks of the group
+    int src(int step) const { return (pos - step + size) % size; }
+  };
+  // The ring of ranks `stride` apart through this one: stride 1, the whole group (ring
+  // attention); u, the members at this rank's place in every Ulysses group.
+  Ring ring(int stride) const;
   Scratch carve(F* scratch, const AttentionShape& s) const;
+  // Ring attention's steps: at step s, blocks(src, kv) with ring member src's n elements of keys
+  // and values while the next step's come in (kv[0] holds this rank's when called).
+  template <typename Fn>
+  void ring_forward(const Ring& ring, F* const kv[2], size_t n, Fn&& blocks);
+  // Backward's: blocks(src, kv, dkv) adds the local queries' share of src's key/value gradients
+  // to dkv (zeroed), which the ring carries home, summing every member's share on the way; this
+  // rank's own end up in `own`. acc[2] and `part` are scratch of n elements each.
+  template <typename Fn>
+  void ring_backward(const Ring& ring, F* const kv[2], F* const acc[2], F* own, F* part, size_t n,
+                     Fn&& blocks);
   // Calls f(query row, key row, block) for the blocks of the local query chunks (rows [0, c) and
   // [c, 2c)) against rank src's key/value chunks that the causal mask leaves, and counts them.
   template <typename Fn>
   void for_each_block(int src, const AttentionShape& s, Fn&& f);
-  // Ulysses: the all-to-alls around attention over the whole sequences of this rank's heads;
-  // heads_in packs this rank's rows of every rank's heads into scratch kv[0] and exchanges them
-  // into kv[1] (every rank's rows of this rank's heads).
+  // Ulysses: the all-to-alls over the u ranks of a Ulysses group around attention on this rank's
+  // heads; heads_in packs this rank's rows of every member's heads into scratch kv[0] and
+  // exchanges them into kv[1] (every member's rows of this rank's heads).
   void ulysses_heads_in(const F* qkv, const AttentionShape& s, const UlyssesHeads& h,
                         const Scratch& w);
   void ulysses_forward(F* out, F* saved, const F* qkv, const AttentionShape& s, F* scratch);
   void ulysses_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* saved,
                         const AttentionShape& s, F* scratch);
-  // Block j (n elements) of `send` to rank j, rank j's block to `recv` block j (a copy with one
-  // rank); waited for and counted.
+  // Calls f(query member, query chunk, key member, key chunk, block) for the blocks of this
+  // Ulysses group's chunks against those of group `src` (a ring member) that the causal mask
+  // leaves, and counts them.
+  template <typename Fn>
+  void for_each_heads_block(int src, const AttentionShape& s, const UlyssesHeads& h, Fn&& f);
+  // Block j (n elements) of `send` to Ulysses group member j, member j's block to `recv` block j
+  // (a copy in a group of one); waited for and counted.
   void all_to_all(const F* send, F* recv, size_t n);
   // The blocks of the local queries against the key/value chunks of rank `src` held in kv
   // (B,2c,2·kv_width): forward merges into out/lse; backward accumulates dq into dqkv and dk/dv
@@ -167,8 +207,10 @@ class ContextAttention {
   Backend* backend_;
   Kernels<F>* k_;
   comm::Communicator group_;
+  comm::Communicator ulysses_group_;  // u consecutive ranks of group_ (group_ itself at u = cp)
   CpAttention variant_;
   int cp_ = 1, rank_ = 0;
+  int u_ = 1;  // Ulysses group size; ring attention's rings are cp_ / u_ ranks
   CpCounters counters_;
   std::vector<F> none_;  // -inf, the log-sum-exp of no block, copied into forward's saved state
 };

@@ -69,7 +69,8 @@ struct ParallelOptions {
   parallel::ZeroOptions zero;  // stage, resharding, prefetch, stage-0 buckets, overlap
   comm::CommOptions comm;
   // Context parallelism over mesh.cp ranks (docs/context_parallel.md): attention's exchange.
-  std::string cp_attention = "ring";  // "ring" | "all_gather"
+  std::string cp_attention = "ring";  // "ring" | "all_gather" | "ulysses"
+  int cp_ulysses = 0;  // ulysses: ranks per all-to-all group (0: all cp), a ring across the groups
   // Pipeline parallelism over mesh.pp ranks (docs/pipeline.md); train.grad_accum micro-batches.
   std::string pp_schedule = "1f1b", pp_layers;
   pipeline::Kind pp_kind = pipeline::Kind::one_f_one_b;

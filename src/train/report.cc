@@ -134,7 +134,9 @@ void Reporter::header() const {
       layout_.tp().size(),
       layout_.cp_size() > 1
           ? fmt::format("; context parallel {} ({} attention, {} tokens per rank)",
-                        layout_.cp_size(), opt_.parallel.cp_attention,
+                        layout_.cp_size(),
+                        cp_attention_label(layout_.cp().variant(), layout_.cp_size(),
+                                           layout_.cp().ulysses()),
                         opt_.batch.seq_len / layout_.cp_size())
           : "",
       opt_.parallel.zero.stage, layout_.dp_size(),

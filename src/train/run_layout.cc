@@ -40,7 +40,8 @@ RunLayout::RunLayout(const ParallelOptions& options, bool sequence_parallel,
     tp_ = std::make_unique<parallel::TensorParallel>(backend);
     ep_ = std::make_unique<parallel::ExpertParallel>(backend);
     cp_ = std::make_unique<parallel::ContextAttention<float>>(
-        backend, comm::Communicator(), parallel::cp_attention_from_string(options.cp_attention));
+        backend, comm::Communicator(), parallel::cp_attention_from_string(options.cp_attention),
+        options.cp_ulysses);
     return;
   }
   mesh_ = std::make_unique<parallel::Mesh>(parallel::Mesh::build(world_, shape));
@@ -52,7 +53,8 @@ RunLayout::RunLayout(const ParallelOptions& options, bool sequence_parallel,
   dp_rank_ = dp_.rank();
   cp_size_ = mesh_->cp().size();
   cp_ = std::make_unique<parallel::ContextAttention<float>>(
-      backend, mesh_->cp(), parallel::cp_attention_from_string(options.cp_attention));
+      backend, mesh_->cp(), parallel::cp_attention_from_string(options.cp_attention),
+      options.cp_ulysses);
   pp_ = mesh_->pp();
   pp_size_ = pp_.size();
   pp_rank_ = pp_.rank();

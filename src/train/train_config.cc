@@ -359,6 +359,12 @@ const std::vector<TrainKey>& train_keys() {
         "sequence shards into head shards with an all-to-all (cp must split the heads)",
         "ring | all_gather | ulysses"},
        into<&O::parallel, &ParallelOptions::cp_attention>()},
+      {{"cp.ulysses", ValueKind::Int, "0",
+        "cp.attention=ulysses: ranks per all-to-all group, a divisor of parallel.cp; "
+        "parallel.cp / cp.ulysses groups then pass keys and values around a ring (the 2-D hybrid "
+        "layout: Ulysses inside a node, the ring across); 0: one group of all cp ranks",
+        "[0, 1024]"},
+       into<&O::parallel, &ParallelOptions::cp_ulysses>()},
       {{"tp.sequence_parallel", ValueKind::Bool, "false",
         "shard the residual stream and LayerNorms along the tokens over the tp group (all-gather "
         "+ reduce-scatter instead of all-reduce); no effect at parallel.tp=1"},

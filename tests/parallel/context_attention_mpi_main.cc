@@ -10,7 +10,11 @@
 //    and out, backward qkv, dout, the softmax term and dqkv), exactly;
 //  - the chunk blocks computed: 2·cp per pass on every rank (the balanced split); Ulysses cp·cp
 //    times as many on 1/cp of the heads;
-//  - Ulysses refuses heads that do not split over cp, naming the cp that work;
+//  - Ulysses over groups of every size u dividing cp (u < cp: a ring of cp/u ranks across them,
+//    the hybrid layout; u = 1 a ring through the Ulysses path), bytes of both exchanges exact
+//    and u·cp chunk pairs' blocks;
+//  - Ulysses refuses heads that do not split over its groups, naming the sizes that work, and a
+//    group size that does not divide cp or that another variant was given;
 //  - CpSplit: positions, take/put round trip, and the refusal of T that 2·cp does not divide.
 // Exit 1 if any rank saw a mismatch.
 #include <fmt/format.h>
@@ -52,7 +56,7 @@ double rel_err(const std::vector<F>& got, const std::vector<F>& want) {
 
 template <typename F>
 void run(const comm::Communicator& world, CpAttention variant, const AttentionShape& full,
-         Failures& f) {
+         Failures& f, int ulysses = 0) {
   Backend& backend = cpu_backend();
   Kernels<F>& k = backend.kernels<F>();
   const int cp = world.size(), r = world.rank();
@@ -84,7 +88,8 @@ void run(const comm::Communicator& world, CpAttention variant, const AttentionSh
   split.take(want_out.data(), out.data(), full.B, full.C);
   split.take(want_dqkv.data(), dqkv.data(), full.B, int(W));
 
-  ContextAttention<F> ca(backend, world, variant);
+  ContextAttention<F> ca(backend, world, variant, ulysses);
+  const int u = ca.ulysses(), ring = cp / u;
   std::vector<F> lout(want_out.size()), lsaved(ca.saved_elements(local)),
       lscratch(ca.scratch_elements(local)), ldqkv(lqkv.size());
   ca.forward(lout.data(), lsaved.data(), lqkv.data(), local, lscratch.data());
@@ -96,20 +101,25 @@ void run(const comm::Communicator& world, CpAttention variant, const AttentionSh
 
   const double tol = sizeof(F) == 8 ? 1e-12 : 2e-5;
   const std::string what =
-      fmt::format("{} {} cp {} B {} T {} NH {} KVH {}", sizeof(F) == 8 ? "f64" : "f32",
-                  cp_attention_name(variant), cp, full.B, full.T, full.NH, full.kv_heads());
+      fmt::format("{} {}{} cp {} B {} T {} NH {} KVH {}", sizeof(F) == 8 ? "f64" : "f32",
+                  cp_attention_name(variant),
+                  variant == CpAttention::ulysses ? fmt::format(" {}x ring {}", u, ring) : "", cp,
+                  full.B, full.T, full.NH, full.kv_heads());
   const double eo = rel_err(lout, want_out), eg = rel_err(ldqkv, want_dqkv);
   f.check(eo <= tol, fmt::format("{}: out {:.3e} > {:.0e}", what, eo, tol));
   f.check(eg <= tol, fmt::format("{}: dqkv {:.3e} > {:.0e}", what, eg, tol));
   double want_fwd = 0, want_bwd = 0;
   if (variant == CpAttention::ulysses) {
-    // Per all-to-all, (cp-1)/cp of a buffer of the local rows: qkv's blocks (query heads/cp and
-    // the key/value heads they read), out's and dout's C columns, the softmax term's NH.
-    const UlyssesHeads h = ulysses_heads(full.NH, full.kv_heads(), cp);
-    const double share = double(cp - 1) / cp * double(n_local) * sizeof(F);
-    const double qkv_cols = double(cp) * (h.q + 2 * h.kv) * full.head_size();
-    want_fwd = share * (qkv_cols + full.C);
-    want_bwd = share * (2 * qkv_cols + full.C + full.NH);
+    // Per all-to-all, (u-1)/u of a buffer of the local rows: qkv's blocks (query heads/u and
+    // the key/value heads they read), out's and dout's C columns, the softmax term's NH. Across
+    // the ring of cp/u ranks, the group's rows of this rank's key/value heads: ring-1 hops
+    // forward, twice as many backward.
+    const UlyssesHeads h = ulysses_heads(full.NH, full.kv_heads(), u);
+    const double share = double(u - 1) / u * double(n_local) * sizeof(F);
+    const double qkv_cols = double(u) * (h.q + 2 * h.kv) * full.head_size();
+    const double hop = double(u) * double(n_local) * 2 * h.kv * full.head_size() * sizeof(F);
+    want_fwd = share * (qkv_cols + full.C) + (ring - 1) * hop;
+    want_bwd = share * (2 * qkv_cols + full.C + full.NH) + 2 * (ring - 1) * hop;
   } else {
     const double n = double(n_local) * 2 * full.kv_width() * sizeof(F);
     want_fwd = (cp - 1) * n;
@@ -121,8 +131,8 @@ void run(const comm::Communicator& world, CpAttention variant, const AttentionSh
   f.check(near(bwd.sent_bytes, want_bwd),
           fmt::format("{}: backward sent {} bytes, not {}", what, bwd.sent_bytes, want_bwd));
   // Blocks in halves (a causal diagonal counts 1, a full block 2): 2·cp blocks = 4·cp halves;
-  // Ulysses attends every rank's 2·cp chunk pairs' worth on 1/cp of the heads.
-  const int64_t halves = variant == CpAttention::ulysses ? 4 * cp * cp : 4 * cp;
+  // Ulysses attends its group's u chunk pairs' worth on 1/u of the heads.
+  const int64_t halves = variant == CpAttention::ulysses ? 4 * u * cp : 4 * cp;
   f.check(fwd.blocks == halves && bwd.blocks == halves,
           fmt::format("{}: {} and {} half-blocks, not {}", what, fwd.blocks, bwd.blocks, halves));
   if (r == 0) std::printf("ok %s: out %.2e dqkv %.2e\n", what.c_str(), eo, eg);
@@ -180,12 +190,17 @@ int main(int argc, char** argv) {
       }
     }
     // Ulysses: multi-head, 4 heads of 4; grouped-query with key/value heads split (8 over 4) and
-    // fewer than cp at cp 4 (8 over 2: each kv head on two ranks).
+    // fewer than cp at cp 4 (8 over 2: each kv head on two ranks; 8 over 1 on every rank).
+    // Every group size that divides cp: all of it (plain Ulysses), 1 (a ring through the Ulysses
+    // path) and, at cp 4, groups of 2 with a ring of 2 across them (the hybrid layout).
     for (const AttentionShape& s :
          {AttentionShape{2, 6 * cp, 16, 4, 0}, AttentionShape{2, 10 * cp, 24, 8, 4},
-          AttentionShape{1, 4 * cp, 24, 8, 2}}) {
-      run<double>(world, CpAttention::ulysses, s, f);
-      run<float>(world, CpAttention::ulysses, s, f);
+          AttentionShape{1, 4 * cp, 24, 8, 2}, AttentionShape{1, 4 * cp, 24, 8, 1}}) {
+      for (int u = cp; u >= 1; --u) {
+        if (cp % u != 0) continue;
+        run<double>(world, CpAttention::ulysses, s, f, u);
+        run<float>(world, CpAttention::ulysses, s, f, u);
+      }
     }
     std::string refusal;
     try {
@@ -193,8 +208,20 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       refusal = e.what();
     }
-    f.check(refusal.find("parallel.cp in {1, 3, 6}") != std::string::npos,
+    f.check(refusal.find("a group of {1, 3, 6} ranks") != std::string::npos,
             "Ulysses refuses 6 heads over 3 kv heads at cp 4, naming the cp that work: " + refusal);
+    // A group size that does not divide cp, and one given to another variant.
+    for (const auto& [v, u] :
+         {std::pair{CpAttention::ulysses, cp + 1}, std::pair{CpAttention::ring, 1}}) {
+      std::string why;
+      try {
+        ContextAttention<float>(cpu_backend(), world, v, u);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      f.check(why.find(v == CpAttention::ring ? "unset it" : "must divide") != std::string::npos,
+              fmt::format("cp.ulysses={} refused under {}: '{}'", u, cp_attention_name(v), why));
+    }
     int bad = f.count;
     world.all_reduce(std::span<int32_t>(&bad, 1)).wait();
     f.count = bad;

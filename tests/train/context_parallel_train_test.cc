@@ -166,6 +166,9 @@ TEST_F(ContextParallelTrain, LlamaLayoutsReproduceTheSerialRun) {
        "--parallel.cp=2 --zero.stage=3 --model.tie_embeddings=true"},
       // Ulysses with the 2 key/value heads replicated over 4 ranks, and split over 2 beside dp.
       {4, 1, 4, "llama_cp4_ulysses", "--parallel.cp=4 --cp.attention=ulysses"},
+      // The hybrid: Ulysses over pairs (a key/value head each), the ring across the two pairs.
+      {4, 1, 4, "llama_cp4_ulysses2_ring2",
+       "--parallel.cp=4 --cp.attention=ulysses --cp.ulysses=2"},
       {4, 2, 2, "llama_cp2_dp2_zero1_ulysses",
        "--parallel.cp=2 --zero.stage=1 --cp.attention=ulysses"},
   };
@@ -241,8 +244,9 @@ TEST_F(ContextParallelTrain, LayoutsThatCannotWorkAreRefusedWithWhatWould) {
       {2, "--parallel.cp=2 --cp.attention=gather", "must be one of: ring, all_gather, ulysses"},
       {2, "--parallel.cp=2 --model.moe_experts=4", "use model.moe_experts=0 with cp"},
       // One head cannot be split over 2 ranks' heads.
-      {2, "--parallel.cp=2 --cp.attention=ulysses --model.n_head=1",
-       "use parallel.cp in {1}, or cp.attention=ring"},
+      {2, "--parallel.cp=2 --cp.attention=ulysses --model.n_head=1", "use a group of {1} ranks"},
+      {2, "--parallel.cp=2 --cp.attention=ulysses --cp.ulysses=3", "must divide parallel.cp=2"},
+      {2, "--parallel.cp=2 --cp.ulysses=2", "unset it or use cp.attention=ulysses"},
       {1, "--parallel.cp=2", "needs 2 ranks"},
   };
   for (const Bad& b : bad) {
