@@ -133,15 +133,21 @@ RingTraffic cp_ring_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_
 }
 
 UlyssesTraffic cp_ulysses_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_t heads,
-                                  int64_t kv_heads, int64_t head_size, double dtype_bytes) {
+                                  int64_t kv_heads, int64_t head_size, double dtype_bytes,
+                                  int64_t group) {
   UlyssesTraffic u;
   if (cp <= 1) return u;
+  const int64_t g = group > 0 ? group : cp;
   const double rows = double(micro_batch) * double(seq / cp) * dtype_bytes;
-  const int64_t kv = kv_heads < cp ? 1 : kv_heads / cp;
-  u.qkv = rows * double(cp * (heads / cp + 2 * kv) * head_size);
+  const int64_t kv = kv_heads < g ? 1 : kv_heads / g;
+  u.group = g;
+  u.qkv = rows * double(g * (heads / g + 2 * kv) * head_size);
   u.out = rows * double(heads * head_size);
   u.delta = rows * double(heads);
-  u.share = double(cp - 1) / double(cp);
+  u.share = double(g - 1) / double(g);
+  // The ring across the cp/g groups: each rank holds its group's g·T/cp rows, cp_ring_traffic's
+  // T/ring for a ring of cp/g ranks.
+  u.ring = cp_ring_traffic(micro_batch, seq, cp / g, kv * head_size, dtype_bytes);
   return u;
 }
 
@@ -349,8 +355,9 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
     // the cp ranks (tp apart) from sequence to head shards and back, exposed (attention waits for
     // its heads); full recomputation repeats the forward's two.
     const int64_t hs = m.d_model / m.n_head;
-    const UlyssesTraffic u = cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
-                                                std::max<int64_t>(1, m.n_kv_head / l.tp), hs, ab);
+    const UlyssesTraffic u =
+        cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
+                           std::max<int64_t>(1, m.n_kv_head / l.tp), hs, ab, l.cp_ulysses);
     const int64_t forwards = l.recompute == Recompute::full ? 2 : 1;
     DimComm d;
     d.dim = "cp";
@@ -358,13 +365,14 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
         "ulysses: all-to-all qkv + out fwd, qkv + dout + delta + dqkv bwd, per layer and "
         "micro-batch";
     if (forwards == 2) d.what += " + 2 in the recomputed fwd";
-    d.group = l.cp;
-    d.placement = place_group(l.tp, l.cp, gpn);
+    d.group = u.group;
+    d.placement = place_group(l.tp, u.group, gpn);
     d.intra_node = d.placement.nodes == 1;
     const double per = double(layers * l.microbatches);
     d.calls = (forwards * UlyssesTraffic::kForwardCalls + UlyssesTraffic::kBackwardCalls) * layers *
               l.microbatches;
-    d.bytes = (double(forwards) * u.forward() + u.backward()) * per;
+    d.bytes =
+        (double(forwards) * (u.forward() - u.ring.forward) + u.backward() - u.ring.backward) * per;
     auto a2a = [&](double buffer) {
       return collective_seconds(Collective::all_to_all, buffer, d.placement, c);
     };
@@ -373,6 +381,21 @@ std::vector<DimComm> comm_per_step(const ModelSpec& m, const ClusterSpec& c, con
                 per;
     d.algorithm = "all-to-all";
     out.push_back(d);
+    if (u.ring.hops > 0) {
+      // The hybrid's ring across the Ulysses groups, members u·tp apart (between nodes when the
+      // ring spans them), counted as the ring's below.
+      DimComm r;
+      r.dim = "cp";
+      r.what = cp_ring_description(l.cp / u.group);
+      r.group = l.cp / u.group;
+      r.calls = 2 * u.ring.hops * layers * l.microbatches;
+      r.placement = place_group(l.tp * u.group, r.group, gpn);
+      r.intra_node = r.placement.nodes == 1;
+      r.bytes = u.ring.total() * per;
+      r.seconds = cp_ring_seconds(u.ring, r.placement, c) * per;
+      r.algorithm = "p2p";
+      out.push_back(r);
+    }
   } else if (l.cp > 1) {
     // Ring attention on every layer of the rank holding the most, every micro-batch: K and V of
     // its tokens (this tp rank's KVH/tp heads, or the whole heads it replicates) around the cp

@@ -67,22 +67,29 @@ RingTraffic cp_ring_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_
 std::string cp_ring_description(int64_t cp);
 /** Ulysses' traffic (context parallelism, docs/context_parallel.md), per rank, for one layer and
  *  one micro-batch of `micro_batch` sequences of `seq` tokens over `cp` ranks, with `heads` query
- *  and `kv_heads` key/value heads of `head_size` on this rank (its tp share). The all-to-alls'
- *  buffers, each the rank's T/cp rows of:
- *    qkv   = cp blocks of (heads/cp + 2·kv) heads, kv = kv_heads/cp or 1 (replicated, kv_heads <
- * cp) out   = heads · head_size columns (and as many of dout) delta = heads columns (the softmax
- * term of backward) forward sends qkv and out, backward qkv again, dout, delta and dqkv; each
- * all-to-all sends (cp-1)/cp of its buffer. cp = 1 sends nothing. */
+ *  and `kv_heads` key/value heads of `head_size` on this rank (its tp share), all-to-alls over
+ *  groups of `group` ranks (0: cp). The all-to-alls' buffers, each the rank's T/cp rows of:
+ *    qkv   = u blocks of (heads/u + 2·kv) heads, u = group, kv = kv_heads/u or 1 (replicated,
+ *            kv_heads < u)
+ *    out   = heads · head_size columns (and as many of dout)
+ *    delta = heads columns (the softmax term of backward)
+ *  forward sends qkv and out, backward qkv again, dout, delta and dqkv; each all-to-all sends
+ *  (u-1)/u of its buffer. With groups smaller than cp (the hybrid), the cp/u groups pass their
+ *  rows' keys and values of this rank's kv heads around a ring, as cp_ring_traffic over cp/u
+ *  ranks: a hop of B · u·T/cp · 2·kv·head_size. cp = 1 sends nothing. */
 struct UlyssesTraffic {
   double qkv = 0, out = 0, delta = 0;  // buffer bytes
-  double share = 0;                    // (cp-1)/cp
-  double forward() const { return share * (qkv + out); }
-  double backward() const { return share * (2 * qkv + out + delta); }
+  double share = 0;                    // (u-1)/u
+  int64_t group = 1;                   // u
+  RingTraffic ring;                    // across the groups
+  double forward() const { return share * (qkv + out) + ring.forward; }
+  double backward() const { return share * (2 * qkv + out + delta) + ring.backward; }
   double total() const { return forward() + backward(); }
   static constexpr int kForwardCalls = 2, kBackwardCalls = 4;
 };
 UlyssesTraffic cp_ulysses_traffic(int64_t micro_batch, int64_t seq, int64_t cp, int64_t heads,
-                                  int64_t kv_heads, int64_t head_size, double dtype_bytes);
+                                  int64_t kv_heads, int64_t head_size, double dtype_bytes,
+                                  int64_t group = 0);
 /** Seconds the ring's sends take on the link between neighbours of group `g` (cp ranks tp apart:
  *  inside a node when tp * cp fits one), forward and backward of one layer and micro-batch. */
 double cp_ring_seconds(const RingTraffic& r, const GroupPlacement& g, const ClusterSpec& c);

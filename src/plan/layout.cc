@@ -38,9 +38,11 @@ int64_t max_rank_layers(const Layout& l, int64_t layers) {
 }
 
 std::string describe(const Layout& l) {
-  std::string s = l.cp > 1 ? fmt::format("TP {} x CP {} ({}) x PP {} x DP {}", l.tp, l.cp,
-                                         cp_attention_name(l.cp_attention), l.pp, l.dp)
-                           : fmt::format("TP {} x PP {} x DP {}", l.tp, l.pp, l.dp);
+  std::string s =
+      l.cp > 1 ? fmt::format("TP {} x CP {} ({}) x PP {} x DP {}", l.tp, l.cp,
+                             cp_attention_label(l.cp_attention, int(l.cp), int(l.cp_ulysses)), l.pp,
+                             l.dp)
+               : fmt::format("TP {} x PP {} x DP {}", l.tp, l.pp, l.dp);
   if (l.ep > 1) s += fmt::format(" (EP {})", l.ep);
   s += l.zero ? fmt::format(", ZeRO-{}", l.zero) : std::string(", no ZeRO");
   if (l.pp > 1) {

@@ -34,9 +34,13 @@ struct Layout {
   Recompute recompute = Recompute::selective;  // what backward recomputes instead of keeping
   int64_t cp = 1;                              // context parallel: ranks one sequence is split over
   CpAttention cp_attention = CpAttention::ring;  // how attention crosses the cp ranks
+  int64_t cp_ulysses = 0;  // ulysses: ranks per all-to-all group (0: cp), a ring across the groups
   /** The ranks gradients are reduced and ZeRO-sharded over: dp * cp. */
   int64_t dp_cp() const { return dp * cp; }
 };
+
+/** Ranks of one Ulysses all-to-all group: cp_ulysses, or every cp rank when 0. */
+inline int64_t ulysses_group(const Layout& l) { return l.cp_ulysses > 0 ? l.cp_ulysses : l.cp; }
 
 /** Model chunks per pipeline rank: l.v under interleaved and zb_v, 1 otherwise. */
 int64_t chunks_per_rank(const Layout& l);

@@ -101,14 +101,23 @@ std::string layout_problem(const ModelSpec& m, const ClusterSpec& c, const Train
                        l.tp);
   }
   if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
-    // Ulysses gives each cp rank whole heads of its tp rank's (parallel/context_parallel.h).
-    const int64_t heads = m.n_head / l.tp, kv = std::max<int64_t>(1, m.n_kv_head / l.tp);
-    if (heads % l.cp != 0 || (kv % l.cp != 0 && l.cp % kv != 0)) {
+    // Ulysses gives each rank of an all-to-all group whole heads of its tp rank's
+    // (parallel/context_parallel.h); the groups split cp.
+    const int64_t u = ulysses_group(l);
+    if (l.cp % u != 0) {
       return fmt::format(
-          "[plan] cp={} with ulysses attention: the {} query and {} key/value heads of a tp rank "
-          "do not split cp ways (cp must divide the query heads, and divide the key/value heads "
-          "or be a multiple of them); use the ring, or a cp that splits them",
-          l.cp, heads, kv);
+          "[plan] cp.ulysses={} does not divide cp={}: the all-to-all groups split the cp ranks; "
+          "use a divisor of {}",
+          u, l.cp, l.cp);
+    }
+    const int64_t heads = m.n_head / l.tp, kv = std::max<int64_t>(1, m.n_kv_head / l.tp);
+    if (heads % u != 0 || (kv % u != 0 && u % kv != 0)) {
+      return fmt::format(
+          "[plan] ulysses attention over {} ranks: the {} query and {} key/value heads of a tp "
+          "rank do not split {} ways (the group must divide the query heads, and divide the "
+          "key/value heads or be a multiple of them); use the ring, or a cp (or cp.ulysses) that "
+          "splits them",
+          u, heads, kv, u);
     }
   }
   const int64_t v = chunks_per_rank(l);

@@ -189,7 +189,7 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
     // The cp ring's hops hide behind the attention they feed: each chunk pair arrives while the
     // previous one is attended to (forward and backward), as far as the cluster overlaps at all.
     // Ulysses' all-to-alls are exposed: attention waits for its heads.
-    if (d.dim != "cp" || d.seconds <= 0 || l.cp_attention == CpAttention::ulysses) continue;
+    if (d.dim != "cp" || d.seconds <= 0 || d.algorithm == "all-to-all") continue;
     const double exposed = ring_exposed_seconds(d.seconds, mb * k.attention, c.comm_overlap);
     d.overlap = 1.0 - exposed / d.seconds;
   }
@@ -255,6 +255,7 @@ Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
   l.ep = k.ep ? k.ep : 1;
   l.cp = std::max<int64_t>(1, k.cp);
   l.cp_attention = k.cp_attention.value_or(CpAttention::ring);
+  l.cp_ulysses = l.cp_attention == CpAttention::ulysses ? k.cp_ulysses.value_or(0) : 0;
   l.zero = k.zero;
   l.schedule = k.schedule.value_or(Schedule::one_f_one_b);
   l.v = l.schedule == Schedule::interleaved ? (k.v ? k.v : 2)

@@ -89,9 +89,12 @@ pipeline::Timeline simulate_pipeline(const ModelSpec& m, const TrainingSpec& t,
 struct LayoutConstraints {
   int64_t tp = 0, pp = 0, dp = 0, ep = 0;
   int64_t cp = 1;  // parallel.cp: context parallel, fixed (the search keeps cp = 1)
-  // cp.attention; unset: a given layout with cp > 1 takes the ring or Ulysses, whichever makes
-  // the faster step on the cluster's links.
+  // cp.attention; unset: a given layout with cp > 1 takes the ring, Ulysses or the hybrid
+  // (Ulysses groups with a ring across), whichever makes the faster step on the cluster's links.
   std::optional<CpAttention> cp_attention;
+  // cp.ulysses: Ulysses' all-to-all group size (0: cp); unset with ulysses unset, every divisor
+  // of cp that splits the heads is tried.
+  std::optional<int64_t> cp_ulysses;
   int zero = -1;
   std::optional<Schedule> schedule;
   bool zero_bubble = true;  // training.zero_bubble: an unset schedule also tries zb_h1

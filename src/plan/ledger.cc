@@ -178,11 +178,12 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
     }
     if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
       // Ulysses (parallel/context_parallel.cc): the qkv blocks sent and received and their
-      // gradients, the output's blocks sent and received.
-      const UlyssesTraffic u =
-          cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
-                             std::max<int64_t>(1, m.n_kv_head / l.tp), m.d_model / m.n_head, ab);
-      mem.comm_buffers += 3.0 * u.qkv + 2.0 * u.out;
+      // gradients, the output's blocks sent and received; across groups smaller than cp, six of
+      // the ring's hops as below.
+      const UlyssesTraffic u = cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
+                                                  std::max<int64_t>(1, m.n_kv_head / l.tp),
+                                                  m.d_model / m.n_head, ab, l.cp_ulysses);
+      mem.comm_buffers += 3.0 * u.qkv + 2.0 * u.out + 6.0 * u.ring.hop;
     } else if (l.cp > 1) {
       // Ring attention (parallel/context_parallel.cc): the K, V chunks being attended to and the
       // next ones arriving, and in backward two partial sums of their gradients travelling, the

@@ -94,9 +94,14 @@ const ConfigSchema& plan_schema() {
          "context parallel: ranks each sequence is split over (the search keeps 1)",
          "[1, 10000000]", "layout.cp"},
         {"cp.attention", ValueKind::String, "\"\"",
-         "context-parallel attention at parallel.cp > 1 (\"\" = the ring or Ulysses, whichever "
-         "makes the faster step on the cluster's links)",
+         "context-parallel attention at parallel.cp > 1 (\"\" = the ring, Ulysses or Ulysses "
+         "groups with a ring across them, whichever makes the faster step on the cluster's links)",
          "\"\" | ring | all_gather | ulysses"},
+        {"cp.ulysses", ValueKind::Int, "0",
+         "cp.attention=ulysses: ranks per all-to-all group, a divisor of parallel.cp, with a ring "
+         "across the groups (0: one group of all cp ranks; with cp.attention unset, every group "
+         "size that splits the heads is tried)",
+         "[0, 10000000]"},
         {"zero.stage", ValueKind::Int, "-1", "ZeRO stage (-1 = search)", "[-1, 3]", "layout.zero"},
         {"pp.schedule", ValueKind::String, "\"\"", "pipeline schedule (\"\" = search)",
          "\"\" | gpipe | 1f1b | interleaved | zb_h1 | zb_v", "layout.schedule"},
@@ -199,6 +204,15 @@ LayoutConstraints layout_from(const Config& cfg) {
   k.zero_bubble = cfg.b("training.zero_bubble");
   if (!cfg.s("cp.attention").empty())
     k.cp_attention = cp_attention_from_string(cfg.s("cp.attention"));
+  if (cfg.i("cp.ulysses") > 0) {
+    // A group size is Ulysses' alone: it implies cp.attention=ulysses, and no other.
+    TETRA_CHECK(k.cp_attention.value_or(CpAttention::ulysses) == CpAttention::ulysses,
+                "[plan] cp.ulysses={} sizes the all-to-all groups of cp.attention=ulysses, not of "
+                "{}; unset it or use cp.attention=ulysses",
+                cfg.i("cp.ulysses"), cfg.s("cp.attention"));
+    k.cp_attention = CpAttention::ulysses;
+    k.cp_ulysses = cfg.i("cp.ulysses");
+  }
   if (!cfg.s("train.recompute").empty()) {
     k.recompute = parse_recompute(cfg.s("train.recompute"), "train.recompute");
   }

@@ -42,6 +42,7 @@ json layout_json(const LayoutEstimate& e) {
           {"ep", l.ep},
           {"cp", l.cp},
           {"cp_attention", cp_attention_name(l.cp_attention)},
+          {"cp_ulysses", l.cp_attention == CpAttention::ulysses ? ulysses_group(l) : 0},
           {"zero", l.zero},
           {"schedule", to_string(l.schedule)},
           {"v", l.v},
@@ -65,6 +66,29 @@ json layout_json(const LayoutEstimate& e) {
 
 }  // namespace
 
+namespace {
+
+// How attention may cross the cp ranks of a given layout: what cp.attention and cp.ulysses fix,
+// or with cp.attention unset the ring, Ulysses over all cp ranks, and Ulysses over every smaller
+// group size (a divisor of cp) with a ring across the groups.
+struct CpChoice {
+  CpAttention attention = CpAttention::ring;
+  int64_t ulysses = 0;
+};
+std::vector<CpChoice> cp_choices(int64_t cp, std::optional<CpAttention> attention = {},
+                                 std::optional<int64_t> ulysses = {}) {
+  if (attention) return {{*attention, ulysses.value_or(0)}};
+  std::vector<CpChoice> out = {{CpAttention::ring, 0}};
+  if (cp <= 1) return out;
+  out.push_back({CpAttention::ulysses, 0});
+  for (int64_t u = 2; u < cp; ++u) {
+    if (cp % u == 0) out.push_back({CpAttention::ulysses, u});
+  }
+  return out;
+}
+
+}  // namespace
+
 ChosenLayout choose_layout(const PlanInputs& in) {
   const ModelSpec& m = in.model;
   const ClusterSpec& c = in.cluster;
@@ -81,24 +105,21 @@ ChosenLayout choose_layout(const PlanInputs& in) {
   out.search = search_layouts(m, c, t, in.layout.complete() ? LayoutConstraints{} : in.layout);
   if (in.layout.complete()) {
     // A given layout without training.recompute takes the fastest mode that fits (else the one
-    // needing the least memory); with cp > 1 and no cp.attention, the ring or Ulysses (where the
-    // heads split over cp) alike.
+    // needing the least memory); with cp > 1 and no cp.attention, the ring, Ulysses or the hybrid
+    // (where the heads split over the group) alike.
     std::vector<Recompute> modes = {Recompute::none, Recompute::selective, Recompute::full};
     if (in.layout.recompute) modes = {*in.layout.recompute};
-    std::vector<CpAttention> attentions = {CpAttention::ring};
-    if (in.layout.cp_attention) {
-      attentions = {*in.layout.cp_attention};
-    } else if (in.layout.cp > 1) {
-      attentions.push_back(CpAttention::ulysses);
-    }
+    const std::vector<CpChoice> attentions =
+        cp_choices(in.layout.cp, in.layout.cp_attention, in.layout.cp_ulysses);
     bool have = false;
     for (Recompute r : modes) {
-      for (CpAttention a : attentions) {
+      for (const CpChoice& a : attentions) {
         LayoutConstraints k = in.layout;
         k.recompute = r;
-        k.cp_attention = a;
+        k.cp_attention = a.attention;
+        k.cp_ulysses = a.ulysses;
         const Layout l = layout_from_constraints(m, t, k);
-        if (!in.layout.cp_attention && a == CpAttention::ulysses &&
+        if (!in.layout.cp_attention && a.attention == CpAttention::ulysses &&
             !layout_problem(m, c, t, l).empty()) {
           continue;
         }
@@ -316,35 +337,47 @@ json plan_report(const PlanInputs& in, int top) {
   }
   r["communication"] = comm;
   if (l.cp > 1) {
-    // The ring against Ulysses on this cluster's links, the chosen layout otherwise unchanged.
+    // The ring against Ulysses over every group size on this cluster's links, the chosen layout
+    // otherwise unchanged.
     json candidates = json::array();
-    for (CpAttention a : {CpAttention::ring, CpAttention::ulysses}) {
+    for (const CpChoice& a : cp_choices(l.cp)) {
       Layout la = l;
-      la.cp_attention = a;
+      la.cp_attention = a.attention;
+      la.cp_ulysses = a.ulysses;
       if (!layout_problem(m, c, t, la).empty()) continue;
-      const LayoutEstimate e = a == l.cp_attention ? chosen : evaluate_layout(m, c, t, la);
+      const bool same = a.attention == l.cp_attention && (a.attention != CpAttention::ulysses ||
+                                                          ulysses_group(la) == ulysses_group(l));
+      const LayoutEstimate e = same ? chosen : evaluate_layout(m, c, t, la);
+      double bytes = 0, exposed = 0;
       for (const DimComm& d : e.comm) {
         if (d.dim != "cp") continue;
-        candidates.push_back({{"attention", cp_attention_name(a)},
-                              {"bytes", d.bytes},
-                              {"exposed_seconds", d.exposed()},
-                              {"step_seconds", e.step_seconds}});
+        bytes += d.bytes;
+        exposed += d.exposed();
       }
+      candidates.push_back(
+          {{"attention", cp_attention_label(a.attention, int(la.cp), int(a.ulysses))},
+           {"bytes", bytes},
+           {"exposed_seconds", exposed},
+           {"step_seconds", e.step_seconds}});
     }
-    r["cp_attention"] = {{"chosen", cp_attention_name(l.cp_attention)},
-                         {"given", in.layout.cp_attention.has_value()},
-                         {"candidates", candidates}};
+    r["cp_attention"] = {
+        {"chosen", cp_attention_label(l.cp_attention, int(l.cp), int(l.cp_ulysses))},
+        {"given", in.layout.cp_attention.has_value()},
+        {"candidates", candidates}};
   }
   if (l.cp > 1 && l.cp_attention == CpAttention::ulysses) {
     // Ulysses' formula for one layer and micro-batch (plan/comm_cost.h, cp_ulysses_traffic).
     const double dtype = t.precision == Precision::Fp32 ? 4.0 : 2.0;
-    const UlyssesTraffic u =
-        cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
-                           std::max<int64_t>(1, m.n_kv_head / l.tp), m.d_model / m.n_head, dtype);
+    const UlyssesTraffic u = cp_ulysses_traffic(l.micro_batch, m.seq, l.cp, m.n_head / l.tp,
+                                                std::max<int64_t>(1, m.n_kv_head / l.tp),
+                                                m.d_model / m.n_head, dtype, l.cp_ulysses);
     r["cp_ulysses"] = {{"cp", l.cp},
+                       {"group", u.group},
                        {"qkv_bytes", u.qkv},
                        {"out_bytes", u.out},
                        {"delta_bytes", u.delta},
+                       {"ring_hop_bytes", u.ring.hop},
+                       {"ring_hops", u.ring.hops},
                        {"forward_bytes", u.forward()},
                        {"backward_bytes", u.backward()},
                        {"layers", max_rank_layers(l, m.n_layer)},
@@ -568,12 +601,19 @@ std::string format_report(const json& r, bool explain) {
   }
   if (r.contains("cp_ulysses")) {
     const json& g = r["cp_ulysses"];
+    const int64_t u = g["group"].get<int64_t>();
     line(fmt::format(
-        "  cp ulysses per layer and micro-batch: all-to-alls of the T/cp rows' qkv blocks {}, "
-        "out {} and delta {}, (cp-1)/cp of each sent: fwd qkv + out = {}, bwd 2 qkv + out + "
-        "delta = {}; x {} layers x {} micro-batches per step",
-        hb(g["qkv_bytes"]), hb(g["out_bytes"]), hb(g["delta_bytes"]), hb(g["forward_bytes"]),
-        hb(g["backward_bytes"]), g["layers"].get<int64_t>(), g["microbatches"].get<int64_t>()));
+        "  cp ulysses per layer and micro-batch: all-to-alls over {} ranks of the T/cp rows' qkv "
+        "blocks {}, out {} and delta {}, (u-1)/u of each sent{}: fwd qkv + out{} = {}, bwd 2 qkv "
+        "+ out + delta{} = {}; x {} layers x {} micro-batches per step",
+        u, hb(g["qkv_bytes"]), hb(g["out_bytes"]), hb(g["delta_bytes"]),
+        g["ring_hops"].get<int64_t>() > 0
+            ? fmt::format("; a ring of {} across the groups, hops of {}",
+                          g["cp"].get<int64_t>() / u, hb(g["ring_hop_bytes"]))
+            : std::string(),
+        g["ring_hops"].get<int64_t>() > 0 ? " + ring" : "", hb(g["forward_bytes"]),
+        g["ring_hops"].get<int64_t>() > 0 ? " + 2 ring" : "", hb(g["backward_bytes"]),
+        g["layers"].get<int64_t>(), g["microbatches"].get<int64_t>()));
   }
   if (r.contains("cp_attention")) {
     const json& a = r["cp_attention"];

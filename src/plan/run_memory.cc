@@ -243,22 +243,26 @@ RunMemory run_memory(const RunShape& s) {
   // rank's own share and the one arriving) or three times cp for the all-gather (every rank's,
   // their gradients, the all-to-all's), the delta rows, and one c x c block's scratch of the
   // backend's kernel (the CPU's scores and probabilities; none on the GPU), c = T/(2cp). Ulysses
-  // holds cp blocks of its heads' qkv three times (sent, received, their gradients), the output's
-  // blocks twice, a replicated key/value head's summed gradients, three of the delta rows, and a
-  // c x c block of its NH/(tp·cp) heads.
+  // over groups of u ranks holds u blocks of its heads' qkv three times (sent, received, their
+  // gradients), the output's blocks twice, a replicated key/value head's summed gradients, three
+  // of the delta rows, a c x c block of its NH/(tp·u) heads and, with a ring across the groups
+  // (u < cp), six of a hop's packed keys and values as the ring.
   const double NHl = NH / tp;
   const bool cp = s.cp > 1;
+  const bool ulysses = cp && s.cp_attention == CpAttention::ulysses;
+  const double u = ulysses ? double(s.cp_ulysses > 0 ? s.cp_ulysses : s.cp) : 1.0;
   const double att_saved = cp ? B * NHl * Tl : B * NHl * Tl * (s.flash_attention ? 1.0 : T);
   const double n_kv = B * Tl * 2 * KVl, chunk = Tl / 2;
-  const double block_heads = s.cp_attention == CpAttention::ulysses ? NHl / double(s.cp) : NHl;
+  const double block_heads = NHl / u;
   const double block = s.flash_attention ? 0.0 : 2 * B * block_heads * chunk * chunk;
   double att_scratch = att_saved;
-  if (cp && s.cp_attention == CpAttention::ulysses) {
+  if (ulysses) {
     const double hs = C / NH, kvh = double(s.model.n_kv_head) / tp;
-    const bool replicated = kvh < double(s.cp);
-    const double kv = replicated ? 1.0 : kvh / double(s.cp);
-    att_scratch = 3 * double(s.cp) * BT * (block_heads + 2 * kv) * hs + 2 * BT * Cl +
-                  (replicated ? kvh * BT * 2 * hs : 0.0) + 3 * BT * NHl + block;
+    const bool replicated = kvh < u;
+    const double kv = replicated ? 1.0 : kvh / u;
+    const double hop = u < double(s.cp) ? u * BT * 2 * kv * hs : 0.0;
+    att_scratch = 3 * u * BT * (block_heads + 2 * kv) * hs + 2 * BT * Cl +
+                  (replicated ? kvh * BT * 2 * hs : 0.0) + 3 * BT * NHl + block + 6 * hop;
   } else if (cp) {
     att_scratch = (s.cp_attention == CpAttention::all_gather ? 3.0 * double(s.cp) : 6.0) * n_kv +
                   B * Tl * NHl + block;

@@ -35,6 +35,7 @@ struct RunShape {
   // ZeRO-sharded over dp·cp ranks.
   int64_t cp = 1;
   CpAttention cp_attention = CpAttention::ring;  // all_gather: every rank's K and V held at once
+  int64_t cp_ulysses = 0;                        // ulysses: ranks per all-to-all group (0: cp)
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;

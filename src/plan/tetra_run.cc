@@ -32,6 +32,7 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
   s.cp_attention = l.cp_attention;
+  s.cp_ulysses = l.cp_ulysses;
   s.ep = m.has_moe() ? l.ep : 1;
   // The chunks of this pipeline rank's program and the micro-batches each keeps in flight (GPipe
   // keeps all of them, even on one stage).
@@ -210,18 +211,23 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
     out.push_back(std::move(g));
   }
   if (s.cp > 1 && s.cp_attention == CpAttention::ulysses) {
-    // Ulysses over the cp group: every block's forward exchanges its f32 qkv and output between
-    // sequence and head shards, its backward qkv again, dout, the softmax term and dqkv
-    // (plan/comm_cost.h, cp_ulysses_traffic); full recomputation repeats the forward's.
+    // Ulysses over groups of u cp ranks: every block's forward exchanges its f32 qkv and output
+    // between sequence and head shards, its backward qkv again, dout, the softmax term and dqkv
+    // (plan/comm_cost.h, cp_ulysses_traffic); with u < cp the groups' keys and values go around
+    // the ring across them as the ring's below. Full recomputation repeats the forward's.
     GroupTraffic g{"cp", s.cp, {}};
     const int64_t hs = s.model.d_model / s.model.n_head;
     const UlyssesTraffic u =
         cp_ulysses_traffic(s.micro_batch, s.seq, s.cp, s.model.n_head / s.tp,
-                           std::max<int64_t>(1, s.model.n_kv_head / s.tp), hs, f32);
+                           std::max<int64_t>(1, s.model.n_kv_head / s.tp), hs, f32, s.cp_ulysses);
     const double forwards = s.recompute == Recompute::full ? 2.0 : 1.0;
-    g.ops.push_back({Collective::all_to_all, u.qkv, (forwards + 2.0) * mb * L});
-    g.ops.push_back({Collective::all_to_all, u.out, (forwards + 1.0) * mb * L});
-    g.ops.push_back({Collective::all_to_all, u.delta, mb * L});
+    g.ops.push_back({Collective::all_to_all, u.qkv, (forwards + 2.0) * mb * L, u.group});
+    g.ops.push_back({Collective::all_to_all, u.out, (forwards + 1.0) * mb * L, u.group});
+    g.ops.push_back({Collective::all_to_all, u.delta, mb * L, u.group});
+    if (u.ring.hops > 0) {
+      g.ops.push_back({Collective::send, u.ring.hop, forwards * mb * L * double(u.ring.hops)});
+      g.ops.push_back({Collective::send, 2.0 * u.ring.hop, mb * L * double(u.ring.hops)});
+    }
     out.push_back(std::move(g));
   } else if (s.cp > 1) {
     // Ring attention over the cp group: every block's forward passes this rank's f32 K and V (its
@@ -239,6 +245,25 @@ std::vector<GroupTraffic> run_traffic(const RunShape& s, const Layout& l, double
   }
   return out;
 }
+
+namespace {
+
+// The cp group's exchanges: the ring's sends, Ulysses' all-to-alls (over groups of op.group), or
+// both (the hybrid: the ring across cp / op.group groups).
+std::string cp_description(const GroupTraffic& g) {
+  int64_t u = 0;
+  bool sends = false;
+  for (const TrafficOp& op : g.ops) {
+    if (op.kind == Collective::all_to_all) u = op.group;
+    sends = sends || op.kind == Collective::send;
+  }
+  if (u == 0) return cp_ring_description(g.group);
+  const std::string a2a =
+      fmt::format("ulysses: all-to-alls over {} ranks, 2 per layer and micro-batch fwd, 4 bwd", u);
+  return sends ? a2a + "; " + cp_ring_description(g.group / u) : a2a;
+}
+
+}  // namespace
 
 std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const Layout& l,
                               const ClusterSpec& c, double microbatch_seconds) {
@@ -263,9 +288,12 @@ std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const La
         g.dim == "cp" ? place_group(d.placement.nodes > 1 ? c.gpus_per_node : 1, 2, c.gpus_per_node)
                       : place_group(stride, 2, c.gpus_per_node);
     for (const TrafficOp& op : g.ops) {
+      // A subgroup: ZeRO's expert units (dp ranks tp·cp·ep apart), Ulysses' all-to-all groups (cp
+      // ranks tp apart).
+      const int64_t sub_stride = g.dim == "cp" ? l.tp : l.tp * l.cp * l.ep;
       const GroupPlacement where = op.kind == Collective::send ? pair
                                    : op.group > 0
-                                       ? place_group(l.tp * l.cp * l.ep, op.group, c.gpus_per_node)
+                                       ? place_group(sub_stride, op.group, c.gpus_per_node)
                                        : d.placement;
       d.seconds += op.count * collective_seconds(op.kind, op.buffer, where, c);
     }
@@ -274,9 +302,16 @@ std::vector<DimComm> run_comm(const std::vector<GroupTraffic>& traffic, const La
              : g.dim == "ep" ? "tetra's expert-parallel all-to-all of rows, 4 per MoE block and "
                                "micro-batch (6 with full recomputation) (parallel/"
                                "expert_parallel.cc)"
-             : g.dim == "cp" ? cp_ring_description(g.group)
+             : g.dim == "cp" ? cp_description(g)
                              : "tetra's pipeline sends (pipeline/executor.cc)";
-    d.algorithm = g.dim == "pp" || g.dim == "cp" ? "p2p" : g.dim == "ep" ? "all-to-all" : "ring";
+    // Ulysses' exchanges (the hybrid's ring with them) are exposed, as the model's ledger counts
+    // them (layout_search.cc).
+    const bool a2a = std::any_of(g.ops.begin(), g.ops.end(), [](const TrafficOp& op) {
+      return op.kind == Collective::all_to_all;
+    });
+    d.algorithm = g.dim == "ep" || (g.dim == "cp" && a2a) ? "all-to-all"
+                  : g.dim == "pp" || g.dim == "cp"        ? "p2p"
+                                                          : "ring";
     if (g.dim == "dp" && d.seconds > 0) {
       // Reductions run behind the last micro-batch's backward, as far as the cluster lets
       // collectives overlap compute at all (the cpu cluster's ranks: not). The experts' exchanges

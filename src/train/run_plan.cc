@@ -74,6 +74,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   if (o.parallel.pp_split.size() > 1 && !all_equal(o.parallel.pp_split))
     k.pp_layers = fmt::format("{}", fmt::join(o.parallel.pp_split, ","));
   k.cp_attention = cp_attention_from_string(o.parallel.cp_attention);
+  k.cp_ulysses = o.parallel.cp_ulysses;
   p.layout = plan::layout_from_constraints(m, t, k);
 
   p.options.sequence_parallel = g.sequence_parallel;

@@ -8,7 +8,8 @@
 // Llama (grouped-query attention, an untied head, rotary positions turned at each chunk's
 // positions; Ulysses with its 2 key/value heads split at cp 2 and replicated at cp 4), ring,
 // all-gather and Ulysses, with and without full recomputation (the exchanges run again in
-// backward). Exit 1 if any rank saw a mismatch.
+// backward); at cp 4 also Llama under Ulysses over pairs with a ring across them (the hybrid).
+// Exit 1 if any rank saw a mismatch.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -85,12 +86,12 @@ Batch random_batch(std::mt19937& gen, int vocab, int B, const CpSplit& split) {
 
 template <typename F>
 void run(const comm::Communicator& world, const GptConfig& c, CpAttention variant, Recompute r,
-         const std::string& name) {
+         const std::string& name, int ulysses = 0) {
   const int cp = world.size(), B = 2, T = 8 * cp;
   Backend& backend = cpu_backend();
   ParamStoreT<F> whole_store, cp_store;
   GptT<F> whole(backend, c, whole_store, B, T, r);
-  ContextAttention<F> attention(backend, world, variant);
+  ContextAttention<F> attention(backend, world, variant, ulysses);
   GptT<F> split_model(backend, c, cp_store, B, T / cp, r, nullptr, nullptr, {}, nullptr,
                       &attention);
   whole_store.finalize({});
@@ -105,8 +106,9 @@ void run(const comm::Communicator& world, const GptConfig& c, CpAttention varian
   double mean = 0;
   for (double l : losses) mean += l / cp;
   const double tol = sizeof(F) == 8 ? 1e-12 : 2e-5;
-  const std::string what = fmt::format("{} {} cp {}{}", name, cp_attention_name(variant), cp,
-                                       r == Recompute::full ? " recompute full" : "");
+  const std::string what =
+      fmt::format("{} {} cp {}{}", name, cp_attention_label(variant, cp, attention.ulysses()), cp,
+                  r == Recompute::full ? " recompute full" : "");
   const double el = std::abs(mean - loss) / std::abs(loss);
   check(el <= tol, fmt::format("{}: loss {} vs whole {} ({:.2e})", what, mean, loss, el));
   double worst = 0;
@@ -212,6 +214,11 @@ int main(int argc, char** argv) {
     run<double>(world, gpt2(cp), CpAttention::ring, Recompute::full, "gpt2");
     run<double>(world, llama(cp), CpAttention::ring, Recompute::full, "llama");
     run<double>(world, llama(cp), CpAttention::ulysses, Recompute::full, "llama");
+    if (cp % 2 == 0 && cp > 2) {
+      // The hybrid: Ulysses over pairs (a key/value head each), a ring across them.
+      run<double>(world, llama(cp), CpAttention::ulysses, Recompute::none, "llama", 2);
+      run<double>(world, llama(cp), CpAttention::ulysses, Recompute::full, "llama", 2);
+    }
     run<float>(world, gpt2(cp), CpAttention::ring, Recompute::none, "gpt2");
     run<float>(world, llama(cp), CpAttention::ring, Recompute::none, "llama");
     float_error_against_double(world, gpt2(cp), "gpt2");

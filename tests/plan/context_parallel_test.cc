@@ -2,6 +2,7 @@
 // divides every per-token byte by cp, ZeRO shards over dp * cp, ring attention's traffic is
 // cp_ring_traffic's formula and Ulysses' cp_ulysses_traffic's, and a given cp takes whichever of
 // the two makes the faster step on the cluster's links.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "plan/comm_cost.h"
@@ -218,47 +219,114 @@ TEST(ContextParallel, CommunicationHasUlyssesAllToAlls) {
   EXPECT_EQ(layout_problem(m, c, t, l).find("ulysses"), std::string::npos);
 }
 
-// A given cp without cp.attention: the plan keeps the faster of the ring and Ulysses. Multi-head
-// attention over a slow link (the ring cannot hide its 1/(2/cp) more bytes) takes Ulysses; GQA
-// with few key/value heads on NVLink (the ring's small K/V hide behind the blocks) the ring. The
-// chosen step is the least of the candidates the report lists.
-TEST(ContextParallel, PlanChoosesRingOrUlyssesByTheLink) {
+// A given cp without cp.attention: the plan keeps the fastest of the ring, Ulysses over the whole
+// cp group and Ulysses over smaller groups with a ring across them. Multi-head attention over a
+// slow link (the ring cannot hide its 1/(2/cp) more bytes) takes Ulysses; GQA with few key/value
+// heads on NVLink (the ring's small K/V hide behind the blocks) the ring; Llama 3 8B at cp 16
+// over two nodes of 8 on a slow inter-node link Ulysses inside each node and a ring of 2 across
+// (the one hop between the nodes hides behind the blocks, where Ulysses over 16 sends half its
+// all-to-alls over that link), and the ring on a fast one. The chosen step is the least of the
+// candidates the report lists: every divisor of cp that splits the heads.
+TEST(ContextParallel, PlanChoosesRingUlyssesOrHybridByTheLink) {
   struct Case {
     const char* model;
-    double intra_gbs;
-    CpAttention want;
+    int64_t cp, seq;
+    double intra_gbs, inter_gbs;
+    const char* want;
+    size_t candidates;
   };
-  for (const Case& k : {Case{"gpt2-124m", 1.0, CpAttention::ulysses},
-                        Case{"llama3-8b", 900.0, CpAttention::ring}}) {
-    SCOPED_TRACE(k.model);
+  for (const Case& k : {Case{"gpt2-124m", 4, 8192, 1.0, 0, "ulysses", 3},
+                        Case{"llama3-8b", 4, 8192, 900.0, 0, "ring", 3},
+                        Case{"llama3-8b", 16, 32768, 0, 25.0, "ulysses 8 x ring 2", 5},
+                        Case{"llama3-8b", 16, 32768, 0, 400.0, "ring", 5}}) {
+    SCOPED_TRACE(fmt::format("{} cp {} inter {}", k.model, k.cp, k.inter_gbs));
     PlanInputs in;
     in.model = model_preset(k.model);
-    in.model.seq = 8192;
-    in.model.max_seq = 8192;
+    in.model.seq = k.seq;
+    in.model.max_seq = k.seq;
     in.cluster = cluster_preset("h100");
-    in.cluster.gpus = 8;
-    in.cluster.intra_bw = k.intra_gbs * 1e9;
-    in.training.global_batch_tokens = 8 * 8192;
+    in.cluster.gpus = 2 * k.cp;
+    if (k.intra_gbs > 0) in.cluster.intra_bw = k.intra_gbs * 1e9;
+    if (k.inter_gbs > 0) in.cluster.inter_bw = k.inter_gbs * 1e9;
+    in.training.global_batch_tokens = 8 * k.seq;
     in.layout.tp = 1;
     in.layout.pp = 1;
     in.layout.dp = 2;
-    in.layout.cp = 4;
+    in.layout.cp = k.cp;
     in.layout.zero = 1;
     const ChosenLayout chosen = choose_layout(in);
-    EXPECT_EQ(chosen.chosen.layout.cp_attention, k.want)
-        << cp_attention_name(chosen.chosen.layout.cp_attention);
+    const Layout& l = chosen.chosen.layout;
+    EXPECT_EQ(cp_attention_label(l.cp_attention, int(l.cp), int(l.cp_ulysses)), k.want);
     const nlohmann::json r = plan_report(in, 1);
-    ASSERT_EQ(r["cp_attention"]["candidates"].size(), 2u) << r["cp_attention"].dump();
+    ASSERT_EQ(r["cp_attention"]["candidates"].size(), k.candidates) << r["cp_attention"].dump();
     double best = 1e30;
     for (const auto& cand : r["cp_attention"]["candidates"]) {
       best = std::min(best, cand["step_seconds"].get<double>());
     }
-    EXPECT_EQ(r["cp_attention"]["chosen"], cp_attention_name(k.want));
+    EXPECT_EQ(r["cp_attention"]["chosen"], k.want);
     EXPECT_DOUBLE_EQ(chosen.chosen.step_seconds, best);
     // Fixed, it stays.
     in.layout.cp_attention = CpAttention::ring;
     EXPECT_EQ(choose_layout(in).chosen.layout.cp_attention, CpAttention::ring);
+    in.layout.cp_attention = CpAttention::ulysses;
+    in.layout.cp_ulysses = 2;
+    EXPECT_EQ(choose_layout(in).chosen.layout.cp_ulysses, 2);
   }
+}
+
+// The hybrid's bytes (plan/comm_cost.h): all-to-alls over u ranks as Ulysses over u, on the T/cp
+// rows of cp ranks, and the ring's hops across cp/u groups, each the group's u·T/cp rows of this
+// rank's key/value heads. By hand, Llama 3 8B per tp rank (16 query, 4 key/value heads of 128),
+// T = 8192, B = 1, cp 8, u 2, bf16: 1024 local rows; qkv blocks 2 x (8 + 2·2) heads x 128 = 3072
+// columns = 6 MiB, out 16 x 128 = 4 MiB, delta 16 columns = 32 KiB, half of each sent; the ring's
+// hop 2 x 1024 rows x 2 x 2 heads x 128 x 2 bytes = 2 MiB, 3 hops forward, 6 of twice that back.
+// Its row in the ledger: the all-to-alls exposed, the ring's hops overlapped with the blocks.
+TEST(ContextParallel, HybridBytesByHand) {
+  const double MiB = 1024.0 * 1024;
+  const UlyssesTraffic u = cp_ulysses_traffic(1, 8192, 8, 16, 4, 128, 2.0, 2);
+  EXPECT_EQ(u.group, 2);
+  EXPECT_DOUBLE_EQ(u.qkv, 6 * MiB);
+  EXPECT_DOUBLE_EQ(u.out, 4 * MiB);
+  EXPECT_DOUBLE_EQ(u.delta, MiB / 32);
+  EXPECT_EQ(u.ring.hops, 3);
+  EXPECT_DOUBLE_EQ(u.ring.hop, 2 * MiB);
+  EXPECT_DOUBLE_EQ(u.forward(), 0.5 * (6 + 4) * MiB + 3 * 2 * MiB);
+  EXPECT_DOUBLE_EQ(u.backward(), 0.5 * (2 * 6 + 4 + 1.0 / 32) * MiB + 6 * 2 * MiB);
+  // The whole group is plain Ulysses: no ring.
+  EXPECT_EQ(cp_ulysses_traffic(1, 8192, 8, 16, 4, 128, 2.0, 8).ring.hops, 0);
+  EXPECT_DOUBLE_EQ(cp_ulysses_traffic(1, 8192, 8, 16, 4, 128, 2.0, 8).total(),
+                   cp_ulysses_traffic(1, 8192, 8, 16, 4, 128, 2.0).total());
+
+  ModelSpec m = model_preset("llama3-8b");
+  m.seq = 8192;
+  ClusterSpec c = cluster_preset("h100");
+  c.gpus = 16;
+  TrainingSpec t;
+  Layout l = cp_layout(8, 1);
+  l.tp = 2;
+  l.micro_batch = 1;
+  l.cp_attention = CpAttention::ulysses;
+  l.cp_ulysses = 2;
+  const LayoutEstimate e = evaluate_layout(m, c, t, l);
+  std::vector<const DimComm*> cp;
+  for (const DimComm& d : e.comm) {
+    if (d.dim == "cp") cp.push_back(&d);
+  }
+  ASSERT_EQ(cp.size(), 2u);
+  EXPECT_EQ(cp[0]->algorithm, "all-to-all");
+  EXPECT_EQ(cp[0]->group, 2);
+  EXPECT_DOUBLE_EQ(cp[0]->exposed(), cp[0]->seconds);
+  EXPECT_EQ(cp[1]->algorithm, "p2p");
+  EXPECT_EQ(cp[1]->group, 4);
+  EXPECT_DOUBLE_EQ(cp[1]->bytes, 32 * l.microbatches * u.ring.total());
+  EXPECT_LT(cp[1]->exposed(), cp[1]->seconds) << "the ring's hops overlap the blocks";
+  // A group that does not divide cp, or heads that do not split over it, is refused.
+  l.cp_ulysses = 3;
+  EXPECT_NE(layout_problem(m, c, t, l).find("does not divide cp=8"), std::string::npos);
+  l.cp_ulysses = 32;
+  l.cp = 32;
+  c.gpus = 64;
+  EXPECT_NE(layout_problem(m, c, t, l).find("do not split 32 ways"), std::string::npos);
 }
 
 }  // namespace

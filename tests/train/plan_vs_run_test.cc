@@ -316,6 +316,8 @@ TEST_F(PlanVsRunLlama, ContextParallel) {
   check(2, "llama_cp_ring", "--parallel.cp=2", {"cp"});
   check(2, "llama_cp_all_gather", "--parallel.cp=2 --cp.attention=all_gather", {"cp"});
   check(2, "llama_cp_ulysses", "--parallel.cp=2 --cp.attention=ulysses", {"cp"});
+  // The hybrid: all-to-alls over pairs, the ring across the two pairs.
+  check(4, "llama_cp4_ulysses2", "--parallel.cp=4 --cp.attention=ulysses --cp.ulysses=2", {"cp"});
   check(4, "llama_cp2_dp2_zero3_full",
         "--parallel.cp=2 --zero.stage=3 --train.recompute=full --train.grad_accum=2", {"cp", "dp"});
   check(4, "llama_cp2_tp2_sp", "--parallel.cp=2 --parallel.tp=2 --tp.sequence_parallel=true",
