@@ -7,8 +7,9 @@ long sequences, T = 1024, 2048 and 4096, in one run. Two tables:
               the same ranks and cores as cp 2, two sequences per step), against cp = 2 (2 ranks x
               1 thread, one sequence per step split over both) and cp = 4 (4 ranks on the 2 cores,
               oversubscribed: its times are not a speed-up, its bytes and memory are) with each
-              --cp.attention: ring, all_gather and ulysses. Median tokens/s and its ratio to
-              serial, step time, the exposed wait on the cp group per step (cp_comm_ms), the bytes
+              --cp.attention: ring, all_gather and ulysses, and at cp = 4 Ulysses over pairs with
+              a ring of 2 across them (--cp.ulysses=2, "uly2xring2"). Median tokens/s and its
+              ratio to serial, step time, the exposed wait on the cp group per step (cp_comm_ms), the bytes
               a rank sends for it per step (measured, and the planner's from the run's
               plan_vs_measured.json), the activations per rank (the ledger's peak,
               mem_activations) against cp = 1's, and the largest relative difference of its
@@ -23,7 +24,13 @@ long sequences, T = 1024, 2048 and 4096, in one run. Two tables:
 
     /usr/bin/python3 bench/cp_bench.py [--tetra build/tetra] [--steps 6] [--warmup 2]
                                        [--repeats 3] [--T 1024,2048,4096] [--cp 2,4]
-                                       [--json out.json]
+                                       [--json out.json] [--twohost]
+
+--twohost runs every cp variant across two hosts made of network namespaces on this machine
+(scripts/twohost.sh: a veth pair, MPI over TCP, half the ranks on each), so that a cp group of 4
+is two ranks per host: Ulysses over all 4 sends half of every all-to-all over the link, Ulysses
+over pairs with a ring of 2 (uly2xring2) keeps its all-to-alls on each host and sends the ring's
+hops over the link.
 
 Timings are medians over the steps after --warmup, then over --repeats runs of each throughput
 variant (the variants taking turns; min-max is the spread of tokens/s over those runs); about 25
@@ -59,9 +66,20 @@ def variants(cps):
     out = [(SERIAL, 1, 2, []), (DP2, 2, 1, [])]
     for cp in cps:
         for att in ATTENTIONS:
-            out.append((f"cp{cp} {att}, {cp} x 1 thr", cp, 1,
-                        [f"--parallel.cp={cp}", f"--cp.attention={att}"]))
+            out.append((label(cp, att), cp, 1, [f"--parallel.cp={cp}", f"--cp.attention={att}"]))
+        for u in hybrids(cp):
+            out.append((label(cp, hybrid(cp, u)), cp, 1,
+                        [f"--parallel.cp={cp}", "--cp.attention=ulysses", f"--cp.ulysses={u}"]))
     return out
+
+
+def hybrids(cp):
+    """The Ulysses group sizes of the 2-D layout at `cp`: the divisors between 1 and cp."""
+    return [u for u in range(2, cp) if cp % u == 0]
+
+
+def hybrid(cp, u):
+    return f"uly{u}xring{cp // u}"
 
 
 def label(cp, att):
@@ -86,7 +104,11 @@ def machine():
 def train(a, name, T, ranks, threads, flags, data, workdir):
     """One `tetra train` run; its medians, last-step ledger and the planner's view of it."""
     run_dir = os.path.join(workdir, f"T{T}_{name}")
-    cmd = ([] if ranks == 1 else MPI + ["-np", str(ranks)]) + [a.tetra, "train"] + [
+    # --twohost: the cp runs over two namespaced hosts joined by a veth pair, half the ranks on
+    # each (scripts/twohost.sh): a cp group of 4 is a Ulysses pair per host and the ring between.
+    launch = (MPI + ["-np", str(ranks)] if not (a.twohost and any("cp=" in f for f in flags))
+              else [os.path.join(ROOT, "scripts", "twohost.sh"), "run", "-n", str(ranks), "--"])
+    cmd = ([] if ranks == 1 else launch) + [a.tetra, "train"] + [
         f"--model.{k}={v}" for k, v in MODEL.items()] + [
         f"--model.max_seq={T}", "--train.micro_batch=1", f"--train.seq_len={T}",
         f"--train.steps={a.steps}", f"--run.threads={threads}", f"--data.train={data}",
@@ -185,9 +207,12 @@ def throughput(a, data, workdir):
                   f"{r['cp_bytes_planned'] / MB:9.1f}{acts / MB:9.1f}{acts / acts1:7.2f}x"
                   f"{loss_gap(r, base):12.1e}")
         for cp in a.cp:
-            ring, uly = res[label(cp, "ring")], res[label(cp, "ulysses")]
-            print(f"cp{cp}: ulysses vs ring tokens/s {uly['tokens_per_s'] / ring['tokens_per_s']:.2f}x, "
-                  f"bytes {uly['cp_comm_bytes'] / max(ring['cp_comm_bytes'], 1):.2f}x")
+            ring = res[label(cp, "ring")]
+            for att in ["ulysses"] + [hybrid(cp, u) for u in hybrids(cp)]:
+                other = res[label(cp, att)]
+                print(f"cp{cp}: {att} vs ring tokens/s "
+                      f"{other['tokens_per_s'] / ring['tokens_per_s']:.2f}x, bytes "
+                      f"{other['cp_comm_bytes'] / max(ring['cp_comm_bytes'], 1):.2f}x")
     return results
 
 
@@ -234,11 +259,16 @@ def main():
                     help="sequence lengths of the throughput table")
     ap.add_argument("--cp", default="2,4", help="context-parallel sizes of the throughput table")
     ap.add_argument("--json", default="")
+    ap.add_argument("--twohost", action="store_true",
+                    help="run the cp variants across two network-namespaced hosts (root; "
+                         "scripts/twohost.sh), the baselines on this one")
     a = ap.parse_args()
     a.T = [int(t) for t in a.T.split(",") if t]
     a.cp = [int(c) for c in a.cp.split(",") if c]
 
-    workdir = tempfile.mkdtemp(prefix="tetra_cp_bench_")
+    # Each namespaced host has its own /tmp: the runs' directory must be one they share.
+    workdir = tempfile.mkdtemp(prefix="tetra_cp_bench_",
+                               dir=os.path.join(ROOT, "build") if a.twohost else None)
     data = os.path.join(workdir, "tokens.bin")
     write_tokens(data, random_tokens(400000, MODEL["vocab_size"]))
     print(f"CPU: {machine()}; GPT-2 L={MODEL['n_layer']} C={MODEL['d_model']} "

@@ -108,7 +108,7 @@ struct CpCounters {
   double sent_bytes = 0.0;  // ring model (comm::Work::sent_bytes) of every send and collective
   double wait_ms = 0.0;     // exposed: time blocked on an exchange after the blocks it overlaps
   int64_t blocks = 0;  // c x c chunk blocks computed, in halves (a causal diagonal counts 1), over
-                       // this rank's heads (ulysses: cp·cp times as many on 1/cp of the heads)
+                       // this rank's heads (ulysses: u·cp times as many on 1/u of them)
 };
 
 struct UlyssesHeads;
@@ -134,7 +134,7 @@ class ContextAttention {
   CpSplit split(int local_T) const { return CpSplit(local_T * cp_, cp_, rank_); }
 
   /** Elements forward keeps for backward next to its output: the row log-sum-exp (B, 2c, NH;
-   *  ulysses: of every rank's rows for this rank's NH/cp heads, as many). */
+   *  ulysses: of its group's rows for this rank's NH/u heads, as many). */
   size_t saved_elements(const AttentionShape& s) const;
   /** Elements of the scratch forward and backward take. Under ulysses, refuses heads that do not
    *  split over the group (check_ulysses_heads). */
