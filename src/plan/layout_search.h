@@ -92,7 +92,7 @@ struct LayoutConstraints {
   // cp.attention; unset: a given layout with cp > 1 takes the ring, Ulysses or the hybrid
   // (Ulysses groups with a ring across), whichever makes the faster step on the cluster's links.
   std::optional<CpAttention> cp_attention;
-  // cp.ulysses: Ulysses' all-to-all group size (0: cp); unset with ulysses unset, every divisor
+  // cp.ulysses: Ulysses' all-to-all group size (0: cp); with cp.attention unset, every divisor
   // of cp that splits the heads is tried.
   std::optional<int64_t> cp_ulysses;
   int zero = -1;

@@ -150,6 +150,27 @@ TEST(PlanCli, LayoutNotDividingTheModelIsRefused) {
   EXPECT_TRUE(has(r, "model.n_layer=80 is not divisible by parallel.pp=3")) << r.out;
 }
 
+// Ulysses' group size belongs to Ulysses: given with the ring it is refused; a size that does not
+// divide cp is refused with the divisors' hint; a good one is planned as the hybrid.
+TEST(PlanCli, UlyssesGroupsAreCheckedAndPlanned) {
+  const std::string cp =
+      "--config configs/plan/70b-512-h100-given.toml --parallel.dp=8 --parallel.cp=2 ";
+  const CliResult ring = tetra_plan(cp + "--cp.attention=ring --cp.ulysses=2");
+  EXPECT_EQ(ring.code, 2);
+  EXPECT_TRUE(has(ring, "unset it or use cp.attention=ulysses")) << ring.out;
+  const CliResult odd = tetra_plan(cp + "--cp.ulysses=3");
+  EXPECT_EQ(odd.code, 2);
+  EXPECT_TRUE(has(odd, "cp.ulysses=3 does not divide cp=2")) << odd.out;
+  const CliResult four = tetra_plan(
+      "--config configs/plan/70b-512-h100-given.toml --parallel.dp=4 --parallel.cp=4 "
+      "--cp.ulysses=2 --json");
+  ASSERT_EQ(four.code, 0) << four.out;
+  const auto j = nlohmann::json::parse(four.out);
+  EXPECT_EQ(j["layout"]["cp_ulysses"], 2);
+  EXPECT_EQ(j["cp_attention"]["chosen"], "ulysses 2 x ring 2");
+  EXPECT_EQ(j["cp_ulysses"]["ring_hops"], 1);
+}
+
 // Llama 3 405B on TP 8 x PP 16: 126 layers on 16 uneven stages, as Meta ran it, with the bubble
 // of the simulated schedule next to the closed form (equal only for equal stages).
 TEST(PlanCli, UnevenStagesOfLlama3405BAreEvaluatedBySimulation) {
