@@ -15,8 +15,15 @@
 (c) peak activation bytes on the first stage, GPipe against 1F1B, from the memory ledger, and
     the slots the program keeps (m for GPipe, p for 1F1B on the first stage) times the bytes of
     one slot (GPipe at m = 1).
+(d) pp = 2 x dp = 2 (4 ranks x 1 thread on the machine's cores, oversubscribed), 1F1B and ZB-H1,
+    m = 8, the uniform model: the data-parallel reductions overlapped with the last backwards
+    (each unit's as its chunk's last backward, under ZB-H1 its last W, finishes it) against
+    reduced after the last backward (--dp.overlap=false): tokens/s, the exposed gradient
+    communication per step (comm_ms) and whether the losses are the same. The variants take
+    turns, --repeats rounds; medians over them.
 
-    /usr/bin/python3 bench/pp_bench.py [--steps 5] [--warmup 2] [--json out.json] [--only a,b,c]
+    /usr/bin/python3 bench/pp_bench.py [--steps 5] [--warmup 2] [--repeats 3] [--json out.json]
+                                       [--only a,b,c,d]
 """
 import argparse
 import json
@@ -109,13 +116,40 @@ def part_c(a, workdir, data):
     return res
 
 
+def part_d(a, workdir, data):
+    print(f"\n(d) pp=2 x dp=2, 4 ranks x 1 thread (oversubscribed), uniform model B=2 T=64 m=8: "
+          f"data-parallel reductions overlapped with the last backwards or after them; medians "
+          f"over {a.repeats} rounds")
+    variants = [(sched, overlap) for sched in ("1f1b", "zb_h1") for overlap in ("true", "false")]
+    runs = {v: [] for v in variants}
+    for rep in range(a.repeats):
+        for sched, overlap in variants:
+            runs[(sched, overlap)].append(
+                run(a, workdir, data, f"d-{sched}-{overlap}-{rep}", 4, 1, UNIFORM, 2, 64,
+                    ["--train.grad_accum=8", "--parallel.pp=2", "--parallel.dp=2",
+                     f"--pp.schedule={sched}", f"--dp.overlap={overlap}"]))
+    print(f"{'schedule':9}{'overlap':>8}{'tok/s':>8}{'min-max':>12}{'comm ms':>9}{'same losses':>13}")
+    res = []
+    for sched, overlap in variants:
+        rs = runs[(sched, overlap)]
+        speeds = [r["tokens_per_s"] for r in rs]
+        comm = statistics.median(r["comm_ms"] for r in rs)
+        same = all(r["loss"] == runs[(sched, "false")][0]["loss"] for r in rs)
+        res.append(dict(schedule=sched, overlap=overlap, tokens_per_s=statistics.median(speeds),
+                        range=(min(speeds), max(speeds)), comm_ms=comm, same_losses=same))
+        print(f"{sched:9}{overlap:>8}{statistics.median(speeds):8.0f}"
+              f"{f'{min(speeds):.0f}-{max(speeds):.0f}':>12}{comm:9.2f}{str(same):>13}")
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
-    ap.add_argument("--only", default="a,b,c")
+    ap.add_argument("--only", default="a,b,c,d")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of (d)'s variants")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -123,7 +157,7 @@ def main():
     data = os.path.join(workdir, "tokens.bin")
     write_tokens(data, random_tokens(200000, 512))
     print(f"CPU: {cpu_name()}; medians of {a.steps - a.warmup} steps")
-    parts = {"a": part_a, "b": part_b, "c": part_c}
+    parts = {"a": part_a, "b": part_b, "c": part_c, "d": part_d}
     res = {k: parts[k](a, workdir, data) for k in a.only.split(",")}
     if a.json:
         json.dump(dict(cpu=cpu_name(), results=res), open(a.json, "w"), indent=2)

@@ -58,7 +58,7 @@ void WeightGrads<F>::run(std::span<const MatmulArgs> products, bool grouped) {
     return;
   }
   Kept& kept = kept_[key_];
-  Batch batch{{products.begin(), products.end()}, grouped};
+  Batch batch{{products.begin(), products.end()}, grouped, {}};
   for (MatmulArgs& p : batch.products) {
     TETRA_CHECK(p.b0 == 1 && p.b1 == 1 && p.accumulate && !p.bias,
                 "[pipeline] internal: deferred weight-gradient product '{}' is not a 2-D "
@@ -71,11 +71,22 @@ void WeightGrads<F>::run(std::span<const MatmulArgs> products, bool grouped) {
 }
 
 template <typename F>
+void WeightGrads<F>::then(std::function<void()> after) {
+  if (!deferring_) {
+    after();
+    return;
+  }
+  kept_[key_].batches.push_back(Batch{{}, false, std::move(after)});
+}
+
+template <typename F>
 void WeightGrads<F>::flush(Key key) {
   auto it = kept_.find(key);
   if (it == kept_.end()) return;  // a chunk with no weight products (none today)
   for (const Batch& b : it->second.batches) {
-    if (b.grouped) {
+    if (b.after) {
+      b.after();
+    } else if (b.grouped) {
       k_.matmul_group(b.products);
     } else {
       for (const MatmulArgs& p : b.products) k_.matmul(p);

@@ -8,10 +8,13 @@
 // overwrites, or a slot the backward frees) and the product is kept; flush(key) runs that key's
 // products in the order given, on the same operands, and returns the buffers to a pool. The
 // gradients are therefore bit for bit those of the unsplit backward when the keys are flushed in
-// the order their backwards ran.
+// the order their backwards ran. What must follow a layer's weight gradients (a unit's gradients
+// final: the data-parallel reduction may start) is handed over with then(): kept in its place
+// among the products, or run at once outside a deferral.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -40,13 +43,18 @@ class WeightGrads {
   /** Runs `products` (2-D, accumulating into parameter gradients) as one group now, or keeps
    *  them with copies of their operands while a deferral is open. */
   void run(std::span<const MatmulArgs> products, bool grouped = false);
-  /** Runs the products kept for `key`, in the order given, and frees their operands' copies. */
+  /** Runs `after` once every product handed over before it has run: now, or in its place when
+   *  the open deferral's key is flushed. */
+  void then(std::function<void()> after);
+  /** Runs the products kept for `key` and what was handed to then() between them, in the order
+   *  given, and frees their operands' copies. */
   void flush(Key key);
 
  private:
   struct Batch {
     std::vector<MatmulArgs> products;
     bool grouped = false;
+    std::function<void()> after;  // then(): after the batches before it
   };
   struct Kept {
     std::vector<Batch> batches;

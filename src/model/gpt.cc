@@ -409,6 +409,16 @@ void GptT<F>::backward_weight_chunk(int chunk, int mb) {
 }
 
 template <typename F>
+int GptT<F>::unit_of_two_chunks() const {
+  int head = -1, embedding = -1;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c].head) head = int(c);
+    if (chunks_[c].embedding) embedding = int(c);
+  }
+  return head >= 0 && embedding >= 0 && head != embedding ? root_unit_ : -1;
+}
+
+template <typename F>
 double GptT<F>::backward_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
                                F* grad_input, float loss_scale) {
   const ChunkState& ch = chunks_[size_t(chunk)];

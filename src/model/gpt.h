@@ -88,6 +88,11 @@ class GptT {
   double backward_input_chunk(int chunk, int mb, const int32_t* targets, const F* grad_output,
                               F* grad_input, float loss_scale);
   void backward_weight_chunk(int chunk, int mb);
+  // The hooks hear after_backward(unit) once per backward of a chunk holding the unit, when its
+  // gradients from that backward are final (under a split backward: after its W). A unit that
+  // two chunks add to (the root, with the head on this rank in another chunk) is final for the
+  // step only after both; its id, or -1.
+  int unit_of_two_chunks() const;
   // Forward only (evaluation) of one micro-batch through `chunk`, with inputs, input and output
   // as forward_chunk; the chunk with the head returns the mean loss against targets (B,T), any
   // other 0. Needs a free slot; keeps nothing.
@@ -189,8 +194,10 @@ class GptT {
   void before_backward(int unit, int next) {
     if (hooks_) hooks_->before_backward(unit, next);
   }
+  // A unit's gradients are final once its weight products have run: now, or in a split
+  // backward at its W (WeightGrads::then).
   void after_backward(int unit) {
-    if (hooks_) hooks_->after_backward(unit);
+    if (hooks_) weight_grads_->then([this, unit] { hooks_->after_backward(unit); });
   }
   void end_forward_only() {
     if (hooks_) hooks_->end_forward_only();

@@ -361,6 +361,13 @@ void DataParallel::begin_micro_batch(bool last) {
   reduce_now_ = opt_.stage >= 2 || last;
 }
 
+void DataParallel::begin_backward(bool last) { reduce_now_ = opt_.stage >= 2 || last; }
+
+void DataParallel::hold_until_finish(int unit) {
+  held_.resize(store_.units().size(), false);
+  held_[size_t(unit)] = true;
+}
+
 void DataParallel::issue_buckets_up_to(size_t n) {
   float* g = store_.grads().data();
   while (next_bucket_ + 1 < bounds_.size() && bounds_[next_bucket_ + 1] <= n) {
@@ -469,7 +476,8 @@ void DataParallel::before_backward(int unit, int next) {
 }
 
 void DataParallel::after_backward(int unit) {
-  if (reduce_now_ && (opt_.overlap || opt_.stage >= 2)) reduce_unit_grads(unit);
+  const bool held = opt_.stage <= 1 && size_t(unit) < held_.size() && held_[size_t(unit)];
+  if (reduce_now_ && (opt_.overlap || opt_.stage >= 2) && !held) reduce_unit_grads(unit);
   release_params(unit);
 }
 
@@ -479,8 +487,10 @@ void DataParallel::end_forward_only() {
 
 void DataParallel::finish_gradients() {
   Stopwatch sw;
-  if (!opt_.overlap && opt_.stage <= 1) {
-    for (int u = 0; u < int(store_.units().size()); ++u) reduce_unit_grads(u);
+  if (opt_.stage <= 1) {
+    for (int u = 0; u < int(store_.units().size()); ++u) {
+      if (!opt_.overlap || (size_t(u) < held_.size() && held_[size_t(u)])) reduce_unit_grads(u);
+    }
   }
   if (opt_.stage == 0) issue_buckets_up_to(store_.flat_size());
   drain();

@@ -92,6 +92,13 @@ class DataParallel final : public UnitHooks {
   void begin_step();
   /** Whether this micro-batch is the step's last (stages 0 and 1 reduce only then). */
   void begin_micro_batch(bool last);
+  /** Whether the backward (or, split, the weight gradients) about to run is the step's last of
+   *  its units: under a pipeline the forwards of later micro-batches run before earlier
+   *  backwards, so the backward says, not the forward. */
+  void begin_backward(bool last);
+  /** Stages 0 and 1 reduce `unit` only in finish_gradients: more than one backward of the last
+   *  micro-batch adds to it (model::Gpt::unit_of_two_chunks). */
+  void hold_until_finish(int unit);
 
   void before_forward(int unit, int next) override;
   void after_forward(int unit) override;
@@ -188,6 +195,7 @@ class DataParallel final : public UnitHooks {
   ZeroOptions opt_;
   MemoryLedger* ledger_;
   bool reduce_now_ = true;
+  std::vector<bool> held_;  // per unit: reduced only in finish_gradients (hold_until_finish)
 
   std::deque<Pending> pending_;
   StepComm stats_;

@@ -17,6 +17,8 @@ void ModelStage::begin(const std::vector<int32_t>& inputs, const std::vector<int
                        int micro_batches) {
   m_ = micro_batches;
   loss_ = 0.0;
+  backwards_.assign(model_.part().chunks.size(), 0);
+  weights_.assign(model_.part().chunks.size(), 0);
   inputs_ = inputs.data();
   targets_ = targets.data();
   if (!cp_) return;
@@ -36,21 +38,28 @@ void ModelStage::forward(int mb, int chunk, const float* input, float* output) {
     loss_ += model_.evaluate_chunk(chunk, inputs_ + row(mb), input, output, targets_ + row(mb));
     return;
   }
-  // Stages 0 and 1 reduce during the last micro-batch's backward (one pipeline rank).
   if (chunk == 0) zero_.begin_micro_batch(mb + 1 == m_);
   model_.forward_chunk(chunk, mb, inputs_ + row(mb), input, output);
 }
 
 void ModelStage::backward(int mb, int chunk, const float* grad_output, float* grad_input) {
+  // Stages 0 and 1 reduce a unit once the chunk's last backward of the step has finished it,
+  // whatever the order of the micro-batches' backwards.
+  zero_.begin_backward(++backwards_[size_t(chunk)] == m_);
   loss_ += model_.backward_chunk(chunk, mb, targets_ + row(mb), grad_output, grad_input,
                                  1.0f / float(m_));
 }
 
 void ModelStage::backward_input(int mb, int chunk, const float* grad_output, float* grad_input) {
+  // The units' gradients are final only at their W, which reduces them (Gpt::after_backward).
+  zero_.begin_backward(false);
   loss_ += model_.backward_input_chunk(chunk, mb, targets_ + row(mb), grad_output, grad_input,
                                        1.0f / float(m_));
 }
 
-void ModelStage::backward_weight(int mb, int chunk) { model_.backward_weight_chunk(chunk, mb); }
+void ModelStage::backward_weight(int mb, int chunk) {
+  zero_.begin_backward(++weights_[size_t(chunk)] == m_);
+  model_.backward_weight_chunk(chunk, mb);
+}
 
 }  // namespace tetra

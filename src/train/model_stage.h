@@ -50,6 +50,7 @@ class ModelStage final : public pipeline::SplitStageModel {
   const int32_t* targets_ = nullptr;
   std::vector<int32_t> local_inputs_, local_targets_;  // context parallelism: this rank's rows
   double loss_ = 0.0;
+  std::vector<int> backwards_, weights_;  // per chunk: backwards (or Ws) run this step
 };
 
 }  // namespace tetra

@@ -110,18 +110,13 @@ void Trainer::setup(const std::string& config_toml) {
         "parameter, gradient and optimizer state (the stage's code paths still run)",
         opt_.parallel.zero.stage);
   }
-  parallel::ZeroOptions zero = opt_.parallel.zero;
-  // Reductions overlap backward only when the last micro-batch's backward is the rank's last
-  // compute (1F1B on one pipeline rank). Otherwise they start after the last backward (the
-  // program's reduce_grads), on a pipeline once the tied wte's gradient has been summed over the
-  // embedding group.
-  // A zero-bubble schedule's weight gradients are final only after the last W.
-  if (layout_->pp_size() > 1 || opt_.parallel.pp_kind == pipeline::Kind::gpipe ||
-      opt_.parallel.pp_kind == pipeline::Kind::zb_h1 ||
-      opt_.parallel.pp_kind == pipeline::Kind::zb_v)
-    zero.overlap = false;
-  zero_ = std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, zero, &ledger_,
-                                                   parallel::ExpertGroup{edp, opt_.model.ep});
+  // Under every schedule a unit's reduction starts as the last backward of its chunk (under a
+  // zero-bubble schedule its last W) finishes it (ModelStage counts them), and the tied wte's
+  // sum over the embedding group follows the data-parallel one (Updater::reduce_gradients).
+  zero_ =
+      std::make_unique<parallel::DataParallel>(backend_, layout_->dp(), *store_, opt_.parallel.zero,
+                                               &ledger_, parallel::ExpertGroup{edp, opt_.model.ep});
+  if (model_->unit_of_two_chunks() >= 0) zero_->hold_until_finish(model_->unit_of_two_chunks());
   sdc_ = std::make_unique<SdcCheck>(opt_.health, opt_.faults, opt_.parallel.zero.stage,
                                     opt_.batch.grad_accum, *layout_, backend_, *store_, *zero_);
   faults_ =

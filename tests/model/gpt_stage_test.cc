@@ -267,6 +267,63 @@ void expect_split_backward_matches(const GptConfig& c, Recompute r) {
   }
 }
 
+// What reduces a unit's gradients (the data-parallel hooks) hears that they are final when they
+// are: under the unsplit backward as each unit's backward ends, under the split one only at W,
+// each unit's after its own weight products and before the next unit's, in backward order (so a
+// reduction overlaps the rest of W). The gradient a hook sees is the unit's final one.
+TEST(GptStage, SplitBackwardTellsTheHooksAUnitIsFinalAfterItsW) {
+  struct Recorder final : UnitHooks {
+    ParamStoreT<double>* store = nullptr;
+    std::vector<std::pair<int, double>> final;  // (unit, sum of |gradient| then)
+    void before_forward(int, int) override {}
+    void after_forward(int) override {}
+    void before_backward(int, int) override {}
+    void after_backward(int unit) override {
+      const ParamUnit& u = store->units()[size_t(unit)];
+      double sum = 0;
+      for (size_t i = 0; i < u.padded; ++i) sum += std::abs(store->grads().data()[u.offset + i]);
+      final.emplace_back(unit, sum);
+    }
+    void end_forward_only() override {}
+  };
+  const int B = 2, T = 5;
+  const auto in = tokens(B * T, 5), tg = tokens(B * T, 6);
+  for (bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split" : "unsplit");
+    const GptConfig c = config();
+    GptPart gp;
+    gp.chunks.push_back({0, int(c.n_layer), 1});
+    gp.embedding = gp.head = true;
+    ParamStoreT<double> store;
+    GptT<double> model(cpu_backend(), c, store, B, T, Recompute::none, nullptr, nullptr, gp);
+    store.finalize({});
+    store.init(11);
+    store.grads().zero();
+    Recorder hooks;
+    hooks.store = &store;
+    model.set_hooks(&hooks);
+    model.forward_chunk(0, 0, in.data(), nullptr, nullptr);
+    if (split) {
+      model.backward_input_chunk(0, 0, tg.data(), nullptr, nullptr, 1.0f);
+      EXPECT_TRUE(hooks.final.empty()) << "a unit called final before its W";
+      model.backward_weight_chunk(0, 0);
+    } else {
+      model.backward_chunk(0, 0, tg.data(), nullptr, nullptr, 1.0f);
+    }
+    const size_t units = store.units().size();
+    ASSERT_EQ(hooks.final.size(), units);
+    for (size_t k = 0; k < units; ++k) {
+      const auto [unit, sum] = hooks.final[k];
+      EXPECT_EQ(unit, int(k)) << "units are final in backward order";
+      const ParamUnit& u = store.units()[size_t(unit)];
+      double now = 0;
+      for (size_t i = 0; i < u.padded; ++i) now += std::abs(store.grads().data()[u.offset + i]);
+      EXPECT_EQ(sum, now) << "unit " << unit << " changed after it was called final";
+      EXPECT_GT(sum, 0.0) << "unit " << unit;
+    }
+  }
+}
+
 GptConfig llama_config() {
   GptConfig c = GptConfig::make(37, 4, 4, 16, 8, 64);
   LlamaShape l;

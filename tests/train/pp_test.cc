@@ -79,6 +79,9 @@ TEST_F(PipelineParallel, EveryScheduleAndSplitReproducesTheSerialRun) {
       // ZB-V: two chunks per rank in a V, the embedding and the head (one tied wte) on rank 0.
       {2, "--parallel.pp=2 --pp.schedule=zb_v --pp.chunks=2", 4, false},
       {4, "--parallel.pp=4 --pp.schedule=zb_v --pp.chunks=2", 4, false},
+      // ZB-V beside dp 2 under ZeRO-1: each unit reduced as its last W finishes it, rank 0's
+      // root (the embedding's and the head's tied wte) only after both chunks' last Ws.
+      {4, "--parallel.pp=2 --pp.schedule=zb_v --pp.chunks=2 --zero.stage=1", 2, false},
   };
   int n = 0;
   for (const Layout& l : layouts) {
