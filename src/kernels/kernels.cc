@@ -5,6 +5,21 @@ namespace tetra {
 Bf16Operands::Bf16Operands(Device& device, size_t elements, MemTag tag)
     : mem_(elements, tag, device) {}
 
+void Bf16Operands::keep_weights(const float* base, size_t n, MemTag tag) {
+  base_ = base;
+  weights_ = Buffer<bf16>(n, tag, mem_.device());
+  fresh_.clear();
+}
+
+std::pair<bf16*, bool> Bf16Operands::weights(const float* first, size_t extent) {
+  if (!base_ || first < base_ || first + extent > base_ + weights_.size()) return {nullptr, false};
+  const size_t offset = size_t(first - base_);
+  auto it = fresh_.find(offset);
+  const bool round = it == fresh_.end() || it->second < extent;
+  if (round) fresh_[offset] = extent;
+  return {weights_.data() + offset, round};
+}
+
 std::pair<bf16*, bf16*> Bf16Operands::take(size_t a, size_t b) {
   // Each operand starts on a cache line, so the rounding threads never share one.
   const size_t a_room = (a + 31) / 32 * 32;

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <utility>
 #include <vector>
@@ -45,8 +46,22 @@ class Bf16Operands {
   /** The first `a` and the next `b` elements of the scratch, grown to a + b if needed. */
   std::pair<bf16*, bf16*> take(size_t a, size_t b);
 
+  /** Keeps bf16 copies of the `n` parameters at `base` (the store's flat f32 buffer) for the
+   *  products that read them, charged to `tag`: each range is rounded once, at the first product
+   *  that reads it after invalidate_weights(), instead of at every product (a weight is read by
+   *  every micro-batch's forward and input-gradient products). */
+  void keep_weights(const float* base, size_t n, MemTag tag = {});
+  /** The parameters changed (an update, a load): every kept copy is stale. */
+  void invalidate_weights() { fresh_.clear(); }
+  /** The kept copy of the `extent` parameters from `first`, and whether the caller must round
+   *  them into it first (they then count as fresh); {nullptr, false} when they are not kept. */
+  std::pair<bf16*, bool> weights(const float* first, size_t extent);
+
  private:
   Buffer<bf16> mem_;
+  const float* base_ = nullptr;
+  Buffer<bf16> weights_;
+  std::map<size_t, size_t> fresh_;  // offset -> extent of ranges rounded since the invalidation
 };
 
 /** A batched 2-D operand: dims (b0, b1, rows, cols) with element strides for each dim. */

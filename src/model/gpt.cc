@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -406,6 +407,15 @@ double GptT<F>::backward_input_chunk(int chunk, int mb, const int32_t* targets,
 template <typename F>
 void GptT<F>::backward_weight_chunk(int chunk, int mb) {
   weight_grads_->flush({mb, chunk});
+}
+
+template <typename F>
+void GptT<F>::keep_bf16_weights(MemoryLedger* ledger) {
+  if constexpr (!std::is_same_v<F, float>) return;  // bf16 products take f32 operands
+  if (!bf16_) return;
+  const Buffer<F>& params = store_.params();
+  bf16_->keep_weights(reinterpret_cast<const float*>(params.data()), params.size(),
+                      MemTag{ledger, MemCategory::params});
 }
 
 template <typename F>

@@ -93,6 +93,14 @@ class GptT {
   // two chunks add to (the root, with the head on this rank in another chunk) is final for the
   // step only after both; its id, or -1.
   int unit_of_two_chunks() const;
+  // Mixed precision: keep bf16 copies of the parameters this rank holds whole (the store's flat
+  // buffer; not ZeRO-3's shards), charged to `ledger` as parameters, so that each weight is rounded
+  // once per step instead of at every product that reads it; invalidate_bf16_weights() when the
+  // parameters may have changed (before every step and evaluation). No-op without bf16.
+  void keep_bf16_weights(MemoryLedger* ledger);
+  void invalidate_bf16_weights() {
+    if (bf16_) bf16_->invalidate_weights();
+  }
   // Forward only (evaluation) of one micro-batch through `chunk`, with inputs, input and output
   // as forward_chunk; the chunk with the head returns the mean loss against targets (B,T), any
   // other 0. Needs a free slot; keeps nothing.

@@ -282,6 +282,7 @@ RunMemory run_memory(const RunShape& s) {
 
   RunMemory m;
   m.params = f32 * (s.zero >= 3 ? flat.shard : flat.total);
+  if (s.bf16_weights) m.params += 2.0 * flat.total;  // their bf16 copy (2 bytes each)
   m.grads = f32 * (s.zero >= 2 ? flat.shard : flat.total);
   m.optimizer = 2 * f32 * (s.zero >= 1 ? flat.shard : flat.total);  // AdamW m and v
 
@@ -388,6 +389,7 @@ RunMemory expert_memory(const RunShape& s) {
   const FlatLayout flat = flat_layout(s);
   const double shard = flat.expert_total / double(s.edp());
   m.params = f32 * (s.zero >= 3 ? shard : flat.expert_total);
+  if (s.bf16_weights) m.params += 2.0 * flat.expert_total;
   m.grads = f32 * (s.zero >= 2 ? shard : flat.expert_total);
   m.optimizer = 2 * f32 * (s.zero >= 1 ? shard : flat.expert_total);
   const double ws = workspace_bound(s, double(s.local_moe_layers())) * flat.experts;

@@ -39,9 +39,10 @@ struct RunShape {
   bool sequence_parallel = false;  // the residual stream split tp ways along the tokens
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
-  bool checkpoint = false;   // ckpt.dir set: the host snapshot of what a save writes
-  bool bf16 = false;         // train.precision=bf16: the bf16 copies of matmul operands
-  bool reduce_bf16 = false;  // dp.reduce_dtype=bf16: bf16 staging of the reduced gradients
+  bool checkpoint = false;    // ckpt.dir set: the host snapshot of what a save writes
+  bool bf16 = false;          // train.precision=bf16: the bf16 copies of matmul operands
+  bool bf16_weights = false;  // and a bf16 copy of the parameters, rounded once per step
+  bool reduce_bf16 = false;   // dp.reduce_dtype=bf16: bf16 staging of the reduced gradients
   // Attention's buffers (kernels/kernels.h): the CPU backend keeps the softmax probabilities
   // (B·NH·T² per layer) and their gradient as scratch; a flash kernel (run.device = cuda) keeps
   // the row log-sum-exp (B·NH·T) and as much scratch, and takes no bf16 copies.

@@ -31,6 +31,8 @@ RunShape run_shape(const ModelSpec& m, const TrainingSpec& t, const Layout& l, c
   s.bf16 = t.precision == Precision::Bf16Mixed;
   s.reduce_bf16 = o.reduce_bf16;
   s.flash_attention = o.flash_attention;
+  // model::Gpt::keep_bf16_weights: the CPU backend's bf16 copy of the parameters held whole.
+  s.bf16_weights = s.bf16 && o.bf16_weight_cache && !o.flash_attention && l.zero < 3;
   s.cp_attention = l.cp_attention;
   s.cp_ulysses = l.cp_ulysses;
   s.ep = m.has_moe() ? l.ep : 1;

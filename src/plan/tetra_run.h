@@ -22,6 +22,7 @@ struct RunOptions {
   bool checkpoint = false;         // ckpt.dir set: the host snapshot a save writes
   bool reduce_bf16 = false;        // dp.reduce_dtype = bf16
   bool flash_attention = false;    // run.device = cuda: attention keeps no T x T matrix
+  bool bf16_weight_cache = true;   // debug.bf16_weight_cache (CPU, bf16, ZeRO 0-2)
 };
 
 /** The per-rank shape of a tetra run of GPT-2 or Llama model `m` (m.gpt2_style; GPT-2:

@@ -17,6 +17,7 @@ void ModelStage::begin(const std::vector<int32_t>& inputs, const std::vector<int
                        int micro_batches) {
   m_ = micro_batches;
   loss_ = 0.0;
+  model_.invalidate_bf16_weights();  // the update (or a load) since the last pass changed them
   backwards_.assign(model_.part().chunks.size(), 0);
   weights_.assign(model_.part().chunks.size(), 0);
   inputs_ = inputs.data();

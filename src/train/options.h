@@ -96,6 +96,7 @@ struct CkptOptions {
 struct OutputOptions {
   std::string save_final, dump_grads, dump_logits;
   std::string dump_routes;  // debug.dump_routes: a directory for each rank's routing decisions
+  bool bf16_weight_cache = true;  // debug.bf16_weight_cache: round each weight once per step
 };
 
 /** Faults injected for tests (debug.*; train/fault_hooks.h). Steps are 1-based; 0 = never. */

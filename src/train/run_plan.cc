@@ -81,6 +81,7 @@ RunPlan plan_run(const TrainOptions& o, int world_size) {
   p.options.checkpoint = !o.ckpt.dir.empty();
   p.options.reduce_bf16 = o.parallel.zero.reduce_bf16;
   p.options.flash_attention = o.run.device == DeviceKind::cuda;
+  p.options.bf16_weight_cache = o.outputs.bf16_weight_cache;
   p.shape = plan::run_shape(m, t, p.layout, p.options);
   p.prediction = plan::predict_run(m, t, p.layout, p.options);
   p.traffic = plan::run_traffic(p.shape, p.layout, t.bucket_bytes);

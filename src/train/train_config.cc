@@ -165,6 +165,10 @@ const std::vector<TrainKey>& train_keys() {
        into<&O::outputs, &OutputOptions::save_final>()},
       {{"debug.dump_grads", ValueKind::String, "\"\"", "safetensors of step 1's gradients"},
        into<&O::outputs, &OutputOptions::dump_grads>()},
+      {{"debug.bf16_weight_cache", ValueKind::Bool, "true",
+        "train.precision=bf16 on the CPU: keep bf16 copies of the weights, rounded once per step "
+        "(false: round a weight at every product that reads it, as before; for comparisons)"},
+       into<&O::outputs, &OutputOptions::bf16_weight_cache>()},
       {{"debug.dump_logits", ValueKind::String, "\"\"", "safetensors of step 1's first logits"},
        into<&O::outputs, &OutputOptions::dump_logits>()},
       {{"debug.dump_routes", ValueKind::String, "\"\"",

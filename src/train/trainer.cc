@@ -110,6 +110,11 @@ void Trainer::setup(const std::string& config_toml) {
         "parameter, gradient and optimizer state (the stage's code paths still run)",
         opt_.parallel.zero.stage);
   }
+  // Mixed precision on the CPU: each weight rounded to bf16 once per step, not at every product
+  // (the CPU matmul reads the kept copies; ZeRO-3 gathers its parameters into workspaces).
+  if (opt_.outputs.bf16_weight_cache && opt_.run.device == DeviceKind::cpu &&
+      opt_.parallel.zero.stage < 3)
+    model_->keep_bf16_weights(&ledger_);
   // Under every schedule a unit's reduction starts as the last backward of its chunk (under a
   // zero-bubble schedule its last W) finishes it (ModelStage counts them), and the tied wte's
   // sum over the embedding group follows the data-parallel one (Updater::reduce_gradients).

@@ -307,8 +307,9 @@ TEST_F(TrainCli, CudaDeviceIsRefusedWhereItCannotRun) {
 
 // train.precision=bf16 where the CPU has bf16 instructions: trains to within bf16's rounding of
 // the fp32 run (but not bit-identically: the operands were rounded), and the metrics name the
-// precision and the path. Without them (and always with oneDNN capped at AVX2, which every
-// machine can do) it is refused before step 1, naming the ISA found.
+// precision and the path; each weight is rounded once per step. Without them (and always with
+// oneDNN capped at AVX2, which every machine can do) it is refused before step 1, naming the ISA
+// found.
 TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElsewhere) {
   const std::string bf16 = base() + " --train.precision=bf16 --train.steps=4 --optim.lr=1e-2";
   // This process probes its own CPU first; the cap then applies to the child alone, and the
@@ -353,17 +354,60 @@ TEST_F(TrainCli, Bf16PrecisionRunsWhereTheCpuHasBf16InstructionsAndIsRefusedElse
   // in backward for its four products.
   std::ifstream in(path("b/profile.json"));
   const nlohmann::json prof = nlohmann::json::parse(in);
-  double operand_casts = 0, attention_casts = 0, products = 0;
+  double operand_casts = 0, weight_casts = 0, attention_casts = 0, products = 0;
   for (const auto& e : prof["entries"]) {
     const std::string label = e["label"];
     const double calls = e["calls_per_step"];
-    if (e["kind"] == "bf16_cast")
-      (label.rfind("attention", 0) == 0 ? attention_casts : operand_casts) += calls;
+    if (e["kind"] == "bf16_cast") {
+      (label.rfind("attention", 0) == 0 ? attention_casts
+       : label.rfind("weights", 0) == 0 ? weight_casts
+                                        : operand_casts) += calls;
+    }
     if (e["kind"] == "matmul" && label.rfind("attention", 0) != 0) products += calls;
   }
   EXPECT_EQ(products, 2 * 12 + 3) << prof.dump(1);  // L = 2: 4 forward + 8 backward each, head 3
-  EXPECT_EQ(operand_casts, 2 * products) << prof.dump(1);
+  // The weights (4 per block and the tied wte the head reads) are rounded once per step into
+  // their kept copies; the 2·4 + 2 products reading a weight (forward and input gradient) round
+  // only their other operand, the 9 weight-gradient products both.
+  EXPECT_EQ(weight_casts, 2 * 4 + 1) << prof.dump(1);
+  EXPECT_EQ(operand_casts, 2 * products - (2 * 8 + 2)) << prof.dump(1);
   EXPECT_EQ(attention_casts, 2 * (1 + 3)) << prof.dump(1);
+}
+
+// The kept bf16 weights (model::Gpt::keep_bf16_weights) are the per-product roundings done once:
+// with accumulation, evaluations between steps and a resume from a checkpoint (each changes what
+// the copies must hold, or follows a change), every loss is bit for bit the run's that rounds
+// at every product (debug.bf16_weight_cache=false), and so are the resumed run's.
+TEST_F(TrainCli, Bf16KeptWeightsGiveTheSameRunAsRoundingEveryProduct) {
+  if (!cpu::bf16_matmul_path().hardware) {
+    std::cout << "[ bf16     ] no bf16 instructions on " << cpu::bf16_matmul_path().describe()
+              << ": nothing to compare (the refusal is Bf16PrecisionRuns...)" << std::endl;
+    return;
+  }
+  const std::string bf16 = base() + " --train.precision=bf16 --train.steps=4 --optim.lr=1e-2 " +
+                           "--train.grad_accum=2 --eval.every=1 --data.val=" + path("train.bin");
+  const std::string ck = " --ckpt.dir=" + path("ck") + " --ckpt.every=2";
+  ASSERT_EQ(tetra(bf16 + ck + " --run.dir=" + path("kept")).code, 0);
+  ASSERT_EQ(tetra(bf16 + " --debug.bf16_weight_cache=false --run.dir=" + path("each")).code, 0);
+  ASSERT_EQ(
+      tetra(bf16 + " --ckpt.resume=" + path("ck/step-000000002") + " --run.dir=" + path("resumed"))
+          .code,
+      0);
+  const auto kept = metrics(path("kept")), each = metrics(path("each")),
+             resumed = metrics(path("resumed"));
+  ASSERT_EQ(kept.size(), 4u);
+  ASSERT_EQ(each.size(), 4u);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(kept[i]["loss"], each[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(kept[i]["val_loss"], each[i]["val_loss"]) << "step " << i + 1;
+    ASSERT_TRUE(kept[i].contains("val_loss")) << kept[i].dump();
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(resumed[i]["loss"], kept[i + 2]["loss"]) << "resumed step " << i + 3;
+  }
+  // The copies are charged to the parameters: 2 bytes for every 4 of f32.
+  EXPECT_EQ(kept[0]["mem_params"].get<double>(), 1.5 * each[0]["mem_params"].get<double>());
 }
 
 // kernels.matmul (and TETRA_MATMUL, its default) fixes one library for every f32 product, so no

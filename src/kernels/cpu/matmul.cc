@@ -189,6 +189,22 @@ MatOperand rounded(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, i
   return {dst, {b1 * m, m, cols, 1}, DType::bf16};
 }
 
+// A mixed-precision product's f32 operand in bf16: a parameter's kept copy (Bf16Operands::
+// keep_weights), rounded in place once after each invalidation and read with the parameter's own
+// strides, or the operand rounded into `dst` (packed; row-major when asked).
+MatOperand kept_or_rounded(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
+                           bf16* dst, bool row_major, Bf16Operands& ops) {
+  const auto& s = op.strides;
+  const int64_t extent =
+      (b0 - 1) * s[0] + (b1 - 1) * s[1] + (rows - 1) * s[2] + (cols - 1) * s[3] + 1;
+  const float* src = static_cast<const float*>(op.data);
+  const auto [kept, round] =
+      row_major ? std::pair<bf16*, bool>{nullptr, false} : ops.weights(src, size_t(extent));
+  if (!kept) return rounded(op, b0, b1, rows, cols, dst, row_major);
+  if (round) round_to_bf16(kept, src, size_t(extent), "weights to bf16");
+  return {kept, s, DType::bf16};
+}
+
 template <typename T>
 void reference_loop(const MatmulArgs& x) {
   const T* A = static_cast<const T*>(x.a.data);
@@ -655,8 +671,8 @@ void matmul(const MatmulArgs& x) {
     const auto [a, b] = x.bf16->take(size_t(batch * x.M * x.K), size_t(batch * x.K * x.N));
     MatmulArgs r = x;
     r.bf16 = nullptr;
-    r.a = rounded(x.a, x.b0, x.b1, x.M, x.K, a);
-    r.b = rounded(x.b, x.b0, x.b1, x.K, x.N, b, transposed_b_needs_copy(x));
+    r.a = kept_or_rounded(x.a, x.b0, x.b1, x.M, x.K, a, false, *x.bf16);
+    r.b = kept_or_rounded(x.b, x.b0, x.b1, x.K, x.N, b, transposed_b_needs_copy(x), *x.bf16);
     return onednn_matmul(r);
   }
   if (x.a.dtype == DType::f64) return matmul_reference(x);
