@@ -88,17 +88,30 @@ struct Emitter {
   void weight(int mb, int chunk) { out.push_back({Op::backward_weight, mb, chunk, -1}); }
 };
 
-// The zero-bubble programs (make_schedule's comment): list scheduling at unit costs. Each rank's
-// order of F, B and W is what it ran in that simulation; the transfers go around them as in any
-// other schedule.
-void zero_bubble(Schedule& s) {
+// The zero-bubble programs (make_schedule's comment): list scheduling at unit costs.
+struct Task {
+  Op op;
+  int mb, chunk;
+};
+
+// How a free rank chooses among what is ready: the oldest W when more than w_cap[r] are pending,
+// then a forward before a B if `forward_first` (else a B before a forward), and the oldest W when
+// nothing else is.
+struct Policy {
+  std::vector<int> w_cap;
+  bool forward_first = false;
+};
+
+struct ListSchedule {
+  std::vector<std::vector<Task>> order;  // each rank's F, B and W in the order it ran them
+  int makespan = 0;                      // unit steps
+};
+
+ListSchedule list_schedule(const Schedule& s, const Policy& policy) {
   const int p = s.p, m = s.m, v = s.v, stages = p * v;
-  struct Task {
-    Op op;
-    int mb, chunk;
-  };
   const size_t P = size_t(p);
-  std::vector<std::vector<Task>> order(P);
+  ListSchedule out;
+  out.order.resize(P);
   constexpr int kNever = std::numeric_limits<int>::max();
   // When (mb, stage)'s input activation and output gradient are there (unit steps).
   std::vector<std::vector<int>> act(size_t(stages), std::vector<int>(size_t(m), kNever));
@@ -117,29 +130,37 @@ void zero_bubble(Schedule& s) {
   for (int t = 0;; ++t) {
     bool all_done = true, busy = false;
     for (int r = 0; r < p; ++r) {
-      if (int(order[size_t(r)].size()) == total) continue;
+      std::vector<Task>& order = out.order[size_t(r)];
+      if (int(order.size()) == total) continue;
       all_done = false;
       if (clock[size_t(r)] > t) {
         busy = true;
         continue;
       }
-      // B first, the chunk nearer the loss first (it is also the earlier in backward order).
-      std::optional<Task> pick;
-      for (int c = v - 1; c >= 0 && !pick; --c) {
+      // The chunk nearer the loss first (it is also the earlier in backward order).
+      std::optional<Task> b, f, w;
+      for (int c = v - 1; c >= 0 && !b; --c) {
         const int mb = next_b[size_t(r)][size_t(c)], st = s.stage(r, c);
         if (mb < next_f[size_t(r)][size_t(c)] && grad[size_t(st)][size_t(mb)] <= t) {
-          pick = Task{Op::backward_input, mb, c};
+          b = Task{Op::backward_input, mb, c};
         }
       }
-      for (int c = v - 1; c >= 0 && !pick && may_forward(r); --c) {
+      for (int c = v - 1; c >= 0 && !f && may_forward(r); --c) {
         const int mb = next_f[size_t(r)][size_t(c)], st = s.stage(r, c);
-        if (mb < m && act[size_t(st)][size_t(mb)] <= t) pick = Task{Op::forward, mb, c};
+        if (mb < m && act[size_t(st)][size_t(mb)] <= t) f = Task{Op::forward, mb, c};
       }
-      if (!pick && !pending_w[size_t(r)].empty()) {
+      if (!pending_w[size_t(r)].empty()) {
         const auto [mb, c] = pending_w[size_t(r)].front();
-        pending_w[size_t(r)].pop_front();
-        pick = Task{Op::backward_weight, mb, c};
+        w = Task{Op::backward_weight, mb, c};
       }
+      const bool must_w = int(pending_w[size_t(r)].size()) > policy.w_cap[size_t(r)];
+      const std::optional<Task> pick = must_w                 ? w
+                                       : policy.forward_first ? (f   ? f
+                                                                 : b ? b
+                                                                     : w)
+                                                              : (b   ? b
+                                                                 : f ? f
+                                                                     : w);
       if (!pick) continue;
       const Task k = *pick;
       const int st = s.stage(r, k.chunk), end = t + 1;
@@ -158,10 +179,12 @@ void zero_bubble(Schedule& s) {
         --before_b[size_t(r)];
         if (st > 0) grad[size_t(st) - 1][size_t(k.mb)] = end;
       } else {
+        pending_w[size_t(r)].pop_front();
         --held[size_t(r)];
       }
-      order[size_t(r)].push_back(k);
+      order.push_back(k);
       clock[size_t(r)] = end;
+      out.makespan = std::max(out.makespan, end);
       busy = true;
     }
     if (all_done) break;
@@ -169,9 +192,31 @@ void zero_bubble(Schedule& s) {
     TETRA_CHECK(busy, "[pipeline] internal: the {} list scheduler (p={}, m={}) is stuck at step {}",
                 to_string(s.kind), p, m, t);
   }
+  return out;
+}
+
+// Writes the programs of the policy whose unit-cost run is shortest, the first of equals: rank
+// r deferring up to r W's with forwards before B's (the paper's ZB-H1: 1F1B's order, whose idle
+// at the end the deferred W's fill), or up to r + 1, r + 2 or 2r; or every W deferred while the
+// rank has anything else to run, B's first. Simulated at unit costs, the first meets zb_h1's
+// bound at every m >= p; zb_v needs the others (docs/pipeline.md).
+void zero_bubble(Schedule& s) {
+  const int p = s.p;
+  std::vector<Policy> policies;
+  for (const auto& [per_rank, extra] : {std::pair{1, 0}, {1, 1}, {1, 2}, {2, 0}}) {
+    Policy deferring{std::vector<int>(size_t(p)), true};
+    for (int r = 0; r < p; ++r) deferring.w_cap[size_t(r)] = per_rank * r + extra;
+    policies.push_back(deferring);
+  }
+  policies.push_back({std::vector<int>(size_t(p), std::numeric_limits<int>::max()), false});
+  std::optional<ListSchedule> best;
+  for (const Policy& policy : policies) {
+    ListSchedule run = list_schedule(s, policy);
+    if (!best || run.makespan < best->makespan) best = std::move(run);
+  }
   for (int r = 0; r < p; ++r) {
     Emitter e{s, s.ranks[size_t(r)], r};
-    for (const Task& k : order[size_t(r)]) {
+    for (const Task& k : best->order[size_t(r)]) {
       if (k.op == Op::forward) e.forward(k.mb, k.chunk);
       if (k.op == Op::backward_input) e.backward(k.mb, k.chunk, Op::backward_input);
       if (k.op == Op::backward_weight) e.weight(k.mb, k.chunk);

@@ -74,15 +74,18 @@ struct Schedule {
  * or m not a multiple of p, zb_v with v != 2.
  *
  * The zero-bubble programs come from list scheduling at unit costs (F = B = W, instant sends):
- * whenever a rank is free it runs, in this order of preference, a B whose gradient has arrived
- * (the critical path), a forward whose input has arrived while it holds fewer than its limit of
- * micro-batches' activations, or the oldest pending W. Forwards and B's of a chunk go in
- * micro-batch order. zb_h1 holds at most p micro-batches' activations on a rank (1F1B's peak, its
- * first stage's), of them at most 1F1B's p - r not yet through B on rank r: its idle per rank is
- * the paper's (p-1)(F+B-W) (a third of 1F1B's (p-1)(F+B+W) at F = B = W) for p up to 4 and half
- * 1F1B's at p = 8. zb_v holds at most 2p chunks (p micro-batches of a rank's layers) on every rank
- * and prefers the forward of chunk 1 (nearer the loss): its idle is the start-up's (p-1) chunk
- * forwards, or close to it. A program fixes only each rank's order: it runs at any costs, its
+ * whenever a rank is free it runs a B whose gradient has arrived, a forward whose input has
+ * arrived while it holds fewer than its limit of micro-batches' activations, or a pending W, by
+ * a policy: rank r deferring up to r W's and running forwards before B's (the paper's ZB-H1:
+ * 1F1B's order, whose idle at the end the deferred W's fill), or up to r + 1, r + 2 or 2r; or
+ * running B's first and a W only when nothing else is ready. make_schedule keeps the policy whose
+ * program is shortest at unit costs. Forwards and B's of a chunk go in micro-batch order. zb_h1
+ * holds at most p micro-batches' activations on a rank (1F1B's peak, its first stage's), of them
+ * at most 1F1B's p - r not yet through B on rank r: its idle per rank is the paper's
+ * (p-1)(F+B-W) at every m >= p, a third of 1F1B's (p-1)(F+B+W) at F = B = W. zb_v holds at most
+ * 2p chunks (p micro-batches of a rank's layers) on every rank and prefers chunk 1 (nearer the
+ * loss): at m >= p its idle is the start-up's (p-1) chunk forwards up to p = 5, and within 1.18
+ * times that up to p = 8. A program fixes only each rank's order: it runs at any costs, its
  * receives waiting for their messages. */
 Schedule make_schedule(Kind kind, int p, int m, int v = 1);
 

@@ -159,11 +159,10 @@ TEST(Schedule, OneFOneBHoldsAtMostPMicroBatchesGPipeHoldsM) {
 
 // Zero-bubble schedules at F = B = W (a backward of 2 split evenly). No schedule of one chunk
 // per rank idles less than the (p-1)·F its last rank waits for its first input, the paper's
-// (p-1)(F+B-W) for ZB-H1 and bubble_formula's: ZB-H1 meets it at m = p and at p = 2, and stays
-// within 1.7 times it (0.43 to 0.56 of 1F1B's idle at p = 4 and 8, m = 2p and 4p), holding
-// no more than 1F1B's peak of p micro-batches on any rank. ZB-V's chunks are half a stage: its
-// bound is (p-1) chunk forwards, which it meets at p = 2 and 8 and stays within 1.35 times of,
-// holding at most 2p chunks; it idles less than ZB-H1 and than interleaving two chunks.
+// (p-1)(F+B-W) for ZB-H1 and bubble_formula's: ZB-H1 meets it at every m >= p, a third of
+// 1F1B's idle, holding no more than 1F1B's peak of p micro-batches on any rank. ZB-V's chunks
+// are half a stage: its bound is (p-1) chunk forwards, which it meets holding at most 2p chunks;
+// it idles less than ZB-H1 and than interleaving two chunks.
 TEST(Schedule, ZeroBubbleSchedulesMeetThePapersBubbleAndMemory) {
   for (int p : {2, 4, 8}) {
     for (int m : {p, 2 * p, 4 * p}) {
@@ -173,11 +172,9 @@ TEST(Schedule, ZeroBubbleSchedulesMeetThePapersBubbleAndMemory) {
       const Timeline f = simulate(make_schedule(Kind::one_f_one_b, p, m), Costs::uniform(p, 1, 2));
       const double bound = bubble_formula(h1, 1.0, 2.0, 1.0);
       EXPECT_NEAR(bound, double(p - 1) / double(3 * m + p - 1), 1e-12);
-      EXPECT_GE(th.bubble(), bound - 1e-12);
-      if (m == p || p == 2) {
-        EXPECT_NEAR(th.bubble(), bound, 1e-12);
-      }
-      EXPECT_LE(th.bubble(), 1.7 * bound);
+      EXPECT_NEAR(th.bubble(), bound, 1e-12);
+      EXPECT_NEAR(th.bubble() / (1 - th.bubble()), f.bubble() / (1 - f.bubble()) / 3,
+                  1e-12);  // idle per unit of work
       for (int r = 0; r < p; ++r) {
         EXPECT_LE(th.peak_inflight[size_t(r)], p) << "rank " << r;
         // A stage model's slots (forward to B): 1F1B's.
@@ -189,16 +186,34 @@ TEST(Schedule, ZeroBubbleSchedulesMeetThePapersBubbleAndMemory) {
       const Timeline tv = simulate(v, Costs::uniform(2 * p, 0.5, 1.0, 0.5));
       const double vbound = bubble_formula(v, 0.5, 1.0, 0.5);
       EXPECT_NEAR(vbound, double(p - 1) / double(6 * m + p - 1), 1e-12);
-      EXPECT_GE(tv.bubble(), vbound - 1e-12);
-      if (p != 4) {
-        EXPECT_NEAR(tv.bubble(), vbound, 1e-12);
-      }
-      EXPECT_LE(tv.bubble(), 1.35 * vbound);
+      EXPECT_NEAR(tv.bubble(), vbound, 1e-12);
       EXPECT_LT(tv.bubble(), th.bubble());
       EXPECT_LT(tv.bubble(),
                 simulate(make_schedule(Kind::interleaved, p, m, 2), Costs::uniform(2 * p, 0.5, 1.0))
                     .bubble());
       for (int r = 0; r < p; ++r) EXPECT_LE(tv.peak_inflight[size_t(r)], 2 * p) << "rank " << r;
+    }
+  }
+}
+
+// Every p up to 8 and m from p to 4p at F = B = W: ZB-H1 meets its bound everywhere; ZB-V meets
+// its own up to p = 5 and stays within 1.18 times it beyond (the best of make_schedule's
+// policies at p = 6, m = 8; p = 7, m = 9 and 10; p = 8, m = 12), never above ZB-H1's bubble.
+TEST(Schedule, ZeroBubbleBoundsHoldForEveryPipelineUpToEight) {
+  for (int p = 2; p <= 8; ++p) {
+    for (int m = p; m <= 4 * p; ++m) {
+      SCOPED_TRACE(fmt::format("p={} m={}", p, m));
+      const Schedule h1 = make_schedule(Kind::zb_h1, p, m);
+      const double h1_bubble = simulate(h1, Costs::uniform(p, 1.0, 2.0, 1.0)).bubble();
+      EXPECT_NEAR(h1_bubble, bubble_formula(h1, 1.0, 2.0, 1.0), 1e-12);
+      const Schedule v = make_schedule(Kind::zb_v, p, m, 2);
+      const double v_bubble = simulate(v, Costs::uniform(2 * p, 0.5, 1.0, 0.5)).bubble();
+      const double v_bound = bubble_formula(v, 0.5, 1.0, 0.5);
+      if (p <= 5) {
+        EXPECT_NEAR(v_bubble, v_bound, 1e-12);
+      }
+      EXPECT_LE(v_bubble, 1.18 * v_bound);
+      EXPECT_LT(v_bubble, h1_bubble);
     }
   }
 }
@@ -209,17 +224,17 @@ TEST(Schedule, ZeroBubbleSchedulesMeetThePapersBubbleAndMemory) {
 // follows its B, so the last state holds the B just run and nothing is pending after the step.
 TEST(Schedule, PendingWeightGradientsFollowTheProgram) {
   EXPECT_TRUE(pending_weight_grads(make_schedule(Kind::one_f_one_b, 4, 8), 0).empty());
-  // By hand, p = 2, m = 4. ZB-H1's rank 0 runs F0 F1 B0 W0 B1 F2 W1 F3 B2 W2 B3 W3; rank 1
-  // F0 B0 F1 B1 W0 W1 F2 B2 F3 B3 W2 W3, two W's pending after B1 and B3.
+  // By hand, p = 2, m = 4. ZB-H1's rank 0 runs F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3; rank 1,
+  // keeping one W back, F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3: two pending after B1, B2 and B3.
   using States = std::vector<std::vector<int>>;
   EXPECT_EQ(pending_weight_grads(make_schedule(Kind::zb_h1, 2, 4), 0),
             (States{{1}, {1}, {1}, {1}}));
   EXPECT_EQ(pending_weight_grads(make_schedule(Kind::zb_h1, 2, 4), 1),
-            (States{{1}, {2}, {1}, {2}}));
-  // ZB-V's rank 0 (chunks 0 and 1): F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B1.1 B0.0 W1.1 B1.0 F3.0
-  // W0.0 F2.1 B2.1 W1.0 W2.1 B2.0 W2.0 F3.1 B3.1 W3.1 B3.0 W3.0.
+            (States{{1}, {2}, {2}, {2}}));
+  // ZB-V's rank 0 (chunks 0 and 1), its W right after each B: F0.0 F1.0 F2.0 F0.1 B0.1 W0.1
+  // F1.1 B1.1 W1.1 F3.0 B0.0 W0.0 F2.1 B2.1 W2.1 B1.0 W1.0 F3.1 B3.1 W3.1 B2.0 W2.0 B3.0 W3.0.
   EXPECT_EQ(pending_weight_grads(make_schedule(Kind::zb_v, 2, 4, 2), 0),
-            (States{{0, 1}, {0, 1}, {1, 1}, {2, 0}, {1, 1}, {1, 0}, {0, 1}, {1, 0}}));
+            (States{{0, 1}, {0, 1}, {1, 0}, {0, 1}, {1, 0}, {0, 1}, {1, 0}, {1, 0}}));
   for (int p : {2, 4}) {
     for (int m : {p, 2 * p, 4 * p}) {
       for (const auto& [kind, v] : {std::pair{Kind::zb_h1, 1}, std::pair{Kind::zb_v, 2}}) {
