@@ -7,11 +7,13 @@
     median tokens/s and its ratio to pp = 1, the measured bubble (1 - mean busy / the last
     backward, from the executor's spans), the simulated one at the measured stage costs, and the
     time rank 0 was blocked on point-to-point transfers per step.
-(b) p x m x schedule (GPipe, 1F1B, interleaved v=2, the zero-bubble ZB-H1 and ZB-V) on a model with
-    uniform stages (its embedding and head are small against its blocks): the closed form
+(b) p = 2, m = 2, 4, 8, 16, each schedule (GPipe, 1F1B, interleaved v=2, the zero-bubble ZB-H1
+    and ZB-V) on a model with uniform stages (its embedding and head are small against its
+    blocks): the closed form
     ((p-1)/(v*m+p-1); ZB-H1's (p-1)(F+B-W) bound), the simulated bubble (the simulator on the
     same program at the measured costs), the measured one, tokens/s and the first stage's peak
-    activation bytes (ZB-H1's include the weight products' operands held from B to W).
+    activation bytes and whole memory (the zero-bubble ones include the weight products' operands
+    held from B to W).
 (c) peak activation bytes on the first stage, GPipe against 1F1B, from the memory ledger, and
     the slots the program keeps (m for GPipe, p for 1F1B on the first stage) times the bytes of
     one slot (GPipe at m = 1).
@@ -80,9 +82,9 @@ def part_a(a, workdir, data):
 def part_b(a, workdir, data):
     print(f"\n(b) uniform stages (L=8 C=256 NH=8 V=512), B=2 T=64, 2 ranks x 1 thread")
     print(f"{'p':>2}{'m':>4} {'schedule':16}{'formula':>9}{'simulated':>10}{'measured':>9}"
-          f"{'tok/s':>8}{'acts MB':>9}")
+          f"{'tok/s':>8}{'acts MiB':>9}{'mem MiB':>9}")
     res = []
-    for m in (2, 4, 8):
+    for m in (2, 4, 8, 16):
         for sched, flags in (("gpipe", ["--pp.schedule=gpipe"]), ("1f1b", []),
                              ("interleaved v=2", ["--pp.schedule=interleaved", "--pp.chunks=2"]),
                              ("zb_h1", ["--pp.schedule=zb_h1"]),
@@ -92,7 +94,8 @@ def part_b(a, workdir, data):
             res.append(dict(p=2, m=m, schedule=sched, **r))
             print(f"{2:2}{m:4} {sched:16}{r['pp_bubble_formula']:9.1%}{r['pp_bubble_sim']:10.1%}"
                   f"{r['pp_bubble']:9.1%}{r['tokens_per_s']:8.0f}"
-                  f"{r['mem']['activations'] / (1 << 20):9.2f}")
+                  f"{r['mem']['activations'] / (1 << 20):9.2f}"
+                  f"{sum(r['mem'].values()) / (1 << 20):9.2f}")
     return res
 
 
