@@ -35,8 +35,9 @@ OpenBLAS directory explicitly when one is found: --openblas-dir, $TETRA_OPENBLAS
 --torch-blas=system,openblas runs both.
 
 --precision bf16 runs tetra with train.precision=bf16 and torch's forward under
-torch.autocast("cpu", bfloat16) (both: f32 master weights, gradients and AdamW state); MFU stays
-against the f32 peak, so above 100% is possible there.
+torch.autocast("cpu", bfloat16) (both: f32 master weights, gradients and AdamW state); MFU is then
+against the bf16 product's peak tetra measured ("bf16:<n>" in peak.json, oneDNN's bf16 primitive on
+bf16 operands), both tetra's and torch's; tetra refuses bf16 on a CPU without bf16 instructions.
 
   /usr/bin/python3 bench/train_bench.py [--shapes tiny,gpt2-124m] [--threads 1,2] [--steps N]
                                         [--json out.json] [--tetra build/tetra] [--precision bf16]
@@ -119,10 +120,12 @@ def peak_path():
     return os.path.join(xdg if xdg.startswith("/") else os.path.expanduser("~/.cache"), "tetra", "peak.json")
 
 
-def read_peak(threads):
+def read_peak(threads, precision="fp32"):
+    """The peak tetra measured for `precision` products at `threads` threads (bf16: "bf16:<n>")."""
+    key = f"bf16:{threads}" if precision == "bf16" else str(threads)
     try:
         with open(os.environ.get("TETRA_BENCH_PEAK_PATH") or peak_path()) as f:
-            v = json.load(f)["threads"][str(threads)]["gflops"]
+            v = json.load(f)["threads"][key]["gflops"]
         return float(v) if v else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -174,7 +177,7 @@ def torch_worker(a):
         torch.mm(x, y)
         best = min(best, time.perf_counter() - t0)
     mm_gflops = 2 * n ** 3 / best / 1e9
-    peak, src = read_peak(a.threads), "peak.json"
+    peak, src = read_peak(a.threads, a.precision), "peak.json"
     if peak is None:
         peak, src = mm_gflops, "torch.mm 2048^3"
     json.dump({"step_s": times, "losses": losses, "peak_gflops": peak, "peak_src": src,
@@ -333,14 +336,14 @@ def main():
                 if a.only in ("", "tetra"):
                     tt = run_tetra(a, name, shape, n, data)
                     if tt:
-                        tt["peak"] = read_peak(n)
+                        tt["peak"] = read_peak(n, a.precision)
                         tts.append(tt)
                     if a.baseline:
                         tb = run_tetra(a, name, shape, n, data, binary=a.baseline, tag="base")
                         if tb:
                             tbs.append(tb)
-                if read_peak(n):
-                    peaks.append(read_peak(n))
+                if read_peak(n, a.precision):
+                    peaks.append(read_peak(n, a.precision))
                 for blas, bdir in variants:
                     tr = run_torch(a, name, shape, n, data, bdir) if blas != "-" else None
                     if tr:

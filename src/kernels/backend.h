@@ -44,9 +44,9 @@ class Backend {
    *  change. */
   virtual std::string bf16_unsupported() = 0;
   /** The rate MFU is measured against, in GFLOP/s per rank at `threads` host threads: the CPU's
-   *  measured fp32 matmul peak, a GPU's dense peak in the run's precision. `source` (if given)
-   *  says where it came from: "measured", "datasheet", or "TETRA_PEAK_GFLOPS" (the CPU's, given:
-   *  kernels/cpu/peak.h). */
+   *  measured matmul peak in the run's precision (fp32 or bf16), a GPU's dense peak in it.
+   *  `source` (if given) says where it came from: "measured" (", bf16 products"), "datasheet",
+   *  or "TETRA_PEAK_GFLOPS" (the CPU's, given: kernels/cpu/peak.h). */
   virtual double peak_gflops(bool bf16, int threads, std::string* source = nullptr) = 0;
   /** Bytes per second the device's memory moves when one buffer is copied to another (read and
    *  written bytes counted), measured on first use: the rate memory-bound kernels are held to. */

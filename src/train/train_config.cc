@@ -131,8 +131,8 @@ const std::vector<TrainKey>& train_keys() {
         "[0, 1024]"},
        into<&O::run, &RuntimeOptions::threads>()},
       {{"run.peak_gflops", ValueKind::Float, "0",
-        "fp32 matmul peak per rank in GFLOP/s, the MFU denominator (0: measured once per "
-        "machine and thread count, and cached)",
+        "matmul peak per rank in GFLOP/s in the run's precision, the MFU denominator (0: "
+        "measured once per machine, precision and thread count, and cached)",
         "[0, 1e9]"},
        into<&O::run, &RuntimeOptions::peak_gflops>()},
       {{"run.memory_limit_gb", ValueKind::Float, "0",

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/matmul.h"
 #include "tests/test_util.h"
 
 namespace tetra::cpu {
@@ -36,16 +37,17 @@ class PeakCache : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // The stand-in machine: `threads` x 100 GFLOP/s, measured under `load_`.
+  // The stand-in machine: `threads` x 100 GFLOP/s in fp32 and x 300 in bf16, measured under
+  // `load_`.
   PeakSource source() {
-    return {[this](int threads) {
+    return {[this](int threads, bool bf16) {
               ++measured_;
-              return 100.0 * threads;
+              return (bf16 ? 300.0 : 100.0) * threads;
             },
             [this] { return load_; }, kMachine};
   }
-  double peak(int threads, bool* from_cache = nullptr) {
-    return fp32_peak_gflops(threads, path_, source(), from_cache);
+  double peak(int threads, bool* from_cache = nullptr, bool bf16 = false) {
+    return peak_gflops(threads, bf16, path_, source(), from_cache);
   }
   void write(const std::string& text) {
     fs::create_directories(path_.parent_path());
@@ -120,6 +122,25 @@ TEST_F(PeakCache, MissingThreadCountIsMeasuredAndAddedBesideTheOthers) {
   EXPECT_DOUBLE_EQ(peak(1, &from_cache), 61.0);
   EXPECT_TRUE(from_cache);
   EXPECT_EQ(measured_, 1);
+}
+
+// The bf16 product's peak is a second entry per thread count ("bf16:<n>"), measured, kept and
+// reused beside the fp32 one without disturbing it.
+TEST_F(PeakCache, Bf16PeakIsKeptBesideTheFp32One) {
+  EXPECT_DOUBLE_EQ(peak(2), 200.0);
+  bool from_cache = true;
+  EXPECT_DOUBLE_EQ(peak(2, &from_cache, /*bf16=*/true), 600.0);
+  EXPECT_FALSE(from_cache);
+  EXPECT_EQ(measured_, 2);
+  expect_entry(2, 200.0);
+  const json file = cache();
+  EXPECT_DOUBLE_EQ(file.at("threads").at("bf16:2").at("gflops").get<double>(), 600.0)
+      << file.dump();
+  EXPECT_DOUBLE_EQ(peak(2, &from_cache, true), 600.0);
+  EXPECT_TRUE(from_cache);
+  EXPECT_DOUBLE_EQ(peak(2, &from_cache), 200.0);
+  EXPECT_TRUE(from_cache);
+  EXPECT_EQ(measured_, 2);
 }
 
 TEST_F(PeakCache, MalformedEntriesAreMeasuredAgain) {
@@ -214,7 +235,21 @@ TEST_F(PeakCache, MeasuresThisMachineIntoTheCacheUnderHome) {
   EXPECT_EQ(j["machine"], machine_peak_source().machine);
   EXPECT_DOUBLE_EQ(j["threads"]["1"]["gflops"].get<double>(), g);
   std::cout << "[ peak     ] " << j["machine"].get<std::string>() << ": " << g
-            << " GFLOP/s at 1 thread" << std::endl;
+            << " GFLOP/s fp32 at 1 thread" << std::endl;
+  // bf16: measured where the CPU has bf16 instructions (the only place a bf16 run is allowed),
+  // refused elsewhere, where oneDNN's bf16 product, if it has one, is emulated.
+  if (!bf16_matmul_path().hardware) {
+    EXPECT_THROW(bf16_peak_gflops(1), Error);
+    std::cout << "[ peak     ] bf16 refused: " << bf16_matmul_path().describe() << std::endl;
+    return;
+  }
+  const double g16 = bf16_peak_gflops(1);
+  EXPECT_GT(g16, 0.1);
+  const json j16 = json::parse(std::ifstream(dir_ / "xdg" / "tetra" / "peak.json"));
+  EXPECT_DOUBLE_EQ(j16.at("threads").at("bf16:1").at("gflops").get<double>(), g16);
+  EXPECT_DOUBLE_EQ(j16.at("threads").at("1").at("gflops").get<double>(), g);
+  std::cout << "[ peak     ] " << g16 << " GFLOP/s bf16 (" << bf16_matmul_path().describe()
+            << ") at 1 thread, " << g16 / g << "x fp32" << std::endl;
 }
 
 TEST_F(PeakCache, CopyBandwidthIsMeasuredAndKeptAsTheBestUnderHome) {
@@ -276,6 +311,8 @@ TEST_F(PeakCache, AGivenPeakIsTakenPerThreadWithoutMeasuring) {
   ScopedEnv given("TETRA_PEAK_GFLOPS", "37.5");
   bool from_cache = true;
   EXPECT_DOUBLE_EQ(fp32_peak_gflops(2, &from_cache), 75.0);
+  EXPECT_FALSE(from_cache);
+  EXPECT_DOUBLE_EQ(bf16_peak_gflops(2, &from_cache), 75.0);
   EXPECT_FALSE(from_cache);
   EXPECT_FALSE(fs::exists(dir_ / "given" / "tetra" / "peak.json"));
   for (const char* bad : {"0", "-3", "fast", "12x", "inf"}) {

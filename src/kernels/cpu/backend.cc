@@ -280,9 +280,15 @@ class CpuBackend final : public Backend {
         "widened to f32 and slower than fp32; set train.precision=fp32",
         path.isa);
   }
-  double peak_gflops(bool, int threads, std::string* source) override {
-    if (source) *source = cpu::given_peak_gflops(threads) ? "TETRA_PEAK_GFLOPS" : "measured";
-    return cpu::fp32_peak_gflops(threads);
+  // bf16 runs only where the products have bf16 instructions (bf16_unsupported), so their
+  // denominator is the bf16 product's peak.
+  double peak_gflops(bool bf16, int threads, std::string* source) override {
+    if (source) {
+      *source = cpu::given_peak_gflops(threads) ? "TETRA_PEAK_GFLOPS"
+                : bf16                          ? "measured, bf16 products"
+                                                : "measured";
+    }
+    return bf16 ? cpu::bf16_peak_gflops(threads) : cpu::fp32_peak_gflops(threads);
   }
   double memory_bandwidth() override { return cpu::copy_bandwidth(); }
   void set_threads(int threads) override { omp_set_num_threads(threads); }

@@ -31,20 +31,32 @@ constexpr int kThreadsSchema = 2;
 // best rate seen, so the higher of the two measurements is kept.
 constexpr double kBusyLoad = 1.0, kQuietLoad = 0.5;
 
-double measure_peak(int threads) {
+double measure_peak(int threads, bool bf16_operands) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);
   const int64_t n = 2048;
   Buffer<float> a(n * n), b(n * n), c(n * n);
   for (int64_t i = 0; i < n * n; ++i) a[i] = b[i] = float(i % 7) * 0.1f;
   Kernels<float>& k = cpu_backend().f32();
-  matmul_nn<float>(k, c.data(), a.data(), b.data(), n, n, n);  // warm-up (JIT, page faults)
+  MatmulArgs args = nn_args<float>(c.data(), a.data(), b.data(), n, n, n, false, "peak", nullptr);
+  std::vector<bf16> a16, b16;
+  if (bf16_operands) {
+    a16.resize(size_t(n * n));
+    b16.resize(size_t(n * n));
+    round_to_bf16(a16.data(), a.data(), a16.size(), "peak");
+    round_to_bf16(b16.data(), b.data(), b16.size(), "peak");
+    args.a.data = a16.data();
+    args.a.dtype = DType::bf16;
+    args.b.data = b16.data();
+    args.b.dtype = DType::bf16;
+  }
+  k.matmul(args);  // warm-up (JIT, page faults)
   // The best of repeated products over at least a second: a peak, not an average.
   double best = 1e30;
   Stopwatch total;
   for (int rep = 0; rep < 5 || total.elapsed_s() < 1.0; ++rep) {
     Stopwatch sw;
-    matmul_nn<float>(k, c.data(), a.data(), b.data(), n, n, n);
+    k.matmul(args);
     best = std::min(best, sw.elapsed_s());
   }
   omp_set_num_threads(saved);
@@ -144,7 +156,9 @@ std::optional<double> given_peak_gflops(int threads) {
   return v * threads;
 }
 
-double fp32_peak_gflops(int threads, bool* from_cache) {
+namespace {
+
+double cached_or_measured(int threads, bool bf16, bool* from_cache) {
   if (const std::optional<double> given = given_peak_gflops(threads)) {
     if (from_cache) *from_cache = false;
     return *given;
@@ -155,13 +169,29 @@ double fp32_peak_gflops(int threads, bool* from_cache) {
         "[peak] neither XDG_CACHE_HOME nor HOME is set, so the measured matmul peak is not "
         "cached; set HOME to keep it between runs");
   }
-  return fp32_peak_gflops(threads, path, machine_peak_source(), from_cache);
+  return peak_gflops(threads, bf16, path, machine_peak_source(), from_cache);
 }
 
-double fp32_peak_gflops(int threads, const fs::path& cache, const PeakSource& source,
-                        bool* from_cache) {
+}  // namespace
+
+double fp32_peak_gflops(int threads, bool* from_cache) {
+  return cached_or_measured(threads, false, from_cache);
+}
+
+double bf16_peak_gflops(int threads, bool* from_cache) {
+  const Bf16MatmulPath& path = bf16_matmul_path();
+  TETRA_CHECK(path.hardware || given_peak_gflops(threads),
+              "[peak] this CPU has no bf16 matmul instructions ({}): its bf16 products are "
+              "emulated, so there is no bf16 peak to measure; use the fp32 peak",
+              path.describe());
+  return cached_or_measured(threads, true, from_cache);
+}
+
+double peak_gflops(int threads, bool bf16, const fs::path& cache, const PeakSource& source,
+                   bool* from_cache) {
   TETRA_CHECK(threads >= 1, "[peak] the thread count must be at least 1 (got {})", threads);
-  const std::string key = std::to_string(threads);
+  const std::string key = (bf16 ? "bf16:" : "") + std::to_string(threads);
+  const char* kind = bf16 ? "bf16" : "fp32";
   MachineCacheRead read =
       cache.empty() ? MachineCacheRead{}
                     : read_machine_cache(cache, kThreadsSchema, source.machine, "threads");
@@ -170,14 +200,14 @@ double fp32_peak_gflops(int threads, const fs::path& cache, const PeakSource& so
   if (const auto it = read.entries.find(key); it != read.entries.end()) {
     const std::string problem = entry_problem(*it);
     if (!problem.empty()) {
-      read.problem = fmt::format("has a malformed {}-thread entry ({})", threads, problem);
+      read.problem = fmt::format("has a malformed {}-thread {} entry ({})", threads, kind, problem);
       read.damaged = true;
     } else if (const double then = (*it)["load_average"].get<double>();
                then > kBusyLoad && (load < kQuietLoad || load < then / 2)) {
       log_info(
-          "[peak] the {}-thread peak in {} was measured with load average {:.1f}; the machine "
-          "is quieter now (load {:.1f}), so it is measured again",
-          threads, cache.string(), then, load);
+          "[peak] the {}-thread {} peak in {} was measured with load average {:.1f}; the "
+          "machine is quieter now (load {:.1f}), so it is measured again",
+          threads, kind, cache.string(), then, load);
       cached = (*it)["gflops"].get<double>();
       cached_load = then;
     } else {
@@ -187,22 +217,22 @@ double fp32_peak_gflops(int threads, const fs::path& cache, const PeakSource& so
   }
   if (!read.problem.empty()) {
     const std::string what =
-        fmt::format("[peak] {} {}; measuring the {}-thread matmul peak and rewriting it",
-                    cache.string(), read.problem, threads);
+        fmt::format("[peak] {} {}; measuring the {}-thread {} matmul peak and rewriting it",
+                    cache.string(), read.problem, threads, kind);
     if (read.damaged) {
       log_warn("{}", what);
     } else {
       log_info("{}", what);
     }
   }
-  double g = source.measure(threads), g_load = load;
+  double g = source.measure(threads, bf16), g_load = load;
   if (g < cached) g = cached, g_load = cached_load;
   if (g_load > kBusyLoad) {
     log_warn(
-        "[peak] the fp32 peak ({:.1f} GFLOP/s at {} threads) was measured with load average "
+        "[peak] the {} peak ({:.1f} GFLOP/s at {} threads) was measured with load average "
         "{:.1f}: other work was running, so it is low (MFU reads high, plan estimates slow); it "
         "is measured again once the machine is quieter",
-        g, threads, g_load);
+        kind, g, threads, g_load);
   }
   if (!cache.empty()) {
     write_entry(cache, source.machine, key,

@@ -1,12 +1,15 @@
-// The machine's measured fp32 matmul rate: the trainer's MFU denominator and the planner's `cpu`
-// device. Measured per thread count through the matmul seam the model uses, on the library chosen
-// for a 2048^3 product (the best such product over a second), and kept in one cache,
+// The machine's measured matmul rates, fp32 and bf16: the trainer's MFU denominator (the bf16 one
+// for a bf16 run whose products use bf16 instructions) and the planner's `cpu` device. Measured
+// per thread count through the matmul seam the model uses, on the library chosen for a 2048^3
+// product (the best such product over a second; bf16: bf16 A and B, f32 C, on oneDNN's bf16
+// primitive where the CPU has one, else widened to f32), and kept in one cache,
 // $XDG_CACHE_HOME/tetra/peak.json (default $HOME/.cache/tetra/peak.json; the format of
 // core/machine_cache.h), that the trainer and the planner both read and write here:
 //
 //   {"schema": 2, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
 //    "threads": {"2": {"gflops": 151.2, "load_average": 0.31,
-//                      "measured_at": "2025-01-31T12:00:00Z"}, ...}}
+//                      "measured_at": "2025-01-31T12:00:00Z"},
+//                "bf16:2": {"gflops": 402.7, ...}, ...}}
 //
 // The cache never stops a run: a missing, damaged, older-format or other-machine file, or a
 // missing or malformed entry, is measured (again) and the file rewritten, with a warning at most.
@@ -24,11 +27,14 @@ namespace tetra::cpu {
 /** GFLOP/s of an fp32 2048^3 matmul at `threads` threads: given_peak_gflops, else from the cache
  *  or measured now. */
 double fp32_peak_gflops(int threads, bool* from_cache = nullptr);
+/** The same for bf16 operands (f32 accumulation and result), on a CPU with bf16 instructions
+ *  (bf16_matmul_path().hardware; refused elsewhere unless given). */
+double bf16_peak_gflops(int threads, bool* from_cache = nullptr);
 
-/** $TETRA_PEAK_GFLOPS: one thread's fp32 GFLOP/s, given instead of measured (a datasheet figure,
- *  or the fixed figure tests/hermetic.sh gives every test, whose fresh HOME would otherwise
- *  measure it for a second or more), times `threads`. Nothing when unset; a value that is not a
- *  positive number is refused. */
+/** $TETRA_PEAK_GFLOPS: one thread's GFLOP/s, given instead of measured for fp32 and bf16 alike (a
+ *  datasheet figure, or the fixed figure tests/hermetic.sh gives every test, whose fresh HOME
+ *  would otherwise measure it for a second or more), times `threads`. Nothing when unset; a value
+ *  that is not a positive number is refused. */
 std::optional<double> given_peak_gflops(int threads);
 
 /** Bytes per second one thread copies between two 32 MB buffers (past the caches; read and written
@@ -48,15 +54,16 @@ std::filesystem::path peak_cache_path();
 
 /** What the cache logic reads from the machine; tests substitute their own. */
 struct PeakSource {
-  std::function<double(int threads)> measure;  // GFLOP/s at `threads` threads
-  std::function<double()> load_average;        // 1-minute load average
+  std::function<double(int threads, bool bf16)> measure;  // GFLOP/s at `threads` threads
+  std::function<double()> load_average;                   // 1-minute load average
   std::string machine;  // cache entries of another machine or ISA are measured again
 };
 /** The real machine: the measurement, /proc/loadavg, matmul_machine(). */
 PeakSource machine_peak_source();
 
-/** fp32_peak_gflops with the cache at `cache` (none when empty) and the machine `source`. */
-double fp32_peak_gflops(int threads, const std::filesystem::path& cache, const PeakSource& source,
-                        bool* from_cache = nullptr);
+/** fp32_peak_gflops (bf16_peak_gflops when `bf16`) with the cache at `cache` (none when empty)
+ *  and the machine `source`. */
+double peak_gflops(int threads, bool bf16, const std::filesystem::path& cache,
+                   const PeakSource& source, bool* from_cache = nullptr);
 
 }  // namespace tetra::cpu
