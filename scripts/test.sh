@@ -62,6 +62,16 @@ timed "release ctest (one host)" ctest_logged build/ctest.log --test-dir build \
 timed "release ctest (two hosts)" ctest_logged build/ctest-twohost.log --test-dir build \
   --output-on-failure -j "$jobs" --timeout 600 -R 'TwoHost' --repeat until-pass:2
 
+# The speed history (bench/speed_history.py, docs/performance.md): this landing's tokens/s, MFU and
+# ratio to PyTorch on the tiny and demo shapes, printed under the records kept in
+# bench/history/speed.jsonl. A benchmark, read and never asserted on: it fails only when it cannot
+# run. In CI (CI=true) or with TETRA_SPEED_HISTORY=1; about 70 s on 2 cores.
+if [ "${CI:-}" = true ] || [ "${TETRA_SPEED_HISTORY:-}" = 1 ]; then
+  echo "== speed history (benchmark)"
+  timed "speed history (benchmark)" /usr/bin/python3 bench/speed_history.py \
+    --html build/speed-history.html
+fi
+
 echo "== ASan/UBSan build (clang) of the unit tests and the fuzz targets"
 # One instrumented build serves both stages below: -O1 with line tables only (-g1), half the
 # compile time of RelWithDebInfo's -O2 -g, and sanitizer reports still name file and line. Clang
