@@ -154,13 +154,12 @@ ListSchedule list_schedule(const Schedule& s, const Policy& policy) {
         w = Task{Op::backward_weight, mb, c};
       }
       const bool must_w = int(pending_w[size_t(r)].size()) > policy.w_cap[size_t(r)];
-      const std::optional<Task> pick = must_w                 ? w
-                                       : policy.forward_first ? (f   ? f
-                                                                 : b ? b
-                                                                     : w)
-                                                              : (b   ? b
-                                                                 : f ? f
-                                                                     : w);
+      std::optional<Task> pick = w;
+      if (!must_w) {
+        const std::optional<Task>& first = policy.forward_first ? f : b;
+        const std::optional<Task>& second = policy.forward_first ? b : f;
+        pick = first ? first : second ? second : w;
+      }
       if (!pick) continue;
       const Task k = *pick;
       const int st = s.stage(r, k.chunk), end = t + 1;
