@@ -257,8 +257,7 @@ def main():
     else:
         rows, machine = measure(a)
     record = make_record(rows, machine)
-    print(f"speed_history: {record['cpu']} ({record['machine'] or 'machine string unknown'}), "
-          f"commit {record['commit'] or '?'}")
+    print(f"speed_history: {kind(record)}, commit {record['commit'] or '?'}")
     print_table(history + [record])
     if a.record:
         os.makedirs(os.path.dirname(os.path.abspath(a.history)), exist_ok=True)
