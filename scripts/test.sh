@@ -63,9 +63,9 @@ timed "release ctest (two hosts)" ctest_logged build/ctest-twohost.log --test-di
   --output-on-failure -j "$jobs" --timeout 600 -R 'TwoHost' --repeat until-pass:2
 
 # The speed history (bench/speed_history.py, docs/performance.md): this landing's tokens/s, MFU and
-# ratio to PyTorch on the tiny and demo shapes, printed under the records kept in
+# ratio to PyTorch on the demo shape, printed under the records kept in
 # bench/history/speed.jsonl. A benchmark, read and never asserted on: it fails only when it cannot
-# run. In CI (CI=true) or with TETRA_SPEED_HISTORY=1; about 70 s on 2 cores.
+# run. In CI (CI=true) or with TETRA_SPEED_HISTORY=1; about 50 s on 2 cores.
 if [ "${CI:-}" = true ] || [ "${TETRA_SPEED_HISTORY:-}" = 1 ]; then
   echo "== speed history (benchmark)"
   timed "speed history (benchmark)" /usr/bin/python3 bench/speed_history.py \
