@@ -6,7 +6,8 @@ It runs bench/train_bench.py on the demo shape (the README demo's model) at 1 an
 PyTorch in the same run, with a peak measured afresh (a private HOME, nothing read from
 ~/.cache), and makes one record: the date, the commit, the CPU with the ISA its products ran on
 (oneDNN's and OpenBLAS's, from the peak cache), the load, and per row tetra's tokens/s, PyTorch's,
-their ratio and tetra's MFU against the fp32 peak. It then prints the history of this CPU kind
+their ratio, tetra's MFU against the fp32 peak and its step's split by the profile (products,
+attention, element-wise, bf16 casts, optimizer, communication, other). It then prints the history of this CPU kind
 with this run last: each figure beside the previous record's of the same CPU kind, so a change
 reads as a ratio. Timings on a shared 2-core machine move by several percent from run to run; the
 table is read, never asserted on, and the script fails only when the benchmark cannot run.
@@ -44,7 +45,7 @@ def measure(a):
     out = os.path.join(workdir, "rows.json")
     cmd = ["/usr/bin/python3", os.path.join(HERE, "train_bench.py"), "--shapes", SHAPES,
            "--threads", THREADS, "--fresh-peak", "--workdir", workdir, "--json", out,
-           "--tetra", a.tetra]
+           "--tetra", a.tetra, "--profile"]
     if a.steps:
         cmd += ["--steps", str(a.steps), "--warmup", "2"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -81,7 +82,9 @@ def make_record(rows, machine):
                   "torch_tok_s": num(r.get("torch_tok_s"), 1),
                   "ratio": num(r.get("ratio"), 3), "mfu": num(r.get("tetra_mfu"), 4),
                   "peak_gflops": num(r.get("peak_gflops"), 1),
-                  "load": num(r.get("loadavg_1m"), 2)} for r in rows],
+                  "load": num(r.get("loadavg_1m"), 2),
+                  "split": {g: num(v, 3) for g, v in r["tetra_split"].items()}
+                  if r.get("tetra_split") else None} for r in rows],
     }
 
 
@@ -124,6 +127,19 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
+SPLIT_SHORT = (("products", "mm"), ("attention", "att"), ("elementwise", "ew"), ("casts", "cast"),
+               ("optimizer", "opt"), ("comm", "comm"), ("other", "other"))
+SPLIT_HEAD = "/".join(short for _, short in SPLIT_SHORT) + " %"
+
+
+def split_text(row):
+    """The step's split as whole percentages, mm/att/ew/cast/opt/comm/other ('-' unrecorded)."""
+    split = row.get("split")
+    if not split:
+        return "-"
+    return "/".join(f"{100 * (split.get(g) or 0):.0f}" for g, _ in SPLIT_SHORT)
+
+
 def print_table(records, last=8):
     """The last records of each CPU kind, oldest first; tok/s with its change from the record
     before it of the same kind."""
@@ -135,7 +151,7 @@ def print_table(records, last=8):
         mine = [r for r in records if kind(r) == k_name]
         print(f"\n{k_name}: {len(mine)} record(s), the last {min(last, len(mine))}")
         print(f"{'date':20} {'commit':12} {'shape':6} {'thr':>3} {'tetra tok/s':>11} {'vs prev':>8}"
-              f" {'torch tok/s':>11} {'tetra/torch':>11} {'MFU':>6} {'load':>5}")
+              f" {'torch tok/s':>11} {'tetra/torch':>11} {'MFU':>6} {'load':>5}  {SPLIT_HEAD}")
         for i in range(max(0, len(mine) - last), len(mine)):
             rec, prev = mine[i], mine[i - 1] if i > 0 else None
             for k in keys([rec]):
@@ -147,7 +163,7 @@ def print_table(records, last=8):
                       f"{fmt(r['tetra_tok_s'], '11.0f')} {fmt(change, '8.3f')} "
                       f"{fmt(r['torch_tok_s'], '11.0f')} {fmt(r['ratio'], '11.2f')} "
                       f"{fmt(r['mfu'] * 100 if r['mfu'] else None, '5.1f')}% "
-                      f"{fmt(r['load'], '5.1f')}")
+                      f"{fmt(r['load'], '5.1f')}  {split_text(r)}")
 
 
 def svg_chart(title, series, labels, width=640, height=240):
@@ -197,7 +213,8 @@ def write_html(records, path):
              "padding:2px 6px;text-align:right}th{background:#eee}</style></head><body>",
              "<h1>tetra speed history</h1>",
              "<p>One record per landing (bench/speed_history.py): tetra and PyTorch on the same "
-             "shapes in the same run, fp32, MFU against the fp32 peak measured in that run.</p>"]
+             "shapes in the same run, fp32, MFU against the fp32 peak measured in that run; the step split "
+             "is tetra's profile of the step (share of its time per group).</p>"]
     kinds = []
     for rec in records:
         if kind(rec) not in kinds:
@@ -222,7 +239,7 @@ def write_html(records, path):
         parts.append(svg_chart("tetra / PyTorch", series, labels))
         parts.append("<table><tr><th>date</th><th>commit</th><th>shape</th><th>threads</th>"
                      "<th>tetra tok/s</th><th>torch tok/s</th><th>tetra/torch</th><th>MFU</th>"
-                     "<th>load</th></tr>")
+                     f"<th>load</th><th>step split, {SPLIT_HEAD}</th></tr>")
         for rec in mine:
             for k in keys([rec]):
                 r = row_of(rec, k)
@@ -231,7 +248,7 @@ def write_html(records, path):
                     f"<td>{k[0]}</td><td>{k[1]}</td><td>{fmt(r['tetra_tok_s'], '.0f')}</td>"
                     f"<td>{fmt(r['torch_tok_s'], '.0f')}</td><td>{fmt(r['ratio'], '.2f')}</td>"
                     f"<td>{fmt(r['mfu'] * 100 if r['mfu'] else None, '.1f')}%</td>"
-                    f"<td>{fmt(r['load'], '.1f')}</td></tr>")
+                    f"<td>{fmt(r['load'], '.1f')}</td><td>{split_text(r)}</td></tr>")
         parts.append("</table>")
     parts.append("</body></html>")
     with open(path, "w") as f:

@@ -45,7 +45,6 @@ bf16 operands), both tetra's and torch's; tetra refuses bf16 on a CPU without bf
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -133,7 +132,6 @@ def read_peak(threads, precision="fp32"):
 
 # ------------------------------------------------------------------------------ torch worker
 def torch_worker(a):
-    import numpy as np
     import torch
     import torch.nn.functional as F
     import gpt2_ref
@@ -240,13 +238,37 @@ def run_tetra(a, shape_name, shape, threads, data, binary=None, tag="tetra"):
     if r.returncode != 0:
         print(f"tetra failed ({r.returncode}):\n{' '.join(cmd)}\n{r.stdout[-1500:]}\n{r.stderr[-2000:]}")
         return None
-    if a.profile:
+    if a.profile and a.verbose_profile:
         print("\n".join(l for l in r.stderr.splitlines() if l.startswith("[profile]")))
     rows = [json.loads(l) for l in open(mpath) if l.strip()][shape["warmup"]:]
     return {"tok_s": statistics.median(r["tokens_per_s"] for r in rows),
             "step_ms": statistics.median(r["step_ms"] for r in rows),
             "mfu": statistics.median(r["mfu"] for r in rows) if all("mfu" in r for r in rows) else None,
-            "final_loss": rows[-1]["loss"]}
+            "final_loss": rows[-1]["loss"],
+            "split": step_split(json.load(open(os.path.join(run_dir, "profile.json"))))
+            if a.profile else None}
+
+
+# The step's time split: the profile's kinds and entries (src/core/profile.h) in the groups the
+# speed report names. Attention's products are matmul entries labelled "attention ...".
+SPLIT_GROUPS = ("products", "attention", "elementwise", "casts", "optimizer", "comm", "other")
+SPLIT_KINDS = {"attention": "attention", "layernorm": "elementwise", "gelu": "elementwise",
+               "bias_grad": "elementwise", "softmax_loss": "elementwise",
+               "embedding": "elementwise", "residual": "elementwise", "moe": "elementwise",
+               "bf16_cast": "casts", "adamw": "optimizer", "grad_norm": "optimizer",
+               "data_wait": "comm", "comm": "comm", "other": "other"}
+
+
+def step_split(profile):
+    """{group: share of the profiled step}, the shares summing to 1."""
+    ms = dict.fromkeys(SPLIT_GROUPS, 0.0)
+    for e in profile["entries"]:
+        if e["kind"] == "matmul":
+            ms["attention" if e["label"].startswith("attention") else "products"] += e["ms_per_step"]
+        else:
+            ms[SPLIT_KINDS[e["kind"]]] += e["ms_per_step"]
+    total = sum(ms.values())
+    return {g: v / total for g, v in ms.items()} if total > 0 else None
 
 
 def main():
@@ -275,8 +297,11 @@ def main():
                     help="OMP_WAIT_POLICY for tetra (default: inherited, i.e. GOMP's spin-then-sleep). "
                          "PASSIVE avoids multi-second barrier stalls when the machine is oversubscribed")
     ap.add_argument("--profile", action="store_true",
-                    help="tetra runs with run.profile=true and prints its per-kernel table "
+                    help="tetra runs with run.profile=true: a second table splits its step into "
+                         "products, attention, elementwise, casts, optimizer, comm and other "
                          "(profile.json in its run directory under --workdir)")
+    ap.add_argument("--verbose-profile", action="store_true",
+                    help="with --profile, also print each run's per-kernel table")
     ap.add_argument("--isa", default="",
                     help="avx2: cap tetra's oneDNN (ONEDNN_MAX_CPU_ISA=AVX2) and OpenBLAS "
                          "(OPENBLAS_CORETYPE=Haswell, also torch's) at AVX2, the branch of an AVX2-only CPU")
@@ -374,7 +399,8 @@ def main():
                                tetra_tok_s_all=[r["tok_s"] for r in tts], tetra_loss=tt["final_loss"],
                                tetra_mfu_reported=tt["mfu"], tetra_flops_per_token=tetra_fpt,
                                tetra_mfu=tt["tok_s"] * tetra_fpt / (pk * 1e9) if tetra_fpt and pk else tt["mfu"],
-                               tetra_mfu_bench=tt["tok_s"] * fpt / (pk * 1e9) if pk else None)
+                               tetra_mfu_bench=tt["tok_s"] * fpt / (pk * 1e9) if pk else None,
+                               tetra_split=tt["split"])
                 if tr:
                     row.update(torch_tok_s=tr["tok_s"], torch_step_ms=tr["step_ms"],
                                torch_tok_s_all=[r["tok_s"] for r in trs[blas]],
@@ -402,6 +428,14 @@ def main():
               f"{f(r.get('torch_mfu') and 100 * r['torch_mfu'], '8.1f')}% "
               f"{f(r.get('peak_gflops'), '8.1f')} {f(r.get('torch_mm_gflops'), '7.1f')} "
               f"{f(r.get('base_tok_s'), '10.0f')} {f(r.get('new_vs_base'), '8.3f')}  {r['peak_src']}")
+    split_rows = [r for r in results if r.get("tetra_split")]
+    if split_rows:
+        print("\ntetra's step split (run.profile; share of the profiled step, tetra's MFU beside it):")
+        print(f"{'shape':<10} {'thr':>3} " + " ".join(f"{g:>11}" for g in SPLIT_GROUPS) + f" {'MFU':>6}")
+        for r in split_rows:
+            print(f"{r['shape']:<10} {r['threads']:>3} "
+                  + " ".join(f"{100 * r['tetra_split'][g]:>10.1f}%" for g in SPLIT_GROUPS)
+                  + f" {f(r.get('tetra_mfu') and 100 * r['tetra_mfu'], '5.1f')}%")
     print("\nMFU: 'tetra MFU' is tetra's own FLOPs/token convention (recovered from its metrics.jsonl mfu) "
           "against the common peak; '(bench)' and 'torch MFU' use "
           "FLOPs/token = 6P + 6LTC against the same peak (see --help).")

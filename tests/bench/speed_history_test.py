@@ -23,7 +23,10 @@ def rows(scale):
     for shape, threads, tok in (("tiny", 1, 9000.0), ("demo", 2, 4000.0)):
         out.append({"shape": shape, "threads": threads, "precision": "fp32",
                     "tetra_tok_s": tok * scale, "torch_tok_s": tok / 1.5, "ratio": 1.5 * scale,
-                    "tetra_mfu": 0.75 * scale, "peak_gflops": 80.0, "loadavg_1m": 0.5})
+                    "tetra_mfu": 0.75 * scale, "peak_gflops": 80.0, "loadavg_1m": 0.5,
+                    "tetra_split": {"products": 0.7, "attention": 0.1, "elementwise": 0.1,
+                                    "casts": 0.0, "optimizer": 0.05, "comm": 0.0,
+                                    "other": 0.05}})
     return out
 
 
@@ -57,6 +60,9 @@ with tempfile.TemporaryDirectory() as d:
     check(len(tiny) == 2, f"two tiny rows in the table: {r.stdout}")
     check(len(tiny) == 2 and tiny[0][5] == "-" and tiny[1][5] == "0.900",
           f"the change from the record before: {tiny}")
+    check(len(tiny) == 2 and tiny[1][-1] == "70/10/10/0/5/0/5",
+          f"the step split, mm/att/ew/cast/opt/comm/other: {tiny}")
+    check(rec["rows"][0]["split"]["products"] == 0.7, f"the split recorded: {rec['rows'][0]}")
     html = open(page).read()
     check(html.count("<svg") == 3, "a chart per shape and one of the ratio")
     check(rec["commit"] in html, "the page names the commits")
