@@ -1,5 +1,8 @@
 #include "kernels/kernels.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace tetra {
 
 Bf16Operands::Bf16Operands(Device& device, size_t elements, MemTag tag)
@@ -9,15 +12,42 @@ void Bf16Operands::keep_weights(const float* base, size_t n, MemTag tag) {
   base_ = base;
   weights_ = Buffer<bf16>(n, tag, mem_.device());
   fresh_.clear();
+  updated_.clear();
+}
+
+void Bf16Operands::rounded_by_update(const std::vector<OwnedSegment>& segments) {
+  updated_.clear();
+  for (const OwnedSegment& g : segments) add(updated_, g.param_pos, g.param_pos + g.count);
 }
 
 std::pair<bf16*, bool> Bf16Operands::weights(const float* first, size_t extent) {
   if (!base_ || first < base_ || first + extent > base_ + weights_.size()) return {nullptr, false};
   const size_t offset = size_t(first - base_);
-  auto it = fresh_.find(offset);
-  const bool round = it == fresh_.end() || it->second < extent;
-  if (round) fresh_[offset] = extent;
+  const bool round = !covers(fresh_, offset, offset + extent);
+  if (round) add(fresh_, offset, offset + extent);
   return {weights_.data() + offset, round};
+}
+
+void Bf16Operands::add(Ranges& ranges, size_t begin, size_t end) {
+  if (begin >= end) return;
+  auto it = ranges.upper_bound(begin);
+  if (it != ranges.begin() && std::prev(it)->second >= begin) {
+    --it;
+    begin = it->first;
+    end = std::max(end, it->second);
+    it = ranges.erase(it);
+  }
+  while (it != ranges.end() && it->first <= end) {
+    end = std::max(end, it->second);
+    it = ranges.erase(it);
+  }
+  ranges.emplace(begin, end);
+}
+
+bool Bf16Operands::covers(const Ranges& ranges, size_t begin, size_t end) {
+  auto it = ranges.upper_bound(begin);
+  if (it == ranges.begin()) return false;
+  return std::prev(it)->second >= end;
 }
 
 std::pair<bf16*, bf16*> Bf16Operands::take(size_t a, size_t b) {

@@ -51,17 +51,34 @@ class Bf16Operands {
    *  that reads it after invalidate_weights(), instead of at every product (a weight is read by
    *  every micro-batch's forward and input-gradient products). */
   void keep_weights(const float* base, size_t n, MemTag tag = {});
-  /** The parameters changed (an update, a load): every kept copy is stale. */
-  void invalidate_weights() { fresh_.clear(); }
+  /** A pass begins: the parameters may have changed since the last one, so every kept copy is
+   *  stale except those the last update wrote (rounded_by_update). */
+  void invalidate_weights() { fresh_ = updated_; }
+  /** The kept copies, indexed as the parameters at `base`; null unless `base` is the buffer they
+   *  copy. An optimizer that writes them while it updates (Kernels::adamw_update) then names the
+   *  ranges it wrote with rounded_by_update(). */
+  bf16* weight_copies(const float* base) {
+    return base_ && base == base_ ? weights_.data() : nullptr;
+  }
+  /** The update just wrote the copies of these parameter ranges (param_pos, count), and nothing
+   *  else changes the parameters before the next update: they stay fresh through every
+   *  invalidation until then. Replaces the previous update's ranges. */
+  void rounded_by_update(const std::vector<OwnedSegment>& segments);
   /** The kept copy of the `extent` parameters from `first`, and whether the caller must round
    *  them into it first (they then count as fresh); {nullptr, false} when they are not kept. */
   std::pair<bf16*, bool> weights(const float* first, size_t extent);
 
  private:
+  // Disjoint ranges of parameter offsets, begin -> end, adjacent ones merged.
+  using Ranges = std::map<size_t, size_t>;
+  static void add(Ranges& ranges, size_t begin, size_t end);
+  static bool covers(const Ranges& ranges, size_t begin, size_t end);
+
   Buffer<bf16> mem_;
   const float* base_ = nullptr;
   Buffer<bf16> weights_;
-  std::map<size_t, size_t> fresh_;  // offset -> extent of ranges rounded since the invalidation
+  Ranges fresh_;    // copies current in this pass
+  Ranges updated_;  // copies the last update wrote
 };
 
 /** A batched 2-D operand: dims (b0, b1, rows, cols) with element strides for each dim. */
@@ -318,9 +335,12 @@ class Kernels {
 
   // ---- optimizer and reductions ---------------------------------------------------------------
   /** One AdamW update of every segment (positions in params, grads and the state m, v); gradients
-   *  are read-only and multiplied by s.grad_scale on the fly. */
+   *  are read-only and multiplied by s.grad_scale on the fly. Non-null `rounded` (indexed as
+   *  params) also receives each updated parameter rounded to bf16 (nearest even, NaN kept): the
+   *  mixed-precision products' copy of the weights, written in the same pass (f32 only). */
   virtual void adamw_update(F* params, const F* grads, F* m, F* v,
-                            const std::vector<OwnedSegment>& segments, const AdamWStep& s) = 0;
+                            const std::vector<OwnedSegment>& segments, const AdamWStep& s,
+                            bf16* rounded) = 0;
   /** Sum of squares of x (n) in double; deterministic for a given backend and thread count. */
   virtual double sum_squares(const F* x, int64_t n) = 0;
   /** The sum of sum_squares over `ranges` of base, added in their order. */

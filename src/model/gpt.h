@@ -101,6 +101,16 @@ class GptT {
   void invalidate_bf16_weights() {
     if (bf16_) bf16_->invalidate_weights();
   }
+  // Where an optimizer writes the kept copies as it updates the store's parameters (indexed as
+  // them), or null when none are kept; bf16_weights_updated() then names what it wrote, which
+  // stays fresh until the next update.
+  bf16* bf16_weight_copies() {
+    return bf16_ ? bf16_->weight_copies(reinterpret_cast<const float*>(store_.params().data()))
+                 : nullptr;
+  }
+  void bf16_weights_updated(const std::vector<OwnedSegment>& segments) {
+    if (bf16_) bf16_->rounded_by_update(segments);
+  }
   // Forward only (evaluation) of one micro-batch through `chunk`, with inputs, input and output
   // as forward_chunk; the chunk with the head returns the mean loss against targets (B,T), any
   // other 0. Needs a free slot; keeps nothing.

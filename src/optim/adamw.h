@@ -25,9 +25,10 @@ class AdamW {
         MemoryLedger* ledger = nullptr);
 
   /** One update with learning rate lr of every segment (device buffers); gradients are
-   *  multiplied by grad_scale on the fly (the clipping factor). */
+   *  multiplied by grad_scale on the fly (the clipping factor). Non-null `rounded` (indexed as
+   *  params) receives the updated parameters rounded to bf16 in the same pass. */
   void step(float* params, const float* grads, const std::vector<OwnedSegment>& segments, float lr,
-            float grad_scale = 1.0f);
+            float grad_scale = 1.0f, bf16* rounded = nullptr);
 
   int64_t steps_taken() const { return t_; }
   /** Continues from a checkpoint that had taken `t` steps (its moments are loaded in m(), v()). */

@@ -118,8 +118,12 @@ UpdateResult Updater::step(int64_t step, double lr, double local_loss,
   r.skipped = nonfinite || !r.bad_ranks.empty() || r.spike_z > 0.0 || step == skip_step_;
   if (!r.skipped) {
     skips_.in_a_row = 0;
+    // Under bf16 the update also writes the products' copy of the weights it updates (the rest, a
+    // ZeRO-1/2 gather's, is rounded when a product first reads it).
+    bf16* copies = model_.bf16_weight_copies();
     adamw_.step(store_.params().data(), store_.grads().data(), store_.owned(), float(lr),
-                clip_scale(r.grad_norm, optim_.grad_clip));
+                clip_scale(r.grad_norm, optim_.grad_clip), copies);
+    if (copies) model_.bf16_weights_updated(store_.owned());
     zero_.after_update();
     return r;
   }

@@ -1616,13 +1616,37 @@ TYPED_TEST(Conformance, AdamW) {
       for (F& x : v_pos) x = std::abs(x);  // second moments are non-negative
       Buffer<F> params = this->upload(p0), grads = this->upload(g0), m = this->upload(m0),
                 v = this->upload(v_pos);
-      k.adamw_update(params.data(), grads.data(), m.data(), v.data(), segments, s);
+      k.adamw_update(params.data(), grads.data(), m.data(), v.data(), segments, s, nullptr);
       Vec rp = wide(p0), rm = wide(m0), rv = wide(v_pos);
       ref::adamw(rp, wide(g0), rm, rv, segments, s);
       this->check("adamw_update", shape, "params", params, rp, Tol::arith);
       this->check("adamw_update", shape, "m", m, rm, Tol::arith);
       this->check("adamw_update", shape, "v", v, rv, Tol::arith);
       this->check("adamw_update", shape, "grads (read-only)", grads, wide(g0), Tol::exact);
+      if constexpr (TestFixture::kIsF32) {
+        // With the bf16 copies: the same update, and each updated parameter's nearest-even bf16
+        // at its own position; positions outside the segments are left alone.
+        const bf16 untouched{0x7fc1};
+        Buffer<F> params2 = this->upload(p0), m2 = this->upload(m0), v2 = this->upload(v_pos);
+        Buffer<bf16> copies = this->upload(std::vector<bf16>(p, untouched));
+        k.adamw_update(params2.data(), grads.data(), m2.data(), v2.data(), segments, s,
+                       copies.data());
+        const std::vector<F> with = this->download(params2), without = this->download(params);
+        this->check("adamw_update + bf16", shape, "params", params2, wide(without), Tol::exact);
+        const std::vector<bf16> got = this->download(copies);
+        std::vector<bool> updated(p, false);
+        for (const OwnedSegment& o : segments) {
+          for (size_t i = 0; i < o.count; ++i) updated[o.param_pos + i] = true;
+        }
+        size_t wrong = 0;
+        for (size_t i = 0; i < p; ++i) {
+          const uint16_t want = updated[i] ? bf16::from_float(with[i]).bits : untouched.bits;
+          wrong += got[i].bits != want;
+        }
+        this->check_error("adamw_update + bf16", shape,
+                          "copies (elements not the bf16 of the update)", double(wrong),
+                          Tol::exact);
+      }
     }
   }
 }

@@ -734,8 +734,8 @@ TEST_F(CudaBackendTest, MultiTensorAdamWMatchesTheCpuBackend) {
   std::vector<float> p = p0, m = m0, v = v0;
   for (int64_t t = 1; t <= 3; ++t) {
     const AdamWStep step{3e-3f, 0.7f, 0.9f, 0.95f, 1e-8f, 0.1f, t};
-    c().adamw_update(p.data(), gr.data(), m.data(), v.data(), segs, step);
-    g().adamw_update(gp.get(), gg.get(), gm.get(), gv.get(), segs, step);
+    c().adamw_update(p.data(), gr.data(), m.data(), v.data(), segs, step, nullptr);
+    g().adamw_update(gp.get(), gg.get(), gm.get(), gv.get(), segs, step, nullptr);
   }
   // The GPU rounds every operation as written; the host compiler may fuse some into FMAs, so the
   // two can differ by an ulp of the terms (values here are at most about 1).

@@ -324,6 +324,46 @@ TEST(Matmul, MixedPrecisionAttentionRoundsEachOperandOnce) {
   EXPECT_GT(err(dqkv32, dqkv_ref), 1e-4);
 }
 
+TEST(Bf16Operands, KeptWeightsStayFreshUntilTheParametersMayHaveChanged) {
+  std::vector<float> params(100, 1.0f), other(10);
+  Bf16Operands ops(host_device(), 8);
+  const float* p = params.data();
+  EXPECT_EQ(ops.weights(p, 10).first, nullptr) << "nothing kept yet";
+  ops.keep_weights(p, params.size());
+  bf16* copies = ops.weight_copies(p);
+  ASSERT_NE(copies, nullptr);
+  EXPECT_EQ(ops.weight_copies(other.data()), nullptr) << "only the kept buffer has copies";
+  auto round = [&](size_t first, size_t n) {
+    const auto [at, must_round] = ops.weights(p + first, n);
+    EXPECT_EQ(at, copies + first);
+    return must_round;
+  };
+  EXPECT_TRUE(round(10, 20)) << "first read rounds";
+  EXPECT_FALSE(round(10, 20)) << "second read does not";
+  EXPECT_FALSE(round(15, 10)) << "inside a rounded range";
+  EXPECT_TRUE(round(25, 10)) << "partly outside";
+  EXPECT_FALSE(round(10, 25)) << "the two ranges merged";
+  EXPECT_EQ(ops.weights(p + 95, 10).first, nullptr) << "past the kept parameters";
+  ops.invalidate_weights();
+  EXPECT_TRUE(round(10, 20)) << "a pass after a change rounds again";
+
+  // An update that wrote the copies of two adjacent segments: fresh in every pass until the next
+  // update, and only there.
+  OwnedSegment a, b;
+  a.param_pos = 0, a.count = 50;
+  b.param_pos = 50, b.count = 30;
+  ops.rounded_by_update({a, b});
+  ops.invalidate_weights();
+  EXPECT_FALSE(round(40, 30)) << "across the two updated segments";
+  EXPECT_TRUE(round(70, 20)) << "beyond what the update wrote";
+  ops.invalidate_weights();  // an evaluation pass: the update's ranges are still current
+  EXPECT_FALSE(round(0, 80));
+  EXPECT_TRUE(round(80, 10)) << "a range rounded in the last pass is stale again";
+  ops.rounded_by_update({});  // an update that wrote no copies
+  ops.invalidate_weights();
+  EXPECT_TRUE(round(0, 10));
+}
+
 TEST(Matmul, PrimitivesAreCachedPerShape) {
   const int64_t M = 8, N = 8, K = 8;
   auto a = random_floats(M * K, 9), b = random_floats(K * N, 10);

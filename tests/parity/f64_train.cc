@@ -175,7 +175,7 @@ int run(int argc, char** argv) {
                        .weight_decay = adamw.weight_decay,
                        .t = s + 1};
     k.adamw_update(store.params().data(), store.grads().data(), m.data(), v.data(), store.owned(),
-                   st);
+                   st, nullptr);
   }
 
   for (TensorId id = 0; id < TensorId(store.tensors().size()); ++id) {

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "ckpt/safetensors.h"
 #include "data/token_shard.h"
+#include "kernels/cpu/matmul.h"
 #include "tests/train/layout_run.h"
 #include "tests/train/run_tetra.h"
 
@@ -189,6 +191,29 @@ TEST_F(DataParallel, SameLayoutTwiceIsBitIdentical) {
     EXPECT_EQ(a.loss, b.loss) << flags;
     for (const auto& [name, t] : a.weights.tensors) {
       EXPECT_EQ(t.bytes, b.weights.tensors.at(name).bytes) << flags << " " << name;
+    }
+  }
+}
+
+// Under bf16 the update writes the products' copy of the weights it updated; under ZeRO-1/2 that
+// is this rank's shard only, and the gathered rest must be rounded afresh by the products. Either
+// way the run is bit for bit the one that rounds every product's operands.
+TEST_F(DataParallel, Bf16UpdateCopiesGiveTheSameRunAsRoundingEveryProduct) {
+  if (!cpu::bf16_matmul_path().hardware) {
+    std::cout << "[ bf16     ] no bf16 instructions on " << cpu::bf16_matmul_path().describe()
+              << ": train.precision=bf16 is refused here, nothing to compare" << std::endl;
+    return;
+  }
+  for (const std::string stage : {"1", "2"}) {
+    SCOPED_TRACE("--zero.stage=" + stage);
+    const std::string flags = "--train.precision=bf16 --zero.stage=" + stage;
+    Result kept = train(2, 2, 2, "bf16_kept_" + stage, flags);
+    Result each = train(2, 2, 2, "bf16_each_" + stage, flags + " --debug.bf16_weight_cache=false");
+    ASSERT_EQ(kept.code, 0) << kept.output;
+    ASSERT_EQ(each.code, 0) << each.output;
+    EXPECT_EQ(kept.loss, each.loss);
+    for (const auto& [name, t] : kept.weights.tensors) {
+      EXPECT_EQ(t.bytes, each.weights.tensors.at(name).bytes) << name;
     }
   }
 }

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "core/profile.h"
+#include "kernels/cpu/matmul.h"
 
 namespace tetra::cpu {
 
@@ -37,8 +39,10 @@ struct AdamWElement {
 
 template <typename F>
 void adamw_update(F* params, const F* grads, F* m, F* v, const std::vector<OwnedSegment>& segments,
-                  const AdamWStep& s) {
-  const ProfileScope profile(ProfKind::adamw, "update");
+                  const AdamWStep& s, bf16* rounded) {
+  const ProfileScope profile(ProfKind::adamw, rounded ? "update + bf16 weights" : "update");
+  TETRA_CHECK(!rounded || sizeof(F) == sizeof(float),
+              "adamw_update: bf16 copies are of f32 parameters only");
   const AdamWElement<F> update(s);
   const F decayed = F(1) - F(s.lr) * F(s.weight_decay);
 #pragma omp parallel
@@ -48,8 +52,19 @@ void adamw_update(F* params, const F* grads, F* m, F* v, const std::vector<Owned
     F* mi = m + g.state_pos;
     F* vi = v + g.state_pos;
     const F decay_factor = g.decay ? decayed : F(1);
+    if (rounded) {
+      uint16_t* r = &rounded[g.param_pos].bits;
 #pragma omp for simd schedule(static) nowait
-    for (int64_t i = 0; i < int64_t(g.count); ++i) update(p[i], gr[i], mi[i], vi[i], decay_factor);
+      for (int64_t i = 0; i < int64_t(g.count); ++i) {
+        update(p[i], gr[i], mi[i], vi[i], decay_factor);
+        r[i] = round_bf16(float(p[i]));
+      }
+    } else {
+#pragma omp for simd schedule(static) nowait
+      for (int64_t i = 0; i < int64_t(g.count); ++i) {
+        update(p[i], gr[i], mi[i], vi[i], decay_factor);
+      }
+    }
   }
 }
 
@@ -75,9 +90,9 @@ double sum_squares(const F* x, int64_t N) {
 }
 
 template void adamw_update<float>(float*, const float*, float*, float*,
-                                  const std::vector<OwnedSegment>&, const AdamWStep&);
+                                  const std::vector<OwnedSegment>&, const AdamWStep&, bf16*);
 template void adamw_update<double>(double*, const double*, double*, double*,
-                                   const std::vector<OwnedSegment>&, const AdamWStep&);
+                                   const std::vector<OwnedSegment>&, const AdamWStep&, bf16*);
 template double sum_squares<float>(const float*, int64_t);
 template double sum_squares<double>(const double*, int64_t);
 

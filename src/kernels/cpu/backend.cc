@@ -206,8 +206,9 @@ class CpuKernels final : public Kernels<F> {
   }
 
   void adamw_update(F* params, const F* grads, F* m, F* v,
-                    const std::vector<OwnedSegment>& segments, const AdamWStep& s) override {
-    cpu::adamw_update(params, grads, m, v, segments, s);
+                    const std::vector<OwnedSegment>& segments, const AdamWStep& s,
+                    bf16* rounded) override {
+    cpu::adamw_update(params, grads, m, v, segments, s, rounded);
   }
   double sum_squares(const F* x, int64_t n) override { return cpu::sum_squares(x, n); }
   double sum_squares(const F* base, const std::vector<FlatRange>& ranges) override {

@@ -336,7 +336,8 @@ class CudaKernels final : public Kernels<float> {
 
   // ---- optimizer and reductions -------------------------------------------------------------
   void adamw_update(float* params, const float* grads, float* m, float* v,
-                    const std::vector<OwnedSegment>& segments, const AdamWStep& s) override {
+                    const std::vector<OwnedSegment>& segments, const AdamWStep& s,
+                    bf16* rounded) override {
     if (segments.empty()) return;
     const KernelScope profile(ProfKind::adamw, "update");
     // seg (nseg, 4) then starts (nseg + 1): one upload while the segments stay the same.
@@ -366,7 +367,8 @@ class CudaKernels final : public Kernels<float> {
                                        float(double(s.lr) / bc1),
                                        float(std::sqrt(bc2)),
                                        float(1.0f - s.lr * s.weight_decay)};
-    launch::adamw(params, grads, m, v, {table, table + 4 * nseg, int(nseg), total}, scalars);
+    launch::adamw(params, grads, m, v, rounded ? &rounded->bits : nullptr,
+                  {table, table + 4 * nseg, int(nseg), total}, scalars);
   }
   double sum_squares(const float* x, int64_t n) override {
     const KernelScope profile(ProfKind::grad_norm, "sum of squares");

@@ -162,8 +162,9 @@ struct AdamWTables {
 struct AdamWScalars {
   float beta1, beta2, eps, grad_scale, step_size, bc2_sqrt, decayed;
 };
-void adamw(float* params, const float* grads, float* m, float* v, const AdamWTables& tables,
-           const AdamWScalars& s);
+/** `rounded` non-null: also the updated parameters' bf16 bits at their params positions. */
+void adamw(float* params, const float* grads, float* m, float* v, uint16_t* rounded,
+           const AdamWTables& tables, const AdamWScalars& s);
 /** Sum of squares in double over ranges (nranges, 2) = (offset, count) of base, summed per range
  *  and then over the ranges in order; `ranges` null means one range (0, max_count). Waits for the
  *  result. */

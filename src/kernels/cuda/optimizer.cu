@@ -21,8 +21,9 @@ constexpr int kThreads = 256;
 constexpr int kAdamItems = 4;  // consecutive tiles of blockDim.x elements per block step
 
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(float* params, const float* grads, float* m, float* v, const int64_t* seg,
-                 const int64_t* starts, int nseg, int64_t total, AdamWScalars s) {
+    adamw_kernel(float* params, const float* grads, float* m, float* v, uint16_t* rounded,
+                 const int64_t* seg, const int64_t* starts, int nseg, int64_t total,
+                 AdamWScalars s) {
   __shared__ int first_seg;
   const int64_t tile = int64_t(kThreads) * kAdamItems;
   for (int64_t base = int64_t(blockIdx.x) * tile; base < total; base += int64_t(gridDim.x) * tile) {
@@ -59,6 +60,7 @@ __global__ void __launch_bounds__(kThreads)
       vi = v1;
       const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v1), s.bc2_sqrt), s.eps);
       p = __fsub_rn(__fmul_rn(p, decay), __fdiv_rn(__fmul_rn(s.step_size, m1), denom));
+      if (rounded) rounded[d[0] + i] = bf16_bits(p);
     }
     __syncthreads();  // first_seg is rewritten by the next step
   }
@@ -167,12 +169,12 @@ double sum(const float* x, int64_t n) {
   return fetch_double(out.as<double>());
 }
 
-void adamw(float* params, const float* grads, float* m, float* v, const AdamWTables& tables,
-           const AdamWScalars& s) {
+void adamw(float* params, const float* grads, float* m, float* v, uint16_t* rounded,
+           const AdamWTables& tables, const AdamWScalars& s) {
   if (tables.total <= 0 || tables.nseg <= 0) return;
   adamw_kernel<<<grid_for((tables.total + kAdamItems - 1) / kAdamItems, kThreads), kThreads, 0,
-                 compute_stream()>>>(params, grads, m, v, tables.seg, tables.starts, tables.nseg,
-                                     tables.total, s);
+                 compute_stream()>>>(params, grads, m, v, rounded, tables.seg, tables.starts,
+                                     tables.nseg, tables.total, s);
   check_launch("adamw_update");
 }
 
