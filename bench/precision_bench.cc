@@ -10,7 +10,7 @@
 // the head's three once), and the machine's f32 peak for scale. Needs bf16 instructions (oneDNN
 // ISA avx512_core_bf16 or AMX); elsewhere it says so and exits 2.
 //
-//   precision_bench [--shape gpt2-124m|demo] [--threads N] [--reps N]
+//   precision_bench [--shape gpt2-124m|gpt2-124m-T64|demo] [--threads N] [--reps N]
 #include <omp.h>
 
 #include <algorithm>
@@ -34,7 +34,9 @@ struct ModelShape {
   const char* name;
   int64_t BT, C, V, layers;
 };
+// BT tokens a step: gpt2-124m at T 1024 B 1; gpt2-124m-T64 is train_bench's gpt2-124m (T 64 B 4).
 constexpr ModelShape kShapes[] = {{"gpt2-124m", 1024, 768, 50304, 12},
+                                  {"gpt2-124m-T64", 256, 768, 50304, 12},
                                   {"demo", 1024, 256, 4096, 4}};
 
 // A product as the model runs it: out (M,N) = a · b with a (M,K) stored row-major ('n') or as
@@ -160,7 +162,8 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::stoi(value()));
     } else {
       std::fprintf(stderr,
-                   "usage: precision_bench [--shape gpt2-124m|demo] [--threads N] [--reps N]\n");
+                   "usage: precision_bench [--shape gpt2-124m|gpt2-124m-T64|demo] [--threads N] "
+                   "[--reps N]\n");
       return 2;
     }
   }
@@ -175,6 +178,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::fprintf(stderr, "precision_bench: --shape %s: use gpt2-124m or demo\n", shape.c_str());
+  std::fprintf(stderr, "precision_bench: --shape %s: use gpt2-124m, gpt2-124m-T64 or demo\n",
+               shape.c_str());
   return 2;
 }

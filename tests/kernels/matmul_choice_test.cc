@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -125,6 +126,63 @@ TEST(MatmulLibraries, EveryLibraryMatchesTheF64ReferenceInEveryLayout) {
             << l.name << " on " << matmul_lib_name(lib) << " at " << threads << " threads";
       }
       EXPECT_GE(ran, 2) << l.name;
+    }
+  }
+}
+
+// Products of bf16 operands have two libraries where oneDNN's bf16 primitive is native: whole and
+// split. Both compute the f64 product of the same (bf16-exact) values; nothing else runs them.
+TEST(MatmulLibraries, Bf16OperandsRunWholeOrSplitOnOneDnn) {
+  if (!bf16_matmul_path().native) {
+    std::cout << "[ bf16     ] " << bf16_matmul_path().describe()
+              << ": bf16 operands are widened to f32 here, no bf16 library to choose" << std::endl;
+    return;
+  }
+  const Threads scope(2);
+  for (const Layout& l : layouts()) {
+    if (l.b0 * l.b1 > 1 || l.pad > 0) continue;
+    const int64_t ra = l.at ? l.K : l.M, ca = l.at ? l.M : l.K;
+    const int64_t rb = l.bt ? l.N : l.K, cb = l.bt ? l.K : l.N;
+    std::vector<bf16> a(size_t(ra * ca)), b(size_t(rb * cb));
+    const auto fa = random_floats(a.size(), 5), fb = random_floats(b.size(), 6);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = bf16::from_float(fa[i]);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = bf16::from_float(fb[i]);
+    MatmulArgs x;
+    x.M = l.M, x.N = l.N, x.K = l.K;
+    x.a = {a.data(), {0, 0, l.at ? 1 : ca, l.at ? ca : 1}, DType::bf16};
+    x.b = {b.data(), {0, 0, l.bt ? 1 : cb, l.bt ? cb : 1}, DType::bf16};
+    x.c_strides = {0, 0, l.N, 1};
+    const auto bias = random_floats(size_t(l.N), 7);
+    x.bias = l.bias ? bias.data() : nullptr;
+    x.accumulate = l.accumulate;
+    const auto c0 = random_floats(size_t(l.M * l.N), 8);
+
+    std::vector<double> a64(a.size()), b64(b.size()), c64(c0.begin(), c0.end());
+    for (size_t i = 0; i < a.size(); ++i) a64[i] = a[i].to_float();
+    for (size_t i = 0; i < b.size(); ++i) b64[i] = b[i].to_float();
+    const std::vector<double> bias64(bias.begin(), bias.end());
+    MatmulArgs r = x;
+    r.a = {a64.data(), x.a.strides, DType::f64};
+    r.b = {b64.data(), x.b.strides, DType::f64};
+    r.c = c64.data();
+    r.bias = l.bias ? bias64.data() : nullptr;
+    matmul_reference(r);
+
+    // A transposed B is copied row-major first when M <= 32 (oneDNN's AMX kernels get it wrong,
+    // matmul.cc): such a product goes to neither library as it is.
+    const bool copied_first = l.bt && l.M <= 32;
+    for (MatmulLib lib : kMatmulLibs) {
+      const bool expected =
+          !copied_first &&
+          (lib == MatmulLib::onednn || (lib == MatmulLib::onednn_split && std::max(l.M, l.N) > 16));
+      ASSERT_EQ(matmul_lib_supports(lib, x), expected) << l.name << " " << matmul_lib_name(lib);
+      if (!expected) continue;
+      std::vector<float> c(c0);
+      x.c = c.data();
+      matmul_with(lib, x);
+      double err = 0.0;
+      for (size_t i = 0; i < c.size(); ++i) err = std::max(err, std::abs(double(c[i]) - c64[i]));
+      EXPECT_LT(err / std::sqrt(double(l.K)), 1e-6) << l.name << " on " << matmul_lib_name(lib);
     }
   }
 }
@@ -262,6 +320,25 @@ TEST_F(MatmulChoice, WithTwoThreadsTheSplitLibrariesAreMeasuredToo) {
   const json e = cache()["products"][matmul_choice_key(x_, 2)];
   EXPECT_EQ(e["library"], "onednn-split");
   EXPECT_EQ(e["gflops"]["openblas-split"], 80.0);
+}
+
+TEST_F(MatmulChoice, Bf16ProductsAreKeptApartAndMeasuredOnOneDnnWholeAndSplit) {
+  if (!bf16_matmul_path().native) {
+    std::cout << "[ bf16     ] " << bf16_matmul_path().describe()
+              << ": no bf16 library to choose here" << std::endl;
+    return;
+  }
+  omp_set_num_threads(2);
+  std::vector<bf16> a(size_t(x_.M * x_.K)), b(size_t(x_.K * x_.N));
+  MatmulArgs y = x_;
+  y.a = {a.data(), x_.a.strides, DType::bf16};
+  y.b = {b.data(), x_.b.strides, DType::bf16};
+  EXPECT_EQ(matmul_choice_key(y, 2), "64x16x32 b1 tn bf16 t2");
+  MatmulChooser chooser(
+      cache_, source({{MatmulLib::onednn, 30.0}, {MatmulLib::onednn_split, 45.0}}, "Test CPU"));
+  EXPECT_EQ(chooser.choose(y), MatmulLib::onednn_split);
+  EXPECT_EQ(measurements_, 4);  // the two oneDNN libraries, two rounds; no other runs bf16
+  EXPECT_FALSE(cache()["products"].contains(matmul_choice_key(x_, 2))) << "the f32 product";
 }
 
 TEST_F(MatmulChoice, AnOlderSchemaIsMeasuredAgain) {

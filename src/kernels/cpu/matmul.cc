@@ -350,17 +350,22 @@ SlabCut slab_cut(const MatmulArgs& x) {
   return cut;
 }
 
+// `op` moved by `elements` of its own type (f32 or bf16).
+const void* advanced(const MatOperand& op, int64_t elements) {
+  return static_cast<const char*>(op.data) + elements * int64_t(dtype_size(op.dtype));
+}
+
 MatmulArgs slab(const MatmulArgs& x, const SlabCut& cut, int64_t p) {
   MatmulArgs s = x;
   const int64_t begin = p * cut.step;
   float* c = static_cast<float*>(x.c);
   if (cut.rows) {
     s.M = std::min(x.M - begin, cut.step);
-    s.a.data = static_cast<const float*>(x.a.data) + begin * x.a.strides[2];
+    s.a.data = advanced(x.a, begin * x.a.strides[2]);
     s.c = c + begin * x.c_strides[2];
   } else {
     s.N = std::min(x.N - begin, cut.step);
-    s.b.data = static_cast<const float*>(x.b.data) + begin * x.b.strides[3];
+    s.b.data = advanced(x.b, begin * x.b.strides[3]);
     s.c = c + begin * x.c_strides[3];
     if (x.bias) s.bias = static_cast<const float*>(x.bias) + begin;
   }
@@ -457,18 +462,28 @@ GroupPlan plan_group(std::span<const MatmulArgs> products, int threads) {
 
 }  // namespace
 
+namespace {
+
+// Both operands bf16, on oneDNN's bf16 primitive as they are (no copy of B first).
+bool native_bf16_operands(const MatmulArgs& x) {
+  return x.a.dtype == DType::bf16 && x.b.dtype == DType::bf16 && bf16_matmul_path().native &&
+         !transposed_b_needs_copy(x);
+}
+
+}  // namespace
+
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& x) {
   const bool f32 = x.a.dtype == DType::f32 && x.b.dtype == DType::f32;
   switch (lib) {
     case MatmulLib::onednn:
-      return f32;
+      return f32 || native_bf16_operands(x);
     case MatmulLib::openblas:
       return f32 && fits_blasint(x) && blas_layout(x.a.strides, x.M, x.K) &&
              blas_layout(x.b.strides, x.K, x.N) && blas_layout(x.c_strides, x.M, x.N) == 'n';
     case MatmulLib::onednn_copy:
       return f32 && x.b0 * x.b1 == 1 && (x.a.strides[3] != 1 || x.b.strides[3] != 1);
     case MatmulLib::onednn_split:
-      return f32 && slab_cut(x).parts > 1;
+      return (f32 || native_bf16_operands(x)) && slab_cut(x).parts > 1;
     case MatmulLib::openblas_split:
       return matmul_lib_supports(MatmulLib::openblas, x) && slab_cut(x).parts > 1;
   }
@@ -495,8 +510,10 @@ void matmul_with(MatmulLib lib, const MatmulArgs& x) {
 
 namespace {
 
-// The library this f32 product runs on under the policy in force.
-MatmulLib f32_library(const MatmulArgs& x) {
+// The library this product (f32, or bf16 operands on oneDNN's bf16 primitive) runs on under the
+// policy in force. A fixed policy runs bf16 products whole on oneDNN, the one library that has
+// them; `auto` measures them whole against split like any f32 product.
+MatmulLib library_for(const MatmulArgs& x) {
   switch (matmul_policy()) {
     case MatmulPolicy::onednn:
       return MatmulLib::onednn;
@@ -533,7 +550,7 @@ void matmul_group(std::span<const MatmulArgs> products) {
       products.begin(), products.end(), [](const MatmulArgs& x, const MatmulArgs& y) {
         return double(x.M) * double(x.N) * double(x.K) < double(y.M) * double(y.N) * double(y.K);
       });
-  const MatmulLib lib = f32_library(largest);
+  const MatmulLib lib = library_for(largest);
   const bool onednn = lib != MatmulLib::openblas && lib != MatmulLib::openblas_split;
   std::vector<Cached*> prims(plan.pieces.size(), nullptr);
   Engine& e = engine();
@@ -591,11 +608,11 @@ void matmul(const MatmulArgs& x) {
     r.bf16 = nullptr;
     r.a = kept_or_rounded(x.a, x.b0, x.b1, x.M, x.K, a, false, *x.bf16);
     r.b = kept_or_rounded(x.b, x.b0, x.b1, x.K, x.N, b, transposed_b_needs_copy(x), *x.bf16);
-    return onednn_matmul(r);
+    return matmul_with(library_for(r), r);
   }
   if (x.a.dtype == DType::f64) return matmul_reference(x);
   const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
-  if (!has_bf16) return matmul_with(f32_library(x), x);
+  if (!has_bf16 || native_bf16_operands(x)) return matmul_with(library_for(x), x);
   Engine& e = engine();
   if (bf16_matmul_path().native) {
     if (x.b.dtype != DType::bf16 || !transposed_b_needs_copy(x)) return onednn_matmul(x);

@@ -20,7 +20,8 @@
 // bf16 operands: oneDNN 2.6 has bf16 matmuls only from AVX-512 (native on avx512_core_bf16 and
 // AMX, emulated on plain avx512_core); on AVX2 machines (e.g. AMD Zen 3) it cannot create one at
 // all. The first bf16 product of the process probes by creating a small bf16 primitive, once:
-// where that works every bf16 product runs oneDNN's bf16 primitive; where it does not, bf16
+// where that works every bf16 product runs oneDNN's bf16 primitive, whole or split between the
+// threads (chosen per product like an f32 product's library); where it does not, bf16
 // operands are widened (exactly) to f32 scratch and run through the f32 primitive, so a bf16
 // tensor can be multiplied everywhere. bf16_matmul_path() says which.
 //
@@ -56,7 +57,9 @@ constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas, Mat
 const char* matmul_lib_name(MatmulLib lib);
 /** Which library runs each f32 product: `choose` measures and caches the fastest per product
  *  (kernels.matmul=auto); `onednn` runs every product on oneDNN's primitive; `openblas` every
- *  product OpenBLAS can run (unit-stride operands) on OpenBLAS and the others on oneDNN. */
+ *  product OpenBLAS can run (unit-stride operands) on OpenBLAS and the others on oneDNN. A
+ *  product of bf16 operands has two libraries, oneDNN whole and split: `choose` measures them,
+ *  either fixed policy runs it whole. */
 enum class MatmulPolicy : uint8_t { choose, onednn, openblas };
 /** "auto", "onednn" or "openblas"; anything else throws tetra::Error naming `what` (the key or
  *  variable it came from) and the accepted values. */
@@ -68,14 +71,16 @@ void set_matmul_policy(MatmulPolicy policy, const std::string& source);
 /** "library chosen per product" or "onednn for every product (TETRA_MATMUL)", for run headers
  *  and metrics. */
 std::string matmul_policy_describe();
-/** Whether `lib` runs this f32 product: OpenBLAS needs each of A and B with a unit column or row
- *  stride and C with a unit column stride; the copy path needs an unbatched product with a
- *  transposed A or B; the split paths (the output cut into one slab per OpenMP thread, each a
- *  single-threaded product of that library) an unbatched product, more than one thread and an
- *  output of more than 16 rows or columns, outside a parallel region. oneDNN runs every product. */
+/** Whether `lib` runs this product: OpenBLAS needs f32 operands, each of A and B with a unit
+ *  column or row stride and C with a unit column stride; the copy path needs f32 operands and an
+ *  unbatched product with a transposed A or B; the split paths (the output cut into one slab per
+ *  OpenMP thread, each a single-threaded product of that library) an unbatched product, more than
+ *  one thread and an output of more than 16 rows or columns, outside a parallel region. oneDNN
+ *  runs every f32 product; oneDNN and its split also bf16 operands where its bf16 primitive is
+ *  native (and B needs no copy first). */
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& args);
-/** The product through `lib` (f32 operands; must be supported), bypassing the choice: for the
- *  choice's measurements and for tests. */
+/** The product through `lib` (must be supported), bypassing the choice: for the choice's
+ *  measurements and for tests. */
 void matmul_with(MatmulLib lib, const MatmulArgs& args);
 /** This machine as the library choices depend on it: CPU model, oneDNN ISA, OpenBLAS core. */
 std::string matmul_machine();

@@ -89,9 +89,9 @@ class CacheLock {
 }  // namespace
 
 std::string matmul_choice_key(const MatmulArgs& x, int threads) {
-  return fmt::format("{}x{}x{} b{} {}{}{} t{}", x.M, x.K, x.N, x.b0 * x.b1,
+  return fmt::format("{}x{}x{} b{} {}{}{}{} t{}", x.M, x.K, x.N, x.b0 * x.b1,
                      layout_letter(x.a.strides), layout_letter(x.b.strides), x.bias ? " bias" : "",
-                     threads);
+                     x.a.dtype == DType::bf16 ? " bf16" : "", threads);
 }
 
 MatmulChoiceSource machine_matmul_source() { return {measure, matmul_machine()}; }
@@ -155,7 +155,7 @@ MatmulLib MatmulChooser::choose(const MatmulArgs& x) {
     }
   }
   json rates = json::object();
-  MatmulLib best = rate.begin()->first;  // oneDNN runs every f32 product
+  MatmulLib best = rate.begin()->first;  // oneDNN runs every product the chooser sees
   for (const auto& [lib, g] : rate) {
     rates[matmul_lib_name(lib)] = g;
     if (g > rate.at(best)) best = lib;

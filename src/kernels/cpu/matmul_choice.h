@@ -1,4 +1,4 @@
-// The library each f32 product runs on (kernels/cpu/matmul.h), chosen by measuring every library
+// The library each product runs on (kernels/cpu/matmul.h), chosen by measuring every library
 // that can run it, once per machine, and kept in $XDG_CACHE_HOME/tetra/matmul.json (default
 // $HOME/.cache/tetra/matmul.json) in the style of the peak cache (core/machine_cache.h):
 //
@@ -8,14 +8,14 @@
 //                                      "onednn-split": 40.1, "openblas-split": 80.3},
 //                           "measured_at": "2025-01-31T12:00:00Z"}, ...}}
 //
-// A key names what the rate depends on: the shape, the batch, A's and B's layout, a bias and the
-// thread count (matmul_choice_key). A product is measured on the caller's A and B with a scratch
-// C, so nothing the caller holds changes, in two rounds over the libraries (each keeps its best),
-// so that a burst of other work slows one run of each rather than every run of one. Processes
-// sharing the cache take a lock around a measurement and read the file again under it, so the ranks
-// of a job on one machine measure each product once and run the same library. A damaged entry or
-// file is measured again with a warning; another machine's or an older-format file is measured
-// again and replaced.
+// A key names what the rate depends on: the shape, the batch, A's and B's layout, a bias, bf16
+// operands and the thread count (matmul_choice_key). A product is measured on the caller's A and B
+// with a scratch C, so nothing the caller holds changes, in two rounds over the libraries (each
+// keeps its best), so that a burst of other work slows one run of each rather than every run of
+// one. Processes sharing the cache take a lock around a measurement and read the file again under
+// it, so the ranks of a job on one machine measure each product once and run the same library. A
+// damaged entry or file is measured again with a warning; another machine's or an older-format file
+// is measured again and replaced.
 #pragma once
 
 #include <filesystem>
@@ -27,8 +27,9 @@
 
 namespace tetra::cpu {
 
-/** "<M>x<K>x<N> b<batch> <A layout><B layout>[ bias] t<threads>", layouts n (row-major), t
- *  (transposed) or s (other strides), e.g. "1024x768x3072 b1 nt bias t2". */
+/** "<M>x<K>x<N> b<batch> <A layout><B layout>[ bias][ bf16] t<threads>", layouts n (row-major), t
+ *  (transposed) or s (other strides), e.g. "1024x768x3072 b1 nt bias t2"; " bf16" for a product
+ *  of bf16 operands. */
 std::string matmul_choice_key(const MatmulArgs& x, int threads);
 
 /** What the choice reads from the machine; tests substitute their own. */
