@@ -460,10 +460,6 @@ GroupPlan plan_group(std::span<const MatmulArgs> products, int threads) {
   return plan;
 }
 
-}  // namespace
-
-namespace {
-
 // Both operands bf16, on oneDNN's bf16 primitive as they are (no copy of B first).
 bool native_bf16_operands(const MatmulArgs& x) {
   return x.a.dtype == DType::bf16 && x.b.dtype == DType::bf16 && bf16_matmul_path().native &&
