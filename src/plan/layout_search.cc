@@ -123,6 +123,17 @@ double pp_send_seconds(const std::vector<DimComm>& comm) {
 // saved activation is written once forward and read once backward, and its gradient written and
 // read once (norms, GELU/SwiGLU, softmax, residual adds, dropout).
 constexpr double kElementwisePasses = 3.0;
+// An unfused attention's score tensors, in bytes per element of the n_head x T scores a token has
+// in a layer, kernel by kernel (Megatron-LM before fused attention: the product, its fused
+// scale-mask-softmax, then dropout). Forward: the product writes the
+// scores (2), the softmax reads them and writes its output (4), dropout reads that and writes its
+// output and its mask (5), the product with V reads it (2). Backward: the product with V reads
+// the probabilities and writes their gradient (4), dropout's backward reads that and the mask and
+// writes (5), the softmax's reads its output and gradient and writes (6), the two products that
+// follow read the scores' gradient (4). Without dropout (Llama blocks): 8 and 14. A recomputed
+// forward (selective or full) runs the forward's kernels again.
+constexpr double kScoreBytesForward = 13.0, kScoreBytesBackward = 19.0;
+constexpr double kScoreBytesForwardNoDropout = 8.0, kScoreBytesBackwardNoDropout = 14.0;
 // Bytes the AdamW update moves per parameter it owns: fp32 parameter, gradient, m and v read;
 // parameter, m and v written.
 constexpr double kUpdateBytesPerParam = 28.0;
@@ -175,12 +186,24 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   k.recompute = (re_dense / e_gemm + re_attn / e_attn) * share / peak;
   k.gemm = f.dense * share / peak / e_gemm;
   k.attention = f.attention * share / peak / e_attn;
-  const double act =
-      activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, t.attention);
+  // The layer's saved tensors, three passes each; unfused attention's scores kernel by kernel
+  // instead (its other tensors counted with a flash kernel's row statistics for the scores).
+  const bool unfused = t.attention == Attention::unfused;
+  const double act = activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp,
+                                                      unfused ? Attention::flash : t.attention,
+                                                      t.sequence_parallel);
   const double rerun = l.recompute == Recompute::full ? 4.0 / 3.0 : 1.0;
+  double scores = 0;
+  if (unfused) {
+    const double fwd = m.llama() ? kScoreBytesForwardNoDropout : kScoreBytesForward;
+    const double bwd = m.llama() ? kScoreBytesBackwardNoDropout : kScoreBytesBackward;
+    const double again = l.recompute == Recompute::none ? 0.0 : fwd;
+    scores = double(m.n_head * m.seq) / double(l.tp) * (fwd + bwd + again) *
+             act_bytes(t.precision) / 2.0;
+  }
   const double logits = 3.0 * double(m.vocab_size) / double(l.tp) * 4.0;
-  k.memory_bound = (kElementwisePasses * act * double(m.n_layer) * rerun + logits) * tokens /
-                   double(l.pp) / c.mem_bw;
+  k.memory_bound = ((kElementwisePasses * act * rerun + scores) * double(m.n_layer) + logits) *
+                   tokens / double(l.pp) / c.mem_bw;
   e.microbatch_seconds = k.total();
 
   e.comm = comm ? comm(e.microbatch_seconds) : comm_per_step(m, c, t, l, e.microbatch_seconds);
@@ -243,6 +266,28 @@ LayoutEstimate evaluate_layout(const ModelSpec& m, const ClusterSpec& c, const T
   e.mfu = f.model() * double(t.global_batch_tokens) / device_flops;
   e.hfu = f.hardware() * double(t.global_batch_tokens) / device_flops;
   return e;
+}
+
+std::vector<StepTerm> step_terms(const LayoutEstimate& e) {
+  const KernelTime& k = e.microbatch;
+  const double mb = e.compute_seconds / std::max(e.microbatch_seconds, 1e-300);
+  std::vector<StepTerm> terms = {
+      {"products", mb * k.gemm},        {"attention", mb * k.attention},
+      {"recompute", mb * k.recompute},  {"memory-bound", mb * k.memory_bound},
+      {"update", e.optimizer_seconds},  {"bubble", e.time.bubble},
+      {"stragglers", e.time.stragglers}};
+  // Exposed communication by dimension, as StepTime.comm adds it: the critical-path collectives,
+  // the pipeline's sends on its critical path, the rest as far as it does not hide.
+  for (const DimComm& d : e.comm) {
+    double s = 0;
+    if (d.dim == "tp" || d.dim == "ep") s = d.seconds;
+    if (d.dim == "cp" || d.dim == "dp") s = d.exposed();
+    if (d.dim == "pp") s = e.pp_exposed_seconds;
+    if (s > 0) terms.push_back({d.dim + " comm", s});
+  }
+  std::stable_sort(terms.begin(), terms.end(),
+                   [](const StepTerm& a, const StepTerm& b) { return a.seconds > b.seconds; });
+  return terms;
 }
 
 Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,

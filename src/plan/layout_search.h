@@ -132,6 +132,17 @@ std::vector<std::string> explain_step(const ModelSpec& m, const ClusterSpec& c,
 Layout layout_from_constraints(const ModelSpec& m, const TrainingSpec& t,
                                const LayoutConstraints& k);
 
+/** One named part of a step's time (step_terms). */
+struct StepTerm {
+  std::string name;  // "products", "attention", "recompute", "memory-bound", "update",
+                     // "<dim> comm", "bubble", "stragglers"
+  double seconds = 0;
+};
+
+/** `e`'s step split into the terms a user can act on, largest first; they add up to its
+ *  step_seconds (`tetra plan` prints the first three beside each layout). */
+std::vector<StepTerm> step_terms(const LayoutEstimate& e);
+
 /** The seeds' common mistakes this layout makes (001 よくある間違い, 004 崩壊). */
 std::vector<std::string> layout_warnings(const ModelSpec& m, const ClusterSpec& c,
                                          const TrainingSpec& t, const LayoutEstimate& e);

@@ -29,7 +29,7 @@ int64_t min_devices_for_state(double params, double device_bytes, Precision p) {
 }
 
 double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp,
-                                        Attention a) {
+                                        Attention a, bool sequence_parallel) {
   // Element counts per token, each stored in 2 bytes (bf16) except dropout masks (1 byte);
   // Korthikanti et al. Table 2 gives 34*C + 5*NH*T bytes for GPT with ffn = 4C.
   const double C = double(m.d_model), kvd = double(m.d_model / m.n_head * m.n_kv_head);
@@ -37,10 +37,15 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
   // MLPs a token passes through per layer: top_k in a MoE block, one in a dense block.
   const ParamCounts pc = count_params(m);
   const double k = double(pc.dense_layers() + pc.moe_layers * m.moe.top_k) / double(m.n_layer);
-  const double e = act_bytes(p) / 2.0;                        // scale the bf16 counts for fp32
-  if (r == Recompute::full) return 2.0 * C * e / double(tp);  // the layer input only
+  const double e = act_bytes(p) / 2.0;  // scale the bf16 counts for fp32
+  // Without sequence parallelism every TP rank keeps the whole residual stream's tensors: the
+  // norms' inputs, the inputs of the QKV and first MLP products, the dropout masks (Korthikanti
+  // et al., Table 2: 10*C of the 34*C).
+  const double whole = sequence_parallel ? 1.0 : double(tp);
+  if (r == Recompute::full) return 2.0 * C * e * whole / double(tp);  // the layer input only
   double attn, scores, mlp;
   const double norms = 4.0 * C;  // inputs of the two norms
+  const double replicated = norms + (m.llama() ? 4.0 * C : 6.0 * C);
   if (!m.llama()) {
     attn = 2 * C + 2 * C + 4 * kvd + 2 * C + C;  // qkv in, q, k+v, proj in, dropout mask
     scores = 5.0 * NH * T;                       // softmax out, dropout mask, dropout out
@@ -57,7 +62,7 @@ double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precisi
   } else if (r == Recompute::selective) {
     scores = 0;
   }
-  return (attn + mlp + norms + scores) * e / double(tp);
+  return (attn + mlp + norms + scores + (whole - 1.0) * replicated) * e / double(tp);
 }
 
 Attention resolve_attention(const TrainingSpec& t, const ClusterSpec& c) {
@@ -137,7 +142,8 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
   const std::vector<double> held = held_layer_microbatches(l, m.n_layer);
   const Attention a =
       t.attention == Attention::automatic || l.cp > 1 ? Attention::flash : t.attention;
-  const double per_layer = activation_bytes_per_token_layer(m, l.recompute, t.precision, l.tp, a);
+  const double per_layer =
+      activation_bytes_per_token_layer(m, l.recompute, t.precision, l.tp, a, t.sequence_parallel);
   MemoryBreakdown worst;
   for (int64_t r = 0; r < l.pp; ++r) {
     const LocalParams lp = rank_params(m, l, r);
@@ -157,8 +163,9 @@ MemoryBreakdown memory_per_device(const ModelSpec& m, const TrainingSpec& t, con
     mem.activations = per_layer * tokens * held[size_t(r)];
     if (l.recompute == Recompute::full && rank_layers(l, m.n_layer, r) > 0) {
       // The layer being recomputed materialises its activations once more.
-      mem.activations +=
-          activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, a) * tokens;
+      mem.activations += activation_bytes_per_token_layer(m, Recompute::none, t.precision, l.tp, a,
+                                                          t.sequence_parallel) *
+                         tokens;
     }
     // The last stage's fp32 logits of the micro-batch whose loss it computes.
     if (r == l.pp - 1) mem.activations += tokens * double(m.vocab_size) / double(l.tp) * 4.0;

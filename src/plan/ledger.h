@@ -32,11 +32,14 @@ int64_t min_devices_for_state(double params, double device_bytes, Precision p);
 
 /** Activation bytes one token leaves behind in one layer, tensor by tensor (Korthikanti et al.
  *  2022 for GPT, generalised to GQA, SwiGLU and top-k experts, averaged over the layers when only
- *  some are MoE blocks), split over `tp` ranks by tensor + sequence parallelism. `a` decides the
- *  score term: materialized attention keeps the softmax output (and GPT's dropout mask and
- *  output), flash attention only each row's statistics. */
+ *  some are MoE blocks), split over `tp` ranks by tensor + sequence parallelism; without
+ *  `sequence_parallel` the norms' inputs, the first products' inputs and the dropout masks stay
+ *  whole on every rank (their Table 2). `a` decides the score term: materialized (or unfused)
+ *  attention keeps the softmax output (and GPT's dropout mask and output), flash attention only
+ * each row's statistics. */
 double activation_bytes_per_token_layer(const ModelSpec& m, Recompute r, Precision p, int64_t tp,
-                                        Attention a = Attention::materialized);
+                                        Attention a = Attention::materialized,
+                                        bool sequence_parallel = true);
 
 /** Memory of one device under a layout, by category: the pipeline rank with the largest total
  *  (its layers' activations times the micro-batches its schedule holds in flight, and the

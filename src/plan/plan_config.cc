@@ -75,8 +75,12 @@ const ConfigSchema& plan_schema() {
         {"training.kernel_efficiency", ValueKind::Float, "0",
          "fraction of peak large matmuls reach (0 = cluster.gemm_efficiency)", "[0, 1]"},
         {"training.attention", ValueKind::String, "\"\"",
-         "attention kernel (\"\" = flash on GPUs, materialized on cpu)",
-         "\"\" | flash | materialized"},
+         "attention kernel (\"\" = flash on GPUs, materialized on cpu; unfused: separate "
+         "product, softmax and dropout kernels)",
+         "\"\" | flash | materialized | unfused"},
+        {"training.sequence_parallel", ValueKind::Bool, "true",
+         "under TP, norms, dropout and the residual stream split along the sequence; false: "
+         "kept whole on every TP rank, as before Korthikanti et al. 2022"},
         {"training.restart_minutes", ValueKind::Float, "10", "time to restart after a failure",
          "[0, 1e6]"},
         {"training.zero_bubble", ValueKind::Bool, "true",
@@ -180,6 +184,7 @@ TrainingSpec training_from(const Config& cfg) {
     t.recompute = parse_recompute(cfg.s("train.recompute"), "train.recompute");
   }
   t.attention = parse_attention(cfg.s("training.attention"));
+  t.sequence_parallel = cfg.b("training.sequence_parallel");
   apply_assumptions(cfg, t);
   t.reshard_after_forward = cfg.b("zero.reshard_after_forward");
   t.zero_prefetch = cfg.i("zero.prefetch");

@@ -20,9 +20,10 @@ Attention parse_attention(const std::string& text) {
   if (text.empty()) return Attention::automatic;
   if (text == "flash") return Attention::flash;
   if (text == "materialized") return Attention::materialized;
+  if (text == "unfused") return Attention::unfused;
   fail(
-      "[plan] unknown training.attention '{}'; use flash, materialized, or leave it empty (flash "
-      "on GPU clusters, materialized on cpu)",
+      "[plan] unknown training.attention '{}'; use flash, materialized, unfused, or leave it empty "
+      "(flash on GPU clusters, materialized on cpu)",
       text);
 }
 
@@ -32,6 +33,8 @@ const char* to_string(Attention a) {
       return "flash";
     case Attention::materialized:
       return "materialized";
+    case Attention::unfused:
+      return "unfused";
     case Attention::automatic:
       break;
   }

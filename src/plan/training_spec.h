@@ -19,8 +19,11 @@ const char* to_string(Precision p);
 
 /** How attention keeps its scores: a flash kernel keeps only each row's softmax statistics and
  *  recomputes the rest in backward; a materialized one stores the T x T probabilities (tetra's
- *  CPU backend). `automatic` resolves to flash on GPU clusters, materialized on `cpu`. */
-enum class Attention { automatic, flash, materialized };
+ *  CPU backend, one kernel per row block); an unfused one stores them too, and passes them
+ *  between separate kernels (product, softmax, dropout, product: GPU frameworks before fused
+ *  attention), each reading and writing the whole score tensor. `automatic` resolves to flash on
+ *  GPU clusters, materialized on `cpu`. */
+enum class Attention { automatic, flash, materialized, unfused };
 
 /** "" (automatic) | "flash" | "materialized"; throws tetra::Error listing them. */
 Attention parse_attention(const std::string& text);
@@ -33,6 +36,9 @@ struct TrainingSpec {
   Precision precision = Precision::Bf16Mixed;
   Recompute recompute = Recompute::selective;  // a given layout's; the search tries all three
   Attention attention = Attention::automatic;
+  // Under TP, norms, dropout and the residual stream split along the sequence (Korthikanti et
+  // al. 2022); false: every TP rank keeps and computes them whole, as software before it did.
+  bool sequence_parallel = true;
   double target_mfu = 0.4;            // for the compute ledger's wall-clock
   double kernel_efficiency = 0;       // fraction of peak large matmuls reach (0: the cluster's)
   double restart_seconds = 600;       // detect + reschedule + reload after a failure

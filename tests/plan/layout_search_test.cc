@@ -51,6 +51,55 @@ TEST(LayoutSearch, SeedsLayoutIsValidAndFits) {
   EXPECT_EQ(e.time.data, 0.0);
 }
 
+// step_terms splits the step into what a user can act on; the terms add up to it.
+TEST(LayoutSearch, StepTermsAddUpToTheStep) {
+  Case s;
+  s.c.gpus = 512;
+  const LayoutEstimate e = evaluate_layout(s.m, s.c, s.t, layout(8, 4, 16, 128));
+  const std::vector<StepTerm> terms = step_terms(e);
+  double sum = 0;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    sum += terms[i].seconds;
+    if (i > 0) {
+      EXPECT_GE(terms[i - 1].seconds, terms[i].seconds);
+    }
+  }
+  EXPECT_NEAR(sum, e.step_seconds, 1e-9 * e.step_seconds);
+  EXPECT_EQ(terms[0].name, "products");
+  bool tp = false, bubble = false;
+  for (const StepTerm& x : terms) {
+    tp = tp || x.name == "tp comm";
+    bubble = bubble || x.name == "bubble";
+  }
+  EXPECT_TRUE(tp && bubble);
+}
+
+// An unfused attention's scores cost memory traffic kernel by kernel (13 bytes forward, 19
+// backward per score element for GPT, a recomputed forward again), on top of the other tensors'
+// three passes; a flash kernel has none, tetra's materialized kernel three passes over the 5
+// bytes per element it keeps.
+TEST(LayoutSearch, UnfusedScoresCostTheirKernelsTraffic) {
+  Case s;
+  s.m = model_preset("gpt3-175b");
+  s.c = cluster_preset("a100-80g");
+  s.c.gpus = 64;
+  s.t.global_batch_tokens = 64 * 2048;
+  Layout l = layout(8, 8, 1, 64);
+  l.recompute = Recompute::selective;
+  s.t.attention = Attention::flash;
+  const double flash = evaluate_layout(s.m, s.c, s.t, l).microbatch.memory_bound;
+  s.t.attention = Attention::unfused;
+  const double unfused = evaluate_layout(s.m, s.c, s.t, l).microbatch.memory_bound;
+  s.t.attention = Attention::materialized;
+  const double materialized = evaluate_layout(s.m, s.c, s.t, l).microbatch.memory_bound;
+  const double elements = 96.0 * 2048 / 8;  // NH * T / tp per token and layer
+  const double tokens = 2048, layers = 96, stages = 8;
+  const double per_byte = layers * tokens / stages / s.c.mem_bw;
+  EXPECT_NEAR(unfused - flash, elements * (13 + 19 + 13) * per_byte, 1e-12);
+  // tetra's kernel: the 5 bytes per element the ledger keeps (the row statistics aside).
+  EXPECT_NEAR(materialized - flash, 3 * (elements * 5 - 4 * 96.0 / 8) * per_byte, 1e-12);
+}
+
 TEST(LayoutSearch, SeedsLayoutIsAmongTheTopChoices) {
   Case s;
   // The seeds' example recomputes selectively (configs/plan/70b-512-h100.toml); with the mode

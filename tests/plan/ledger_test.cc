@@ -137,6 +137,22 @@ TEST(Ledger, ActivationsMatchKorthikantiForGpt) {
                    2 * C / 8);
 }
 
+TEST(Ledger, WithoutSequenceParallelismNormsAndMasksStayWhole) {
+  // Korthikanti et al. Table 2, tensor parallelism alone: 10*C + 24*C/t + 5*NH*T/t.
+  ModelSpec m = model_preset("gpt3-175b");
+  const double C = 12288, NH = 96, T = 2048;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 8,
+                                                    Attention::materialized, false),
+                   10 * C + 24 * C / 8 + 5 * NH * T / 8);
+  // At tp 1 there is nothing to split either way; full recomputation keeps the whole input.
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::none, Precision::Bf16Mixed, 1,
+                                                    Attention::materialized, false),
+                   34 * C + 5 * NH * T);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, Recompute::full, Precision::Bf16Mixed, 8,
+                                                    Attention::materialized, false),
+                   2 * C);
+}
+
 TEST(Ledger, LayoutMemorySplitsStateOverModelParallelRanks) {
   const ModelSpec m = model_preset("llama3-70b");
   TrainingSpec t;
