@@ -14,6 +14,7 @@
 #include "pipeline/trace.h"
 #include "plan/plan_config.h"
 #include "plan/report.h"
+#include "plan/validation.h"
 #include "train/run_plan.h"
 
 namespace tetra::cli {
@@ -48,7 +49,8 @@ int plan_main(const Args& args) {
   ArgParser p(
       "plan", "tetra plan",
       "usage: tetra plan --config FILE.toml [--section.key=value ...] [--json] [--top N] "
-      "[--explain]\n\n"
+      "[--explain]\n"
+      "       tetra plan --validate configs/plan/validation\n\n"
       "Memory and compute ledgers, communication per dimension, pipeline bubble, checkpoint\n"
       "interval and the best layouts for a model on a cluster (docs/plan.md). FILE.toml is a\n"
       "planner config (configs/plan/) or a `tetra train` config, planned as the run it launches.\n",
@@ -62,12 +64,21 @@ int plan_main(const Args& args) {
          "kernels, stragglers) and why each listed layout beats the next"}},
        {{"--trace", ValueKind::String, "\"\"",
          "write the chosen layout's simulated pipeline step as a Chrome/Perfetto trace"},
-        "FILE.json"}});
+        "FILE.json"},
+       {{"--validate", ValueKind::String, "\"\"",
+         "plan every published run of DIR (configs/plan/validation) and compare the published "
+         "layout's rank and utilisation, the products' efficiency fitted leave-one-out"},
+        "DIR"}});
   p.allow_overrides(plan_override_schema());
   p.set_epilog(
       "keys, as --section.key=default (valid values); 0 or \"\" = from the preset or search:\n" +
       describe_keys(plan::plan_schema()) + training_config_help());
   if (!p.parse(args)) return 0;
+  if (const std::string& dir = p.s("--validate"); !dir.empty()) {
+    std::fputs(plan::format_validation(plan::validate(plan::load_published_runs(dir))).c_str(),
+               stdout);
+    return 0;
+  }
   const std::string& config_path = p.s("--config");
   TETRA_CHECK(!config_path.empty() || !p.overrides().empty(),
               "[plan] no input; pass --config FILE.toml (a planner config, examples in "

@@ -7,6 +7,7 @@
 #include "plan/checkpoint_math.h"
 #include "plan/tetra_run.h"
 #include "plan/units.h"
+#include "plan/validation.h"
 
 namespace tetra::plan {
 
@@ -32,6 +33,18 @@ json step_json(const StepTime& s) {
           {"kernels", s.kernels},
           {"stragglers", s.stragglers},
           {"total", s.total()}};
+}
+
+// The three terms that dominate the step (step_terms), with their share of it.
+json dominant_json(const LayoutEstimate& e) {
+  json out = json::array();
+  const std::vector<StepTerm> terms = step_terms(e);
+  for (size_t i = 0; i < terms.size() && i < 3; ++i) {
+    out.push_back({{"term", terms[i].name},
+                   {"seconds", terms[i].seconds},
+                   {"share", e.step_seconds > 0 ? terms[i].seconds / e.step_seconds : 0.0}});
+  }
+  return out;
 }
 
 json layout_json(const LayoutEstimate& e) {
@@ -61,6 +74,7 @@ json layout_json(const LayoutEstimate& e) {
           {"split", l.split},
           {"memory_rank", e.memory.rank},
           {"time", step_json(e.time)},
+          {"dominant", dominant_json(e)},
           {"describe", describe(l)}};
 }
 
@@ -469,6 +483,12 @@ json plan_report(const PlanInputs& in, int top) {
                  {"discarded_memory", search.too_big},
                  {"fitting_grids", search.ranked.size()},
                  {"top", ranked}};
+  // A GPU cluster's utilisation comes with the planner's error on published runs; the cpu
+  // cluster's with its own runs (section 8 of docs/plan.md).
+  if (c.name != "cpu") {
+    const QuotedSpread q = quoted_spread();
+    r["search"]["confidence"] = {{"mfu_points", q.points}, {"published_runs", q.runs}};
+  }
   return r;
 }
 
@@ -674,6 +694,12 @@ std::string format_report(const json& r, bool explain) {
                   "fitting grids",
                   s["considered"].get<int64_t>(), s["discarded_memory"].get<int64_t>(),
                   s["fitting_grids"].get<size_t>()));
+  if (s.contains("confidence")) {
+    line(fmt::format(
+        "  MFU ±{:.1f} points: the planner's root mean square error, leave-one-out, on {} "
+        "published runs (docs/plan.md, \"Validation\")",
+        s["confidence"]["mfu_points"].get<double>(), s["confidence"]["published_runs"].get<int>()));
+  }
   line(fmt::format("  {:>4} {:<80}{:>10}{:>10}{:>8}{:>7}", "rank", "layout", "mem/dev", "step",
                    "bubble", "MFU"));
   for (const auto& e : s["top"]) {
@@ -681,6 +707,12 @@ std::string format_report(const json& r, bool explain) {
                      e["describe"].get<std::string>(), hb(e["memory_per_device"]),
                      hs(e["step_seconds"]), e["bubble"].get<double>() * 100,
                      e["mfu"].get<double>() * 100));
+    std::string terms;
+    for (const auto& d : e["dominant"]) {
+      terms += fmt::format("{}{} {:.0f}%", terms.empty() ? "" : ", ", d["term"].get<std::string>(),
+                           d["share"].get<double>() * 100);
+    }
+    line("         dominated by " + terms);
     if (explain && e.contains("why")) line("         why: " + e["why"].get<std::string>());
     for (const auto& w : e["warnings"]) line("         ! " + w.get<std::string>());
   }

@@ -488,3 +488,48 @@ TEST(PlanCli, ContextParallelRunShowsTheRing) {
   EXPECT_EQ(odd.code, 2);
   EXPECT_TRUE(has(odd, "train.seq_len=128 is not divisible by 2*parallel.cp = 6")) << odd.out;
 }
+
+// Every listed layout says which three terms dominate its step; a GPU cluster's MFU comes with
+// the planner's spread on published runs, the cpu cluster's does not (it has its own runs).
+TEST(PlanCli, LayoutsNameTheirDominantTermsAndGpuPlansTheirSpread) {
+  const CliResult gpu = tetra_plan("--config configs/plan/mixtral-8x7b-64-h100.toml --top 3");
+  ASSERT_EQ(gpu.code, 0) << gpu.out;
+  EXPECT_TRUE(has(gpu, "published runs (docs/plan.md, \"Validation\")")) << gpu.out;
+  size_t lines = 0;
+  for (size_t at = gpu.out.find("dominated by products"); at != std::string::npos;
+       at = gpu.out.find("dominated by products", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3u) << gpu.out;
+  const CliResult json =
+      tetra_plan("--config configs/plan/mixtral-8x7b-64-h100.toml --json --top 1");
+  ASSERT_EQ(json.code, 0) << json.out;
+  const auto top = nlohmann::json::parse(json.out)["search"]["top"][0];
+  ASSERT_EQ(top["dominant"].size(), 3u);
+  EXPECT_GE(top["dominant"][0]["share"].get<double>(), top["dominant"][1]["share"].get<double>());
+  const CliResult cpu = tetra_plan("--config configs/plan/gpt2-124m-cpu.toml", false);
+  ASSERT_EQ(cpu.code, 0) << cpu.out;
+  EXPECT_FALSE(has(cpu, "published runs")) << cpu.out;
+  EXPECT_TRUE(has(cpu, "dominated by")) << cpu.out;
+}
+
+// `tetra plan --validate DIR` tabulates the runs of DIR; a wrong directory is refused.
+TEST(PlanCli, ValidateTabulatesThePublishedRunsOfADirectory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("plan_validate_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const char* run : {"megatron-1.7b-32", "selective-22b-8"}) {
+    fs::copy_file(
+        fs::path(TETRA_SOURCE_DIR) / "configs/plan/validation" / (std::string(run) + ".toml"),
+        dir / (std::string(run) + ".toml"));
+  }
+  const CliResult r = tetra_plan("--validate " + dir.string());
+  fs::remove_all(dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "| megatron-1.7b-32 | 32 | Megatron-LM |")) << r.out;
+  EXPECT_TRUE(has(r, "| selective-22b-8 | 8 |")) << r.out;
+  EXPECT_TRUE(has(r, "2 runs (2 on 64 GPUs or fewer) from 1 frameworks")) << r.out;
+  const CliResult bad = tetra_plan("--validate " + dir.string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(has(bad, "not a directory")) << bad.out;
+}
