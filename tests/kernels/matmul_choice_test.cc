@@ -118,6 +118,8 @@ TEST(MatmulLibraries, EveryLibraryMatchesTheF64ReferenceInEveryLayout) {
         bool expected = true;
         if (lib == MatmulLib::onednn_copy) expected = !batched && (l.at || l.bt);
         if (lib == MatmulLib::onednn_split || lib == MatmulLib::openblas_split) expected = splits;
+        // The widened libraries run products with a bf16 operand, never two f32 ones.
+        if (lib == MatmulLib::widened || lib == MatmulLib::widened_split) expected = false;
         ASSERT_EQ(matmul_lib_supports(lib, x), expected)
             << l.name << " " << matmul_lib_name(lib) << " at " << threads << " threads";
         if (!expected) continue;
@@ -130,14 +132,11 @@ TEST(MatmulLibraries, EveryLibraryMatchesTheF64ReferenceInEveryLayout) {
   }
 }
 
-// Products of bf16 operands have two libraries where oneDNN's bf16 primitive is native: whole and
-// split. Both compute the f64 product of the same (bf16-exact) values; nothing else runs them.
-TEST(MatmulLibraries, Bf16OperandsRunWholeOrSplitOnOneDnn) {
-  if (!bf16_matmul_path().native) {
-    std::cout << "[ bf16     ] " << bf16_matmul_path().describe()
-              << ": bf16 operands are widened to f32 here, no bf16 library to choose" << std::endl;
-    return;
-  }
+// Products of bf16 operands: oneDNN's bf16 primitive whole and split where it is native (and takes
+// B as it is), and everywhere the operands widened to f32, whole and split. All compute the f64
+// product of the same (bf16-exact) values; nothing else runs them.
+TEST(MatmulLibraries, Bf16OperandsRunOnTheBf16PrimitiveOrWidened) {
+  std::cout << "[ bf16     ] " << bf16_matmul_path().describe() << std::endl;
   const Threads scope(2);
   for (const Layout& l : layouts()) {
     if (l.b0 * l.b1 > 1 || l.pad > 0) continue;
@@ -169,12 +168,13 @@ TEST(MatmulLibraries, Bf16OperandsRunWholeOrSplitOnOneDnn) {
     matmul_reference(r);
 
     // A transposed B is copied row-major first when M <= 32 (oneDNN's AMX kernels get it wrong,
-    // matmul.cc): such a product goes to neither library as it is.
-    const bool copied_first = l.bt && l.M <= 32;
+    // matmul.cc): such a product goes to neither bf16 library as it is.
+    const bool primitive = bf16_matmul_path().native && !(l.bt && l.M <= 32);
+    const bool splits = std::max(l.M, l.N) > 16;
     for (MatmulLib lib : kMatmulLibs) {
       const bool expected =
-          !copied_first &&
-          (lib == MatmulLib::onednn || (lib == MatmulLib::onednn_split && std::max(l.M, l.N) > 16));
+          (primitive && (lib == MatmulLib::onednn || (lib == MatmulLib::onednn_split && splits))) ||
+          lib == MatmulLib::widened || (lib == MatmulLib::widened_split && splits);
       ASSERT_EQ(matmul_lib_supports(lib, x), expected) << l.name << " " << matmul_lib_name(lib);
       if (!expected) continue;
       std::vector<float> c(c0);
@@ -279,7 +279,7 @@ TEST_F(MatmulChoice, MeasuredOnceThenReadBackFromTheCache) {
     EXPECT_EQ(measurements_, 6);  // each library in each of two rounds
   }
   const json j = cache();
-  EXPECT_EQ(j["schema"], 2);
+  EXPECT_EQ(j["schema"], 3);
   EXPECT_EQ(j["machine"], "Test CPU");
   const std::string k = matmul_choice_key(x_, omp_get_max_threads());
   ASSERT_TRUE(j["products"].contains(k)) << j.dump(1);
@@ -322,22 +322,28 @@ TEST_F(MatmulChoice, WithTwoThreadsTheSplitLibrariesAreMeasuredToo) {
   EXPECT_EQ(e["gflops"]["openblas-split"], 80.0);
 }
 
-TEST_F(MatmulChoice, Bf16ProductsAreKeptApartAndMeasuredOnOneDnnWholeAndSplit) {
-  if (!bf16_matmul_path().native) {
-    std::cout << "[ bf16     ] " << bf16_matmul_path().describe()
-              << ": no bf16 library to choose here" << std::endl;
-    return;
-  }
+// A product of bf16 operands has its own key and its own libraries: the bf16 primitive whole and
+// split where it is native, the widened pair everywhere; a CPU whose bf16 instructions are slow
+// picks widened.
+TEST_F(MatmulChoice, Bf16ProductsAreKeptApartAndMeasuredOnTheirOwnLibraries) {
+  const bool native = bf16_matmul_path().native;
+  std::cout << "[ bf16     ] " << bf16_matmul_path().describe() << std::endl;
   omp_set_num_threads(2);
   std::vector<bf16> a(size_t(x_.M * x_.K)), b(size_t(x_.K * x_.N));
   MatmulArgs y = x_;
   y.a = {a.data(), x_.a.strides, DType::bf16};
   y.b = {b.data(), x_.b.strides, DType::bf16};
   EXPECT_EQ(matmul_choice_key(y, 2), "64x16x32 b1 tn bf16 t2");
-  MatmulChooser chooser(
-      cache_, source({{MatmulLib::onednn, 30.0}, {MatmulLib::onednn_split, 45.0}}, "Test CPU"));
-  EXPECT_EQ(chooser.choose(y), MatmulLib::onednn_split);
-  EXPECT_EQ(measurements_, 4);  // the two oneDNN libraries, two rounds; no other runs bf16
+  const std::map<MatmulLib, double> rates = {{MatmulLib::onednn, 30.0},
+                                             {MatmulLib::onednn_split, 45.0},
+                                             {MatmulLib::widened, 50.0},
+                                             {MatmulLib::widened_split, 40.0}};
+  MatmulChooser chooser(cache_, source(rates, "Test CPU"));
+  EXPECT_EQ(chooser.choose(y), MatmulLib::widened);
+  // Two rounds over the libraries that run it; none of the f32-only ones.
+  EXPECT_EQ(measurements_, native ? 8 : 4);
+  const json entry = cache()["products"][matmul_choice_key(y, 2)];
+  EXPECT_EQ(entry["gflops"].size(), native ? 4u : 2u) << entry;
   EXPECT_FALSE(cache()["products"].contains(matmul_choice_key(x_, 2))) << "the f32 product";
 }
 
@@ -349,9 +355,9 @@ TEST_F(MatmulChoice, AnOlderSchemaIsMeasuredAgain) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(chooser.choose(x_), MatmulLib::openblas);
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("has schema 1, not 2"), std::string::npos) << err;
+  EXPECT_NE(err.find("has schema 1, not 3"), std::string::npos) << err;
   EXPECT_EQ(chooser.measured(), 1);
-  EXPECT_EQ(cache()["schema"], 2);
+  EXPECT_EQ(cache()["schema"], 3);
 }
 
 TEST_F(MatmulChoice, DamagedCacheIsMeasuredAgainWithAWarning) {
@@ -359,8 +365,8 @@ TEST_F(MatmulChoice, DamagedCacheIsMeasuredAgainWithAWarning) {
   const std::vector<std::pair<std::string, std::string>> damaged = {
       {"{\"schema\": 1, \"machine\"", "is not valid JSON"},
       {"[1, 2]", "is not a JSON object"},
-      {R"({"schema": 2, "machine": "Test CPU", "products": 7})", "has no \"products\" object"},
-      {R"({"schema": 2, "machine": "Test CPU", "products": {")" + k +
+      {R"({"schema": 3, "machine": "Test CPU", "products": 7})", "has no \"products\" object"},
+      {R"({"schema": 3, "machine": "Test CPU", "products": {")" + k +
            R"(": {"library": "magic", "gflops": {}}}})",
        "has a malformed entry for \"" + k + "\""},
   };
@@ -386,7 +392,7 @@ TEST_F(MatmulChoice, AnEntryNamingALibraryThatCannotRunTheProductIsMeasuredAgain
   MatmulArgs nn = x_;
   nn.a.strides = {0, 0, 16, 1};  // no transposed operand: the copy path cannot run it
   const std::string k = matmul_choice_key(nn, omp_get_max_threads());
-  write(R"({"schema": 2, "machine": "Test CPU", "products": {")" + k +
+  write(R"({"schema": 3, "machine": "Test CPU", "products": {")" + k +
         R"(": {"library": "onednn-copy", "gflops": {}}}})");
   MatmulChooser chooser(cache_, source(blas_wins_, "Test CPU"));
   ::testing::internal::CaptureStderr();
@@ -399,7 +405,7 @@ TEST_F(MatmulChoice, AnEntryNamingALibraryThatCannotRunTheProductIsMeasuredAgain
 
 TEST_F(MatmulChoice, AnotherMachinesCacheIsReplaced) {
   const std::string k = matmul_choice_key(x_, omp_get_max_threads());
-  write(R"({"schema": 2, "machine": "Other CPU", "products": {")" + k +
+  write(R"({"schema": 3, "machine": "Other CPU", "products": {")" + k +
         R"(": {"library": "onednn", "gflops": {"onednn": 1}}}})");
   MatmulChooser chooser(cache_, source(blas_wins_, "Test CPU"));
   EXPECT_EQ(chooser.choose(x_), MatmulLib::openblas);
@@ -480,8 +486,9 @@ TEST(MatmulChoiceMachine, MeasuresThisCpu) {
   x.c = c.data();
   x.c_strides = {n * n, n * n, n, 1};
   const MatmulChoiceSource machine = machine_matmul_source();
-  const Threads scope(2);  // every library, the split ones too
+  const Threads scope(2);  // every library of f32 operands, the split ones too
   for (MatmulLib lib : kMatmulLibs) {
+    if (lib == MatmulLib::widened || lib == MatmulLib::widened_split) continue;  // bf16 operands
     const double g = machine.measure(lib, x);
     EXPECT_GT(g, 0.0) << matmul_lib_name(lib);
     std::cout << "[ matmul   ] " << machine.machine << " " << matmul_choice_key(x, 0) << " "

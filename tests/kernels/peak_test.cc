@@ -59,12 +59,12 @@ class PeakCache : public ::testing::Test {
   }
   // A current-schema file holding `entries` for the stand-in machine.
   static std::string current(const json& entries) {
-    return json{{"schema", 2}, {"machine", kMachine}, {"threads", entries}}.dump();
+    return json{{"schema", 3}, {"machine", kMachine}, {"threads", entries}}.dump();
   }
   // The file is in the current schema and holds a well-formed entry of `gflops` at `threads`.
   void expect_entry(int threads, double gflops) const {
     const json j = cache();
-    EXPECT_EQ(j["schema"], 2) << j.dump();
+    EXPECT_EQ(j["schema"], 3) << j.dump();
     EXPECT_EQ(j["machine"], kMachine) << j.dump();
     const json& e = j["threads"][std::to_string(threads)];
     EXPECT_DOUBLE_EQ(e["gflops"].get<double>(), gflops) << j.dump();
@@ -89,7 +89,7 @@ TEST_F(PeakCache, MissingFileIsMeasuredWrittenAndThenReused) {
 
 TEST_F(PeakCache, DamagedFilesAreMeasuredAgainAndRewritten) {
   const std::vector<std::string> damaged = {
-      "{\"schema\": 2, \"machine\"", "", "[1, 2]", "42", "\xff\xfe", current(json(7))};
+      "{\"schema\": 3, \"machine\"", "", "[1, 2]", "42", "\xff\xfe", current(json(7))};
   for (const std::string& text : damaged) {
     write(text);
     measured_ = 0;
@@ -161,7 +161,7 @@ TEST_F(PeakCache, MalformedEntriesAreMeasuredAgain) {
 }
 
 TEST_F(PeakCache, AnotherMachinesFileIsMeasuredAgain) {
-  write(json{{"schema", 2},
+  write(json{{"schema", 3},
              {"machine", "Other CPU (avx512_core_amx)"},
              {"threads", {{"2", {{"gflops", 900.0}, {"load_average", 0.0}}}}}}
             .dump());

@@ -120,7 +120,7 @@ TEST_F(CpuPreset, DeviceIsACorePairWithThePeakOfItsOwnThreads) {
   json threads = {{std::to_string(cores), {{"gflops", 999.0}, {"load_average", 0.0}}}};
   threads[std::to_string(device)] = {{"gflops", 42.0}, {"load_average", 0.0}};
   std::ofstream(cache()) << json{
-      {"schema", 2}, {"machine", cpu::machine_peak_source().machine}, {"threads", threads}};
+      {"schema", 3}, {"machine", cpu::machine_peak_source().machine}, {"threads", threads}};
   const ClusterSpec c = cluster_preset("cpu");
   EXPECT_DOUBLE_EQ(c.peak_flops, 42e9);
   EXPECT_EQ(c.gpus_per_node, std::max(1, cores / 2));
@@ -136,7 +136,7 @@ TEST_F(CpuPreset, MissingPeakIsMeasuredNotRefused) {
   EXPECT_GT(c.peak_flops, 1e8);
   std::ifstream in(cache());
   const json j = json::parse(in);
-  EXPECT_EQ(j["schema"], 2) << j.dump();
+  EXPECT_EQ(j["schema"], 3) << j.dump();
   EXPECT_DOUBLE_EQ(j["threads"][std::to_string(cpu_device_threads())]["gflops"].get<double>() * 1e9,
                    c.peak_flops)
       << j.dump();

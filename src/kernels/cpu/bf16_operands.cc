@@ -3,30 +3,46 @@
 // products, or made row-major.
 #include "kernels/cpu/bf16_operands.h"
 
+#include <bit>
+#include <cstdint>
 #include <utility>
 
 #include "core/profile.h"
 
 namespace tetra::cpu {
 
-// A bf16 operand (b0, b1, rows, cols) widened into dense f32 `scratch`; other operands unchanged.
-// bf16 -> f32 is exact, so the f32 product sees the same inputs the bf16 primitive would.
+// A bf16 operand (b0, b1, rows, cols) widened into dense f32 `scratch`, keeping which of its
+// dimensions is contiguous (as rounded() does); other operands unchanged. bf16 -> f32 is exact,
+// so the f32 product sees the same inputs the bf16 primitive would.
 MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
                    std::vector<float>& scratch) {
   if (op.dtype != DType::bf16) return op;
+  const ProfileScope profile(ProfKind::bf16_cast, "bf16 operands to f32");
   scratch.resize(size_t(b0 * b1 * rows * cols));
-  const bf16* src = static_cast<const bf16*>(op.data);
+  const uint16_t* src = &static_cast<const bf16*>(op.data)->bits;
   float* dst = scratch.data();
   const auto& s = op.strides;
-#pragma omp parallel for collapse(3)
+  const bool by_cols = s[3] != 1 && s[2] == 1;  // column-major: walk columns, rows contiguous
+  const int64_t outer = by_cols ? cols : rows, inner = by_cols ? rows : cols;
+  const int64_t so = by_cols ? s[3] : s[2], si = by_cols ? s[2] : s[3];
+#pragma omp parallel for collapse(3) schedule(static)
   for (int64_t i0 = 0; i0 < b0; ++i0)
     for (int64_t i1 = 0; i1 < b1; ++i1)
-      for (int64_t r = 0; r < rows; ++r) {
-        const bf16* in = src + i0 * s[0] + i1 * s[1] + r * s[2];
-        float* out = dst + ((i0 * b1 + i1) * rows + r) * cols;
-        for (int64_t c = 0; c < cols; ++c) out[c] = in[c * s[3]].to_float();
+      for (int64_t o = 0; o < outer; ++o) {
+        const uint16_t* in = src + i0 * s[0] + i1 * s[1] + o * so;
+        float* out = dst + ((i0 * b1 + i1) * outer + o) * inner;
+        if (si == 1) {
+#pragma omp simd
+          for (int64_t i = 0; i < inner; ++i) out[i] = std::bit_cast<float>(uint32_t(in[i]) << 16);
+        } else {
+          for (int64_t i = 0; i < inner; ++i) {
+            out[i] = std::bit_cast<float>(uint32_t(in[i * si]) << 16);
+          }
+        }
       }
-  return {dst, {b1 * rows * cols, rows * cols, cols, 1}, DType::f32};
+  const int64_t m = rows * cols;
+  if (by_cols) return {dst, {b1 * m, m, 1, rows}, DType::f32};
+  return {dst, {b1 * m, m, cols, 1}, DType::f32};
 }
 
 // A bf16 operand (b0, b1, rows, cols) copied into dense row-major `scratch`.

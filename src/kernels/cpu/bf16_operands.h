@@ -11,7 +11,8 @@
 
 namespace tetra::cpu {
 
-/** A bf16 operand widened into dense f32 `scratch` (exact); other operands unchanged. */
+/** A bf16 operand widened into dense f32 `scratch` (exact), transposed if it was; other operands
+ *  unchanged. */
 MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
                    std::vector<float>& scratch);
 /** A bf16 operand copied into dense row-major `scratch`. */

@@ -466,6 +466,24 @@ bool native_bf16_operands(const MatmulArgs& x) {
          !transposed_b_needs_copy(x);
 }
 
+// A product with a bf16 operand, the other bf16 or f32: what the widened libraries run.
+bool widenable(const MatmulArgs& x) {
+  const auto ok = [](DType d) { return d == DType::bf16 || d == DType::f32; };
+  return (x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16) && ok(x.a.dtype) && ok(x.b.dtype) &&
+         !x.bf16;
+}
+
+// The bf16 operands widened to f32 (exact, so the f32 product sees the values the bf16 primitive
+// would) into this thread's scratch, then oneDNN's f32 primitive, whole or one slab per thread.
+void widened_matmul(const MatmulArgs& x, bool split) {
+  Engine& e = engine();
+  MatmulArgs w = x;
+  w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
+  w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
+  if (split) return onednn_split_matmul(w);
+  onednn_matmul(w);
+}
+
 }  // namespace
 
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& x) {
@@ -482,6 +500,10 @@ bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& x) {
       return (f32 || native_bf16_operands(x)) && slab_cut(x).parts > 1;
     case MatmulLib::openblas_split:
       return matmul_lib_supports(MatmulLib::openblas, x) && slab_cut(x).parts > 1;
+    case MatmulLib::widened:
+      return widenable(x);
+    case MatmulLib::widened_split:
+      return widenable(x) && slab_cut(x).parts > 1;
   }
   return false;
 }
@@ -501,19 +523,25 @@ void matmul_with(MatmulLib lib, const MatmulArgs& x) {
       return onednn_split_matmul(x);
     case MatmulLib::openblas_split:
       return openblas_split_matmul(x);
+    case MatmulLib::widened:
+      return widened_matmul(x, false);
+    case MatmulLib::widened_split:
+      return widened_matmul(x, true);
   }
 }
 
 namespace {
 
-// The library this product (f32, or bf16 operands on oneDNN's bf16 primitive) runs on under the
-// policy in force. A fixed policy runs bf16 products whole on oneDNN, the one library that has
-// them; `auto` measures them whole against split like any f32 product.
+// The library this product (f32, or with bf16 operands) runs on under the policy in force. A
+// fixed policy runs bf16 operands whole on oneDNN's bf16 primitive where it is native and takes
+// them as they are, else widened; `auto` measures every library that runs the product.
 MatmulLib library_for(const MatmulArgs& x) {
+  const bool widen = widenable(x) && !native_bf16_operands(x);
   switch (matmul_policy()) {
     case MatmulPolicy::onednn:
-      return MatmulLib::onednn;
+      return widen ? MatmulLib::widened : MatmulLib::onednn;
     case MatmulPolicy::openblas:
+      if (widen) return MatmulLib::widened;
       return matmul_lib_supports(MatmulLib::openblas, x) ? MatmulLib::openblas : MatmulLib::onednn;
     case MatmulPolicy::choose:
       break;
@@ -608,18 +636,18 @@ void matmul(const MatmulArgs& x) {
   }
   if (x.a.dtype == DType::f64) return matmul_reference(x);
   const bool has_bf16 = x.a.dtype == DType::bf16 || x.b.dtype == DType::bf16;
-  if (!has_bf16 || native_bf16_operands(x)) return matmul_with(library_for(x), x);
-  Engine& e = engine();
+  if (!has_bf16 || native_bf16_operands(x) || matmul_policy() == MatmulPolicy::choose) {
+    return matmul_with(library_for(x), x);
+  }
+  // A fixed policy: one bf16 operand with an f32 one, or a transposed bf16 B the bf16 primitive
+  // must not take as it is (copied row-major first), stay on that primitive where it is native.
   if (bf16_matmul_path().native) {
     if (x.b.dtype != DType::bf16 || !transposed_b_needs_copy(x)) return onednn_matmul(x);
     MatmulArgs r = x;
-    r.b = row_major_bf16(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b16);
+    r.b = row_major_bf16(x.b, x.b0, x.b1, x.K, x.N, engine().scratch_b16);
     return onednn_matmul(r);
   }
-  MatmulArgs w = x;
-  w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
-  w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
-  onednn_matmul(w);
+  widened_matmul(x, false);
 }
 
 std::string onednn_isa() { return std::string(isa_name(dnnl::get_effective_cpu_isa())); }

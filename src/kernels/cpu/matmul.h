@@ -50,16 +50,30 @@ void matmul(const MatmulArgs& args);
  *  region (matmul.cc, "groups of products"); any other group runs product by product. */
 void matmul_group(std::span<const MatmulArgs> products);
 
-enum class MatmulLib : uint8_t { onednn, openblas, onednn_copy, onednn_split, openblas_split };
-constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn, MatmulLib::openblas, MatmulLib::onednn_copy,
-                                     MatmulLib::onednn_split, MatmulLib::openblas_split};
-/** "onednn", "openblas", "onednn-copy", "onednn-split", "openblas-split". */
+enum class MatmulLib : uint8_t {
+  onednn,
+  openblas,
+  onednn_copy,
+  onednn_split,
+  openblas_split,
+  widened,
+  widened_split
+};
+constexpr MatmulLib kMatmulLibs[] = {MatmulLib::onednn,         MatmulLib::openblas,
+                                     MatmulLib::onednn_copy,    MatmulLib::onednn_split,
+                                     MatmulLib::openblas_split, MatmulLib::widened,
+                                     MatmulLib::widened_split};
+/** "onednn", "openblas", "onednn-copy", "onednn-split", "openblas-split", "f32-widened",
+ *  "f32-widened-split". */
 const char* matmul_lib_name(MatmulLib lib);
 /** Which library runs each f32 product: `choose` measures and caches the fastest per product
  *  (kernels.matmul=auto); `onednn` runs every product on oneDNN's primitive; `openblas` every
  *  product OpenBLAS can run (unit-stride operands) on OpenBLAS and the others on oneDNN. A
- *  product of bf16 operands has two libraries, oneDNN whole and split: `choose` measures them,
- *  either fixed policy runs it whole. */
+ *  product of bf16 operands has up to four: oneDNN's bf16 primitive whole and split where it is
+ *  native, and its operands widened to f32 (exact) for oneDNN's f32 primitive, whole and split,
+ *  which a CPU whose bf16 instructions run slower than its f32 ones prefers (an Intel Xeon with
+ *  AVX512_BF16 and no AMX: 90 against 160 GFLOP/s). `choose` measures them; either fixed policy
+ *  runs it on the bf16 primitive where that is native, widened where not. */
 enum class MatmulPolicy : uint8_t { choose, onednn, openblas };
 /** "auto", "onednn" or "openblas"; anything else throws tetra::Error naming `what` (the key or
  *  variable it came from) and the accepted values. */
@@ -77,7 +91,8 @@ std::string matmul_policy_describe();
  *  OpenMP thread, each a single-threaded product of that library) an unbatched product, more than
  *  one thread and an output of more than 16 rows or columns, outside a parallel region. oneDNN
  *  runs every f32 product; oneDNN and its split also bf16 operands where its bf16 primitive is
- *  native (and B needs no copy first). */
+ *  native (and B needs no copy first); the widened pair every product with a bf16 operand (the
+ *  other bf16 or f32), the split one under the split's conditions. */
 bool matmul_lib_supports(MatmulLib lib, const MatmulArgs& args);
 /** The product through `lib` (must be supported), bypassing the choice: for the choice's
  *  measurements and for tests. */

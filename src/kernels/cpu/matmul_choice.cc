@@ -22,7 +22,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kSchema = 2;  // 2: the split libraries (entries of 1 never measured them)
+// 2: the split libraries (entries of 1 never measured them); 3: bf16 operands widened to f32
+constexpr int kSchema = 3;
 constexpr int kRounds = 2;
 
 char layout_letter(const std::array<int64_t, 4>& s) {

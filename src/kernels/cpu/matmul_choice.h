@@ -2,7 +2,7 @@
 // that can run it, once per machine, and kept in $XDG_CACHE_HOME/tetra/matmul.json (default
 // $HOME/.cache/tetra/matmul.json) in the style of the peak cache (core/machine_cache.h):
 //
-//   {"schema": 2, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
+//   {"schema": 3, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
 //    "products": {"<key>": {"library": "openblas-split", "role": "mlp.c_fc weight grad",
 //                           "gflops": {"onednn": 31.2, "openblas": 74.9, "onednn-copy": 52.0,
 //                                      "onednn-split": 40.1, "openblas-split": 80.3},

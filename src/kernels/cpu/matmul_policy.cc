@@ -43,6 +43,10 @@ const char* matmul_lib_name(MatmulLib lib) {
       return "onednn-split";
     case MatmulLib::openblas_split:
       return "openblas-split";
+    case MatmulLib::widened:
+      return "f32-widened";
+    case MatmulLib::widened_split:
+      return "f32-widened-split";
   }
   return "unknown";
 }

@@ -1,12 +1,13 @@
 // The machine's measured matmul rates, fp32 and bf16: the trainer's MFU denominator (the bf16 one
 // for a bf16 run whose products use bf16 instructions) and the planner's `cpu` device. Measured
 // per thread count through the matmul seam the model uses, on the library chosen for a 2048^3
-// product (the best such product over a second; bf16: bf16 A and B, f32 C, on oneDNN's bf16
-// primitive where the CPU has one, else widened to f32), and kept in one cache,
+// product (the best such product over a second; bf16: bf16 A and B, f32 C, on the library chosen
+// for them: oneDNN's bf16 primitive, or the operands widened to f32 where that is faster or the
+// CPU has no bf16 primitive), and kept in one cache,
 // $XDG_CACHE_HOME/tetra/peak.json (default $HOME/.cache/tetra/peak.json; the format of
 // core/machine_cache.h), that the trainer and the planner both read and write here:
 //
-//   {"schema": 2, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
+//   {"schema": 3, "machine": "<CPU model> (oneDNN <ISA>, OpenBLAS <core>)",
 //    "threads": {"2": {"gflops": 151.2, "load_average": 0.31,
 //                      "measured_at": "2025-01-31T12:00:00Z"},
 //                "bf16:2": {"gflops": 402.7, ...}, ...}}
