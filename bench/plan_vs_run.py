@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
 """Plan vs measured on this machine: `tetra train` runs a small GPT-2 under DP (ZeRO 0-3), TP (with
-and without sequence parallelism, with full recomputation) and PP (1F1B, GPipe, interleaved)
-layouts, and at its end prints the planner's prediction for its own layout beside what it measured
-(docs/training.md, "Plan vs measured"); this script runs each layout and tabulates
-run.dir/plan_vs_measured.json: step time, memory per rank, bytes per step per group and the
-pipeline bubble, predicted and measured, with the load average around each run (timings on a busy
-machine read slow: rerun on a quiet one).
-
-Expert parallelism has no rows: the trainer refuses parallel.ep > 1.
+and without sequence parallelism, with full recomputation), PP (1F1B, GPipe, interleaved), EP (a
+mixture of experts) and CP (a Llama) layouts, and at its end prints the planner's prediction for
+its own layout beside what it measured (docs/training.md, "Plan vs measured"); this script runs
+each layout and tabulates run.dir/plan_vs_measured.json: step time, memory per rank, bytes per
+step per group and the pipeline bubble, predicted and measured, with the load average around each
+run (timings on a busy machine read slow: rerun on a quiet one). `--shape gpt2-124m` runs GPT-2
+124M (T 64, micro-batch 4) at one rank and at dp2, tp2, pp2, ep2 and cp2.
 
 The planner's cpu cluster is calibrated from this machine: the matmul peak at the run's threads
 (the trainer's MFU denominator), the MPI link the first multi-rank run measures at its end (kept,
 the best seen, in $XDG_CACHE_HOME/tetra/comm.json), and the copy bandwidth.
 
-    /usr/bin/python3 bench/plan_vs_run.py [--steps 15] [--json out.json] [--markdown]
+    /usr/bin/python3 bench/plan_vs_run.py [--shape small|gpt2-124m] [--steps 15] [--json out.json]
+        [--markdown]
 """
 import argparse
 import json
@@ -26,7 +26,17 @@ from benchutil import cpu_name, random_tokens, write_tokens
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
        "--mca", "btl", "self,vader"]
-MODEL = dict(vocab_size=2048, n_layer=4, n_head=4, d_model=256, max_seq=128)
+# shape -> (model.* keys, micro-batch, sequence length)
+SHAPES = {
+    "small": (dict(vocab_size=2048, n_layer=4, n_head=4, d_model=256, max_seq=128), 4, 128),
+    "gpt2-124m": (dict(vocab_size=50257, n_layer=12, n_head=12, d_model=768, max_seq=1024), 4, 64),
+}
+# A mixture of experts (4 experts in every other block, nothing dropped) and a Llama of the same
+# width (RMSNorm, SwiGLU, grouped keys and values: what context parallelism runs).
+MOE = ["--model.moe_experts=4", "--model.moe_every=2", "--moe.capacity_factor=0"]
+LLAMA = ["--model.arch=llama"]
+EP2 = ("EP 2 (4 experts every other block)", 2, MOE + ["--parallel.ep=2"])
+CP2 = ("CP 2 (Llama, ring)", 2, LLAMA + ["--parallel.cp=2", "--parallel.dp=1"])
 
 # (name, ranks, flags): two ranks of one thread each on this machine, one for the baseline.
 LAYOUTS = [
@@ -46,6 +56,21 @@ LAYOUTS = [
     ("PP 2, interleaved v=2, m=4", 2, ["--parallel.pp=2", "--parallel.dp=1",
                                        "--train.grad_accum=4", "--pp.schedule=interleaved",
                                        "--pp.chunks=2"]),
+    ("1 rank, 4 experts every other block", 1, MOE),
+    EP2,
+    ("1 rank, Llama", 1, LLAMA),
+    CP2,
+]
+# The issue's layouts of GPT-2 124M: each dimension at 2 against its one-rank run.
+LAYOUTS_124M = [
+    ("1 rank", 1, []),
+    ("DP 2, ZeRO-1", 2, ["--zero.stage=1"]),
+    ("TP 2", 2, ["--parallel.tp=2", "--parallel.dp=1"]),
+    ("PP 2, 1F1B, m=4", 2, ["--parallel.pp=2", "--parallel.dp=1", "--train.grad_accum=4"]),
+    ("1 rank, 4 experts every other block", 1, MOE),
+    EP2,
+    ("1 rank, Llama", 1, LLAMA),
+    CP2,
 ]
 
 
@@ -54,10 +79,11 @@ def load_average():
 
 
 def run(a, workdir, data, name, ranks, flags):
-    run_dir = os.path.join(workdir, name.replace(" ", "_").replace(",", "").replace("=", ""))
+    model, micro_batch, seq = SHAPES[a.shape]
+    run_dir = os.path.join(workdir, "".join(c if c.isalnum() else "_" for c in name))
     cmd = ([] if ranks == 1 else MPI + ["-np", str(ranks)]) + [a.tetra, "train"] + [
-        f"--model.{k}={v}" for k, v in MODEL.items()] + [
-        "--train.micro_batch=4", "--train.seq_len=128", f"--train.steps={a.steps}",
+        f"--model.{k}={v}" for k, v in model.items()] + [
+        f"--train.micro_batch={micro_batch}", f"--train.seq_len={seq}", f"--train.steps={a.steps}",
         "--run.threads=1", f"--data.train={data}", "--data.val=", f"--run.dir={run_dir}",
         "--run.progress=never", "--optim.warmup_steps=2", "--eval.every=0"] + flags
     before = load_average()
@@ -93,24 +119,26 @@ def row(r):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tetra", default=os.path.join(ROOT, "build", "tetra"))
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small")
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--json", help="write every run's plan_vs_measured.json here, as a list")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="plan_vs_run_") as workdir:
+        model, micro_batch, seq = SHAPES[a.shape]
         data = os.path.join(workdir, "train.bin")
-        write_tokens(data, random_tokens(1 << 16, MODEL["vocab_size"]))
-        results = [run(a, workdir, data, name, ranks, flags) for name, ranks, flags in LAYOUTS]
+        write_tokens(data, random_tokens(1 << 16, model["vocab_size"]))
+        layouts = LAYOUTS_124M if a.shape == "gpt2-124m" else LAYOUTS
+        results = [run(a, workdir, data, name, ranks, flags) for name, ranks, flags in layouts]
     head = ["layout", "step (plan / measured)", "memory per rank", "bytes per step per group",
             "bubble", "load before / after"]
     rows = [row(r) for r in results]
-    print(f"# plan vs measured on {cpu_name()}: GPT-2 {MODEL}, micro-batch 4 x 128 tokens, "
-          f"{a.steps} steps (median step), 1 thread per rank")
+    print(f"# plan vs measured on {cpu_name()}: GPT-2 {model}, micro-batch {micro_batch} x {seq} "
+          f"tokens, {a.steps} steps (median step), 1 thread per rank")
     if results:
         c = results[-1]["cluster"]
         print(f"# cpu cluster: {c['peak_gflops']:.1f} GFLOP/s per rank, MPI {c['link_gbs']:.2f} "
               f"GB/s and {c['link_latency_us']:.1f} us per hop, memory {c['mem_bw_gbs']:.1f} GB/s")
-    print("# no EP rows: tetra train refuses parallel.ep > 1")
     if a.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + " --- |" * len(head))
