@@ -15,12 +15,10 @@ namespace tetra::cpu {
 // dimensions is contiguous (as rounded() does); other operands unchanged. bf16 -> f32 is exact,
 // so the f32 product sees the same inputs the bf16 primitive would.
 MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
-                   std::vector<float>& scratch) {
+                   float* dst) {
   if (op.dtype != DType::bf16) return op;
   const ProfileScope profile(ProfKind::bf16_cast, "bf16 operands to f32");
-  scratch.resize(size_t(b0 * b1 * rows * cols));
   const uint16_t* src = &static_cast<const bf16*>(op.data)->bits;
-  float* dst = scratch.data();
   const auto& s = op.strides;
   const bool by_cols = s[3] != 1 && s[2] == 1;  // column-major: walk columns, rows contiguous
   const int64_t outer = by_cols ? cols : rows, inner = by_cols ? rows : cols;

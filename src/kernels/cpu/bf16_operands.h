@@ -11,10 +11,10 @@
 
 namespace tetra::cpu {
 
-/** A bf16 operand widened into dense f32 `scratch` (exact), transposed if it was; other operands
- *  unchanged. */
+/** A bf16 operand widened into dense f32 at `dst` (b0 * b1 * rows * cols floats; exact),
+ *  transposed if it was; other operands unchanged (`dst` unused). */
 MatOperand widened(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
-                   std::vector<float>& scratch);
+                   float* dst);
 /** A bf16 operand copied into dense row-major `scratch`. */
 MatOperand row_major_bf16(const MatOperand& op, int64_t b0, int64_t b1, int64_t rows, int64_t cols,
                           std::vector<bf16>& scratch);

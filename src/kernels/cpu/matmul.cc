@@ -38,7 +38,7 @@ struct Engine {
   dnnl::stream stream{engine};
   std::vector<dnnl::stream> slab_streams;  // one per thread of a split product (see below)
   std::map<Key, Cached> cache;
-  std::vector<float> scratch_a, scratch_b;  // bf16 operands widened to f32 (fallback path)
+  std::vector<float> scratch_a, scratch_b;  // bf16 operands widened to f32 (copy_scratch)
   std::vector<bf16> scratch_b16;            // a transposed bf16 B made row-major (see below)
 };
 
@@ -324,6 +324,23 @@ void onednn_copy_matmul(const MatmulArgs& x) {
   onednn_matmul(d);
 }
 
+// Scratch for operands widened to f32: up to kKeptCopy floats (16 MB) in the thread's scratch,
+// kept for the next product (no allocation and no page faults per product); a larger operand (a
+// head's weight) in a fresh allocation freed after the product, so that no large buffer outlives
+// it outside the memory ledger.
+constexpr int64_t kKeptCopy = int64_t(1) << 22;
+
+// `n` floats of scratch: `kept` (grown, and kept for the next product) up to kKeptCopy, else
+// `fresh`, freed by its owner after the product.
+float* copy_scratch(std::vector<float>& kept, std::unique_ptr<float[]>& fresh, int64_t n) {
+  if (n <= kKeptCopy) {
+    if (int64_t(kept.size()) < n) kept.resize(size_t(n));
+    return kept.data();
+  }
+  fresh.reset(new float[size_t(n)]);
+  return fresh.get();
+}
+
 // A product split between the threads: the output cut into one slab per thread along its larger
 // dimension (rows of A and C, or columns of B, C and the bias), in multiples of kSlabAlign, each
 // slab a single-threaded product of its own. A library parallelises inside one product; on the
@@ -478,8 +495,14 @@ bool widenable(const MatmulArgs& x) {
 void widened_matmul(const MatmulArgs& x, bool split) {
   Engine& e = engine();
   MatmulArgs w = x;
-  w.a = widened(x.a, x.b0, x.b1, x.M, x.K, e.scratch_a);
-  w.b = widened(x.b, x.b0, x.b1, x.K, x.N, e.scratch_b);
+  std::unique_ptr<float[]> fresh_a, fresh_b;
+  const int64_t batch = x.b0 * x.b1;
+  if (x.a.dtype == DType::bf16) {
+    w.a = widened(x.a, x.b0, x.b1, x.M, x.K, copy_scratch(e.scratch_a, fresh_a, batch * x.M * x.K));
+  }
+  if (x.b.dtype == DType::bf16) {
+    w.b = widened(x.b, x.b0, x.b1, x.K, x.N, copy_scratch(e.scratch_b, fresh_b, batch * x.K * x.N));
+  }
   if (split) return onednn_split_matmul(w);
   onednn_matmul(w);
 }
