@@ -60,8 +60,9 @@ struct Validation {
 };
 
 /** The spread `tetra plan` quotes beside a GPU cluster's MFU: the root mean square error of
- *  validate() over configs/plan/validation in points, and its run count (tests/plan/
- *  validation_test.cc recomputes both, so they follow the runs and the model). */
+ *  validate() over configs/plan/validation in points, and its run count
+ *  (tests/cli/plan_validation_test.cc checks them against `tetra plan --validate`, so they
+ *  follow the runs and the model). */
 struct QuotedSpread {
   double points = 0;
   int runs = 0;

@@ -1,7 +1,8 @@
 // The planner against published runs it was not tuned on (configs/plan/validation/,
 // plan/validation.h): the set is wide enough to mean something, the leave-one-out fit never sees
-// the run it predicts, the spread `tetra plan` quotes is the validation's, no run is off by more
-// than the 10 points, and a malformed run file is refused with the key to fix.
+// the run it predicts, and a malformed run file is refused with the key to fix. The whole set's
+// validation, and the spread `tetra plan` quotes from it, are tests/cli/plan_validation_test.cc
+// (release only: it plans 18 runs 46 times each).
 #include "plan/validation.h"
 
 #include <gtest/gtest.h>
@@ -10,7 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -85,18 +85,6 @@ TEST(PublishedRunsValidation, LeaveOneOutNeverFitsOnTheRunItPredicts) {
   EXPECT_EQ(fit_gemm_efficiency({run("llama3-405b-16384-h100")}, 0, "h100", &n),
             run("llama3-405b-16384-h100").inputs.cluster.gemm_efficiency);
   EXPECT_EQ(n, 0);
-}
-
-TEST(PublishedRunsValidation, TheQuotedSpreadIsTheValidationsAndNoRunIsOffByTenPoints) {
-  const Validation v = validate(load_published_runs(validation_dir()));
-  std::cout << format_validation(v);
-  const QuotedSpread q = quoted_spread();
-  EXPECT_EQ(size_t(q.runs), v.rows.size());
-  EXPECT_NEAR(q.points, 100 * v.spread, 0.05) << "update quoted_spread() in plan/validation.cc";
-  EXPECT_LE(v.worst, 0.10);
-  for (const ValidationRow& r : v.rows) {
-    EXPECT_GE(r.rank, 1u) << r.name << ": the published layout is not among the fitting layouts";
-  }
 }
 
 class BadPublishedRun : public ::testing::Test {
