@@ -82,6 +82,7 @@ def make_record(rows, machine):
                   "torch_tok_s": num(r.get("torch_tok_s"), 1),
                   "ratio": num(r.get("ratio"), 3), "mfu": num(r.get("tetra_mfu"), 4),
                   "peak_gflops": num(r.get("peak_gflops"), 1),
+                  "peak_load": num(r.get("peak_load"), 2),
                   "load": num(r.get("loadavg_1m"), 2),
                   "split": {g: num(v, 3) for g, v in r["tetra_split"].items()}
                   if r.get("tetra_split") else None} for r in rows],
@@ -140,6 +141,16 @@ def split_text(row):
     return "/".join(f"{100 * (split.get(g) or 0):.0f}" for g, _ in SPLIT_SHORT)
 
 
+# A peak measured above this 1-minute load average is low (other work shared the cores), and an
+# MFU against it reads high: such a row's MFU is flagged, as is an MFU above 100%.
+BUSY_PEAK_LOAD = 1.0
+
+
+def doubtful_mfu(row):
+    """The MFU of `row` is against a peak measured on a busy machine, or above 100%."""
+    return (row.get("peak_load") or 0) > BUSY_PEAK_LOAD or (row.get("mfu") or 0) > 1.0
+
+
 def print_table(records, last=8):
     """The last records of each CPU kind, oldest first; tok/s with its change from the record
     before it of the same kind."""
@@ -162,8 +173,12 @@ def print_table(records, last=8):
                 print(f"{rec['date']:20} {rec['commit'][:12]:12} {k[0]:6} {k[1]:3} "
                       f"{fmt(r['tetra_tok_s'], '11.0f')} {fmt(change, '8.3f')} "
                       f"{fmt(r['torch_tok_s'], '11.0f')} {fmt(r['ratio'], '11.2f')} "
-                      f"{fmt(r['mfu'] * 100 if r['mfu'] else None, '5.1f')}% "
+                      f"{fmt(r['mfu'] * 100 if r['mfu'] else None, '5.1f')}%"
+                      f"{'!' if doubtful_mfu(r) else ' '}"
                       f"{fmt(r['load'], '5.1f')}  {split_text(r)}")
+    if any(doubtful_mfu(r) for rec in records for r in rec["rows"]):
+        print(f"! MFU against a peak measured at a load average above {BUSY_PEAK_LOAD:.0f} (it reads "
+              f"high), or above 100%: measure again on a quiet machine")
 
 
 def svg_chart(title, series, labels, width=640, height=240):

@@ -130,6 +130,17 @@ def read_peak(threads, precision="fp32"):
         return None
 
 
+def read_peak_load(threads, precision="fp32"):
+    """The 1-minute load average the machine had when tetra measured that peak (None: unknown)."""
+    key = f"bf16:{threads}" if precision == "bf16" else str(threads)
+    try:
+        with open(os.environ.get("TETRA_BENCH_PEAK_PATH") or peak_path()) as f:
+            v = json.load(f)["threads"][key].get("load_average")
+        return float(v) if v is not None else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 # ------------------------------------------------------------------------------ torch worker
 def torch_worker(a):
     import torch
@@ -387,6 +398,7 @@ def main():
                 if peaks:
                     row["peak_gflops"] = max(peaks)
                     row["peak_src"] = (f"fresh (tetra, best of {len(peaks)})" if a.fresh_peak else "peak.json")
+                    row["peak_load"] = read_peak_load(n, a.precision)
                 elif tr:
                     row["peak_gflops"], row["peak_src"] = tr["peak_gflops"], tr["peak_src"] + f" ({blas})"
                 else:

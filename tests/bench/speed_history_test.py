@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/speed_history.py on given train_bench rows (--from): the record it appends, the table
-that compares a record with the one before it of the same CPU kind, the page, and the refusal of
-a damaged history naming the line. Nothing is measured or timed."""
+that compares a record with the one before it of the same CPU kind, the flag on an MFU against a
+peak measured on a busy machine, the page, and the refusal of a damaged history naming the line.
+Nothing is measured or timed."""
 import json
 import os
 import subprocess
@@ -66,6 +67,18 @@ with tempfile.TemporaryDirectory() as d:
     html = open(page).read()
     check(html.count("<svg") == 3, "a chart per shape and one of the ratio")
     check(rec["commit"] in html, "the page names the commits")
+
+    # An MFU against a peak measured on a busy machine is flagged, and the peak's load recorded.
+    check(not any("%!" in line for line in r.stdout.splitlines()), f"nothing flagged: {r.stdout}")
+    busy = rows(1.0)
+    busy[1]["peak_load"] = 1.3
+    third = os.path.join(d, "c.json")
+    json.dump(busy, open(third, "w"))
+    r = run("--from", third, "--history", history)
+    flagged = [line for line in r.stdout.splitlines() if "%!" in line]
+    check(len(flagged) == 1 and " demo " in flagged[0], f"the busy peak's row flagged: {r.stdout}")
+    check("measured at a load average above 1" in r.stdout, f"the flag explained: {r.stdout}")
+    check(rec["rows"][0].get("peak_load") is None, f"no peak load given, none recorded: {rec}")
 
     # A damaged line is refused with its place, and nothing is appended.
     with open(history, "a") as f:
